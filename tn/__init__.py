@@ -1,0 +1,15 @@
+# tn: PyTorch programs on a software AWS Trainium NeuronCore. This file is the public API surface.
+"""tn runs PyTorch programs on a software model of an AWS Trainium NeuronCore.
+
+Doors: ``@tn.jit`` (whole function, cached per signature), ``tn.make_ir``
+(look at the IR), ``tn.profile()`` (where the modelled time goes).
+"""
+from .errors import NeuronError, TnError, TracingError, UnsupportedOpError
+from .ir import IR, Eqn, Literal, Var
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "IR", "Eqn", "Literal", "Var",
+    "TnError", "TracingError", "UnsupportedOpError", "NeuronError",
+]
