@@ -1,0 +1,152 @@
+# Tests of the TensorE matmul tile kernel (_native/matmul.c) through the cffi module, against numpy/torch.
+import numpy as np
+import pytest
+import torch
+
+from tn._native._kernels import ffi, lib
+
+RNG = np.random.default_rng(1234)
+
+
+def _ptr(ctype, arr):
+    """cffi pointer to a numpy array's first element."""
+    return ffi.cast(ctype, arr.ctypes.data)
+
+
+def _padded(rows, cols, pad, dtype):
+    """A (rows, cols + pad) buffer and its (rows, cols) view: the view has a row stride wider than the row."""
+    buf = np.zeros((rows, cols + pad), dtype=dtype)
+    return buf, buf[:, :cols]
+
+
+def _to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """fp32 array -> bf16 bit patterns (uint16), rounded to nearest even by torch."""
+    return torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+
+def _bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
+    """bf16 bit patterns (uint16) -> fp32 (exact)."""
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def _run_f32(stat, mov, psum, K, M, N, acc):
+    return lib.tn_matmul_f32(_ptr("float *", stat), stat.strides[0] // 4, _ptr("float *", mov), mov.strides[0] // 4,
+                             _ptr("float *", psum), psum.strides[0] // 4, K, M, N, acc)
+
+
+def _run_bf16(stat, mov, psum, K, M, N, acc):
+    return lib.tn_matmul_bf16(_ptr("uint16_t *", stat), stat.strides[0] // 2, _ptr("uint16_t *", mov),
+                              mov.strides[0] // 2, _ptr("float *", psum), psum.strides[0] // 4, K, M, N, acc)
+
+
+SHAPES = [(1, 1, 1), (1, 128, 512), (128, 1, 1), (128, 128, 512), (127, 127, 511), (3, 5, 7),
+          (64, 96, 200), (128, 17, 33), (13, 128, 15), (128, 128, 1), (7, 6, 16), (100, 7, 97)]
+
+
+@pytest.mark.parametrize("K,M,N", SHAPES)
+@pytest.mark.parametrize("pad", [0, 5])
+def test_f32_overwrite_and_accumulate(K, M, N, pad):
+    _, stat = _padded(K, M, pad, np.float32)
+    _, mov = _padded(K, N, pad + 3, np.float32)
+    stat[:] = RNG.standard_normal((K, M))
+    mov[:] = RNG.standard_normal((K, N))
+    pbuf, psum = _padded(M, N, pad + 11, np.float32)
+    pbuf[:] = 7.0  # overwrite must ignore this; padding must stay untouched
+    assert _run_f32(stat, mov, psum, K, M, N, 0) == 0
+    want = (torch.from_numpy(stat.copy()).double().T @ torch.from_numpy(mov.copy()).double()).numpy()
+    np.testing.assert_allclose(psum, want, rtol=1e-5, atol=1e-4)
+    assert np.all(pbuf[:, N:] == 7.0)
+    assert _run_f32(stat, mov, psum, K, M, N, 1) == 0
+    np.testing.assert_allclose(psum, 2 * want, rtol=1e-5, atol=2e-4)
+    assert np.all(pbuf[:, N:] == 7.0)
+
+
+@pytest.mark.parametrize("K,M,N", SHAPES)
+def test_bf16_matches_torch(K, M, N):
+    _, stat = _padded(K, M, 9, np.uint16)
+    _, mov = _padded(K, N, 1, np.uint16)
+    stat[:] = _to_bf16_bits(RNG.standard_normal((K, M)).astype(np.float32))
+    mov[:] = _to_bf16_bits(RNG.standard_normal((K, N)).astype(np.float32))
+    psum = np.full((M, N), 3.0, np.float32)
+    init = RNG.standard_normal((M, N)).astype(np.float32)
+    assert _run_bf16(stat, mov, psum, K, M, N, 0) == 0
+    # inputs are exact in fp32, so the fp32 product of the widened values is the reference
+    a = torch.from_numpy(_bf16_bits_to_f32(np.ascontiguousarray(stat)))
+    b = torch.from_numpy(_bf16_bits_to_f32(np.ascontiguousarray(mov)))
+    want = (a.double().T @ b.double()).numpy()
+    np.testing.assert_allclose(psum, want, rtol=1e-5, atol=1e-4)
+    # and it agrees with torch's own bf16 matmul to bf16 precision
+    tb = (a.bfloat16().T @ b.bfloat16()).float().numpy()
+    np.testing.assert_allclose(psum, tb, rtol=2e-2, atol=2e-2 * np.sqrt(K))
+    psum[:] = init
+    assert _run_bf16(stat, mov, psum, K, M, N, 1) == 0
+    np.testing.assert_allclose(psum, want + init, rtol=1e-5, atol=1e-4)
+
+
+def test_accumulate_over_k_chunks_equals_one_big_k():
+    K, M, N = 512, 128, 512
+    a = RNG.standard_normal((K, M)).astype(np.float32)
+    b = RNG.standard_normal((K, N)).astype(np.float32)
+    psum = np.empty((M, N), np.float32)
+    for i in range(0, K, 128):
+        assert _run_f32(a[i:i + 128], b[i:i + 128], psum, 128, M, N, int(i > 0)) == 0
+    np.testing.assert_allclose(psum, a.astype(np.float64).T @ b, rtol=1e-4, atol=1e-3)
+
+
+def test_partition_pitch_strides():
+    """Operands laid out as in SBUF/PSUM: rows a partition pitch apart (57344 floats = 224 KiB)."""
+    pitch = 57344
+    K, M, N = 128, 128, 512
+    sbuf = np.zeros((K, pitch), np.float32)
+    pbank = np.zeros((M, 4096), np.float32)
+    sbuf[:, 1000:1000 + M] = RNG.standard_normal((K, M))
+    sbuf[:, 9000:9000 + N] = RNG.standard_normal((K, N))
+    stat, mov, psum = sbuf[:, 1000:1000 + M], sbuf[:, 9000:9000 + N], pbank[:, 2048:2048 + N]
+    assert _run_f32(stat, mov, psum, K, M, N, 0) == 0
+    np.testing.assert_allclose(psum, stat.astype(np.float64).T @ mov, rtol=1e-5, atol=1e-4)
+    assert not pbank[:, :2048].any() and not pbank[:, 2048 + N:].any()
+
+
+@pytest.mark.parametrize("K,M,N", [(0, 1, 1), (1, 0, 1), (1, 1, 0), (129, 1, 1), (1, 129, 1), (1, 1, 513),
+                                   (-1, 4, 4), (4, -3, 4), (4, 4, -512)])
+def test_bad_dims_return_minus_one_and_touch_nothing(K, M, N):
+    stat = np.ones((4, 256), np.float32)
+    mov = np.ones((4, 1024), np.float32)
+    psum = np.full((4, 1024), 5.0, np.float32)
+    s16 = np.ones((4, 256), np.uint16)
+    m16 = np.ones((4, 1024), np.uint16)
+    assert lib.tn_matmul_f32(_ptr("float *", stat), 256, _ptr("float *", mov), 1024, _ptr("float *", psum), 1024,
+                             K, M, N, 0) == -1
+    assert lib.tn_matmul_bf16(_ptr("uint16_t *", s16), 256, _ptr("uint16_t *", m16), 1024, _ptr("float *", psum),
+                              1024, K, M, N, 0) == -1
+    assert np.all(psum == 5.0)
+
+
+@pytest.mark.parametrize("which", ["stat", "mov", "psum"])
+def test_strides_narrower_than_a_row_are_rejected(which):
+    stat = np.ones((8, 8), np.float32)
+    mov = np.ones((8, 8), np.float32)
+    psum = np.full((8, 8), 5.0, np.float32)
+    strides = {"stat": 8, "mov": 8, "psum": 8}
+    strides[which] = 7
+    assert lib.tn_matmul_f32(_ptr("float *", stat), strides["stat"], _ptr("float *", mov), strides["mov"],
+                             _ptr("float *", psum), strides["psum"], 8, 8, 8, 0) == -1
+    assert np.all(psum == 5.0)
+
+
+def test_null_pointers_are_rejected():
+    psum = np.zeros((4, 4), np.float32)
+    assert lib.tn_matmul_f32(ffi.NULL, 4, ffi.NULL, 4, _ptr("float *", psum), 4, 4, 4, 4, 0) == -1
+    assert lib.tn_matmul_bf16(ffi.NULL, 4, ffi.NULL, 4, ffi.NULL, 4, 4, 4, 4, 0) == -1
+
+
+def test_special_values_propagate():
+    K, M, N = 4, 3, 20
+    a = np.ones((K, M), np.float32)
+    b = np.ones((K, N), np.float32)
+    b[2, 5] = np.inf
+    b[1, 7] = np.nan
+    psum = np.zeros((M, N), np.float32)
+    assert _run_f32(a, b, psum, K, M, N, 0) == 0
+    assert np.all(np.isinf(psum[:, 5])) and np.all(np.isnan(psum[:, 7]))
+    np.testing.assert_allclose(psum[:, 0], 4.0, rtol=1e-6)
