@@ -1,0 +1,220 @@
+# Tests of tn.passes: DCE, CSE, constant folding, verification and the optimize pipeline, on hand-built IRs.
+import pytest
+import torch
+
+import tn
+import tn.passes as P
+from tn.ir import IR, Eqn, Literal, Var
+from tn.reference import run_ir
+
+
+class MiniOp:
+    """A stand-in for a tn.ops.Op: name, impl, shape_rule (plus optional flags)."""
+
+    def __init__(self, name, impl, shape_rule, **flags):
+        self.name = name
+        self.impl = impl
+        self.shape_rule = shape_rule
+        self.lowering = None
+        for k, v in flags.items():
+            setattr(self, k, v)
+
+
+def _meta(a):
+    return torch.empty(a.shape, dtype=a.dtype, device="meta")
+
+
+def _bin_rule(a, b):
+    t = _meta(a) + _meta(b)
+    return [(tuple(t.shape), t.dtype)]
+
+
+ADD = MiniOp("add", torch.add, _bin_rule)
+MUL = MiniOp("mul", torch.mul, _bin_rule)
+NEG = MiniOp("neg", torch.neg, lambda a: [(a.shape, a.dtype)])
+SCALE = MiniOp("scale", lambda a, factor: a * factor, lambda a, factor: [(a.shape, a.dtype)])
+FULL = MiniOp("full", lambda shape, value: torch.full(shape, value),
+              lambda shape, value: [(shape, torch.float32)])
+RAND = MiniOp("rand_like", torch.rand_like, lambda a: [(a.shape, a.dtype)])
+NOISE = MiniOp("jitter", lambda a: a + torch.randn_like(a), lambda a: [(a.shape, a.dtype)], random=True)
+
+
+def f32(*shape):
+    return Var(shape, torch.float32)
+
+
+def test_dce_drops_dead_code_keeps_outputs_and_mutation_outputs():
+    a, b = f32(4), f32(4)
+    c, dead, dead2, m = f32(4), f32(4), f32(4), f32(4)
+    unused_const = f32(4)
+    ir = IR([a, b], [Eqn(ADD, [a, b], [c]), Eqn(MUL, [a, b], [dead]), Eqn(NEG, [dead], [dead2]),
+                     Eqn(SCALE, [b], [m], {"factor": 0.5})],
+            [c, m], consts=[(unused_const, torch.zeros(4))], mutations=[(1, 1)])
+    out = P.dce(ir)
+    assert [e.op.name for e in out.eqns] == ["add", "scale"]
+    assert out.consts == [] and out.inputs == [a, b] and out.mutations == [(1, 1)]
+    # the input IR is untouched
+    assert len(ir.eqns) == 4 and len(ir.consts) == 1
+    P.verify(out)
+
+
+def test_cse_merges_same_op_inputs_and_attrs():
+    a = f32(3)
+    x1, x2, y1, y2 = f32(3), f32(3), f32(3), f32(3)
+    ir = IR([a], [Eqn(NEG, [a], [x1]), Eqn(NEG, [a], [x2]),
+                  Eqn(ADD, [x1, Literal(1.0)], [y1]), Eqn(ADD, [x2, Literal(1.0)], [y2])],
+            [y1, y2])
+    out = P.cse(ir)
+    assert len(out.eqns) == 2
+    assert out.outputs[0] is out.outputs[1]
+    P.verify(out)
+    x = torch.randn(3)
+    r = run_ir(out, [x])
+    torch.testing.assert_close(r[1], -x + 1.0)
+
+
+def test_cse_tells_apart_attrs_and_literals_python_calls_equal():
+    a = f32(3)
+    outs = [f32(3) for _ in range(6)]
+    ir = IR([a], [
+        Eqn(SCALE, [a], [outs[0]], {"factor": 1}),
+        Eqn(SCALE, [a], [outs[1]], {"factor": 1.0}),
+        Eqn(SCALE, [a], [outs[2]], {"factor": True}),
+        Eqn(SCALE, [a], [outs[3]], {"factor": 0.0}),
+        Eqn(SCALE, [a], [outs[4]], {"factor": -0.0}),
+        Eqn(ADD, [a, Literal(0.0)], [outs[5]]),
+    ], outs)
+    out = P.cse(ir)
+    assert len(out.eqns) == 6
+
+
+def test_cse_skips_unhashable_attrs_and_random_ops():
+    a = f32(3)
+    o = [f32(3) for _ in range(6)]
+    bag = MiniOp("bag", lambda a, cfg: a * cfg["k"], lambda a, cfg: [(a.shape, a.dtype)])
+    weird = object.__new__(type("Opaque", (), {"__hash__": None}))
+    opaque = MiniOp("opaque", lambda a, thing: a, lambda a, thing: [(a.shape, a.dtype)])
+    ir = IR([a], [
+        Eqn(RAND, [a], [o[0]]), Eqn(RAND, [a], [o[1]]),
+        Eqn(NOISE, [a], [o[2]]), Eqn(NOISE, [a], [o[3]]),
+        Eqn(opaque, [a], [o[4]], {"thing": weird}), Eqn(opaque, [a], [o[5]], {"thing": weird}),
+    ], o)
+    out = P.cse(ir)
+    assert len(out.eqns) == 6
+    # dict/list attrs have a safe frozen form and do merge
+    p, q = f32(3), f32(3)
+    ir2 = IR([a], [Eqn(bag, [a], [p], {"cfg": {"k": 2.0}}), Eqn(bag, [a], [q], {"cfg": {"k": 2.0}})], [p, q])
+    assert len(P.cse(ir2).eqns) == 1
+
+
+def test_cse_merges_one_tensor_bound_twice_as_constant():
+    a, c1, c2, s1, s2 = f32(2), f32(2), f32(2), f32(2), f32(2)
+    t = torch.ones(2)
+    ir = IR([a], [Eqn(ADD, [a, c1], [s1]), Eqn(ADD, [a, c2], [s2])], [s1, s2], consts=[(c1, t), (c2, t)])
+    out = P.dce(P.cse(ir))
+    assert len(out.consts) == 1 and len(out.eqns) == 1
+    P.verify(out)
+
+
+def test_fold_constants_chains_and_respects_size_limit():
+    a = f32(4)
+    k, k2, k3, y = f32(4), f32(4), f32(4), f32(4)
+    big = Var((300, 300), torch.float32)
+    ir = IR([a], [
+        Eqn(FULL, [], [k], {"shape": (4,), "value": 2.0}),
+        Eqn(MUL, [k, Literal(3.0)], [k2]),
+        Eqn(NEG, [k2], [k3]),
+        Eqn(ADD, [a, k3], [y]),
+        Eqn(FULL, [], [big], {"shape": (300, 300), "value": 1.0}),
+        Eqn(RAND, [k], [r := f32(4)]),
+    ], [y, big, r])
+    out = P.dce(P.fold_constants(ir))
+    names = [e.op.name for e in out.eqns]
+    assert names == ["add", "full", "rand_like"]  # big full and the random op are not folded
+    assert any(torch.allclose(t, torch.full((4,), -6.0)) for _, t in out.consts)
+    P.verify(out)
+    x = torch.randn(4)
+    torch.testing.assert_close(run_ir(out, [x])[0], x - 6.0)
+    # a tighter limit folds nothing of size 4
+    assert len(P.fold_constants(ir, max_numel=2).eqns) == len(ir.eqns)
+
+
+def test_fold_leaves_failing_or_mistyped_equations_alone():
+    a, c, y, z, w = f32(3), f32(3), f32(3), f32(3), f32(3)
+
+    def boom(x):
+        raise RuntimeError("no")
+
+    bad = MiniOp("bad", boom, lambda a: [(a.shape, a.dtype)])
+    liar = MiniOp("liar", lambda x: x.double(), lambda a: [(a.shape, a.dtype)])
+    ir = IR([a], [Eqn(bad, [c], [y]), Eqn(liar, [c], [w]), Eqn(ADD, [a, y], [z])], [z, w],
+            consts=[(c, torch.zeros(3))])
+    assert len(P.fold_constants(ir).eqns) == 3
+    # a const whose tensor disagrees with its Var is caught by verify
+    with pytest.raises(P.VerifyError, match="constant 0 is declared f32\\[5\\]"):
+        P.verify(IR([a], [], [a], consts=[(f32(5), torch.zeros(3))]))
+
+
+def test_verify_ssa_and_types():
+    a, b, c = f32(4), f32(4), f32(4)
+    # redefinition
+    with pytest.raises(P.VerifyError, match="not in SSA form"):
+        P.verify(IR([a], [Eqn(NEG, [a], [a])], [a]))
+    # use before definition
+    with pytest.raises(P.VerifyError, match=r"equation 0 .*used before it is defined"):
+        P.verify(IR([a], [Eqn(ADD, [a, c], [b]), Eqn(NEG, [a], [c])], [b]))
+    # wrong declared type
+    wrong = Var((4,), torch.int64)
+    with pytest.raises(P.VerifyError, match=r"equation 0 .*declared i64\[4\].*gives f32\[4\]"):
+        P.verify(IR([a], [Eqn(NEG, [a], [wrong])], [wrong]))
+    # shape rule rejects the inputs
+    with pytest.raises(P.VerifyError, match="shape rule of add rejects"):
+        P.verify(IR([a, v3 := f32(3)], [Eqn(ADD, [a, v3], [b])], [b]))
+    # undefined output
+    with pytest.raises(P.VerifyError, match="program output 0"):
+        P.verify(IR([a], [], [c]))
+    # is a TnError
+    assert issubclass(P.VerifyError, tn.TnError)
+
+
+def test_verify_mutations():
+    a, b = f32(4), Var((4,), torch.int64)
+    n = f32(3)
+    P.verify(IR([a], [], [a], mutations=[(0, 0)]))
+    with pytest.raises(P.VerifyError, match="out of range"):
+        P.verify(IR([a], [], [a], mutations=[(1, 0)]))
+    with pytest.raises(P.VerifyError, match="written back more than once"):
+        P.verify(IR([a], [], [a, a], mutations=[(0, 0), (0, 1)]))
+    with pytest.raises(P.VerifyError, match="input's shape and dtype"):
+        P.verify(IR([a, b], [], [b], mutations=[(0, 0)]))
+    with pytest.raises(P.VerifyError, match="input's shape and dtype"):
+        P.verify(IR([a, n], [], [n], mutations=[(0, 0)]))
+
+
+def test_optimize_pipeline_and_blame():
+    a = f32(4)
+    k, y1, y2, z, dead = f32(4), f32(4), f32(4), f32(4), f32(4)
+    ir = IR([a], [
+        Eqn(FULL, [], [k], {"shape": (4,), "value": 1.5}),
+        Eqn(ADD, [a, k], [y1]), Eqn(ADD, [a, k], [y2]),
+        Eqn(MUL, [y1, y2], [z]), Eqn(NEG, [z], [dead]),
+    ], [z])
+    out = P.optimize(ir)
+    assert [e.op.name for e in out.eqns] == ["add", "mul"]
+    x = torch.randn(4)
+    torch.testing.assert_close(run_ir(out, [x])[0], (x + 1.5) ** 2)
+
+    def breaker(ir):
+        e = ir.eqns[0]
+        return ir.replace(eqns=[Eqn(e.op, e.inputs, [Var((9,), torch.float32)], e.attrs)] + ir.eqns[1:])
+
+    with pytest.raises(P.VerifyError, match="pass 'breaker' produced a malformed IR"):
+        P.optimize(ir, passes=[("cse", P.cse), ("breaker", breaker)], verify_each=True)
+    with pytest.raises(P.VerifyError, match="given to optimize"):
+        P.optimize(IR([a], [Eqn(NEG, [a], [a])], [a]), verify_each=True)
+    # without verification a broken pass goes unnoticed here (the executor would catch it)
+    P.optimize(ir, passes=[("breaker", breaker)], verify_each=False)
+
+
+def test_conftest_turns_verification_on():
+    assert P.VERIFY is True

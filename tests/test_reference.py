@@ -1,0 +1,98 @@
+# Tests of the reference executor (tn.reference): slots, literals, constants, multi-output ops, errors.
+import pytest
+import torch
+
+import tn
+from tn.ir import IR, Eqn, Literal, Var
+from tn.reference import ExecutionError, compile_ir, run_ir
+
+
+class MiniOp:
+    """A stand-in for a tn.ops.Op: name, impl, shape_rule."""
+
+    def __init__(self, name, impl, shape_rule=None):
+        self.name = name
+        self.impl = impl
+        self.shape_rule = shape_rule
+        self.lowering = None
+
+
+def _bin_rule(a, b):
+    t = torch.empty(a.shape, dtype=a.dtype, device="meta") + torch.empty(b.shape, dtype=b.dtype, device="meta")
+    return [(tuple(t.shape), t.dtype)]
+
+
+ADD = MiniOp("add", lambda a, b: torch.add(a, b), _bin_rule)
+MUL = MiniOp("mul", lambda a, b: torch.mul(a, b), _bin_rule)
+SUM = MiniOp("sum", lambda a, dim, keepdim: torch.sum(a, dim, keepdim=keepdim),
+             lambda a, dim, keepdim: [(tuple(d for i, d in enumerate(a.shape) if i not in dim), a.dtype)])
+MAXD = MiniOp("max_dim", lambda a, dim: tuple(torch.max(a, dim)),
+              lambda a, dim: [((a.shape[0],), a.dtype), ((a.shape[0],), torch.int64)])
+
+
+def test_run_simple_chain_with_literal_and_const():
+    a, b = Var((4, 8), torch.float32), Var((8,), torch.float32)
+    c = Var((8,), torch.float32)
+    d, e, f = Var((4, 8), torch.float32), Var((4, 8), torch.float32), Var((4,), torch.float32)
+    ct = torch.randn(8)
+    ir = IR([a, b], [Eqn(ADD, [a, b], [d]), Eqn(MUL, [d, Literal(2.0)], [e]), Eqn(ADD, [e, c], [e2 := Var((4, 8), torch.float32)]),
+                     Eqn(SUM, [e2], [f], {"dim": (1,), "keepdim": False})],
+            [f, e2], consts=[(c, ct)])
+    x, y = torch.randn(4, 8), torch.randn(8)
+    out = run_ir(ir, [x, y])
+    exp2 = (x + y) * 2.0 + ct
+    torch.testing.assert_close(out[1], exp2, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[0], exp2.sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_program_runs_repeatedly_and_frees_intermediates():
+    a = Var((3,), torch.float32)
+    vs = [a]
+    eqns = []
+    for _ in range(20):
+        n = Var((3,), torch.float32)
+        eqns.append(Eqn(ADD, [vs[-1], Literal(1.0)], [n]))
+        vs.append(n)
+    run = compile_ir(IR([a], eqns, [vs[-1]]))
+    for _ in range(3):
+        x = torch.randn(3)
+        torch.testing.assert_close(run([x])[0], x + 20.0)
+    # every intermediate except the output is freed right after its last use
+    freed = sum(len(step[-1]) for step in run._steps)
+    assert freed == 19
+
+
+def test_multi_output_and_input_passthrough_and_literal_output():
+    a = Var((5, 6), torch.float32)
+    m, i = Var((5,), torch.float32), Var((5,), torch.int64)
+    ir = IR([a], [Eqn(MAXD, [a], [m, i], {"dim": 1})], [m, i, a, Literal(3, torch.int64)])
+    x = torch.randn(5, 6)
+    out = run_ir(ir, [x])
+    ev, ei = x.max(1)
+    torch.testing.assert_close(out[0], ev)
+    assert torch.equal(out[1], ei)
+    assert out[2] is x
+    assert isinstance(out[3], torch.Tensor) and out[3].dtype == torch.int64 and int(out[3]) == 3
+
+
+def test_wrong_input_count_is_a_tn_error():
+    a = Var((2,), torch.float32)
+    ir = IR([a], [], [a])
+    with pytest.raises(tn.TnError, match="takes 1 input tensors, got 2"):
+        run_ir(ir, [torch.zeros(2), torch.zeros(2)])
+
+
+def test_failing_impl_names_the_equation():
+    a, b = Var((2, 3), torch.float32), Var((4,), torch.float32)
+    c = Var((2, 3), torch.float32)
+    ir = IR([a, b], [Eqn(ADD, [a, b], [c], source="model.py:7")], [c])
+    with pytest.raises(ExecutionError, match=r"equation 0 .*add.*model.py:7.*RuntimeError") as info:
+        run_ir(ir, [torch.zeros(2, 3), torch.zeros(4)])
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_undefined_variable_is_reported_at_compile_time():
+    a, ghost, c = Var((2,), torch.float32), Var((2,), torch.float32), Var((2,), torch.float32)
+    ir = IR([a], [Eqn(ADD, [a, ghost], [c])], [c])
+    with pytest.raises(ExecutionError, match="no constant, input or earlier equation defines"):
+        compile_ir(ir)

@@ -1,0 +1,561 @@
+# IR-to-IR passes (DCE, CSE, constant folding, decomposition) and the verifier that checks SSA and types after each.
+"""Passes over :class:`tn.ir.IR`.
+
+Every pass takes an IR and returns a new IR; the input is never modified
+(equations are shared between IRs, so a pass that changes an equation builds
+a new :class:`~tn.ir.Eqn`).
+
+- :func:`dce`: drops equations whose results nobody uses (program outputs,
+  including the new values of mutated inputs, are always kept) and unused
+  constants.
+- :func:`cse`: merges equations with the same op, inputs and attributes.
+  Random and side-effecting ops are never merged.
+- :func:`fold_constants`: evaluates equations whose inputs are all constants
+  or literals with the op's reference implementation, when the result is
+  small (:data:`FOLD_MAX_NUMEL`); the result becomes a program constant.
+- :func:`decompose`: rewrites chosen ops into other (core) ops, using a rule
+  registered with :func:`register_decomposition` or torch's own
+  ``torch._decomp`` decomposition of the op's aten overload, traced through
+  tn's tracer.
+- :func:`verify`: checks SSA (every variable defined once, before use),
+  types (re-runs each op's shape rule) and that outputs and mutations are well
+  formed; raises :class:`VerifyError` naming the equation.
+
+:func:`optimize` runs the default pipeline. With verification on
+(``TN_VERIFY=1`` in the environment, or ``tn.passes.VERIFY = True``) it
+verifies the IR before the first pass and after every pass, and an error names
+the pass that broke the IR.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+import torch
+
+from .errors import TnError, UnsupportedOpError
+from .ir import IR, Eqn, Literal, Var, aval_str
+
+__all__ = [
+    "VerifyError", "VERIFY", "FOLD_MAX_NUMEL", "verify", "dce", "cse", "fold_constants",
+    "decompose", "register_decomposition", "DECOMPOSITIONS", "optimize", "PIPELINE",
+    "is_impure",
+]
+
+#: Verify after every pass of :func:`optimize` (the test suite turns it on).
+VERIFY: bool = os.environ.get("TN_VERIFY", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+#: Constant folding only folds an equation whose outputs have at most this many
+#: elements in total, so huge tensors are never baked into a program.
+FOLD_MAX_NUMEL: int = 1 << 16
+
+
+class VerifyError(TnError):
+    """The IR is malformed: broken SSA, a type that disagrees with the op's
+    shape rule, or bad outputs/mutations. The message names the equation (and,
+    from :func:`optimize`, the pass that produced the broken IR)."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+_RANDOM_NAME = re.compile(
+    r"(rand|bernoulli|dropout|normal|uniform|multinomial|poisson|exponential|cauchy|"
+    r"geometric|log_normal|random|seed)", re.IGNORECASE)
+
+
+def is_impure(op: Any) -> bool:
+    """Whether ``op`` must never be merged, folded or duplicated.
+
+    True for ops that draw random numbers or have side effects: an op that
+    sets ``random``, ``effectful``, ``nondeterministic`` or ``impure`` to a
+    true value, and (as a safety net) any op whose name looks random
+    (``rand``, ``bernoulli``, ``dropout``, ``normal``, ``uniform`` ...).
+    """
+    for flag in ("random", "effectful", "nondeterministic", "impure", "side_effects"):
+        if getattr(op, flag, False):
+            return True
+    return bool(_RANDOM_NAME.search(getattr(op, "name", "")))
+
+
+def _eqn_lines(ir: IR) -> List[str]:
+    """Listing line of every equation, names consistent with ``str(ir)``."""
+    lines = ir.pretty(show_source=True).splitlines()
+    return [ln.strip() for ln in lines[1:1 + len(ir.eqns)]]
+
+
+def _shape_tuple(shape: Any) -> Tuple[int, ...]:
+    return tuple(int(d) for d in shape)
+
+
+def _substitute(ir: IR, mapping: Dict[Var, Any], eqns: Optional[Sequence[Eqn]] = None) -> IR:
+    """A copy of ``ir`` (with ``eqns`` if given) where every use of a key of
+    ``mapping`` is replaced by its value. Equations are copied only when one of
+    their inputs changes."""
+    if eqns is None:
+        eqns = ir.eqns
+    if not mapping:
+        return ir.replace(eqns=list(eqns))
+
+    def sub(a: Any) -> Any:
+        if isinstance(a, Var):
+            return mapping.get(a, a)
+        return a
+
+    new_eqns = []
+    for e in eqns:
+        if any(isinstance(a, Var) and a in mapping for a in e.inputs):
+            e = Eqn(e.op, [sub(a) for a in e.inputs], e.outputs, e.attrs, e.source)
+        new_eqns.append(e)
+    return ir.replace(eqns=new_eqns, outputs=[sub(a) for a in ir.outputs])
+
+
+# --------------------------------------------------------------------------- verify
+
+def verify(ir: IR) -> IR:
+    """Check that ``ir`` is well formed; return it unchanged.
+
+    Checks: constants are tensors matching their variables; every variable is
+    defined exactly once and before use; equation inputs are variables or
+    literals; each op's shape rule, re-run on the input avals, gives the
+    shapes and dtypes of the equation's outputs; outputs are defined;
+    mutations are ``(input_index, output_index)`` pairs in range, each input
+    written at most once, with matching shape and dtype.
+
+    Raises :class:`VerifyError` naming the first equation (or input, constant,
+    output, mutation) at fault.
+    """
+    defined: Set[Var] = set()
+    lines: Optional[List[str]] = None
+
+    def where(k: int) -> str:
+        nonlocal lines
+        if lines is None:
+            try:
+                lines = _eqn_lines(ir)
+            except Exception:  # printing a broken IR may fail; fall back to repr
+                lines = [repr(e) for e in ir.eqns]
+        text = lines[k] if k < len(lines) else repr(ir.eqns[k])
+        return f"equation {k} `{text}`"
+
+    def define(v: Any, what: str) -> None:
+        if not isinstance(v, Var):
+            raise VerifyError(f"{what} is {v!r}, not a tn.ir.Var; every definition must be a fresh Var")
+        if v in defined:
+            raise VerifyError(f"{what} redefines {v!r}, already defined earlier: the IR is not in SSA form "
+                              f"(each Var must be defined exactly once)")
+        defined.add(v)
+
+    for j, pair in enumerate(ir.consts):
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise VerifyError(f"constant {j} is {pair!r}; constants must be (Var, torch.Tensor) pairs")
+        v, t = pair
+        define(v, f"constant {j}")
+        if not isinstance(t, torch.Tensor):
+            raise VerifyError(f"constant {j} ({v!r}) is bound to a {type(t).__name__}, not a torch.Tensor")
+        if _shape_tuple(t.shape) != v.shape or t.dtype != v.dtype:
+            raise VerifyError(f"constant {j} is declared {v.aval} but its tensor is "
+                              f"{aval_str(t.shape, t.dtype)}")
+    for j, v in enumerate(ir.inputs):
+        define(v, f"input {j}")
+
+    for k, e in enumerate(ir.eqns):
+        op = e.op
+        name = getattr(op, "name", None)
+        if name is None or not callable(getattr(op, "shape_rule", None)):
+            raise VerifyError(f"{where(k)}: its op {op!r} is not a tn.ops.Op (needs name, impl, shape_rule)")
+        for i, a in enumerate(e.inputs):
+            if isinstance(a, Literal):
+                continue
+            if not isinstance(a, Var):
+                raise VerifyError(f"{where(k)}: input {i} is {a!r}; equation inputs must be Var or Literal")
+            if a not in defined:
+                raise VerifyError(f"{where(k)}: input {i} ({a!r}) is used before it is defined "
+                                  f"(or never defined); equations must come in dependency order")
+        if not isinstance(e.attrs, dict):
+            raise VerifyError(f"{where(k)}: attrs must be a dict, got {type(e.attrs).__name__}")
+        try:
+            expected = list(op.shape_rule(*e.inputs, **e.attrs))
+        except Exception as exc:
+            raise VerifyError(f"{where(k)}: the shape rule of {name} rejects these inputs: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        if len(expected) != len(e.outputs):
+            raise VerifyError(f"{where(k)}: {len(e.outputs)} outputs, but the shape rule of {name} "
+                              f"gives {len(expected)}")
+        for i, (v, exp) in enumerate(zip(e.outputs, expected)):
+            try:
+                shape, dtype = exp
+                shape = _shape_tuple(shape)
+            except Exception as exc:
+                raise VerifyError(f"{where(k)}: the shape rule of {name} returned {exp!r} for output {i}; "
+                                  f"it must return (shape, dtype) pairs") from exc
+            if not isinstance(v, Var):
+                raise VerifyError(f"{where(k)}: output {i} is {v!r}, not a tn.ir.Var")
+            if v.shape != shape or v.dtype != dtype:
+                raise VerifyError(f"{where(k)}: output {i} is declared {v.aval} but the shape rule of {name} "
+                                  f"gives {aval_str(shape, dtype)}")
+        for i, v in enumerate(e.outputs):
+            define(v, f"{where(k)}, output {i},")
+
+    for j, a in enumerate(ir.outputs):
+        if isinstance(a, Literal):
+            continue
+        if not isinstance(a, Var):
+            raise VerifyError(f"program output {j} is {a!r}; outputs must be Var or Literal")
+        if a not in defined:
+            raise VerifyError(f"program output {j} ({a!r}) is never defined by a constant, input or equation")
+
+    written: Set[int] = set()
+    for m in ir.mutations:
+        if not (isinstance(m, tuple) and len(m) == 2 and all(isinstance(x, int) for x in m)):
+            raise VerifyError(f"mutation {m!r} must be an (input_index, output_index) pair of ints")
+        i, o = m
+        if not 0 <= i < len(ir.inputs):
+            raise VerifyError(f"mutation {m}: input index {i} is out of range (program has "
+                              f"{len(ir.inputs)} inputs)")
+        if not 0 <= o < len(ir.outputs):
+            raise VerifyError(f"mutation {m}: output index {o} is out of range (program has "
+                              f"{len(ir.outputs)} outputs)")
+        if i in written:
+            raise VerifyError(f"mutation {m}: input {i} is written back more than once")
+        written.add(i)
+        src, dst = ir.outputs[o], ir.inputs[i]
+        if _shape_tuple(src.shape) != dst.shape or src.dtype != dst.dtype:
+            raise VerifyError(f"mutation {m}: output {o} is {src.aval} but input {i} is {dst.aval}; "
+                              f"a written-back value must have the input's shape and dtype")
+    return ir
+
+
+# --------------------------------------------------------------------------- DCE
+
+def dce(ir: IR) -> IR:
+    """Dead code elimination: keep only equations that contribute to an output.
+
+    Every program output (including mutation outputs) is live. Impure
+    equations (see :func:`is_impure`) are dropped too when unused: the IR has
+    no effects other than its outputs. Unused constants are removed; inputs
+    are kept (they are the program's signature).
+    """
+    live: Set[Var] = {a for a in ir.outputs if isinstance(a, Var)}
+    kept: List[Eqn] = []
+    for e in reversed(ir.eqns):
+        if any(v in live for v in e.outputs) or getattr(e.op, "effectful", False):
+            kept.append(e)
+            live.update(a for a in e.inputs if isinstance(a, Var))
+    kept.reverse()
+    consts = [(v, t) for v, t in ir.consts if v in live]
+    return ir.replace(eqns=kept, consts=consts)
+
+
+# --------------------------------------------------------------------------- CSE
+
+class _Unhashable(Exception):
+    pass
+
+
+def _freeze(value: Any) -> Any:
+    """A hashable key for an attribute value that tells apart values Python
+    considers equal but ops do not (``1`` vs ``1.0`` vs ``True``, ``0.0`` vs
+    ``-0.0``). Raises :class:`_Unhashable` for values without a safe key."""
+    t = type(value)
+    if value is None or t in (bool, int, str):
+        return (t, value)
+    if t is float:
+        return (float, repr(value))  # repr tells -0.0 from 0.0 and makes nan equal to nan
+    if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return (t, str(value))
+    if t in (tuple, list):
+        return (t, tuple(_freeze(v) for v in value))
+    if t is dict:
+        return (dict, tuple(sorted((str(k), _freeze(v)) for k, v in value.items())))
+    if t is torch.Size:
+        return (tuple, tuple((int, int(d)) for d in value))
+    raise _Unhashable(t.__name__)
+
+
+def _atom_key(a: Any) -> Any:
+    if isinstance(a, Literal):
+        return ("lit", type(a.value), repr(a.value), a.dtype)
+    return a
+
+
+def cse(ir: IR) -> IR:
+    """Common subexpression elimination.
+
+    Two equations merge when they have the same op, the same inputs (after
+    earlier merges) and the same attributes. Attribute values are compared by
+    type as well as value (``1``, ``1.0`` and ``True`` differ; ``0.0`` and
+    ``-0.0`` differ). Equations with attributes that have no safe hashable
+    form, and random or side-effecting ops (:func:`is_impure`), are never
+    merged. Identical constant tensors (the same object) are merged too.
+    """
+    mapping: Dict[Var, Var] = {}
+    consts = []
+    by_tensor: Dict[int, Var] = {}
+    for v, t in ir.consts:
+        first = by_tensor.get(id(t))
+        if first is not None and first.shape == v.shape and first.dtype == v.dtype:
+            mapping[v] = first
+        else:
+            by_tensor[id(t)] = v
+            consts.append((v, t))
+
+    seen: Dict[Any, Eqn] = {}
+    new_eqns: List[Eqn] = []
+    for e in ir.eqns:
+        if any(isinstance(a, Var) and a in mapping for a in e.inputs):
+            e = Eqn(e.op, [mapping.get(a, a) if isinstance(a, Var) else a for a in e.inputs],
+                    e.outputs, e.attrs, e.source)
+        if not is_impure(e.op):
+            try:
+                key = (id(e.op), e.op.name, tuple(_atom_key(a) for a in e.inputs),
+                       _freeze(e.attrs), tuple((v.shape, v.dtype) for v in e.outputs))
+                hash(key)
+            except (_Unhashable, TypeError):
+                key = None
+            if key is not None:
+                prev = seen.get(key)
+                if prev is not None:
+                    for old, new in zip(e.outputs, prev.outputs):
+                        mapping[old] = new
+                    continue
+                seen[key] = e
+        new_eqns.append(e)
+    outputs = [mapping.get(a, a) if isinstance(a, Var) else a for a in ir.outputs]
+    return ir.replace(eqns=new_eqns, outputs=outputs, consts=consts)
+
+
+# --------------------------------------------------------------------------- constant folding
+
+def fold_constants(ir: IR, max_numel: Optional[int] = None) -> IR:
+    """Evaluate equations whose inputs are all constants or literals.
+
+    Each such equation (random/side-effecting ops excepted) is run with its
+    op's reference implementation; when its outputs hold at most
+    ``max_numel`` elements in total (default :data:`FOLD_MAX_NUMEL`) and come
+    out with the declared shapes and dtypes, they become program constants and
+    the equation disappears. Folding chains: a folded result feeds later
+    folds. Equations whose implementation fails are left in place. Run
+    :func:`dce` afterwards to drop constants nobody uses any more.
+    """
+    limit = FOLD_MAX_NUMEL if max_numel is None else max_numel
+    known: Dict[Var, torch.Tensor] = {v: t for v, t in ir.consts}
+    consts = list(ir.consts)
+    kept: List[Eqn] = []
+    for e in ir.eqns:
+        if is_impure(e.op) or sum(v.numel for v in e.outputs) > limit:
+            kept.append(e)
+            continue
+        if not all(isinstance(a, Literal) or a in known for a in e.inputs):
+            kept.append(e)
+            continue
+        args = [a.value if isinstance(a, Literal) else known[a] for a in e.inputs]
+        try:
+            with torch.no_grad():
+                r = e.op.impl(*args, **e.attrs)
+        except Exception:  # an op that cannot run on these constants stays in the program
+            kept.append(e)
+            continue
+        results = list(r) if isinstance(r, (tuple, list)) else [r]
+        if len(results) != len(e.outputs) or not all(
+                isinstance(t, torch.Tensor) and _shape_tuple(t.shape) == v.shape and t.dtype == v.dtype
+                for t, v in zip(results, e.outputs)):
+            kept.append(e)
+            continue
+        for v, t in zip(e.outputs, results):
+            t = t.detach()
+            known[v] = t
+            consts.append((v, t))
+    return ir.replace(eqns=kept, consts=consts)
+
+
+# --------------------------------------------------------------------------- decomposition
+
+#: Per-op decomposition rules: op name -> ``rule(*inputs, **attrs)`` written
+#: with torch ops (inputs in ``Eqn.inputs`` order: tensors, or Python scalars
+#: for literals). The rule is traced through tn's tracer, so whatever aten
+#: ops it calls become the equations that replace the op.
+DECOMPOSITIONS: Dict[str, Callable[..., Any]] = {}
+
+
+def register_decomposition(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: register ``rule`` as the decomposition of the op called ``name``."""
+    def deco(rule: Callable[..., Any]) -> Callable[..., Any]:
+        DECOMPOSITIONS[name] = rule
+        return rule
+    return deco
+
+
+def _aten_decomposition(op: Any) -> Optional[Callable[..., Any]]:
+    """torch._decomp's decomposition of the aten overload an op stands for, if any."""
+    overload = None
+    for attr in ("aten", "overload", "aten_op", "target"):
+        overload = getattr(op, attr, None)
+        if overload is not None:
+            break
+    if overload is None:
+        return None
+    from torch._decomp import decomposition_table  # deferred: imports much of torch
+
+    candidates = [overload]
+    if isinstance(overload, torch._ops.OpOverloadPacket):
+        candidates = [getattr(overload, o) for o in overload.overloads()]
+    for cand in candidates:
+        fn = decomposition_table.get(cand)
+        if fn is not None:
+            return fn
+    return None
+
+
+def _rule_for(op: Any) -> Optional[Callable[..., Any]]:
+    rule = DECOMPOSITIONS.get(op.name)
+    if rule is None:
+        rule = getattr(op, "decomposition", None)
+    if rule is None:
+        rule = _aten_decomposition(op)
+    return rule
+
+
+def _expand(e: Eqn, rule: Callable[..., Any]) -> Tuple[List[Eqn], List[Tuple[Var, torch.Tensor]], Dict[Var, Any]]:
+    """Trace ``rule`` on the avals of ``e``'s inputs; return the equations,
+    constants and the map from ``e``'s outputs to the atoms that replace them."""
+    from .trace import trace_flat  # deferred: the tracer sits above the passes
+
+    var_pos = [i for i, a in enumerate(e.inputs) if isinstance(a, Var)]
+    attrs = e.attrs
+    inputs = e.inputs
+
+    def fn(*tensors: torch.Tensor) -> Any:
+        args: List[Any] = []
+        it = iter(tensors)
+        for a in inputs:
+            args.append(next(it) if isinstance(a, Var) else a.value)
+        return rule(*args, **attrs)
+
+    examples = [torch.empty(e.inputs[i].shape, dtype=e.inputs[i].dtype, device="meta") for i in var_pos]
+    traced = trace_flat(fn, examples)
+    sub = traced.ir
+    if sub.mutations:
+        raise UnsupportedOpError(f"the decomposition of {e.op.name} mutates its inputs; it cannot be inlined")
+    leaves = list(traced.out_leaves)
+    if len(leaves) != len(e.outputs):
+        raise UnsupportedOpError(f"the decomposition of {e.op.name} returns {len(leaves)} values, "
+                                 f"the op has {len(e.outputs)} outputs")
+    mapping: Dict[Var, Any] = {}
+    for sv, outer in zip(sub.inputs, [e.inputs[i] for i in var_pos]):
+        mapping[sv] = outer
+    replaced: Dict[Var, Any] = {}
+    for j, (leaf, ov) in enumerate(zip(leaves, e.outputs)):
+        if not isinstance(leaf, int):
+            raise UnsupportedOpError(f"the decomposition of {e.op.name} returns a non-tensor as output {j}")
+        atom = sub.outputs[leaf]
+        if _shape_tuple(atom.shape) != ov.shape or atom.dtype != ov.dtype:
+            raise UnsupportedOpError(f"the decomposition of {e.op.name} gives output {j} as {atom.aval}, "
+                                     f"the op declares {ov.aval}")
+        replaced[ov] = mapping.get(atom, atom) if isinstance(atom, Var) else atom
+    new_eqns = []
+    for se in sub.eqns:
+        new_eqns.append(Eqn(se.op, [mapping.get(a, a) if isinstance(a, Var) else a for a in se.inputs],
+                            se.outputs, se.attrs, se.source or e.source))
+    return new_eqns, list(sub.consts), replaced
+
+
+def decompose(ir: IR, names: Iterable[str], strict: bool = False, max_depth: int = 8) -> IR:
+    """Rewrite every equation whose op name is in ``names`` into other ops.
+
+    The rule is, in order: one registered with :func:`register_decomposition`,
+    the op's own ``decomposition`` attribute, or torch's ``torch._decomp``
+    decomposition of the op's aten overload; it is traced with tn's tracer on
+    the equation's input avals and inlined. Results that are again in
+    ``names`` are decomposed again, up to ``max_depth`` levels.
+
+    An op without a usable rule is left in place, or, with ``strict=True``,
+    raises :class:`tn.UnsupportedOpError` naming the op and its input shapes.
+    """
+    names = set(names)
+    if not names or not any(e.op.name in names for e in ir.eqns):
+        return ir
+    consts = list(ir.consts)
+    mapping: Dict[Var, Any] = {}
+    work: List[Tuple[Eqn, int]] = [(e, 0) for e in ir.eqns]
+    out: List[Eqn] = []
+    while work:
+        e, depth = work.pop(0)
+        if any(isinstance(a, Var) and a in mapping for a in e.inputs):
+            e = Eqn(e.op, [mapping.get(a, a) if isinstance(a, Var) else a for a in e.inputs],
+                    e.outputs, e.attrs, e.source)
+        if e.op.name not in names or depth >= max_depth:
+            if strict and e.op.name in names:
+                raise UnsupportedOpError(f"{e.op.name} still appears after {max_depth} levels of decomposition")
+            out.append(e)
+            continue
+        rule = _rule_for(e.op)
+        error: Optional[BaseException] = None
+        if rule is not None:
+            try:
+                new_eqns, new_consts, replaced = _expand(e, rule)
+            except Exception as exc:  # a rule that cannot be traced: keep the op, or report it
+                error, rule = exc, None
+        if rule is None:
+            if strict:
+                shapes = ", ".join(a.aval for a in e.inputs)
+                why = f": {type(error).__name__}: {error}" if error is not None else ""
+                raise UnsupportedOpError(
+                    f"no decomposition for {e.op.name}({shapes}){why}; register one with "
+                    f"tn.passes.register_decomposition({e.op.name!r})") from error
+            out.append(e)
+            continue
+        consts.extend(new_consts)
+        mapping.update(replaced)
+        work[0:0] = [(ne, depth + 1) for ne in new_eqns]
+    outputs = [mapping.get(a, a) if isinstance(a, Var) else a for a in ir.outputs]
+    return ir.replace(eqns=out, consts=consts, outputs=outputs)
+
+
+def _default_decompose_names(ir: IR) -> Set[str]:
+    """Ops in ``ir`` that the op table marks as not core (``core = False``) or
+    that want decomposing by default (``decompose = True``)."""
+    names = set()
+    for e in ir.eqns:
+        if getattr(e.op, "core", True) is False or getattr(e.op, "decompose", False) is True:
+            names.add(e.op.name)
+    return names
+
+
+def _decompose_default(ir: IR) -> IR:
+    return decompose(ir, _default_decompose_names(ir))
+
+
+# --------------------------------------------------------------------------- pipeline
+
+#: The default pipeline of :func:`optimize`: (name, pass) pairs, run in order.
+PIPELINE: List[Tuple[str, Callable[[IR], IR]]] = [
+    ("decompose", _decompose_default),
+    ("fold_constants", fold_constants),
+    ("cse", cse),
+    ("dce", dce),
+]
+
+
+def optimize(ir: IR, passes: Optional[Sequence[Tuple[str, Callable[[IR], IR]]]] = None,
+             verify_each: Optional[bool] = None) -> IR:
+    """Run ``passes`` (default :data:`PIPELINE`) over ``ir`` and return the result.
+
+    With ``verify_each`` (default: :data:`VERIFY`) the IR is verified before
+    the first pass and after every pass; a :class:`VerifyError` then names the
+    pass that broke the IR.
+    """
+    check = VERIFY if verify_each is None else verify_each
+    if check:
+        try:
+            verify(ir)
+        except VerifyError as exc:
+            raise VerifyError(f"the IR given to optimize() is malformed (the tracer built it): {exc}") from exc
+    for name, p in (PIPELINE if passes is None else passes):
+        ir = p(ir)
+        if check:
+            try:
+                verify(ir)
+            except VerifyError as exc:
+                raise VerifyError(f"pass {name!r} produced a malformed IR: {exc}") from exc
+    return ir
