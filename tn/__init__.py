@@ -6,10 +6,12 @@ Doors: ``@tn.jit`` (whole function, cached per signature), ``tn.make_ir``
 """
 from .errors import NeuronError, TnError, TracingError, UnsupportedOpError
 from .ir import IR, Eqn, Literal, Var
+from .jit import jit, make_ir  # the functions shadow the submodule name tn.jit
 
 __version__ = "0.1.0"
 
 __all__ = [
     "IR", "Eqn", "Literal", "Var",
+    "jit", "make_ir",
     "TnError", "TracingError", "UnsupportedOpError", "NeuronError",
 ]

@@ -1,0 +1,774 @@
+# tn.jit and tn.make_ir: whole-function compilation, cached per abstract signature, over pluggable backends.
+"""``tn.jit``: trace a function (or ``nn.Module``) once per input signature, run the program after.
+
+A call flattens its arguments (:mod:`tn.pytree`) into tensors and a hashable
+spec, builds the cache key (spec, tensor shapes/dtypes/devices/requires_grad,
+grad mode) and looks it up in a bounded LRU cache. On a hit it runs the cached
+program; on a miss it traces with :func:`tn.trace.trace_flat`, optimises with
+:func:`tn.passes.optimize`, compiles with the backend, and caches the result.
+
+Semantics worth knowing:
+
+* Tensors are program inputs; every other leaf (ints, floats, strings, None,
+  dtypes...) is a compile-time constant and part of the cache key, as are
+  arguments named in ``static_argnums``/``static_argnames`` (which must be
+  hashable). Calling with a new Python value retraces.
+* An ``nn.Module`` passed as an argument (or jitted directly with
+  ``tn.jit(module)``) contributes its parameters and buffers as program
+  inputs: updating them in place changes results without a retrace. Module
+  structure (parameter names, submodules' training flags) is in the key;
+  other Python attributes read by ``forward`` are baked in at trace time
+  (call ``cache_clear()`` after changing them).
+* In-place updates of inputs and buffers (``x.add_(1)``, BatchNorm running
+  statistics in train mode) are written back after the call
+  (:attr:`tn.ir.IR.mutations`), so callers see what eager PyTorch does.
+* The program runs where the backend runs (host CPU for ``"reference"``);
+  inputs on another device are copied to the host and results come back on
+  the inputs' device.
+* Results do not carry autograd history into the caller: to train, call
+  ``torch.autograd.grad`` inside the jitted function.
+* A jitted function called while another one is being traced is inlined.
+
+Environment: ``TN_BACKEND`` picks the default backend, ``TN_LOG=recompiles``
+logs every cache miss (logger ``"tn"``) with the arguments that changed versus
+the closest cached signature.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import inspect
+import logging
+import os
+import threading
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.utils._pytree as _pytree
+
+from . import pytree as _pt
+from .errors import TnError
+from .ir import IR
+
+__all__ = [
+    "jit", "make_ir", "register_backend", "backends", "default_backend", "CacheInfo",
+    "JittedFunction", "JittedModule", "DEFAULT_BACKEND", "DEFAULT_CACHE_SIZE",
+]
+
+#: The backend used when ``jit(..., backend=None)``; ``TN_BACKEND`` overrides it.
+DEFAULT_BACKEND: str = "reference"
+
+#: Programs kept per jitted function (LRU) when ``cache_size`` is not given.
+DEFAULT_CACHE_SIZE: int = 64
+
+log = logging.getLogger("tn")
+
+Tensor = torch.Tensor
+
+
+# ---------------------------------------------------------------- backends
+
+class _Backend(NamedTuple):
+    compile_fn: Callable[[IR], Callable[[List[Tensor]], List[Tensor]]]
+    host_only: bool
+
+
+_BACKENDS: Dict[str, _Backend] = {}
+
+
+def register_backend(name: str, compile_fn: Callable[[IR], Callable[[List[Tensor]], List[Tensor]]],
+                     *, host_only: bool = True) -> None:
+    """Register a jit backend.
+
+    ``compile_fn(ir)`` returns ``run(list_of_input_tensors) -> list_of_outputs``
+    (values of ``ir.outputs``; mutations are written back by jit). With
+    ``host_only`` (the default) ``run`` receives CPU tensors and jit moves
+    inputs and results between the host and the inputs' device; a backend that
+    handles device tensors itself passes ``host_only=False``.
+    Registering an existing name replaces it.
+    """
+    if not isinstance(name, str) or not name:
+        raise TnError(f"register_backend: the name must be a non-empty string, got {name!r}")
+    if not callable(compile_fn):
+        raise TnError(f"register_backend({name!r}, ...): compile_fn must be callable (ir -> run function), "
+                      f"got {type(compile_fn).__name__}")
+    _BACKENDS[name] = _Backend(compile_fn, bool(host_only))
+
+
+def backends() -> List[str]:
+    """Names of the registered backends."""
+    return sorted(_BACKENDS)
+
+
+def default_backend() -> str:
+    """The backend ``tn.jit`` uses when none is given: ``TN_BACKEND`` or :data:`DEFAULT_BACKEND`."""
+    return os.environ.get("TN_BACKEND") or DEFAULT_BACKEND
+
+
+def _reference_compile(ir: IR) -> Callable[[List[Tensor]], List[Tensor]]:
+    """The ``"reference"`` backend: run the IR with each op's torch implementation."""
+    from . import reference
+    compile_ir = getattr(reference, "compile_ir", None)
+    if compile_ir is not None:
+        return compile_ir(ir)
+    return functools.partial(reference.run_ir, ir)
+
+
+register_backend("reference", _reference_compile)
+
+
+def _resolve_backend(backend: Union[str, Callable, None], where: str) -> Tuple[str, _Backend]:
+    if backend is None:
+        backend = default_backend()
+    if callable(backend) and not isinstance(backend, str):
+        return getattr(backend, "__name__", "custom"), _Backend(backend, True)
+    if not isinstance(backend, str):
+        raise TnError(f"{where}: backend must be a registered name or a compile function, got {backend!r}")
+    b = _BACKENDS.get(backend)
+    if b is None:
+        raise TnError(f"{where}: unknown backend {backend!r}; registered backends: {', '.join(backends())}. "
+                      f"Register one with tn.jit.register_backend(name, compile_fn)")
+    return backend, b
+
+
+# ---------------------------------------------------------------- passes (looked up lazily)
+
+def _optimize(ir: IR) -> IR:
+    try:
+        from . import passes
+    except ImportError:
+        return ir
+    opt = getattr(passes, "optimize", None)
+    return opt(ir) if opt is not None else ir
+
+
+# ---------------------------------------------------------------- cache bits
+
+class CacheInfo(NamedTuple):
+    """Statistics of a jitted function's program cache."""
+    hits: int
+    misses: int
+    size: int
+    maxsize: Optional[int]
+
+
+class _TLS(threading.local):
+    depth = 0  # > 0 while this thread traces a jitted function
+
+
+_tls = _TLS()
+_TRACE_LOCK = threading.RLock()
+
+
+def _log_enabled(what: str) -> bool:
+    v = os.environ.get("TN_LOG", "")
+    if not v:
+        return False
+    flags = set(v.replace(",", " ").lower().split())
+    return what in flags or "all" in flags
+
+
+class _Entry:
+    """One compiled program and how to turn its outputs into the user's result."""
+
+    __slots__ = ("ir", "run", "mutations", "assemble", "host", "key", "desc")
+
+    def __init__(self, ir: IR, run: Callable, assemble: Callable, host: Optional[torch.device],
+                 key: Any, desc: Optional[Dict[str, str]]):
+        self.ir = ir
+        self.run = run
+        self.mutations = tuple(tuple(m) for m in ir.mutations)
+        self.assemble = assemble
+        self.host = host  # device to move results back to, when the backend runs on the host
+        self.key = key
+        self.desc = desc
+
+    def __call__(self, tensors: List[Tensor]) -> Any:
+        host = self.host
+        if host is None:
+            outs = self.run(tensors)
+        else:
+            outs = self.run([t.to("cpu") for t in tensors])
+            outs = [o.to(host) if isinstance(o, Tensor) else o for o in outs]
+        if self.mutations:
+            with torch.no_grad():
+                for i, o in self.mutations:
+                    dst = tensors[i]
+                    src = outs[o]
+                    if src is not dst:
+                        dst.copy_(src)
+        return self.assemble(outs)
+
+
+def _make_assemble(out_tree: Any, out_leaves: Sequence[Any]) -> Callable[[List[Any]], Any]:
+    """A function turning the program's output list into the user's result pytree."""
+    picks = []
+    for leaf in out_leaves:
+        if isinstance(leaf, int) and not isinstance(leaf, bool):
+            picks.append((True, leaf))
+        else:
+            picks.append((False, getattr(leaf, "value", leaf)))
+    if out_tree.is_leaf() and len(picks) == 1:
+        is_out, v = picks[0]
+        if is_out:
+            return lambda outs: outs[v]
+        return lambda outs: v
+    if all(p[0] for p in picks):
+        idx = tuple(p[1] for p in picks)
+        if out_tree.type is tuple and all(c.is_leaf() for c in out_tree.children_specs):
+            return lambda outs: tuple([outs[k] for k in idx])
+        return lambda outs: _pytree.tree_unflatten([outs[k] for k in idx], out_tree)
+    picks_t = tuple(picks)
+    return lambda outs: _pytree.tree_unflatten([outs[v] if o else v for o, v in picks_t], out_tree)
+
+
+def _exec_device(tensors: Sequence[Tensor], where: str) -> torch.device:
+    """The device the inputs live on (CPU for none); mixed non-CPU devices are an error."""
+    dev = None
+    for t in tensors:
+        d = t.device
+        if d.type == "cpu":
+            continue
+        if dev is None:
+            dev = d
+        elif d != dev:
+            raise TnError(f"{where}: inputs live on different devices ({dev} and {d}); "
+                          f"move them to one device before calling")
+    return dev if dev is not None else torch.device("cpu")
+
+
+# ---------------------------------------------------------------- the jitted function
+
+def _normalize_argnums(v: Any, where: str) -> Tuple[int, ...]:
+    if v is None:
+        return ()
+    if isinstance(v, int) and not isinstance(v, bool):
+        return (v,)
+    try:
+        vals = tuple(v)
+    except TypeError:
+        raise TnError(f"{where}: static_argnums must be an int or a sequence of ints, got {v!r}") from None
+    for x in vals:
+        if not isinstance(x, int) or isinstance(x, bool):
+            raise TnError(f"{where}: static_argnums must be an int or a sequence of ints, got {v!r}")
+    return vals
+
+
+def _normalize_argnames(v: Any, where: str) -> Tuple[str, ...]:
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        return (v,)
+    try:
+        vals = tuple(v)
+    except TypeError:
+        raise TnError(f"{where}: static_argnames must be a str or a sequence of str, got {v!r}") from None
+    for x in vals:
+        if not isinstance(x, str):
+            raise TnError(f"{where}: static_argnames must be a str or a sequence of str, got {v!r}")
+    return vals
+
+
+def _fn_name(fn: Any) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        return f"{name} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
+    return name
+
+
+class _Core:
+    """The machinery shared by :class:`JittedFunction`, :class:`JittedModule` and :func:`make_ir`."""
+
+    def __init__(self, fn: Callable, static_argnums: Any, static_argnames: Any, backend: Any,
+                 cache_size: Optional[int], where: str, bound: Tuple[Any, ...] = ()):
+        if not callable(fn):
+            raise TnError(f"{where}: expected a function or an nn.Module, got {type(fn).__name__}")
+        self.fn = fn
+        self.bound = bound  # leading arguments supplied by the wrapper (the module for tn.jit(module))
+        self.name = _fn_name(fn)
+        nums = _normalize_argnums(static_argnums, where)
+        names = _normalize_argnames(static_argnames, where)
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            sig = None
+        params = list(sig.parameters.values()) if sig is not None else []
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        has_varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
+        has_varkw = any(p.kind == p.VAR_KEYWORD for p in params)
+        n_bound = len(bound)
+        self.arg_names = [p.name for p in positional[n_bound:]] if sig is not None else []
+        self.varargs_name = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), None)
+        pos: List[int] = []
+        for i in nums:
+            j = i
+            if i < 0:
+                if has_varargs or sig is None:
+                    raise TnError(f"{where}: static_argnums={nums!r}: negative indices need a function with a "
+                                  f"fixed number of positional parameters; {self.name} takes *args")
+                j = len(self.arg_names) + i
+            if j < 0 or (sig is not None and not has_varargs and j >= len(self.arg_names)):
+                raise TnError(
+                    f"{where}: static_argnums={nums!r}: index {i} is out of range for {self.name}, which takes "
+                    f"{len(self.arg_names)} positional argument(s) ({', '.join(self.arg_names) or 'none'})")
+            pos.append(j)
+        kwnames = list(names)
+        by_name = {p.name: p for p in params}
+        for n in names:
+            if sig is not None and n not in by_name and not has_varkw:
+                raise TnError(f"{where}: static_argnames={names!r}: {self.name} has no parameter {n!r} "
+                              f"(parameters: {', '.join(by_name) or 'none'})")
+            if n in self.arg_names:  # a static name passed positionally is static too
+                pos.append(self.arg_names.index(n))
+        for j in pos:  # and a static position passed by keyword
+            if j < len(self.arg_names) and self.arg_names[j] not in kwnames:
+                kwnames.append(self.arg_names[j])
+        self.static_pos = frozenset(pos)
+        self.static_names = frozenset(kwnames)
+        self.has_static = bool(self.static_pos or self.static_names)
+        self.backend_name, self.backend = _resolve_backend(backend, where)
+        if cache_size is not None and (not isinstance(cache_size, int) or isinstance(cache_size, bool)
+                                       or cache_size < 1):
+            raise TnError(f"{where}: cache_size must be a positive int or None (unbounded), got {cache_size!r}")
+        self.maxsize = cache_size
+        self.cache: "collections.OrderedDict[Any, _Entry]" = collections.OrderedDict()
+        self.lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    # -- flattening -------------------------------------------------------
+
+    def _label(self, i: int) -> str:
+        if i < len(self.arg_names):
+            return self.arg_names[i]
+        if self.varargs_name:
+            return f"{self.varargs_name}[{i - len(self.arg_names)}]"
+        return f"args[{i}]"
+
+    def flatten(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Any, List[Tensor]]:
+        """``(spec, tensors)`` of a call (``bound`` arguments first)."""
+        tensors: List[Tensor] = []
+        flat = _pt.flatten
+        if self.has_static:
+            sp = self.static_pos
+            sn = self.static_names
+            nb = len(self.bound)
+            aspec = []
+            for i, a in enumerate(self.bound + args):
+                j = i - nb
+                if j >= 0 and j in sp:
+                    if isinstance(a, Tensor):
+                        raise TnError(f"tn.jit({self.name}): static argument {self._label(j)!r} is a tensor; "
+                                      f"tensors are program inputs: remove it from static_argnums/static_argnames")
+                    aspec.append((_pt.STATIC, type(a), a))
+                else:
+                    aspec.append(flat(a, tensors))
+            kspec = []
+            for k, v in kwargs.items():
+                if k in sn:
+                    if isinstance(v, Tensor):
+                        raise TnError(f"tn.jit({self.name}): static argument {k!r} is a tensor; tensors are "
+                                      f"program inputs: remove it from static_argnums/static_argnames")
+                    kspec.append((k, (_pt.STATIC, type(v), v)))
+                else:
+                    kspec.append((k, flat(v, tensors)))
+            return (tuple(aspec), tuple(kspec)), tensors
+        aspec = tuple([flat(a, tensors) for a in self.bound + args])
+        kspec = tuple([(k, flat(v, tensors)) for k, v in kwargs.items()]) if kwargs else ()
+        return (aspec, kspec), tensors
+
+    def describe(self, key: Any) -> Dict[str, str]:
+        """``{label: text}`` of a cache key, for recompile messages."""
+        spec, sigs, grad = key
+        out: Dict[str, str] = {"grad mode": "enabled" if grad else "disabled"}
+        pos = [0]
+        if type(spec) is int:  # fast path key: all positional tensors
+            for i in range(spec):
+                _pt.describe(_pt.TENSOR, sigs, self._label(i), out, pos)
+            return out
+        aspec, kspec = spec
+        nb = len(self.bound)
+        out["number of positional arguments"] = str(len(aspec) - nb)
+        for i, s in enumerate(aspec):
+            _pt.describe(s, sigs, "module" if i < nb else self._label(i - nb), out, pos)
+        out["keyword arguments"] = ", ".join(k for k, _ in kspec) or "none"
+        for k, s in kspec:
+            _pt.describe(s, sigs, k, out, pos)
+        return out
+
+    # -- tracing and compiling -------------------------------------------
+
+    def trace(self, spec: Any, tensors: List[Tensor]) -> Tuple[IR, Any, Any]:
+        """Trace the function for this call's spec; returns ``(optimised IR, out_tree, out_leaves)``."""
+        from . import trace as _trace
+        fn = self.fn
+
+        def flat_fn(*flat_tensors: Tensor) -> Any:
+            it = iter(flat_tensors)
+            modules: List[Tuple[torch.nn.Module, Dict[str, Tensor]]] = []
+            if type(spec) is int:
+                args, kwargs = tuple(flat_tensors), {}
+            else:
+                aspec, kspec = spec
+                args = tuple(_pt.unflatten(s, it, modules) for s in aspec)
+                kwargs = {k: _pt.unflatten(s, it, modules) for k, s in kspec}
+            with contextlib.ExitStack() as stack:
+                for m, named in modules:
+                    stack.enter_context(_reparametrize(m, named))
+                out = fn(*args, **kwargs)
+            _pt.register_dataclasses_in(out)
+            return out
+
+        _tls.depth += 1
+        try:
+            traced = _trace.trace_flat(flat_fn, list(tensors))
+        finally:
+            _tls.depth -= 1
+        ir = _optimize(traced.ir)
+        return ir, traced.out_tree, traced.out_leaves
+
+    def compile(self, key: Any, spec: Any, tensors: List[Tensor]) -> _Entry:
+        """Trace, optimise and compile one signature into a cache entry."""
+        where = f"tn.jit({self.name})"
+        dev = _exec_device(tensors, where)
+        ir, out_tree, out_leaves = self.trace(spec, tensors)
+        run = self.backend.compile_fn(ir)
+        host = dev if (self.backend.host_only and dev.type != "cpu") else None
+        desc = self.describe(key) if key is not None else None
+        return _Entry(ir, run, _make_assemble(out_tree, out_leaves), host, key, desc)
+
+    # -- the call ---------------------------------------------------------
+
+    def key_of(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Any, Any, List[Tensor]]:
+        """``(key, spec, tensors)`` of a call."""
+        if not kwargs and not self.has_static and not self.bound:
+            for a in args:
+                if not isinstance(a, Tensor):
+                    break
+            else:  # fast path: all positional tensors
+                return ((len(args), tuple([(a.shape, a.dtype, a.device, a.requires_grad) for a in args]),
+                         torch.is_grad_enabled()), len(args), list(args))
+        spec, tensors = self.flatten(args, kwargs)
+        for t in tensors:
+            if not isinstance(t, Tensor):
+                raise TnError(f"tn.jit({self.name}): a module parameter or buffer is {type(t).__name__}, "
+                              f"not a tensor; assign tensors (or None) to parameters and buffers")
+        sigs = tuple([(t.shape, t.dtype, t.device, t.requires_grad) for t in tensors])
+        return (spec, sigs, torch.is_grad_enabled()), spec, tensors
+
+    def lookup(self, key: Any, spec: Any) -> Optional[_Entry]:
+        """The cached entry for ``key`` (counted as a hit), or None."""
+        try:
+            with self.lock:
+                e = self.cache.get(key)
+                if e is not None:
+                    self.cache.move_to_end(key)
+                    self.hits += 1
+                return e
+        except TypeError:
+            self._raise_unhashable(spec)
+            raise
+
+    def _raise_unhashable(self, spec: Any) -> None:
+        if type(spec) is int:
+            return
+        aspec, kspec = spec
+        nb = len(self.bound)
+        found = None
+        for i, s in enumerate(aspec):
+            found = _pt.find_unhashable(s, "module" if i < nb else self._label(i - nb))
+            if found:
+                break
+        if not found:
+            for k, s in kspec:
+                found = _pt.find_unhashable(s, k)
+                if found:
+                    break
+        if found:
+            label, value = found
+            hint = ""
+            if type(value).__module__ == "numpy":
+                hint = " Convert arrays with torch.from_numpy (tensors are program inputs)."
+            raise TnError(
+                f"tn.jit({self.name}): argument {label!r} is a {type(value).__name__}, which is neither a tensor "
+                f"nor hashable. Non-tensor arguments are compile-time constants (part of the cache key) and must "
+                f"be hashable: pass a tensor, a tuple instead of a list-like value, or register its type as a "
+                f"pytree node.{hint}")
+
+    def miss(self, key: Any, spec: Any, tensors: List[Tensor]) -> _Entry:
+        """Compile ``key`` (once, even if several threads miss together) and insert it in the cache."""
+        with _TRACE_LOCK:
+            with self.lock:
+                e = self.cache.get(key)
+                if e is not None:
+                    self.cache.move_to_end(key)
+                    self.hits += 1
+                    return e
+            if _log_enabled("recompiles"):
+                self._log_miss(key)
+            e = self.compile(key, spec, tensors)
+            with self.lock:
+                self.misses += 1
+                self.cache[key] = e
+                if self.maxsize is not None:
+                    while len(self.cache) > self.maxsize:
+                        self.cache.popitem(last=False)
+            return e
+
+    def _log_miss(self, key: Any) -> None:
+        new = self.describe(key)
+        with self.lock:
+            olds = [e.desc for e in self.cache.values() if e.desc is not None]
+        if not olds:
+            log.warning("tn.jit: compiling %s (first call, cache miss %d): %s", self.name, self.misses + 1,
+                        "; ".join(f"{k}: {v}" for k, v in new.items() if not k.endswith("(structure)")))
+            return
+        best, best_diff = None, None
+        for old in olds:
+            diff = [k for k in dict.fromkeys(list(new) + list(old)) if new.get(k) != old.get(k)]
+            if best_diff is None or len(diff) < len(best_diff):
+                best, best_diff = old, diff
+        changes = "; ".join(f"{k}: {best.get(k, '(absent)')} -> {new.get(k, '(absent)')}" for k in best_diff)
+        log.warning("tn.jit: recompiling %s (cache miss %d, %d program(s) cached); versus the closest cached "
+                    "signature: %s", self.name, self.misses + 1, len(olds), changes or "no visible difference")
+
+    def call(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        """Run the function on ``args``/``kwargs``: cached program, or trace + compile first."""
+        key, spec, tensors = self.key_of(args, kwargs)
+        e = self.lookup(key, spec)
+        if e is None:
+            e = self.miss(key, spec, tensors)
+        return e(tensors)
+
+    def cache_info(self) -> CacheInfo:
+        """Hits, misses, current size and bound of the program cache."""
+        with self.lock:
+            return CacheInfo(self.hits, self.misses, len(self.cache), self.maxsize)
+
+    def cache_clear(self) -> None:
+        """Drop every cached program and reset the statistics."""
+        with self.lock:
+            self.cache.clear()
+            self.hits = 0
+            self.misses = 0
+
+
+def _reparametrize(module: torch.nn.Module, named: Dict[str, Tensor]) -> Any:
+    """Context manager: ``module``'s parameters and buffers replaced by ``named`` (tied weights kept tied)."""
+    from torch.nn.utils.stateless import _reparametrize_module
+    return _reparametrize_module(module, named, tie_weights=True, strict=False)
+
+
+class JittedFunction:
+    """A function compiled by :func:`jit`: call it like the original.
+
+    ``cache_info()`` reports hits, misses and size of its program cache;
+    ``cache_clear()`` empties it. Works as a method decorator too (the
+    instance is then the first argument; an ``nn.Module`` instance
+    contributes its parameters and buffers as inputs).
+    """
+
+    def __init__(self, fn: Callable, static_argnums: Any = (), static_argnames: Any = (),
+                 backend: Any = None, cache_size: Optional[int] = DEFAULT_CACHE_SIZE):
+        self._core = _Core(fn, static_argnums, static_argnames, backend, cache_size, "tn.jit")
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _tls.depth:  # called while tracing another jitted function: inline
+            return self._core.fn(*args, **kwargs)
+        core = self._core
+        key, spec, tensors = core.key_of(args, kwargs)
+        e = core.lookup(key, spec)
+        if e is None:
+            e = core.miss(key, spec, tensors)
+        return e(tensors)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        return functools.partial(self, obj)
+
+    def cache_info(self) -> CacheInfo:
+        """Hits, misses, current size and bound (``maxsize``) of the program cache."""
+        return self._core.cache_info()
+
+    def cache_clear(self) -> None:
+        """Drop every cached program and reset the statistics."""
+        self._core.cache_clear()
+
+    def lower(self, *args: Any, **kwargs: Any) -> IR:
+        """The (optimised) IR this function runs for these arguments, compiling it if needed."""
+        core = self._core
+        key, spec, tensors = core.key_of(args, kwargs)
+        e = core.lookup(key, spec) or core.miss(key, spec, tensors)
+        return e.ir
+
+    def __repr__(self) -> str:
+        return f"<tn.jit {self._core.name} backend={self._core.backend_name!r}>"
+
+
+def _call_module(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """Call ``module`` (with its hooks), as eager code would."""
+    return module(*args, **kwargs)
+
+
+class JittedModule:
+    """An ``nn.Module`` compiled by :func:`jit`.
+
+    Calling it runs the compiled program with the module's current parameters
+    and buffers as inputs. Every other attribute (``parameters()``,
+    ``state_dict()``, submodules, ``weight``...) is the wrapped module's;
+    setting an attribute sets it on the module. ``train()``/``eval()``/``to()``
+    return the wrapper. The wrapped module is ``.module``. It is not itself an
+    ``nn.Module``: register the original module as a child, not the wrapper.
+    """
+
+    _own = frozenset({"_tn_core", "_tn_module"})
+
+    def __init__(self, module: torch.nn.Module, static_argnums: Any = (), static_argnames: Any = (),
+                 backend: Any = None, cache_size: Optional[int] = DEFAULT_CACHE_SIZE):
+        object.__setattr__(self, "_tn_module", module)
+        # Argument names and static args refer to forward's parameters (after self).
+        holder: Callable[..., Any] = _call_module
+        try:
+            params = list(inspect.signature(type(module).forward).parameters.values())[1:]
+        except (AttributeError, TypeError, ValueError):
+            params = None
+        if params is not None:
+            def holder(*a: Any, **k: Any) -> Any:
+                """Signature holder: forward's parameters after the module."""
+            holder.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+                [inspect.Parameter("module", inspect.Parameter.POSITIONAL_ONLY)] + params)
+        core = _Core(holder, static_argnums, static_argnames, backend, cache_size,
+                     f"tn.jit({type(module).__name__})", bound=(module,))
+        core.fn = _call_module
+        core.name = f"{type(module).__name__} module"
+        object.__setattr__(self, "_tn_core", core)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The wrapped module."""
+        return self._tn_module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _tls.depth:
+            return self._tn_module(*args, **kwargs)
+        return self._tn_core.call(args, kwargs)
+
+    def cache_info(self) -> CacheInfo:
+        """Hits, misses, current size and bound (``maxsize``) of the program cache."""
+        return self._tn_core.cache_info()
+
+    def cache_clear(self) -> None:
+        """Drop every cached program and reset the statistics."""
+        self._tn_core.cache_clear()
+
+    def lower(self, *args: Any, **kwargs: Any) -> IR:
+        """The (optimised) IR this module runs for these arguments, compiling it if needed."""
+        core = self._tn_core
+        key, spec, tensors = core.key_of(args, kwargs)
+        e = core.lookup(key, spec) or core.miss(key, spec, tensors)
+        return e.ir
+
+    def train(self, mode: bool = True) -> "JittedModule":
+        """Set training mode on the module; returns the wrapper."""
+        self._tn_module.train(mode)
+        return self
+
+    def eval(self) -> "JittedModule":
+        """Set evaluation mode on the module; returns the wrapper."""
+        self._tn_module.eval()
+        return self
+
+    def to(self, *args: Any, **kwargs: Any) -> "JittedModule":
+        """``module.to(...)``; returns the wrapper."""
+        self._tn_module.to(*args, **kwargs)
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        if name in JittedModule._own:
+            raise AttributeError(name)
+        return getattr(self._tn_module, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._tn_module, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self._tn_module, name)
+
+    def __dir__(self) -> Iterable[str]:
+        return sorted(set(dir(type(self))) | set(dir(self._tn_module)))
+
+    def __repr__(self) -> str:
+        return f"tn.jit({self._tn_module!r})"
+
+
+def jit(fn: Any = None, *, static_argnums: Any = (), static_argnames: Any = (), backend: Any = None,
+        cache_size: Optional[int] = DEFAULT_CACHE_SIZE) -> Any:
+    """Compile ``fn`` (a function or an ``nn.Module``) into a cached whole program.
+
+    Usable as ``@tn.jit``, ``@tn.jit(static_argnums=..., ...)`` or
+    ``tn.jit(module)``.
+
+    Args:
+        fn: the function or module.
+        static_argnums: positions of arguments that are compile-time constants
+            (hashable; each new value retraces).
+        static_argnames: names of such arguments (positions and names are
+            matched against each other through ``fn``'s signature).
+        backend: a registered backend name (default :func:`default_backend`)
+            or a ``compile_fn(ir) -> run`` callable.
+        cache_size: how many programs to keep (LRU); ``None`` for unbounded.
+
+    Returns:
+        A :class:`JittedFunction` or :class:`JittedModule`.
+    """
+    if fn is None:
+        return lambda f: jit(f, static_argnums=static_argnums, static_argnames=static_argnames,
+                             backend=backend, cache_size=cache_size)
+    if isinstance(fn, JittedModule):
+        fn = fn.module
+    if isinstance(fn, torch.nn.Module):
+        return JittedModule(fn, static_argnums, static_argnames, backend, cache_size)
+    if isinstance(fn, JittedFunction):
+        fn = fn._core.fn
+    if not callable(fn):
+        raise TnError(f"tn.jit: expected a function or an nn.Module, got {type(fn).__name__} ({fn!r:.60})")
+    return JittedFunction(fn, static_argnums, static_argnames, backend, cache_size)
+
+
+def make_ir(fn: Any, static_argnums: Any = (), static_argnames: Any = ()) -> Callable[..., IR]:
+    """``make_ir(fn, ...)(*args, **kwargs)`` is the IR of ``fn`` for those arguments.
+
+    The IR is what ``tn.jit`` would run: traced, then optimised by the default
+    passes. ``fn`` may be an ``nn.Module`` (its parameters and buffers are the
+    first inputs). ``print(ir)`` shows a jaxpr-like listing.
+    """
+    if isinstance(fn, (JittedFunction, JittedModule)):
+        fn = fn.module if isinstance(fn, JittedModule) else fn._core.fn
+    if isinstance(fn, torch.nn.Module):
+        core = JittedModule(fn, static_argnums, static_argnames, backend="reference", cache_size=1)._tn_core
+    else:
+        if not callable(fn):
+            raise TnError(f"tn.make_ir: expected a function or an nn.Module, got {type(fn).__name__}")
+        core = _Core(fn, static_argnums, static_argnames, "reference", 1, "tn.make_ir")
+
+    @functools.wraps(fn if not isinstance(fn, torch.nn.Module) else type(fn).forward)
+    def build(*args: Any, **kwargs: Any) -> IR:
+        key, spec, tensors = core.key_of(args, kwargs)
+        try:
+            hash(key)
+        except TypeError:
+            core._raise_unhashable(spec)
+            raise
+        ir, _, _ = core.trace(spec, tensors)
+        return ir
+
+    return build
+
+
+jit.register_backend = register_backend  # type: ignore[attr-defined]
+jit.backends = backends  # type: ignore[attr-defined]
+jit.default_backend = default_backend  # type: ignore[attr-defined]

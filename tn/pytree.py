@@ -1,0 +1,307 @@
+# Argument flattening for tn.jit: pytrees of tensors, Python values and nn.Modules -> flat tensors + a hashable spec.
+"""Flattening of call arguments into program inputs.
+
+:func:`flatten` walks a pytree (tuple, list, dict, NamedTuple, dataclass,
+HF ``ModelOutput``, anything registered with ``torch.utils._pytree``) and
+returns a hashable *spec* plus, appended to a caller's list, the tensors it
+found. The spec records everything that is not a tensor value: the tree
+structure, the values of non-tensor leaves (they are compile-time constants
+of the program), and for every ``nn.Module`` found as a leaf, the module
+itself, its parameter/buffer names and its submodules' training flags. The
+module's parameters and buffers become tensor inputs, so updating them in place
+changes a program's result without a retrace.
+
+:func:`unflatten` rebuilds the arguments from a spec and tensors (at trace
+time only); :func:`describe` turns a spec plus tensor signatures into
+``{label: text}`` for messages that say which argument changed.
+
+Spec nodes (a spec is made of these, nested):
+
+* ``TENSOR`` (the int 0): one tensor, taken from the tensor list in order;
+* ``(SEQ, type, children)``: a plain tuple or list;
+* ``(DICT, keys, children)``: a plain dict (insertion order, as torch's pytree);
+* ``(LEAF, type, value)``: a non-tensor leaf, part of the cache key;
+* ``(STATIC, type, value)``: a whole argument declared static;
+* ``(MODULE, module, names, training)``: an ``nn.Module`` whose parameters and
+  buffers (``names``) follow as tensors;
+* ``(NODE, treespec, children)``: any other registered pytree node.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
+
+import torch
+import torch.utils._pytree as _pytree
+
+from .errors import TnError
+
+__all__ = [
+    "TENSOR", "SEQ", "DICT", "LEAF", "STATIC", "MODULE", "NODE",
+    "flatten", "unflatten", "describe", "register_dataclasses_in",
+    "module_state", "tensor_sig", "sig_str", "find_unhashable",
+]
+
+TENSOR, SEQ, DICT, LEAF, STATIC, MODULE, NODE = 0, 1, 2, 3, 4, 5, 6
+
+Tensor = torch.Tensor
+
+# Leaf types that are compile-time constants and need no further inspection.
+_SCALAR_TYPES = frozenset({
+    int, float, bool, complex, str, bytes, type(None), type(Ellipsis),
+    torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size,
+})
+
+_register_lock = threading.Lock()
+
+
+def register_dataclass_type(cls: type) -> None:
+    """Register a dataclass type with ``torch.utils._pytree`` (fields become children).
+
+    Does nothing if the type is already a registered pytree node (HF
+    ``ModelOutput`` registers itself). Only ``init=True`` fields are children,
+    as the dataclass constructor needs them.
+    """
+    if cls in _pytree.SUPPORTED_NODES:
+        return
+    with _register_lock:
+        if cls in _pytree.SUPPORTED_NODES:
+            return
+        names = [f.name for f in dataclasses.fields(cls) if f.init]
+        dropped = [f.name for f in dataclasses.fields(cls) if not f.init]
+        try:
+            _pytree.register_dataclass(cls, field_names=names, drop_field_names=dropped)
+        except Exception as e:  # torch refuses some dataclasses (e.g. odd field setups)
+            raise TnError(
+                f"tn.jit could not register dataclass {cls.__qualname__} as a pytree ({e}); "
+                f"register it yourself with torch.utils._pytree.register_dataclass or "
+                f"register_pytree_node before calling the jitted function") from e
+
+
+def register_dataclasses_in(tree: Any, _depth: int = 0) -> None:
+    """Register every dataclass type found (recursively) in ``tree`` as a pytree node.
+
+    Called on a traced function's result so dataclass outputs flatten into
+    their tensor fields instead of being one opaque leaf.
+    """
+    if _depth > 100 or isinstance(tree, (Tensor, torch.nn.Module)):
+        return
+    t = type(tree)
+    if t in _SCALAR_TYPES:
+        return
+    if isinstance(tree, (tuple, list)):
+        for x in tree:
+            register_dataclasses_in(x, _depth + 1)
+    elif isinstance(tree, dict):
+        for x in tree.values():
+            register_dataclasses_in(x, _depth + 1)
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        register_dataclass_type(t)
+        for f in dataclasses.fields(tree):
+            register_dataclasses_in(getattr(tree, f.name, None), _depth + 1)
+
+
+# ---------------------------------------------------------------- modules
+
+_struct_version = [0]
+
+
+def _bump(*_args: Any) -> None:
+    """Global nn.Module registration hook: something's parameters/buffers/children changed."""
+    _struct_version[0] += 1
+
+
+_hooks_installed = False
+
+
+def _install_hooks() -> None:
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    from torch.nn.modules import module as _m
+    _m.register_module_parameter_registration_hook(_bump)
+    _m.register_module_buffer_registration_hook(_bump)
+    _m.register_module_module_registration_hook(_bump)
+    _hooks_installed = True
+
+
+class ModuleState:
+    """What tn.jit reads from an ``nn.Module`` on every call, prepared once.
+
+    ``names`` are the qualified names of its parameters then buffers
+    (deduplicated, as ``named_parameters()``), ``refs`` the ``(dict, key)``
+    pairs holding them (read on each call so reassignment is seen), ``mods``
+    its submodules (for training flags). Rebuilt when any module registers a
+    parameter, buffer or child anywhere (a global counter bumped by torch's
+    module registration hooks).
+    """
+
+    __slots__ = ("version", "names", "refs", "mods", "mod_names", "__weakref__")
+
+    def __init__(self, module: torch.nn.Module):
+        self.version = _struct_version[0]
+        names: List[str] = []
+        refs: List[Tuple[Dict[str, Any], str]] = []
+        seen: set = set()
+        for kind in ("_parameters", "_buffers"):  # parameters first, as named_parameters()
+            for prefix, m in module.named_modules():
+                d = m.__dict__.get(kind) or {}
+                for k, v in d.items():
+                    if v is None or id(v) in seen:
+                        continue
+                    seen.add(id(v))
+                    names.append(f"{prefix}.{k}" if prefix else k)
+                    refs.append((d, k))
+        self.names = tuple(names)
+        self.refs = tuple(refs)
+        mods = list(module.named_modules())
+        self.mods = tuple(m for _, m in mods)
+        self.mod_names = tuple(n or "<root>" for n, _ in mods)
+
+
+_module_states: "weakref.WeakKeyDictionary[torch.nn.Module, ModuleState]" = weakref.WeakKeyDictionary()
+
+
+def module_state(module: torch.nn.Module) -> ModuleState:
+    """The (cached, revalidated) :class:`ModuleState` of ``module``."""
+    _install_hooks()
+    st = _module_states.get(module)
+    if st is None or st.version != _struct_version[0]:
+        st = ModuleState(module)
+        _module_states[module] = st
+    return st
+
+
+# ---------------------------------------------------------------- flatten
+
+def flatten(x: Any, tensors: List[Tensor]) -> Any:
+    """Spec of pytree ``x``; its tensors (and module parameters/buffers) are appended to ``tensors``."""
+    if isinstance(x, Tensor):
+        tensors.append(x)
+        return TENSOR
+    t = type(x)
+    if t in _SCALAR_TYPES:
+        return (LEAF, t, x)
+    if t is tuple or t is list:
+        return (SEQ, t, tuple([flatten(e, tensors) for e in x]))
+    if t is dict:
+        return (DICT, tuple(x), tuple([flatten(v, tensors) for v in x.values()]))
+    if isinstance(x, torch.nn.Module):
+        st = module_state(x)
+        for d, k in st.refs:
+            tensors.append(d[k])
+        return (MODULE, x, st.names, tuple([m.training for m in st.mods]))
+    if t not in _pytree.SUPPORTED_NODES and dataclasses.is_dataclass(x) and not isinstance(x, type):
+        register_dataclass_type(t)
+    if t in _pytree.SUPPORTED_NODES:
+        leaves, spec = _pytree.tree_flatten(x)
+        return (NODE, spec, tuple([flatten(e, tensors) for e in leaves]))
+    return (LEAF, t, x)
+
+
+def unflatten(spec: Any, it: Iterator[Tensor], modules: List[Tuple[torch.nn.Module, Dict[str, Tensor]]]) -> Any:
+    """Rebuild the value described by ``spec``, taking tensors from ``it``.
+
+    Modules are returned as themselves; ``(module, {name: tensor})`` is
+    appended to ``modules`` so the caller can reparametrize them.
+    """
+    if type(spec) is int:
+        return next(it)
+    tag = spec[0]
+    if tag == SEQ:
+        return spec[1]([unflatten(c, it, modules) for c in spec[2]])
+    if tag == DICT:
+        return {k: unflatten(c, it, modules) for k, c in zip(spec[1], spec[2])}
+    if tag == LEAF or tag == STATIC:
+        return spec[2]
+    if tag == MODULE:
+        _, m, names, _training = spec
+        modules.append((m, {n: next(it) for n in names}))
+        return m
+    if tag == NODE:
+        return _pytree.tree_unflatten([unflatten(c, it, modules) for c in spec[2]], spec[1])
+    raise TnError(f"tn.jit internal: unknown argument spec node {spec!r}")
+
+
+# ---------------------------------------------------------------- signatures and descriptions
+
+def tensor_sig(t: Tensor) -> Tuple[Any, ...]:
+    """The abstract signature of one tensor input: shape, dtype, device, requires_grad."""
+    return (t.shape, t.dtype, t.device, t.requires_grad)
+
+
+def sig_str(sig: Tuple[Any, ...]) -> str:
+    """``f32[4,8] cpu`` (plus ``requires_grad``) for a tensor signature."""
+    from .ir import aval_str
+    shape, dtype, device, rg = sig
+    return f"{aval_str(tuple(shape), dtype)} {device}" + (" requires_grad" if rg else "")
+
+
+def _short(v: Any, limit: int = 60) -> str:
+    try:
+        s = repr(v)
+    except Exception:
+        s = f"<{type(v).__name__}>"
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def describe(spec: Any, sigs: Sequence[Tuple[Any, ...]], label: str, out: Dict[str, str],
+             pos: List[int]) -> None:
+    """Fill ``out`` with ``{label: text}`` for every leaf of ``spec`` (tensors use ``sigs`` from ``pos[0]``)."""
+    if type(spec) is int:
+        out[label] = sig_str(sigs[pos[0]])
+        pos[0] += 1
+        return
+    tag = spec[0]
+    if tag == SEQ:
+        out[label + " (structure)"] = f"{spec[1].__name__} of {len(spec[2])}"
+        for i, c in enumerate(spec[2]):
+            describe(c, sigs, f"{label}[{i}]", out, pos)
+    elif tag == DICT:
+        out[label + " (structure)"] = "dict with keys " + _short(list(spec[1]))
+        for k, c in zip(spec[1], spec[2]):
+            describe(c, sigs, f"{label}[{k!r}]", out, pos)
+    elif tag == LEAF:
+        out[label] = f"{spec[1].__name__} {_short(spec[2])}"
+    elif tag == STATIC:
+        out[label] = f"static {spec[1].__name__} {_short(spec[2])}"
+    elif tag == MODULE:
+        _, m, names, training = spec
+        out[label] = f"{type(m).__name__} module at {id(m):#x}"
+        n_train = sum(training)
+        out[label + " (training flags)"] = (
+            "train" if n_train == len(training) else "eval" if n_train == 0
+            else f"{n_train} of {len(training)} submodules training")
+        out[label + " (parameter/buffer names)"] = _short(names, 80)
+        for n in names:
+            describe(TENSOR, sigs, f"{label}.{n}", out, pos)
+    elif tag == NODE:
+        out[label + " (structure)"] = _short(str(spec[1]).replace("\n", " "), 80)
+        for i, c in enumerate(spec[2]):
+            describe(c, sigs, f"{label}<leaf {i}>", out, pos)
+
+
+def find_unhashable(spec: Any, label: str) -> Tuple[str, Any] | None:
+    """The ``(label, value)`` of the first non-tensor leaf of ``spec`` that cannot be hashed, if any."""
+    if type(spec) is int:
+        return None
+    tag = spec[0]
+    if tag in (LEAF, STATIC):
+        try:
+            hash(spec[2])
+        except TypeError:
+            return label, spec[2]
+        return None
+    if tag == SEQ or tag == NODE:
+        for i, c in enumerate(spec[2]):
+            r = find_unhashable(c, f"{label}[{i}]" if tag == SEQ else f"{label}<leaf {i}>")
+            if r:
+                return r
+    if tag == DICT:
+        for k, c in zip(spec[1], spec[2]):
+            r = find_unhashable(c, f"{label}[{k!r}]")
+            if r:
+                return r
+    return None
