@@ -7,6 +7,18 @@ from tn._native._kernels import ffi, lib
 
 RNG = np.random.default_rng(1234)
 
+# Every code path of the kernel this machine can run ("auto" first); the others are skipped.
+ISAS = ["auto", "generic", "avx2", "avx512", "amx"]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    """Forces one code path of the kernel for a test, then restores the automatic choice."""
+    if lib.tn_matmul_set_isa(request.param.encode()) != 0:
+        pytest.skip(f"this CPU/OS has no {request.param} path")
+    yield request.param
+    assert lib.tn_matmul_set_isa(b"auto") == 0
+
 
 def _ptr(ctype, arr):
     """cffi pointer to a numpy array's first element."""
@@ -45,7 +57,7 @@ SHAPES = [(1, 1, 1), (1, 128, 512), (128, 1, 1), (128, 128, 512), (127, 127, 511
 
 @pytest.mark.parametrize("K,M,N", SHAPES)
 @pytest.mark.parametrize("pad", [0, 5])
-def test_f32_overwrite_and_accumulate(K, M, N, pad):
+def test_f32_overwrite_and_accumulate(K, M, N, pad, isa):
     _, stat = _padded(K, M, pad, np.float32)
     _, mov = _padded(K, N, pad + 3, np.float32)
     stat[:] = RNG.standard_normal((K, M))
@@ -62,7 +74,7 @@ def test_f32_overwrite_and_accumulate(K, M, N, pad):
 
 
 @pytest.mark.parametrize("K,M,N", SHAPES)
-def test_bf16_matches_torch(K, M, N):
+def test_bf16_matches_torch(K, M, N, isa):
     _, stat = _padded(K, M, 9, np.uint16)
     _, mov = _padded(K, N, 1, np.uint16)
     stat[:] = _to_bf16_bits(RNG.standard_normal((K, M)).astype(np.float32))
@@ -83,7 +95,7 @@ def test_bf16_matches_torch(K, M, N):
     np.testing.assert_allclose(psum, want + init, rtol=1e-5, atol=1e-4)
 
 
-def test_accumulate_over_k_chunks_equals_one_big_k():
+def test_accumulate_over_k_chunks_equals_one_big_k(isa):
     K, M, N = 512, 128, 512
     a = RNG.standard_normal((K, M)).astype(np.float32)
     b = RNG.standard_normal((K, N)).astype(np.float32)
@@ -93,7 +105,7 @@ def test_accumulate_over_k_chunks_equals_one_big_k():
     np.testing.assert_allclose(psum, a.astype(np.float64).T @ b, rtol=1e-4, atol=1e-3)
 
 
-def test_partition_pitch_strides():
+def test_partition_pitch_strides(isa):
     """Operands laid out as in SBUF/PSUM: rows a partition pitch apart (57344 floats = 224 KiB)."""
     pitch = 57344
     K, M, N = 128, 128, 512
@@ -105,6 +117,33 @@ def test_partition_pitch_strides():
     assert _run_f32(stat, mov, psum, K, M, N, 0) == 0
     np.testing.assert_allclose(psum, stat.astype(np.float64).T @ mov, rtol=1e-5, atol=1e-4)
     assert not pbank[:, :2048].any() and not pbank[:, 2048 + N:].any()
+
+
+def test_bf16_partition_pitch_strides(isa):
+    """bf16 operands in a 224 KiB partition pitch (114688 bf16), psum a 16 KiB pitch, accumulating over K."""
+    pitch = 114688
+    K, M, N = 128, 128, 512
+    sbuf = np.zeros((K, pitch), np.uint16)
+    sbuf[:, 64:64 + M] = _to_bf16_bits(RNG.standard_normal((K, M)).astype(np.float32))
+    sbuf[:, 4000:4000 + N] = _to_bf16_bits(RNG.standard_normal((K, N)).astype(np.float32))
+    stat, mov = sbuf[:, 64:64 + M], sbuf[:, 4000:4000 + N]
+    pbank = np.zeros((M, 4096), np.float32)
+    psum = pbank[:, 512:512 + N]
+    want = _bf16_bits_to_f32(np.ascontiguousarray(stat)).astype(np.float64).T @ _bf16_bits_to_f32(
+        np.ascontiguousarray(mov))
+    assert _run_bf16(stat, mov, psum, K, M, N, 0) == 0
+    assert _run_bf16(stat, mov, psum, K, M, N, 1) == 0
+    np.testing.assert_allclose(psum, 2 * want, rtol=1e-5, atol=2e-4)
+    assert not pbank[:, :512].any() and not pbank[:, 512 + N:].any()
+
+
+def test_isa_names():
+    assert ffi.string(lib.tn_matmul_isa()).decode() in ("amx", "avx512", "avx2", "generic")
+    assert lib.tn_matmul_set_isa(b"no-such-isa") == -1
+    assert lib.tn_matmul_set_isa(ffi.NULL) == -1
+    assert lib.tn_matmul_set_isa(b"generic") == 0
+    assert ffi.string(lib.tn_matmul_isa()) == b"generic"
+    assert lib.tn_matmul_set_isa(b"auto") == 0
 
 
 @pytest.mark.parametrize("K,M,N", [(0, 1, 1), (1, 0, 1), (1, 1, 0), (129, 1, 1), (1, 129, 1), (1, 1, 513),
@@ -140,7 +179,7 @@ def test_null_pointers_are_rejected():
     assert lib.tn_matmul_bf16(ffi.NULL, 4, ffi.NULL, 4, ffi.NULL, 4, 4, 4, 4, 0) == -1
 
 
-def test_special_values_propagate():
+def test_special_values_propagate(isa):
     K, M, N = 4, 3, 20
     a = np.ones((K, M), np.float32)
     b = np.ones((K, N), np.float32)
