@@ -1,0 +1,68 @@
+# OpInfo conformance through tn.jit: a fast subset of representative ops here, the whole op_db under -m slow.
+import importlib.util
+import pathlib
+
+import pytest
+import torch
+
+pytest.importorskip("tn.jit", reason="tn.jit (tn/jit.py) has not landed yet")
+
+_PATH = pathlib.Path(__file__).resolve().parents[1] / "bench" / "coverage.py"
+_spec = importlib.util.spec_from_file_location("tn_bench_coverage", _PATH)
+cov = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cov)
+
+#: Representative ops: elementwise, broadcasting, reductions, shape ops,
+#: indexing, matmul and the usual NN layers.
+FAST_OPS = [
+    "add", "mul", "sub", "div.no_rounding_mode", "neg", "abs", "exp", "log", "tanh", "sigmoid", "rsqrt",
+    "pow", "maximum", "where", "clamp", "sum", "mean", "amax", "argmax", "softmax", "log_softmax",
+    "matmul", "mm", "bmm", "addmm", "nn.functional.linear", "nn.functional.relu", "nn.functional.gelu",
+    "nn.functional.layer_norm", "cat", "stack", "reshape", "transpose", "permute", "gather",
+    "index_select", "masked_fill", "expand", "unsqueeze", "nn.functional.embedding", "cumsum",
+]
+
+_INFOS = {cov.op_key(i): i for i in cov.float32_ops(FAST_OPS) if cov.op_key(i) in FAST_OPS}
+
+
+def test_fast_subset_is_all_found():
+    assert sorted(_INFOS) == sorted(FAST_OPS)
+
+
+@pytest.mark.parametrize("name", FAST_OPS)
+def test_opinfo_fast_subset(name, backend):
+    rec = cov.run_op(_INFOS[name], backend, max_samples=12, timeout=60)
+    assert rec["status"] == "passed", f"{name}: {rec['status']}: {rec['reason']}"
+    assert rec["samples"] > 0
+
+
+def test_compare_reports_mismatches_and_structure():
+    a = torch.ones(3)
+    assert cov.compare((a, 1), (a.clone(), 2)) is None  # only tensor leaves are compared
+    assert "mismatch" in cov.compare(a, a + 1e-3)
+    assert "result 0 is" in cov.compare(a, a.double())
+    assert "tensor results" in cov.compare((a, a), (a,))
+    assert cov.compare(torch.tensor([float("nan")]), torch.tensor([float("nan")])) is None
+    assert cov.compare(torch.empty(2), torch.empty(2) + 7, values=False) is None
+
+
+def test_summary_and_report(capsys):
+    recs = [dict(name="a", variant="", status="passed", reason="", samples=1),
+            dict(name="b", variant="v", status="failed", reason="mismatch: result 0 at [1, 2]", samples=1),
+            dict(name="c", variant="", status="skipped", reason="UnsupportedOpError: aten.foo f32[3]", samples=0)]
+    rep = cov.summarize(recs)
+    assert (rep["total"], rep["passed"], rep["failed"], rep["skipped"]) == (3, 1, 1, 1)
+    cov.print_report(rep)
+    out = capsys.readouterr().out
+    assert "passed" in out and "b.v" in out and "UnsupportedOpError" in out
+
+
+@pytest.mark.slow
+def test_full_opinfo_run(backend, tmp_path):
+    report = cov.run(backend, timeout=120)
+    assert report["total"] >= 600
+    assert report["passed"] + report["failed"] + report["skipped"] == report["total"]
+    for rec in report["ops"]:
+        assert rec["status"] in ("passed", "failed", "skipped")
+        assert rec["status"] == "passed" or rec["reason"]
+    assert report["passed"] > report["total"] // 2
