@@ -6,6 +6,7 @@ import pytest
 import torch
 
 pytest.importorskip("tn.jit", reason="tn.jit (tn/jit.py) has not landed yet")
+pytest.importorskip("tn.trace", reason="the tracer (tn/trace.py) has not landed yet")
 
 _PATH = pathlib.Path(__file__).resolve().parents[1] / "bench" / "coverage.py"
 _spec = importlib.util.spec_from_file_location("tn_bench_coverage", _PATH)

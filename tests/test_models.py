@@ -9,6 +9,7 @@ import torch.nn.functional as F
 import tn
 
 pytest.importorskip("tn.jit", reason="tn.jit (tn/jit.py) has not landed yet")
+pytest.importorskip("tn.trace", reason="the tracer (tn/trace.py) has not landed yet")
 
 TOL = {
     torch.float32: dict(rtol=1e-5, atol=1e-5),
