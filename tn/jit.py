@@ -216,7 +216,7 @@ def _make_assemble(out_tree: Any, out_leaves: Sequence[Any]) -> Callable[[List[A
         return lambda outs: v
     if all(p[0] for p in picks):
         idx = tuple(p[1] for p in picks)
-        if out_tree.type is tuple and all(c.is_leaf() for c in out_tree.children_specs):
+        if out_tree.type is tuple and all(c.is_leaf() for c in out_tree.children()):
             return lambda outs: tuple([outs[k] for k in idx])
         return lambda outs: _pytree.tree_unflatten([outs[k] for k in idx], out_tree)
     picks_t = tuple(picks)

@@ -1,0 +1,170 @@
+# Bench: tn.jit first-call latency vs torch.compile (fresh processes) and cached-call overhead vs eager, one thread.
+"""How much does tn.jit cost on top of the work itself?
+
+Two tables, measured side by side in one run with ``torch.set_num_threads(1)``:
+
+1. First call (trace + compile + run) of ``tn.jit`` vs ``torch.compile`` on
+   an MLP (768 -> 3072 -> 768, batch 128) and a GPT-2 block (d=768, 12 heads,
+   seq 128). Each first call runs in a fresh subprocess, so it really is the
+   first; imports and model construction are outside the timed region (the
+   time of ``import tn`` is reported separately). Goal: tn ≤ 1/20 of
+   torch.compile.
+2. Cached call of a one-op function (``x * 2`` on a 16x16 tensor) for eager,
+   ``tn.jit`` and ``torch.compile``: min and median over interleaved repeats
+   of a timed loop. Goal: tn.jit ≤ 20 µs above eager.
+
+Usage: ``python bench/jit_overhead.py [--json PATH] [--repeats N] [--skip-compile]``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+FIRST_CALL_GOAL = 20.0  # torch.compile first call / tn.jit first call, at least
+OVERHEAD_GOAL_US = 20.0  # tn.jit cached call minus eager, at most
+
+
+def _model(name: str):
+    """``(module, input)`` for the first-call table, seeded."""
+    from tn.demo import MLP, GPT2Block
+    torch.manual_seed(0)
+    if name == "mlp":
+        return MLP(768, 3072, 768).eval(), torch.randn(128, 768)
+    if name == "gpt2-block":
+        return GPT2Block(768, 12, 1024).eval(), torch.randn(1, 128, 768)
+    raise SystemExit(f"unknown model {name!r}: use mlp or gpt2-block")
+
+
+def child_first_call(model: str, impl: str) -> dict:
+    """In a fresh process: time the first call of ``impl`` on ``model``."""
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    import tn  # noqa: F401  (imported in both cases so the tn timing excludes it fairly)
+    import_tn = time.perf_counter() - t0
+    m, x = _model(model)
+    with torch.no_grad():
+        want = m(x)
+        if impl == "tn":
+            f = tn.jit(m)
+        else:
+            f = torch.compile(m)
+        t0 = time.perf_counter()
+        got = f(x)
+        first = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        f(x)
+        second = time.perf_counter() - t0
+    err = (got - want).abs().max().item()
+    return dict(first_s=first, second_s=second, import_tn_s=import_tn, max_abs_err=err)
+
+
+def first_call_table(models, impls) -> dict:
+    """Run every ``(model, impl)`` first call in its own subprocess."""
+    res: dict = {}
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for model in models:
+        for impl in impls:
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", model, impl],
+                               capture_output=True, text=True, env=env)
+            if p.returncode != 0:
+                raise SystemExit(f"first-call child {model}/{impl} failed:\n{p.stderr[-4000:]}")
+            res.setdefault(model, {})[impl] = json.loads(p.stdout.strip().splitlines()[-1])
+    return res
+
+
+def cached_call_table(repeats: int, inner: int, with_compile: bool) -> dict:
+    """Interleaved timing of a one-op function: eager, tn.jit, torch.compile."""
+    import tn
+    torch.set_num_threads(1)
+
+    def one_op(x):
+        return x * 2
+
+    x = torch.randn(16, 16)
+    impls = {"eager": one_op, "tn.jit": tn.jit(one_op)}
+    if with_compile:
+        impls["torch.compile"] = torch.compile(one_op)
+    for f in impls.values():  # warm: compile and cache
+        for _ in range(3):
+            torch.testing.assert_close(f(x), x * 2)
+    samples = {k: [] for k in impls}
+    for _ in range(repeats):
+        for name, f in impls.items():
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                f(x)
+            samples[name].append((time.perf_counter() - t0) / inner * 1e6)
+    return {k: dict(min_us=min(v), median_us=statistics.median(v)) for k, v in samples.items()}
+
+
+def main(argv=None) -> int:
+    """Run both tables, print them (tabulate) and optionally write JSON."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
+    ap.add_argument("--repeats", type=int, default=30, help="interleaved repeats of the cached-call loop")
+    ap.add_argument("--inner", type=int, default=1000, help="calls per timed loop")
+    ap.add_argument("--skip-compile", action="store_true", help="leave torch.compile out (quick check)")
+    ap.add_argument("--child", nargs=2, metavar=("MODEL", "IMPL"), help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        print(json.dumps(child_first_call(*a.child)))
+        return 0
+
+    from tabulate import tabulate
+    torch.set_num_threads(1)
+    impls = ["tn"] + ([] if a.skip_compile else ["torch.compile"])
+    first = first_call_table(["mlp", "gpt2-block"], impls)
+    rows = []
+    for model, r in first.items():
+        tn_s = r["tn"]["first_s"]
+        row = [model, f"{tn_s * 1e3:.0f} ms", f"{r['tn']['second_s'] * 1e3:.1f} ms",
+               f"{r['tn']['import_tn_s']:.2f} s"]
+        if "torch.compile" in r:
+            tc = r["torch.compile"]["first_s"]
+            ratio = tc / tn_s
+            r["ratio"] = ratio
+            row += [f"{tc:.2f} s", f"{r['torch.compile']['second_s'] * 1e3:.1f} ms", f"{ratio:.0f}x",
+                    "met" if ratio >= FIRST_CALL_GOAL else "MISSED"]
+        row.append(f"{r['tn']['max_abs_err']:.1e}")
+        rows.append(row)
+    headers = ["model", "tn.jit first call", "tn.jit 2nd call", "import tn"]
+    if "torch.compile" in impls:
+        headers += ["torch.compile first call", "torch.compile 2nd call", "compile/tn",
+                    f"goal ≥{FIRST_CALL_GOAL:.0f}x"]
+    headers.append("tn max abs err vs eager")
+    print("First call (trace + compile + run), each in a fresh process, 1 thread:")
+    print(tabulate(rows, headers=headers, disable_numparse=True))
+
+    cached = cached_call_table(a.repeats, a.inner, not a.skip_compile)
+    eager = cached["eager"]
+    rows = []
+    for name, c in cached.items():
+        over_min = c["min_us"] - eager["min_us"]
+        over_med = c["median_us"] - eager["median_us"]
+        c["overhead_min_us"], c["overhead_median_us"] = over_min, over_med
+        goal = ""
+        if name == "tn.jit":
+            goal = "met" if over_min <= OVERHEAD_GOAL_US else "MISSED"
+        rows.append([name, f"{c['min_us']:.1f}", f"{c['median_us']:.1f}", f"{over_min:+.1f}", f"{over_med:+.1f}",
+                     goal])
+    print()
+    print(f"Cached call of a one-op function (x * 2, f32[16,16]), µs per call, {a.repeats} interleaved repeats "
+          f"of {a.inner} calls:")
+    print(tabulate(rows, headers=["impl", "min", "median", "over eager (min)", "over eager (median)",
+                                  f"goal ≤{OVERHEAD_GOAL_US:.0f} µs"], disable_numparse=True))
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(dict(first_call=first, cached_call=cached, goals=dict(
+                first_call_ratio=FIRST_CALL_GOAL, cached_overhead_us=OVERHEAD_GOAL_US)), fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

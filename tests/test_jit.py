@@ -1,0 +1,410 @@
+# Tests of tn.jit / tn.make_ir: cache behaviour, static args, pytrees, modules, write-back, logging, threads, errors.
+import copy
+import dataclasses
+import logging
+import threading
+from typing import NamedTuple
+
+import pytest
+import torch
+import torch.nn as nn
+
+import tn
+from tn.jit import DEFAULT_CACHE_SIZE, CacheInfo, register_backend
+
+pytest.importorskip("tn.trace", reason="tn.jit needs the tracer (tn/trace.py)")
+
+FP32 = dict(rtol=1e-5, atol=1e-5)
+
+
+def close(a, b, **tol):
+    torch.testing.assert_close(a, b, **(tol or FP32))
+
+
+# ---------------------------------------------------------------- cache
+
+def test_cache_hits_and_misses_on_abstract_signature():
+    @tn.jit
+    def f(x, y):
+        return x * y + 1
+
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    close(f(x, y), x * y + 1)
+    assert f.cache_info() == CacheInfo(hits=0, misses=1, size=1, maxsize=DEFAULT_CACHE_SIZE)
+    x2, y2 = torch.randn(4, 8), torch.randn(4, 8)  # new values, same signature: a hit
+    close(f(x2, y2), x2 * y2 + 1)
+    assert (f.cache_info().hits, f.cache_info().misses) == (1, 1)
+    f(torch.randn(5, 8), torch.randn(5, 8))  # shape
+    f(x.double(), y.double())  # dtype
+    f(x.requires_grad_(), y)  # requires_grad
+    assert f.cache_info().misses == 4
+    with torch.no_grad():  # grad mode
+        close(f(x, y), x * y + 1)
+    assert f.cache_info().misses == 5
+    assert f.cache_info().size == 5
+    f.cache_clear()
+    assert f.cache_info() == CacheInfo(0, 0, 0, f.cache_info().maxsize)
+
+
+def test_cache_size_evicts_least_recently_used():
+    @tn.jit(cache_size=2)
+    def f(x):
+        return x.sin()
+
+    a, b, c = torch.randn(2), torch.randn(3), torch.randn(4)
+    f(a), f(b)
+    f(a)  # a is now most recent
+    f(c)  # evicts b
+    info = f.cache_info()
+    assert (info.size, info.misses, info.hits, info.maxsize) == (2, 3, 1, 2)
+    f(a)
+    assert f.cache_info().hits == 2
+    close(f(b), b.sin())  # b was evicted: a miss
+    assert f.cache_info().misses == 4
+
+
+def test_python_scalars_are_constants_in_the_key():
+    @tn.jit
+    def f(x, alpha):
+        return x * alpha
+
+    x = torch.randn(3)
+    close(f(x, 2.0), x * 2)
+    close(f(x, 3.0), x * 3)
+    close(f(x, 2.0), x * 2)
+    assert (f.cache_info().misses, f.cache_info().hits) == (2, 1)
+
+
+# ---------------------------------------------------------------- static args
+
+def test_static_argnums_and_argnames():
+    def f(x, n, *, mode="sum"):
+        y = x.reshape(n, -1)
+        return y.sum(0) if mode == "sum" else y.amax(0)
+
+    x = torch.randn(12)
+    jf = tn.jit(f, static_argnums=1, static_argnames="mode")
+    close(jf(x, 3), f(x, 3))
+    close(jf(x, 4), f(x, 4))
+    close(jf(x, 3, mode="max"), f(x, 3, mode="max"))
+    close(jf(x, 3), f(x, 3))
+    assert (jf.cache_info().misses, jf.cache_info().hits) == (3, 1)
+
+
+def test_static_position_passed_by_keyword_and_name_passed_by_position():
+    def f(x, n):
+        return x.reshape(n, -1).sum(0)
+
+    x = torch.randn(12)
+    by_num = tn.jit(f, static_argnums=(1,))
+    close(by_num(x, n=3), f(x, 3))
+    by_name = tn.jit(f, static_argnames=("n",))
+    close(by_name(x, 4), f(x, 4))
+    close(by_name(x, n=4), f(x, 4))
+
+
+# ---------------------------------------------------------------- pytrees
+
+class Pair(NamedTuple):
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+@dataclasses.dataclass
+class Out:
+    total: torch.Tensor
+    parts: list
+    note: str = "ok"
+
+
+def test_pytrees_in_and_out():
+    def f(p, d, items):
+        s = p.a + p.b
+        return Out(total=s + d["w"] * items[0], parts=[s, {"k": items[1].exp()}], note=d["tag"])
+
+    p = Pair(torch.randn(3), torch.randn(3))
+    d = {"w": torch.randn(3), "tag": "hello"}
+    items = [torch.randn(3), torch.randn(2)]
+    got = tn.jit(f)(p, d, items)
+    want = f(p, d, items)
+    assert isinstance(got, Out) and got.note == "hello"
+    close(got.total, want.total)
+    close(got.parts[0], want.parts[0])
+    close(got.parts[1]["k"], want.parts[1]["k"])
+
+
+def test_namedtuple_and_none_outputs():
+    @tn.jit
+    def f(x):
+        return Pair(x + 1, x * 2), None, 3
+
+    x = torch.randn(4)
+    pair, none, three = f(x)
+    assert isinstance(pair, Pair) and none is None and three == 3
+    close(pair.b, x * 2)
+
+
+def test_hf_model_output_round_trips():
+    mo = pytest.importorskip("transformers.modeling_outputs")
+
+    @tn.jit
+    def f(h):
+        return mo.BaseModelOutput(last_hidden_state=h.tanh(), hidden_states=(h, h * 2))
+
+    h = torch.randn(2, 3)
+    out = f(h)
+    assert isinstance(out, mo.BaseModelOutput)
+    close(out.last_hidden_state, h.tanh())
+    close(out.hidden_states[1], h * 2)
+
+
+# ---------------------------------------------------------------- modules
+
+def test_module_parameters_are_inputs_not_constants():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    jm = tn.jit(m)
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        close(jm(x), m(x))
+        m[0].weight.mul_(0.5)
+        m[2].bias.add_(1.0)
+        close(jm(x), m(x))
+    info = jm.cache_info()
+    assert (info.misses, info.hits) == (1, 1)
+    ir = tn.make_ir(m)(x)
+    assert len(ir.inputs) == 5  # 4 parameters + x
+
+
+def test_jitted_module_forwards_attributes():
+    m = nn.Linear(3, 2)
+    jm = tn.jit(m)
+    assert jm.weight is m.weight and jm.module is m
+    assert set(jm.state_dict()) == set(m.state_dict())
+    assert jm.eval() is jm and not m.training
+    assert jm.train() is jm and m.training
+    jm.new_attr = 5
+    assert m.new_attr == 5
+
+
+def test_module_training_flag_and_structure_are_in_the_key():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))
+    jm = tn.jit(m)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        m.eval()
+        close(jm(x), m(x))
+        m[0] = nn.Linear(4, 4)  # replaced submodule: new parameters must be used
+        close(jm(x), m(x))
+        m[0].weight = nn.Parameter(torch.randn(4, 4))  # reassigned parameter
+        close(jm(x), m(x))
+    assert jm.cache_info().misses >= 1
+    m.train()
+    jm(x)
+    assert jm.cache_info().misses >= 2
+
+
+def test_batchnorm_train_mode_writes_back_running_stats():
+    torch.manual_seed(0)
+    bn = nn.BatchNorm1d(6)
+    ref = copy.deepcopy(bn)
+    jbn = tn.jit(bn)
+    for _ in range(2):
+        x = torch.randn(8, 6)
+        close(jbn(x), ref(x), rtol=1e-4, atol=1e-4)
+    close(bn.running_mean, ref.running_mean)
+    close(bn.running_var, ref.running_var)
+    assert int(bn.num_batches_tracked) == int(ref.num_batches_tracked) == 2
+    bn.eval(), ref.eval()
+    x = torch.randn(8, 6)
+    close(jbn(x), ref(x), rtol=1e-4, atol=1e-4)
+    assert jbn.cache_info().misses == 2
+
+
+def test_input_mutation_is_written_back():
+    def f(x, y):
+        x.add_(y)
+        return x * 2
+
+    x, y = torch.randn(5), torch.randn(5)
+    xe = x.clone()
+    want = f(xe, y)
+    got = tn.jit(f)(x, y)
+    close(got, want)
+    close(x, xe)
+
+
+def test_jit_as_method_decorator_sees_module_parameters():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        @tn.jit
+        def forward(self, x):
+            return self.lin(x).relu()
+
+    torch.manual_seed(0)
+    m = M()
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        want = m.lin(x).relu()
+        close(m(x), want)
+        m.lin.weight.mul_(-1)
+        close(m(x), m.lin(x).relu())
+
+
+def test_nested_jit_is_inlined():
+    inner = tn.jit(lambda x: x.exp())
+
+    @tn.jit
+    def outer(x):
+        return inner(x) + 1
+
+    x = torch.randn(3)
+    close(outer(x), x.exp() + 1)
+    assert inner.cache_info().misses == 0
+
+
+# ---------------------------------------------------------------- logging, threads, devices, backends
+
+def test_recompile_logging_names_the_changed_argument(monkeypatch, caplog):
+    monkeypatch.setenv("TN_LOG", "recompiles")
+
+    @tn.jit
+    def f(x, y):
+        return x + y
+
+    with caplog.at_level(logging.WARNING, logger="tn"):
+        f(torch.randn(4, 8), torch.randn(8))
+        f(torch.randn(5, 8), torch.randn(8))
+    msgs = [r.getMessage() for r in caplog.records if r.name == "tn"]
+    assert len(msgs) == 2
+    assert "first call" in msgs[0]
+    assert "x: f32[4,8] cpu -> f32[5,8] cpu" in msgs[1]
+    assert "y:" not in msgs[1].split("signature:")[1]  # y did not change
+
+
+def test_no_recompile_logging_by_default(monkeypatch, caplog):
+    monkeypatch.delenv("TN_LOG", raising=False)
+    f = tn.jit(lambda x: x + 1)
+    with caplog.at_level(logging.DEBUG, logger="tn"):
+        f(torch.randn(2))
+        f(torch.randn(3))
+    assert not [r for r in caplog.records if r.name == "tn"]
+
+
+def test_thread_safety_many_threads_one_function():
+    @tn.jit
+    def f(x):
+        return (x * 3).sum(-1)
+
+    inputs = [torch.randn(4, 8), torch.randn(2, 16)]
+    errors = []
+
+    def worker(k):
+        try:
+            for i in range(40):
+                x = inputs[(i + k) % 2]
+                torch.testing.assert_close(f(x), (x * 3).sum(-1))
+        except Exception as e:  # collected and re-raised in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    info = f.cache_info()
+    assert info.misses == 2 and info.hits == 4 * 40 - 2
+
+
+def test_results_come_back_on_the_inputs_device():
+    f = tn.jit(lambda x: (x + 1, x.sum()))
+    a, b = f(torch.randn(3))
+    assert a.device.type == "cpu" and b.device.type == "cpu"
+
+
+def test_custom_backend_registry():
+    seen = []
+
+    def compile_fn(ir):
+        seen.append(ir)
+        from tn.reference import run_ir
+        return lambda flat: run_ir(ir, flat)
+
+    register_backend("test-counting", compile_fn)
+    assert "test-counting" in tn.jit.backends()
+    f = tn.jit(lambda x: x.cos(), backend="test-counting")
+    x = torch.randn(3)
+    close(f(x), x.cos())
+    f(x)
+    assert len(seen) == 1 and isinstance(seen[0], tn.IR)
+
+
+def test_make_ir_prints_avals():
+    def f(x, w):
+        return (x @ w).relu()
+
+    ir = tn.make_ir(f)(torch.randn(4, 8), torch.randn(8, 3))
+    assert isinstance(ir, tn.IR)
+    text = str(ir)
+    assert "f32[4,8]" in text and "f32[8,3]" in text and "f32[4,3]" in text
+
+
+def test_make_ir_static_args():
+    ir = tn.make_ir(lambda x, n: x.reshape(n, -1), static_argnums=1)(torch.randn(12), 3)
+    assert "f32[3,4]" in str(ir)
+
+
+# ---------------------------------------------------------------- errors
+
+def test_error_static_argnums_out_of_range():
+    with pytest.raises(tn.TnError, match=r"static_argnums=\(2,\).*out of range.*x, n"):
+        tn.jit(lambda x, n: x, static_argnums=2)
+
+
+def test_error_unknown_static_argname():
+    with pytest.raises(tn.TnError, match=r"no parameter 'm'"):
+        tn.jit(lambda x, n: x, static_argnames="m")
+
+
+def test_error_unhashable_static_argument():
+    f = tn.jit(lambda x, shape: x.reshape(shape), static_argnums=1)
+    with pytest.raises(tn.TnError, match=r"'shape' is a list.*hashable"):
+        f(torch.randn(4), [2, 2])
+
+
+def test_error_tensor_as_static_argument():
+    f = tn.jit(lambda x, y: x + y, static_argnames="y")
+    with pytest.raises(tn.TnError, match=r"static argument 'y' is a tensor"):
+        f(torch.randn(2), y=torch.randn(2))
+
+
+def test_error_numpy_array_argument():
+    np = pytest.importorskip("numpy")
+    f = tn.jit(lambda x: x)
+    with pytest.raises(tn.TnError, match=r"'x' is a ndarray.*torch.from_numpy"):
+        f(np.ones(3))
+
+
+def test_error_not_callable_and_bad_options():
+    with pytest.raises(tn.TnError, match="expected a function or an nn.Module"):
+        tn.jit(42)
+    with pytest.raises(tn.TnError, match="unknown backend 'nope'.*reference"):
+        tn.jit(lambda x: x, backend="nope")
+    with pytest.raises(tn.TnError, match="cache_size"):
+        tn.jit(lambda x: x, cache_size=0)
+
+
+def test_tracing_error_propagates_unchanged():
+    @tn.jit
+    def f(x):
+        if x.sum() > 0:
+            return x
+        return -x
+
+    with pytest.raises(tn.TracingError):
+        f(torch.randn(3))
