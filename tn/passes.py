@@ -39,7 +39,7 @@ from .ir import IR, Eqn, Literal, Var, aval_str
 
 __all__ = [
     "VerifyError", "VERIFY", "FOLD_MAX_NUMEL", "verify", "dce", "cse", "fold_constants",
-    "decompose", "register_decomposition", "DECOMPOSITIONS", "optimize", "PIPELINE",
+    "decompose", "register_decomposition", "DECOMPOSE_RULES", "optimize", "PIPELINE",
     "is_impure",
 ]
 
@@ -375,44 +375,82 @@ def fold_constants(ir: IR, max_numel: Optional[int] = None) -> IR:
 #: with torch ops (inputs in ``Eqn.inputs`` order: tensors, or Python scalars
 #: for literals). The rule is traced through tn's tracer, so whatever aten
 #: ops it calls become the equations that replace the op.
-DECOMPOSITIONS: Dict[str, Callable[..., Any]] = {}
+DECOMPOSE_RULES: Dict[str, Callable[..., Any]] = {}
 
 
 def register_decomposition(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: register ``rule`` as the decomposition of the op called ``name``."""
     def deco(rule: Callable[..., Any]) -> Callable[..., Any]:
-        DECOMPOSITIONS[name] = rule
+        DECOMPOSE_RULES[name] = rule
         return rule
     return deco
 
 
-def _aten_decomposition(op: Any) -> Optional[Callable[..., Any]]:
-    """torch._decomp's decomposition of the aten overload an op stands for, if any."""
-    overload = None
-    for attr in ("aten", "overload", "aten_op", "target"):
-        overload = getattr(op, attr, None)
-        if overload is not None:
-            break
-    if overload is None:
-        return None
+def _overloads(op: Any) -> List[Any]:
+    """The aten overloads an op stands for (its ``aten`` attribute)."""
+    ov = getattr(op, "aten", None)
+    if ov is None:
+        return []
+    seq = list(ov) if isinstance(ov, (tuple, list)) else [ov]
+    out = []
+    for o in seq:
+        if isinstance(o, torch._ops.OpOverloadPacket):
+            out.extend(getattr(o, name) for name in o.overloads())
+        else:
+            out.append(o)
+    return out
+
+
+def _aten_table(op: Any) -> Dict[Any, Callable[..., Any]]:
+    """Decompositions (tn's own first, then ``torch._decomp``'s) of the aten
+    overloads ``op`` stands for: overload -> function over aten ops."""
     from torch._decomp import decomposition_table  # deferred: imports much of torch
 
-    candidates = [overload]
-    if isinstance(overload, torch._ops.OpOverloadPacket):
-        candidates = [getattr(overload, o) for o in overload.overloads()]
-    for cand in candidates:
-        fn = decomposition_table.get(cand)
+    try:
+        from .ops import DECOMPOSITIONS as tn_table
+    except ImportError:
+        tn_table = {}
+    table = {}
+    for ov in _overloads(op):
+        fn = tn_table.get(ov) or decomposition_table.get(ov)
         if fn is not None:
-            return fn
-    return None
+            table[ov] = fn
+    return table
+
+
+def _impl_decomposed(op: Any, table: Dict[Any, Callable[..., Any]]) -> Callable[..., Any]:
+    """A rule that runs ``op.impl`` with the aten calls in ``table`` replaced
+    by their decompositions (a dispatch mode pushed inside the traced call, so
+    the tracer records the decomposition's ops instead of ``op`` itself)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Decompose(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            fn = table.get(func)
+            if fn is not None:
+                r = fn(*args, **kwargs)
+                if r is not NotImplemented:
+                    return r
+            return func(*args, **kwargs)
+
+    def rule(*args: Any, **attrs: Any) -> Any:
+        with _Decompose():
+            return op.impl(*args, **attrs)
+
+    return rule
 
 
 def _rule_for(op: Any) -> Optional[Callable[..., Any]]:
-    rule = DECOMPOSITIONS.get(op.name)
+    """The decomposition rule of ``op``: registered, the op's own
+    ``decomposition`` attribute, or its impl with its aten overloads decomposed."""
+    rule = DECOMPOSE_RULES.get(op.name)
     if rule is None:
         rule = getattr(op, "decomposition", None)
     if rule is None:
-        rule = _aten_decomposition(op)
+        table = _aten_table(op)
+        if table:
+            rule = _impl_decomposed(op, table)
     return rule
 
 
@@ -494,6 +532,8 @@ def decompose(ir: IR, names: Iterable[str], strict: bool = False, max_depth: int
         if rule is not None:
             try:
                 new_eqns, new_consts, replaced = _expand(e, rule)
+                if any(ne.op.name == e.op.name for ne in new_eqns):
+                    raise UnsupportedOpError(f"the decomposition of {e.op.name} contains {e.op.name} again")
             except Exception as exc:  # a rule that cannot be traced: keep the op, or report it
                 error, rule = exc, None
         if rule is None:
