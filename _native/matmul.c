@@ -4,7 +4,7 @@
  *  - operands are first packed into aligned, contiguous per-thread scratch (SBUF rows sit a partition pitch
  *    apart, 224 KiB, so reading them in place costs a TLB miss per row);
  *  - a register-blocked micro-kernel keeps an MR x NR block of the result in vector registers over all of K;
- *  - the micro-kernel is chosen at run time: AVX-512F (12x32), AVX2+FMA (6x16), or a portable C fallback
+ *  - the micro-kernel is chosen at run time: AVX-512F (8x32), AVX2+FMA (6x16), or a portable C fallback
  *    that is always compiled; bf16 tiles use AMX (TDPBF16PS, bf16 products exact, fp32 accumulation)
  *    when the CPU has it and the OS grants the tile state, else they are widened to fp32 while packing.
  */
@@ -26,7 +26,7 @@
 #define TN_MM_MAX_N 512
 
 /* Largest register block over all variants; packed panels are padded to these with zeros. */
-#define TN_MM_MR_MAX 12
+#define TN_MM_MR_MAX 8
 #define TN_MM_NR_MAX 32
 #define TN_MM_APACK_FLOATS (TN_MM_MAX_K * (TN_MM_MAX_M + TN_MM_MR_MAX))
 #define TN_MM_BPACK_FLOATS (TN_MM_MAX_K * (TN_MM_MAX_N + TN_MM_NR_MAX))
@@ -178,9 +178,9 @@ static void tn_mm_ukernel_avx2(int K, const float *a, const float *b, float *c, 
     }
 }
 
-#define TN_AVX512_MR 12
+#define TN_AVX512_MR 8
 #define TN_AVX512_NR 32
-/* AVX-512F: 12 x 32 block in 24 zmm accumulators. */
+/* AVX-512F: 8 x 32 block in 16 zmm accumulators (M = 128 and N = 512 split without remainder). */
 __attribute__((target("avx512f")))
 static void tn_mm_ukernel_avx512(int K, const float *a, const float *b, float *c, int64_t ldc, int accumulate)
 {
@@ -204,13 +204,68 @@ static void tn_mm_ukernel_avx512(int K, const float *a, const float *b, float *c
         _mm512_storeu_ps(c + i * ldc + 16, acc[i][1]);
     }
 }
+
+/* AVX-512 packing of stat into 8-wide panels (see tn_mm_pack_a); bf16 widened on the way. */
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+static void tn_mm_pack_a_avx512(float *ap, const void *stat, int is_bf16, int64_t ss, int K, int M, int MR)
+{
+    int panels = (M + 7) / 8;
+    (void)MR;
+    for (int k = 0; k < K; k++) {
+        for (int p = 0; p < panels; p++) {
+            int m0 = p * 8, cnt = M - m0 < 8 ? M - m0 : 8;
+            __mmask8 mk = (__mmask8)((1u << cnt) - 1u);
+            __m256 v;
+            if (is_bf16) {
+                __m128i h = _mm_maskz_loadu_epi16(mk, (const uint16_t *)stat + (int64_t)k * ss + m0);
+                v = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+            } else {
+                v = _mm256_maskz_loadu_ps(mk, (const float *)stat + (int64_t)k * ss + m0);
+            }
+            _mm256_store_ps(ap + ((int64_t)p * K + k) * 8, v);
+        }
+    }
+}
+
+/* AVX-512 packing of mov into 32-wide panels (see tn_mm_pack_b); bf16 widened on the way. */
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+static void tn_mm_pack_b_avx512(float *bp, const void *mov, int is_bf16, int64_t ms, int K, int N, int NR)
+{
+    int panels = (N + 31) / 32;
+    (void)NR;
+    for (int k = 0; k < K; k++) {
+        for (int q = 0; q < panels; q++) {
+            int n0 = q * 32, cnt = N - n0 < 32 ? N - n0 : 32;
+            __mmask16 m0 = cnt >= 16 ? 0xffff : (__mmask16)((1u << cnt) - 1u);
+            __mmask16 m1 = cnt >= 32 ? 0xffff : cnt <= 16 ? 0 : (__mmask16)((1u << (cnt - 16)) - 1u);
+            __m512 v0, v1;
+            if (is_bf16) {
+                const uint16_t *src = (const uint16_t *)mov + (int64_t)k * ms + n0;
+                __m256i h0 = _mm256_maskz_loadu_epi16(m0, src), h1 = _mm256_maskz_loadu_epi16(m1, src + 16);
+                v0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h0), 16));
+                v1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h1), 16));
+            } else {
+                const float *src = (const float *)mov + (int64_t)k * ms + n0;
+                v0 = _mm512_maskz_loadu_ps(m0, src);
+                v1 = _mm512_maskz_loadu_ps(m1, src + 16);
+            }
+            float *dst = bp + ((int64_t)q * K + k) * 32;
+            _mm512_store_ps(dst, v0);
+            _mm512_store_ps(dst + 16, v1);
+        }
+    }
+}
 #endif
 
 /* ---------------------------------------------------------------- run-time choice */
 
+/* A packer: stat into MR-wide panels (pack_a) or mov into NR-wide panels (pack_b), fp32 or bf16 source. */
+typedef void (*tn_mm_packer)(float *dst, const void *src, int is_bf16, int64_t stride, int K, int width, int block);
+
 typedef struct {
     tn_mm_ukernel kern;
     int mr, nr;
+    tn_mm_packer pack_a, pack_b;
     int amx;  /* 1: bf16 tiles may use AMX */
 } tn_mm_isa;
 
@@ -242,18 +297,19 @@ static int tn_mm_amx_usable(void)
 /* The code path for a name ("auto", "generic", "avx2", "avx512", "amx"); returns 0, or -1 if this CPU lacks it. */
 static int tn_mm_isa_pick(const char *name, tn_mm_isa *out)
 {
-    tn_mm_isa isa = {tn_mm_ukernel_generic, TN_GEN_MR, TN_GEN_NR, 0};
+    tn_mm_isa isa = {tn_mm_ukernel_generic, TN_GEN_MR, TN_GEN_NR, tn_mm_pack_a, tn_mm_pack_b, 0};
     int is_auto = !strcmp(name, "auto");
     if (!is_auto && strcmp(name, "generic") && strcmp(name, "avx2") && strcmp(name, "avx512") && strcmp(name, "amx"))
         return -1;
 #ifdef TN_MM_X86
     __builtin_cpu_init();
-    int has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    int has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+                 && __builtin_cpu_supports("avx512vl");
     int has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     if ((is_auto || !strcmp(name, "avx512") || !strcmp(name, "amx")) && has512)
-        isa = (tn_mm_isa){tn_mm_ukernel_avx512, TN_AVX512_MR, TN_AVX512_NR, 0};
+        isa = (tn_mm_isa){tn_mm_ukernel_avx512, TN_AVX512_MR, TN_AVX512_NR, tn_mm_pack_a_avx512, tn_mm_pack_b_avx512, 0};
     else if ((is_auto || !strcmp(name, "avx2")) && has2)
-        isa = (tn_mm_isa){tn_mm_ukernel_avx2, TN_AVX2_MR, TN_AVX2_NR, 0};
+        isa = (tn_mm_isa){tn_mm_ukernel_avx2, TN_AVX2_MR, TN_AVX2_NR, tn_mm_pack_a, tn_mm_pack_b, 0};
     else if (!is_auto && strcmp(name, "generic"))
         return -1;
     if ((is_auto || !strcmp(name, "amx")) && has512) {
@@ -457,8 +513,8 @@ static void tn_mm_packed(const void *stat, int64_t ss, const void *mov, int64_t 
                          const tn_mm_isa *isa, tn_mm_scratch *s)
 {
     const int MR = isa->mr, NR = isa->nr;
-    tn_mm_pack_a(s->a, stat, is_bf16, ss, K, M, MR);
-    tn_mm_pack_b(s->b, mov, is_bf16, ms, K, N, NR);
+    isa->pack_a(s->a, stat, is_bf16, ss, K, M, MR);
+    isa->pack_b(s->b, mov, is_bf16, ms, K, N, NR);
     float tmp[TN_MM_MR_MAX * TN_MM_NR_MAX] __attribute__((aligned(64)));
     int npan = (N + NR - 1) / NR, mpan = (M + MR - 1) / MR;
     for (int q = 0; q < npan; q++) {
