@@ -1,4 +1,746 @@
-/* C math kernels of the software NeuronCore (see kernels.h). */
+/* C math kernels of the software NeuronCore: dtype conversion, elementwise ALU, activations, reductions, copies, gathers.
+ *
+ * Every kernel works per partition: it gathers the operand's free elements (an access pattern of up
+ * to 4 dims, any dtype) into contiguous fp32 scratch, computes there with simple vectorisable loops,
+ * and scatters the result converted to the output dtype. Access patterns are validated by the
+ * caller (engine.pyx) against their memories; these kernels trust them. Portable C11 (no
+ * CPU-specific code); -O3 lets GCC vectorise the inner loops. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
 #include "kernels.h"
 
-int tn_abi_version(void) { return 1; }
+int tn_abi_version(void) { return 2; }
+
+/* ------------------------------------------------------------------ conversions */
+
+static inline float bits_f32(uint32_t x) { float f; memcpy(&f, &x, 4); return f; }
+static inline uint32_t f32_bits(float f) { uint32_t x; memcpy(&x, &f, 4); return x; }
+
+static inline uint16_t f32_to_bf16(float f)
+{
+    uint32_t x = f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN */
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+static inline float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+static inline uint16_t f32_to_f16(float f)
+{
+    uint32_t x = f32_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to infinity */
+    if (ax < 0x38800000u) {                                  /* half subnormal (or zero) */
+        float a = bits_f32(ax) * 16777216.0f;                /* exact: scale by 2^24 */
+        return (uint16_t)(sign | (uint32_t)lrintf(a));        /* RNE; 0x400 is the smallest normal */
+    }
+    uint32_t h = ((((ax >> 23) - 112u)) << 10) | ((ax & 0x7fffffu) >> 13);
+    uint32_t rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+static inline float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) {
+        float f = (float)m * 5.9604644775390625e-8f; /* m * 2^-24 */
+        return bits_f32(f32_bits(f) | sign);
+    }
+    if (e == 31) return bits_f32(sign | 0x7f800000u | (m << 13));
+    return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+void tn_cvt_f32_to_bf16(const float *src, uint16_t *dst, int64_t n) { for (int64_t i = 0; i < n; i++) dst[i] = f32_to_bf16(src[i]); }
+void tn_cvt_bf16_to_f32(const uint16_t *src, float *dst, int64_t n) { for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(src[i]); }
+void tn_cvt_f32_to_f16(const float *src, uint16_t *dst, int64_t n) { for (int64_t i = 0; i < n; i++) dst[i] = f32_to_f16(src[i]); }
+void tn_cvt_f16_to_f32(const uint16_t *src, float *dst, int64_t n) { for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32(src[i]); }
+
+static inline int32_t sat_i32(float v)
+{
+    if (v != v) return 0;
+    if (v >= 2147483647.0f) return INT32_MAX;
+    if (v <= -2147483648.0f) return INT32_MIN;
+    return (int32_t)v;
+}
+
+static inline int64_t sat_i64(float v)
+{
+    if (v != v) return 0;
+    if (v >= 9.2233720368547758e18f) return INT64_MAX;
+    if (v <= -9.2233720368547758e18f) return INT64_MIN;
+    return (int64_t)v;
+}
+
+/* ------------------------------------------------------------------ row load/store */
+
+/* dst[i] = (float) src[i*stride] for a row of n elements of `dtype`. */
+static void load_row(float *dst, const char *src, int dtype, int64_t stride, int64_t n)
+{
+    switch (dtype) {
+    case TN_F32:
+        if (stride == 1) { memcpy(dst, src, (size_t)n * 4); return; }
+        for (int64_t i = 0; i < n; i++) dst[i] = ((const float *)src)[i * stride];
+        return;
+    case TN_BF16:
+        for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(((const uint16_t *)src)[i * stride]);
+        return;
+    case TN_F16:
+        for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32(((const uint16_t *)src)[i * stride]);
+        return;
+    case TN_I32:
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)((const int32_t *)src)[i * stride];
+        return;
+    case TN_I64:
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)((const int64_t *)src)[i * stride];
+        return;
+    case TN_U8:
+    case TN_BOOL:
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)((const uint8_t *)src)[i * stride];
+        return;
+    default:
+        memset(dst, 0, (size_t)n * 4);
+    }
+}
+
+/* dst[i*stride] = convert(src[i]) for a row of n elements of `dtype`. */
+static void store_row(char *dst, int dtype, int64_t stride, const float *src, int64_t n)
+{
+    switch (dtype) {
+    case TN_F32:
+        if (stride == 1) { memcpy(dst, src, (size_t)n * 4); return; }
+        for (int64_t i = 0; i < n; i++) ((float *)dst)[i * stride] = src[i];
+        return;
+    case TN_BF16:
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i * stride] = f32_to_bf16(src[i]);
+        return;
+    case TN_F16:
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i * stride] = f32_to_f16(src[i]);
+        return;
+    case TN_I32:
+        for (int64_t i = 0; i < n; i++) ((int32_t *)dst)[i * stride] = sat_i32(src[i]);
+        return;
+    case TN_I64:
+        for (int64_t i = 0; i < n; i++) ((int64_t *)dst)[i * stride] = sat_i64(src[i]);
+        return;
+    case TN_U8:
+        for (int64_t i = 0; i < n; i++) {
+            float v = src[i];
+            ((uint8_t *)dst)[i * stride] = (uint8_t)(v != v ? 0 : v <= 0.0f ? 0 : v >= 255.0f ? 255 : (int)v);
+        }
+        return;
+    case TN_BOOL:
+        for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i * stride] = (uint8_t)(src[i] != 0.0f);
+        return;
+    default:
+        return;
+    }
+}
+
+static inline int64_t ap_free(const tn_ap *a) { return a->num[0] * a->num[1] * a->num[2] * a->num[3]; }
+
+static inline char *ap_part(const tn_ap *a, int64_t p) { return a->base + p * a->pstride; }
+
+/* Load every free element of partition p of `a` (row-major over its dims) into dst. */
+static void load_ap(float *dst, const tn_ap *a, int64_t p)
+{
+    const char *base = ap_part(a, p);
+    int64_t n3 = a->num[3];
+    for (int64_t i0 = 0; i0 < a->num[0]; i0++)
+        for (int64_t i1 = 0; i1 < a->num[1]; i1++)
+            for (int64_t i2 = 0; i2 < a->num[2]; i2++) {
+                int64_t off = (i0 * a->stride[0] + i1 * a->stride[1] + i2 * a->stride[2]) * a->esize;
+                load_row(dst, base + off, a->dtype, a->stride[3], n3);
+                dst += n3;
+            }
+}
+
+/* Store src into every free element of partition p of `a` (row-major over its dims). */
+static void store_ap(const tn_ap *a, int64_t p, const float *src)
+{
+    char *base = ap_part(a, p);
+    int64_t n3 = a->num[3];
+    for (int64_t i0 = 0; i0 < a->num[0]; i0++)
+        for (int64_t i1 = 0; i1 < a->num[1]; i1++)
+            for (int64_t i2 = 0; i2 < a->num[2]; i2++) {
+                int64_t off = (i0 * a->stride[0] + i1 * a->stride[1] + i2 * a->stride[2]) * a->esize;
+                store_row(base + off, a->dtype, a->stride[3], src, n3);
+                src += n3;
+            }
+}
+
+/* First element of partition p as float (per-partition scalars). */
+static inline float load_scalar(const tn_ap *a, int64_t p)
+{
+    float v;
+    load_row(&v, ap_part(a, p), a->dtype, 1, 1);
+    return v;
+}
+
+/* ------------------------------------------------------------------ scratch */
+
+/* Per-thread scratch buffers (fp32), grown on demand and kept for the thread's life. */
+#define TN_NSCRATCH 5
+static _Thread_local float *scratch_buf[TN_NSCRATCH];
+static _Thread_local int64_t scratch_cap[TN_NSCRATCH];
+
+static float *scratch(int i, int64_t n)
+{
+    if (n < 1) n = 1;
+    if (scratch_cap[i] < n) {
+        int64_t cap = n < 4096 ? 4096 : n;
+        float *b = (float *)realloc(scratch_buf[i], (size_t)cap * sizeof(float));
+        if (!b) return NULL;
+        scratch_buf[i] = b;
+        scratch_cap[i] = cap;
+    }
+    return scratch_buf[i];
+}
+
+/* ------------------------------------------------------------------ ALU */
+
+enum {
+    ALU_BYPASS = 0, ALU_ADD, ALU_SUB, ALU_MUL, ALU_DIV, ALU_MAX, ALU_MIN, ALU_POW, ALU_EQ, ALU_NE,
+    ALU_GE, ALU_GT, ALU_LE, ALU_LT, ALU_AND, ALU_OR, ALU_XOR, ALU_ABSMAX, ALU_MOD
+};
+
+static inline float pymodf(float x, float y)
+{
+    float r = fmodf(x, y);
+    if (r != 0.0f && ((r < 0.0f) != (y < 0.0f))) r += y;
+    return r;
+}
+
+/* o[i] = x[i] op y[i]; o may alias x or y. */
+static int alu(int op, float *o, const float *x, const float *y, int64_t n)
+{
+    int64_t i;
+    switch (op) {
+    case ALU_BYPASS: if (o != x) memmove(o, x, (size_t)n * 4); break;
+    case ALU_ADD: for (i = 0; i < n; i++) o[i] = x[i] + y[i]; break;
+    case ALU_SUB: for (i = 0; i < n; i++) o[i] = x[i] - y[i]; break;
+    case ALU_MUL: for (i = 0; i < n; i++) o[i] = x[i] * y[i]; break;
+    case ALU_DIV: for (i = 0; i < n; i++) o[i] = x[i] / y[i]; break;
+    case ALU_MAX: for (i = 0; i < n; i++) o[i] = x[i] > y[i] ? x[i] : y[i]; break;
+    case ALU_MIN: for (i = 0; i < n; i++) o[i] = x[i] < y[i] ? x[i] : y[i]; break;
+    case ALU_POW: for (i = 0; i < n; i++) o[i] = powf(x[i], y[i]); break;
+    case ALU_EQ: for (i = 0; i < n; i++) o[i] = x[i] == y[i] ? 1.0f : 0.0f; break;
+    case ALU_NE: for (i = 0; i < n; i++) o[i] = x[i] != y[i] ? 1.0f : 0.0f; break;
+    case ALU_GE: for (i = 0; i < n; i++) o[i] = x[i] >= y[i] ? 1.0f : 0.0f; break;
+    case ALU_GT: for (i = 0; i < n; i++) o[i] = x[i] > y[i] ? 1.0f : 0.0f; break;
+    case ALU_LE: for (i = 0; i < n; i++) o[i] = x[i] <= y[i] ? 1.0f : 0.0f; break;
+    case ALU_LT: for (i = 0; i < n; i++) o[i] = x[i] < y[i] ? 1.0f : 0.0f; break;
+    case ALU_AND: for (i = 0; i < n; i++) o[i] = (x[i] != 0.0f && y[i] != 0.0f) ? 1.0f : 0.0f; break;
+    case ALU_OR: for (i = 0; i < n; i++) o[i] = (x[i] != 0.0f || y[i] != 0.0f) ? 1.0f : 0.0f; break;
+    case ALU_XOR: for (i = 0; i < n; i++) o[i] = ((x[i] != 0.0f) != (y[i] != 0.0f)) ? 1.0f : 0.0f; break;
+    case ALU_ABSMAX:
+        for (i = 0; i < n; i++) { float a = fabsf(x[i]), b = fabsf(y[i]); o[i] = a > b ? a : b; }
+        break;
+    case ALU_MOD: for (i = 0; i < n; i++) o[i] = pymodf(x[i], y[i]); break;
+    default: return TN_EARGS;
+    }
+    return TN_OK;
+}
+
+/* o[i] = rev ? s op x[i] : x[i] op s */
+static int alu_scalar(int op, float *o, const float *x, float s, int rev, float *tmp, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) tmp[i] = s;
+    return rev ? alu(op, o, tmp, x, n) : alu(op, o, x, tmp, n);
+}
+
+int tn_tensor_tensor(int op, const tn_ap *out, const tn_ap *a, const tn_ap *b, int64_t nparts)
+{
+    int64_t n = ap_free(out);
+    float *x = scratch(0, n), *y = scratch(1, n);
+    if (!x || !y) return TN_ENOMEM;
+    for (int64_t p = 0; p < nparts; p++) {
+        load_ap(x, a, p);
+        load_ap(y, b, p);
+        int rc = alu(op, x, x, y, n);
+        if (rc) return rc;
+        store_ap(out, p, x);
+    }
+    return TN_OK;
+}
+
+#define TN_FLAG_REV0 2
+#define TN_FLAG_REV1 4
+
+int tn_tensor_scalar(const tn_ap *out, const tn_ap *in, int op0, const tn_ap *s0, double imm0,
+                     int op1, const tn_ap *s1, double imm1, int flags, int64_t nparts)
+{
+    int64_t n = ap_free(out);
+    float *x = scratch(0, n), *t = scratch(1, n);
+    if (!x || !t) return TN_ENOMEM;
+    for (int64_t p = 0; p < nparts; p++) {
+        load_ap(x, in, p);
+        float v0 = s0 ? load_scalar(s0, p) : (float)imm0;
+        int rc = alu_scalar(op0, x, x, v0, flags & TN_FLAG_REV0, t, n);
+        if (rc) return rc;
+        if (op1 != ALU_BYPASS) {
+            float v1 = s1 ? load_scalar(s1, p) : (float)imm1;
+            rc = alu_scalar(op1, x, x, v1, flags & TN_FLAG_REV1, t, n);
+            if (rc) return rc;
+        }
+        store_ap(out, p, x);
+    }
+    return TN_OK;
+}
+
+/* ------------------------------------------------------------------ activations */
+
+enum {
+    ACT_IDENTITY = 0, ACT_RELU, ACT_GELU_TANH, ACT_GELU, ACT_SIGMOID, ACT_TANH, ACT_EXP, ACT_LOG,
+    ACT_SILU, ACT_SOFTPLUS, ACT_SQRT, ACT_RSQRT, ACT_RECIPROCAL, ACT_SQUARE, ACT_ABS, ACT_SIGN,
+    ACT_SIN, ACT_COS, ACT_ERF
+};
+
+static int act_apply(int func, float *x, int64_t n)
+{
+    int64_t i;
+    switch (func) {
+    case ACT_IDENTITY: break;
+    case ACT_RELU: for (i = 0; i < n; i++) x[i] = x[i] > 0.0f ? x[i] : 0.0f; break;
+    case ACT_GELU_TANH:
+        for (i = 0; i < n; i++) {
+            float v = x[i];
+            x[i] = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+        }
+        break;
+    case ACT_GELU: for (i = 0; i < n; i++) x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.7071067811865476f)); break;
+    case ACT_SIGMOID: for (i = 0; i < n; i++) x[i] = 1.0f / (1.0f + expf(-x[i])); break;
+    case ACT_TANH: for (i = 0; i < n; i++) x[i] = tanhf(x[i]); break;
+    case ACT_EXP: for (i = 0; i < n; i++) x[i] = expf(x[i]); break;
+    case ACT_LOG: for (i = 0; i < n; i++) x[i] = logf(x[i]); break;
+    case ACT_SILU: for (i = 0; i < n; i++) x[i] = x[i] / (1.0f + expf(-x[i])); break;
+    case ACT_SOFTPLUS:
+        for (i = 0; i < n; i++) { float v = x[i]; x[i] = (v > 0.0f ? v : 0.0f) + log1pf(expf(-fabsf(v))); }
+        break;
+    case ACT_SQRT: for (i = 0; i < n; i++) x[i] = sqrtf(x[i]); break;
+    case ACT_RSQRT: for (i = 0; i < n; i++) x[i] = 1.0f / sqrtf(x[i]); break;
+    case ACT_RECIPROCAL: for (i = 0; i < n; i++) x[i] = 1.0f / x[i]; break;
+    case ACT_SQUARE: for (i = 0; i < n; i++) x[i] = x[i] * x[i]; break;
+    case ACT_ABS: for (i = 0; i < n; i++) x[i] = fabsf(x[i]); break;
+    case ACT_SIGN:
+        for (i = 0; i < n; i++) x[i] = x[i] > 0.0f ? 1.0f : (x[i] < 0.0f ? -1.0f : x[i]);
+        break;
+    case ACT_SIN: for (i = 0; i < n; i++) x[i] = sinf(x[i]); break;
+    case ACT_COS: for (i = 0; i < n; i++) x[i] = cosf(x[i]); break;
+    case ACT_ERF: for (i = 0; i < n; i++) x[i] = erff(x[i]); break;
+    default: return TN_EARGS;
+    }
+    return TN_OK;
+}
+
+/* ------------------------------------------------------------------ reductions */
+
+enum { RED_NONE = 0, RED_ADD, RED_MAX, RED_MIN, RED_MUL, RED_AND, RED_OR };
+
+static int reduce_init(int op, float *init)
+{
+    switch (op) {
+    case RED_ADD: case RED_OR: *init = 0.0f; return TN_OK;
+    case RED_MUL: case RED_AND: *init = 1.0f; return TN_OK;
+    case RED_MAX: *init = -INFINITY; return TN_OK;
+    case RED_MIN: *init = INFINITY; return TN_OK;
+    default: return TN_EARGS;
+    }
+}
+
+/* Fold x[0..n) into acc with op (NaN propagates through max/min as in torch). */
+static float reduce_row(int op, float acc, const float *x, int64_t n)
+{
+    int64_t i;
+    switch (op) {
+    case RED_ADD: {
+        float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (i = 0; i + 4 <= n; i += 4) { s0 += x[i]; s1 += x[i + 1]; s2 += x[i + 2]; s3 += x[i + 3]; }
+        for (; i < n; i++) s0 += x[i];
+        return acc + ((s0 + s1) + (s2 + s3));
+    }
+    case RED_MAX: for (i = 0; i < n; i++) acc = (x[i] > acc || x[i] != x[i]) ? x[i] : acc; return acc;
+    case RED_MIN: for (i = 0; i < n; i++) acc = (x[i] < acc || x[i] != x[i]) ? x[i] : acc; return acc;
+    case RED_MUL: for (i = 0; i < n; i++) acc *= x[i]; return acc;
+    case RED_AND: for (i = 0; i < n; i++) acc = (acc != 0.0f && x[i] != 0.0f) ? 1.0f : 0.0f; return acc;
+    case RED_OR: for (i = 0; i < n; i++) acc = (acc != 0.0f || x[i] != 0.0f) ? 1.0f : 0.0f; return acc;
+    default: return acc;
+    }
+}
+
+int tn_activation(int func, const tn_ap *out, const tn_ap *in, const tn_ap *bias, double bias_imm,
+                  const tn_ap *scale, double scale_imm, int reduce_op, const tn_ap *reduce_out, int64_t nparts)
+{
+    int64_t n = ap_free(out);
+    float *x = scratch(0, n);
+    float init = 0.0f;
+    if (!x) return TN_ENOMEM;
+    if (reduce_out && reduce_init(reduce_op, &init)) return TN_EARGS;
+    for (int64_t p = 0; p < nparts; p++) {
+        load_ap(x, in, p);
+        float s = scale ? load_scalar(scale, p) : (float)scale_imm;
+        float b = (bias ? load_scalar(bias, p) : 0.0f) + (float)bias_imm;
+        if (s != 1.0f || b != 0.0f)
+            for (int64_t i = 0; i < n; i++) x[i] = x[i] * s + b;
+        int rc = act_apply(func, x, n);
+        if (rc) return rc;
+        store_ap(out, p, x);
+        if (reduce_out) {
+            float r = reduce_row(reduce_op, init, x, n);
+            store_row(ap_part(reduce_out, p), reduce_out->dtype, 1, &r, 1);
+        }
+    }
+    return TN_OK;
+}
+
+int tn_tensor_reduce(int op, const tn_ap *out, const tn_ap *in, int nred, int64_t nparts)
+{
+    if (nred < 1 || nred > 4) return TN_EARGS;
+    float init;
+    if (reduce_init(op, &init)) return TN_EARGS;
+    int64_t n = ap_free(in), r = 1;
+    for (int d = 4 - nred; d < 4; d++) r *= in->num[d];
+    int64_t k = r > 0 ? n / r : 0;
+    float *x = scratch(0, n), *o = scratch(1, k);
+    if (!x || !o) return TN_ENOMEM;
+    for (int64_t p = 0; p < nparts; p++) {
+        load_ap(x, in, p);
+        for (int64_t j = 0; j < k; j++) o[j] = reduce_row(op, init, x + j * r, r);
+        store_ap(out, p, o);
+    }
+    return TN_OK;
+}
+
+/* ------------------------------------------------------------------ copies */
+
+static void copy_row_bytes(char *d, int64_t ds, const char *s, int64_t ss, int64_t n, int esize)
+{
+    if (ds == 1 && ss == 1) { memmove(d, s, (size_t)(n * esize)); return; }
+    switch (esize) {
+    case 1: for (int64_t i = 0; i < n; i++) d[i * ds] = s[i * ss]; break;
+    case 2: for (int64_t i = 0; i < n; i++) ((uint16_t *)d)[i * ds] = ((const uint16_t *)s)[i * ss]; break;
+    case 4: for (int64_t i = 0; i < n; i++) ((uint32_t *)d)[i * ds] = ((const uint32_t *)s)[i * ss]; break;
+    case 8: for (int64_t i = 0; i < n; i++) ((uint64_t *)d)[i * ds] = ((const uint64_t *)s)[i * ss]; break;
+    default: for (int64_t i = 0; i < n; i++) memmove(d + i * ds * esize, s + i * ss * esize, (size_t)esize);
+    }
+}
+
+/* Element-by-element byte copy between two access patterns of the same total size and element size;
+   the two patterns are walked in their own row-major orders. */
+static int copy_ap_part(const tn_ap *dst, int64_t pd, const tn_ap *src, int64_t ps)
+{
+    int es = dst->esize;
+    if (src->esize != es) return TN_EARGS;
+    char *db = ap_part(dst, pd);
+    const char *sb = ap_part(src, ps);
+    int same = 1;
+    for (int d = 0; d < 4; d++) same &= dst->num[d] == src->num[d];
+    if (same) {
+        for (int64_t i0 = 0; i0 < dst->num[0]; i0++)
+            for (int64_t i1 = 0; i1 < dst->num[1]; i1++)
+                for (int64_t i2 = 0; i2 < dst->num[2]; i2++) {
+                    int64_t od = (i0 * dst->stride[0] + i1 * dst->stride[1] + i2 * dst->stride[2]) * es;
+                    int64_t os = (i0 * src->stride[0] + i1 * src->stride[1] + i2 * src->stride[2]) * es;
+                    copy_row_bytes(db + od, dst->stride[3], sb + os, src->stride[3], dst->num[3], es);
+                }
+        return TN_OK;
+    }
+    /* different shapes, same element count: walk both index tuples */
+    int64_t n = ap_free(dst);
+    if (ap_free(src) != n) return TN_EARGS;
+    int64_t di[4] = {0, 0, 0, 0}, si[4] = {0, 0, 0, 0};
+    for (int64_t e = 0; e < n; e++) {
+        int64_t od = 0, os = 0;
+        for (int d = 0; d < 4; d++) { od += di[d] * dst->stride[d]; os += si[d] * src->stride[d]; }
+        memmove(db + od * es, sb + os * es, (size_t)es);
+        for (int d = 3; d >= 0; d--) { if (++di[d] < dst->num[d]) break; di[d] = 0; }
+        for (int d = 3; d >= 0; d--) { if (++si[d] < src->num[d]) break; si[d] = 0; }
+    }
+    return TN_OK;
+}
+
+int tn_copy_bytes(const tn_ap *dst, const tn_ap *src, int64_t nparts)
+{
+    for (int64_t p = 0; p < nparts; p++) {
+        int rc = copy_ap_part(dst, p, src, p);
+        if (rc) return rc;
+    }
+    return TN_OK;
+}
+
+int tn_tensor_copy(const tn_ap *out, const tn_ap *in, int64_t nparts)
+{
+    if (out->dtype == in->dtype) return tn_copy_bytes(out, in, nparts);
+    int64_t n = ap_free(out);
+    float *x = scratch(0, n);
+    if (!x) return TN_ENOMEM;
+    for (int64_t p = 0; p < nparts; p++) {
+        load_ap(x, in, p);
+        store_ap(out, p, x);
+    }
+    return TN_OK;
+}
+
+static inline int64_t load_index(const tn_ap *idx, int64_t p)
+{
+    const char *s = ap_part(idx, p);
+    switch (idx->dtype) {
+    case TN_I32: return *(const int32_t *)s;
+    case TN_I64: return *(const int64_t *)s;
+    case TN_U8: case TN_BOOL: return *(const uint8_t *)s;
+    default: return -1;
+    }
+}
+
+int tn_gather_rows(const tn_ap *dst, const tn_ap *table, int64_t table_rows, const tn_ap *idx,
+                   int64_t nparts, int64_t *bad_index)
+{
+    for (int64_t p = 0; p < nparts; p++) {
+        int64_t r = load_index(idx, p);
+        if (r < 0 || r >= table_rows) {
+            if (bad_index) { bad_index[0] = p; bad_index[1] = r; }
+            return TN_EINDEX;
+        }
+    }
+    for (int64_t p = 0; p < nparts; p++) {
+        int rc = copy_ap_part(dst, p, table, load_index(idx, p));
+        if (rc) return rc;
+    }
+    return TN_OK;
+}
+
+/* ------------------------------------------------------------------ VectorE / GpSimd misc */
+
+int tn_select(const tn_ap *out, const tn_ap *pred, const tn_ap *a, const tn_ap *b, int64_t nparts)
+{
+    int64_t n = ap_free(out);
+    float *c = scratch(0, n), *x = scratch(1, n), *y = scratch(2, n);
+    if (!c || !x || !y) return TN_ENOMEM;
+    for (int64_t p = 0; p < nparts; p++) {
+        load_ap(c, pred, p);
+        load_ap(x, a, p);
+        load_ap(y, b, p);
+        for (int64_t i = 0; i < n; i++) x[i] = c[i] != 0.0f ? x[i] : y[i];
+        store_ap(out, p, x);
+    }
+    return TN_OK;
+}
+
+/* Write v (computed in double) to element e of an int or float operand row. */
+static void fill_affine(double *vals, const tn_ap *out, const double *coef, int64_t p)
+{
+    int64_t k = 0;
+    for (int64_t i0 = 0; i0 < out->num[0]; i0++)
+        for (int64_t i1 = 0; i1 < out->num[1]; i1++)
+            for (int64_t i2 = 0; i2 < out->num[2]; i2++) {
+                double b = coef[0] + coef[1] * (double)p + coef[2] * (double)i0 + coef[3] * (double)i1 + coef[4] * (double)i2;
+                for (int64_t i3 = 0; i3 < out->num[3]; i3++) vals[k++] = b + coef[5] * (double)i3;
+            }
+}
+
+int tn_iota(const tn_ap *out, const double *coef, int64_t nparts)
+{
+    int64_t n = ap_free(out);
+    double *v = (double *)scratch(3, 2 * n);
+    float *x = scratch(0, n);
+    if (!v || !x) return TN_ENOMEM;
+    for (int64_t p = 0; p < nparts; p++) {
+        fill_affine(v, out, coef, p);
+        if (out->dtype == TN_I32 || out->dtype == TN_I64) { /* exact integers, row-major over the pattern */
+            int64_t k = 0;
+            char *base = ap_part(out, p);
+            for (int64_t i0 = 0; i0 < out->num[0]; i0++)
+                for (int64_t i1 = 0; i1 < out->num[1]; i1++)
+                    for (int64_t i2 = 0; i2 < out->num[2]; i2++)
+                        for (int64_t i3 = 0; i3 < out->num[3]; i3++, k++) {
+                            int64_t off = i0 * out->stride[0] + i1 * out->stride[1] + i2 * out->stride[2] + i3 * out->stride[3];
+                            double d = v[k];
+                            if (out->dtype == TN_I32) {
+                                int32_t w = d >= 2147483647.0 ? INT32_MAX : d <= -2147483648.0 ? INT32_MIN : (int32_t)d;
+                                ((int32_t *)base)[off] = w;
+                            } else {
+                                ((int64_t *)base)[off] = (int64_t)d;
+                            }
+                        }
+        } else {
+            for (int64_t i = 0; i < n; i++) x[i] = (float)v[i];
+            store_ap(out, p, x);
+        }
+    }
+    return TN_OK;
+}
+
+enum { CMP_GE = 0, CMP_GT, CMP_LE, CMP_LT, CMP_EQ, CMP_NE };
+
+int tn_affine_select(int cmp, const tn_ap *out, const tn_ap *in, const double *coef, double fill, int64_t nparts)
+{
+    if (cmp < CMP_GE || cmp > CMP_NE) return TN_EARGS;
+    int64_t n = ap_free(out);
+    double *v = (double *)scratch(3, 2 * n);
+    float *x = scratch(0, n);
+    if (!v || !x) return TN_ENOMEM;
+    float f = (float)fill;
+    for (int64_t p = 0; p < nparts; p++) {
+        fill_affine(v, out, coef, p);
+        load_ap(x, in, p);
+        for (int64_t i = 0; i < n; i++) {
+            double e = v[i];
+            int keep = cmp == CMP_GE ? e >= 0 : cmp == CMP_GT ? e > 0 : cmp == CMP_LE ? e <= 0
+                     : cmp == CMP_LT ? e < 0 : cmp == CMP_EQ ? e == 0 : e != 0;
+            if (!keep) x[i] = f;
+        }
+        store_ap(out, p, x);
+    }
+    return TN_OK;
+}
+
+int tn_memset(const tn_ap *out, double value, int64_t nparts)
+{
+    int64_t n = ap_free(out);
+    float *x = scratch(0, n);
+    if (!x) return TN_ENOMEM;
+    if (out->dtype == TN_I32 || out->dtype == TN_I64) {
+        double coef[6] = {value, 0, 0, 0, 0, 0};
+        return tn_iota(out, coef, nparts);
+    }
+    for (int64_t i = 0; i < n; i++) x[i] = (float)value;
+    for (int64_t p = 0; p < nparts; p++) store_ap(out, p, x);
+    return TN_OK;
+}
+
+/* bn_stats: out = [count, mean, var (population)] per partition. */
+int tn_bn_stats(const tn_ap *out, const tn_ap *in, int64_t nparts)
+{
+    int64_t n = ap_free(in);
+    float *x = scratch(0, n);
+    if (!x) return TN_ENOMEM;
+    for (int64_t p = 0; p < nparts; p++) {
+        load_ap(x, in, p);
+        double s = 0, ss = 0;
+        for (int64_t i = 0; i < n; i++) s += x[i];
+        double mean = n ? s / (double)n : 0.0;
+        for (int64_t i = 0; i < n; i++) { double d = x[i] - mean; ss += d * d; }
+        float r[3] = {(float)n, (float)mean, (float)(n ? ss / (double)n : 0.0)};
+        store_ap(out, p, r);
+    }
+    return TN_OK;
+}
+
+/* bn_aggr: combine G [count, mean, var] triples into [mean, var] (Chan et al.). */
+int tn_bn_aggr(const tn_ap *out, const tn_ap *in, int64_t nparts)
+{
+    int64_t n = ap_free(in);
+    float *x = scratch(0, n);
+    if (!x || n % 3) return x ? TN_EARGS : TN_ENOMEM;
+    for (int64_t p = 0; p < nparts; p++) {
+        load_ap(x, in, p);
+        double cnt = 0, mean = 0, m2 = 0;
+        for (int64_t g = 0; g + 3 <= n; g += 3) {
+            double c = x[g], m = x[g + 1], v = x[g + 2];
+            if (c <= 0) continue;
+            double tot = cnt + c, delta = m - mean;
+            mean += delta * c / tot;
+            m2 += v * c + delta * delta * cnt * c / tot;
+            cnt = tot;
+        }
+        float r[2] = {(float)mean, (float)(cnt > 0 ? m2 / cnt : 0.0)};
+        store_ap(out, p, r);
+    }
+    return TN_OK;
+}
+
+int tn_partition_reduce(int op, const tn_ap *out, const tn_ap *in, int64_t nparts_out, int64_t nparts_in)
+{
+    float init;
+    if (reduce_init(op, &init)) return TN_EARGS;
+    int64_t n = ap_free(in);
+    float *acc = scratch(0, n), *x = scratch(1, n);
+    if (!acc || !x) return TN_ENOMEM;
+    for (int64_t i = 0; i < n; i++) acc[i] = init;
+    for (int64_t q = 0; q < nparts_in; q++) {
+        load_ap(x, in, q);
+        for (int64_t i = 0; i < n; i++) acc[i] = reduce_row(op, acc[i], x + i, 1);
+    }
+    for (int64_t p = 0; p < nparts_out; p++) store_ap(out, p, acc);
+    return TN_OK;
+}
+
+int tn_partition_shuffle(const tn_ap *out, const tn_ap *in, const int64_t *perm, int64_t nparts_out)
+{
+    /* out may overlap in: stage every selected source partition in scratch first */
+    int64_t n = ap_free(in);
+    if (out->dtype == in->dtype) { /* exact byte copy through a contiguous staging pattern */
+        int es = in->esize;
+        char *st = (char *)scratch(0, (n * nparts_out * es + 3) / 4 + 1);
+        if (!st) return TN_ENOMEM;
+        tn_ap stage = {st, n * es, {1, 1, 1, n}, {0, 0, 0, 1}, in->dtype, es};
+        for (int64_t p = 0; p < nparts_out; p++) copy_ap_part(&stage, p, in, perm[p]);
+        for (int64_t p = 0; p < nparts_out; p++) copy_ap_part(out, p, &stage, p);
+        return TN_OK;
+    }
+    float *all = scratch(0, n * nparts_out);
+    if (!all) return TN_ENOMEM;
+    for (int64_t p = 0; p < nparts_out; p++) load_ap(all + p * n, in, perm[p]);
+    for (int64_t p = 0; p < nparts_out; p++) store_ap(out, p, all + p * n);
+    return TN_OK;
+}
+
+int tn_transpose(const tn_ap *out, const tn_ap *in, int64_t nparts_in)
+{
+    int64_t f = ap_free(in);
+    float *all = scratch(0, f * nparts_in), *row = scratch(1, nparts_in);
+    if (!all || !row) return TN_ENOMEM;
+    for (int64_t p = 0; p < nparts_in; p++) load_ap(all + p * f, in, p);
+    for (int64_t q = 0; q < f; q++) {
+        for (int64_t p = 0; p < nparts_in; p++) row[p] = all[p * f + q];
+        store_ap(out, q, row);
+    }
+    return TN_OK;
+}
+
+/* ------------------------------------------------------------------ TensorE */
+
+static int ap_rows_contiguous(const tn_ap *a)
+{
+    int64_t expect = 1;
+    for (int d = 3; d >= 0; d--) {
+        if (a->num[d] != 1 && a->stride[d] != expect) return 0;
+        expect *= a->num[d];
+    }
+    return a->pstride % a->esize == 0;
+}
+
+int tn_matmul_ap(const tn_ap *psum, const tn_ap *stat, const tn_ap *mov, int64_t K, int accumulate)
+{
+    int64_t M = ap_free(stat), N = ap_free(mov);
+    if (psum->dtype != TN_F32 || !ap_rows_contiguous(psum) || ap_free(psum) != N) return TN_EARGS;
+    if (stat->dtype != mov->dtype) return TN_EARGS;
+    float *ps = (float *)psum->base;
+    int64_t pss = psum->pstride / 4;
+    if (stat->dtype == TN_BF16 && ap_rows_contiguous(stat) && ap_rows_contiguous(mov))
+        return tn_matmul_bf16((const uint16_t *)stat->base, stat->pstride / 2, (const uint16_t *)mov->base,
+                              mov->pstride / 2, ps, pss, (int)K, (int)M, (int)N, accumulate);
+    if (stat->dtype == TN_F32 && ap_rows_contiguous(stat) && ap_rows_contiguous(mov))
+        return tn_matmul_f32((const float *)stat->base, stat->pstride / 4, (const float *)mov->base,
+                             mov->pstride / 4, ps, pss, (int)K, (int)M, (int)N, accumulate);
+    if (stat->dtype == TN_BF16) { /* gather bf16 bits into contiguous scratch, stay exact */
+        uint16_t *s = (uint16_t *)scratch(0, (K * M + 1) / 2 + 1), *m = (uint16_t *)scratch(1, (K * N + 1) / 2 + 1);
+        if (!s || !m) return TN_ENOMEM;
+        tn_ap ds = {(char *)s, M * 2, {1, 1, 1, M}, {0, 0, 0, 1}, TN_BF16, 2};
+        tn_ap dm = {(char *)m, N * 2, {1, 1, 1, N}, {0, 0, 0, 1}, TN_BF16, 2};
+        int rc = tn_copy_bytes(&ds, stat, K);
+        if (!rc) rc = tn_copy_bytes(&dm, mov, K);
+        if (rc) return rc;
+        return tn_matmul_bf16(s, M, m, N, ps, pss, (int)K, (int)M, (int)N, accumulate);
+    }
+    /* fp32 strided, or fp16: convert to contiguous fp32 */
+    float *s = scratch(0, K * M), *m = scratch(1, K * N);
+    if (!s || !m) return TN_ENOMEM;
+    for (int64_t k = 0; k < K; k++) { load_ap(s + k * M, stat, k); load_ap(m + k * N, mov, k); }
+    return tn_matmul_f32(s, M, m, N, ps, pss, (int)K, (int)M, (int)N, accumulate);
+}

@@ -23,4 +23,55 @@ const char *tn_matmul_isa(void);
 int tn_matmul_set_isa(const char *name);
 /* --- end matmul --- */
 
+/* --- NeuronCore engine kernels (VectorE / ScalarE / GpSimd / DMA math; kernels.c) --- */
+/* An operand's access pattern: element (p, i0, i1, i2, i3) lives at
+   base + p*pstride + (i0*stride[0] + i1*stride[1] + i2*stride[2] + i3*stride[3]) * esize.
+   The caller (the Cython engine) checks every access pattern against its memory before calling. */
+typedef struct tn_ap {
+    char *base;
+    int64_t pstride;
+    int64_t num[4];
+    int64_t stride[4];
+    int32_t dtype;
+    int32_t esize;
+} tn_ap;
+
+/* dtype codes (tn.neuron.isa.DTYPE_CODES) */
+enum { TN_F32 = 0, TN_BF16 = 1, TN_F16 = 2, TN_I32 = 3, TN_I64 = 4, TN_U8 = 5, TN_BOOL = 6 };
+/* error codes returned by the kernels (0 = ok) */
+enum { TN_OK = 0, TN_EARGS = -1, TN_EINDEX = -2, TN_ENOMEM = -3 };
+
+/* Conversions (bf16 round-to-nearest-even; fp16 IEEE binary16, round-to-nearest-even). */
+void tn_cvt_f32_to_bf16(const float *src, uint16_t *dst, int64_t n);
+void tn_cvt_bf16_to_f32(const uint16_t *src, float *dst, int64_t n);
+void tn_cvt_f32_to_f16(const float *src, uint16_t *dst, int64_t n);
+void tn_cvt_f16_to_f32(const uint16_t *src, float *dst, int64_t n);
+
+/* All kernels below run over nparts partitions; operands share the free shape of `out` unless stated. */
+int tn_copy_bytes(const tn_ap *dst, const tn_ap *src, int64_t nparts);
+int tn_tensor_copy(const tn_ap *out, const tn_ap *in, int64_t nparts);
+int tn_gather_rows(const tn_ap *dst, const tn_ap *table, int64_t table_rows, const tn_ap *idx,
+                   int64_t nparts, int64_t *bad_index);
+int tn_tensor_tensor(int op, const tn_ap *out, const tn_ap *a, const tn_ap *b, int64_t nparts);
+int tn_tensor_scalar(const tn_ap *out, const tn_ap *in, int op0, const tn_ap *s0, double imm0,
+                     int op1, const tn_ap *s1, double imm1, int flags, int64_t nparts);
+int tn_activation(int func, const tn_ap *out, const tn_ap *in, const tn_ap *bias, double bias_imm,
+                  const tn_ap *scale, double scale_imm, int reduce_op, const tn_ap *reduce_out, int64_t nparts);
+/* reduce the innermost nred dims of in (4-D); out holds the kept dims right-aligned */
+int tn_tensor_reduce(int op, const tn_ap *out, const tn_ap *in, int nred, int64_t nparts);
+int tn_select(const tn_ap *out, const tn_ap *pred, const tn_ap *a, const tn_ap *b, int64_t nparts);
+/* coef = {base, channel_multiplier, m0, m1, m2, m3} */
+int tn_iota(const tn_ap *out, const double *coef, int64_t nparts);
+int tn_affine_select(int cmp, const tn_ap *out, const tn_ap *in, const double *coef, double fill, int64_t nparts);
+int tn_memset(const tn_ap *out, double value, int64_t nparts);
+int tn_bn_stats(const tn_ap *out, const tn_ap *in, int64_t nparts);
+int tn_bn_aggr(const tn_ap *out, const tn_ap *in, int64_t nparts);
+int tn_partition_reduce(int op, const tn_ap *out, const tn_ap *in, int64_t nparts_out, int64_t nparts_in);
+int tn_partition_shuffle(const tn_ap *out, const tn_ap *in, const int64_t *perm, int64_t nparts_out);
+/* out[f, p] = in[p, f]: out has (free size of in) partitions and nparts_in free elements */
+int tn_transpose(const tn_ap *out, const tn_ap *in, int64_t nparts_in);
+/* psum (fp32, contiguous free) (+)= stat[K, M]^T @ mov[K, N]; gathers/converts strided or fp16 operands */
+int tn_matmul_ap(const tn_ap *psum, const tn_ap *stat, const tn_ap *mov, int64_t K, int accumulate);
+/* --- end engine kernels --- */
+
 #endif

@@ -153,29 +153,33 @@ static void tn_mm_ukernel_generic(int K, const float *a, const float *b, float *
 #ifdef TN_MM_X86
 #define TN_AVX2_MR 6
 #define TN_AVX2_NR 16
-/* AVX2 + FMA: 6 x 16 block in 12 ymm accumulators. */
+/* AVX2 + FMA: 6 x 16 block in 12 ymm accumulators (named variables: GCC keeps them in registers). */
 __attribute__((target("avx2,fma")))
 static void tn_mm_ukernel_avx2(int K, const float *a, const float *b, float *c, int64_t ldc, int accumulate)
 {
-    __m256 acc[TN_AVX2_MR][2];
-    for (int i = 0; i < TN_AVX2_MR; i++) {
-        acc[i][0] = accumulate ? _mm256_loadu_ps(c + i * ldc) : _mm256_setzero_ps();
-        acc[i][1] = accumulate ? _mm256_loadu_ps(c + i * ldc + 8) : _mm256_setzero_ps();
-    }
+    __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
+#define TN_AVX2_LOADC(i) \
+    c##i##0 = accumulate ? _mm256_loadu_ps(c + i * ldc) : _mm256_setzero_ps(); \
+    c##i##1 = accumulate ? _mm256_loadu_ps(c + i * ldc + 8) : _mm256_setzero_ps();
+    TN_AVX2_LOADC(0) TN_AVX2_LOADC(1) TN_AVX2_LOADC(2) TN_AVX2_LOADC(3) TN_AVX2_LOADC(4) TN_AVX2_LOADC(5)
+#undef TN_AVX2_LOADC
     for (int k = 0; k < K; k++) {
-        __m256 b0 = _mm256_load_ps(b + (int64_t)k * TN_AVX2_NR);
-        __m256 b1 = _mm256_load_ps(b + (int64_t)k * TN_AVX2_NR + 8);
+        const __m256 b0 = _mm256_load_ps(b + (int64_t)k * TN_AVX2_NR);
+        const __m256 b1 = _mm256_load_ps(b + (int64_t)k * TN_AVX2_NR + 8);
         const float *ak = a + (int64_t)k * TN_AVX2_MR;
-        for (int i = 0; i < TN_AVX2_MR; i++) {
-            __m256 ai = _mm256_broadcast_ss(ak + i);
-            acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
-            acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
-        }
+        __m256 ai;
+#define TN_AVX2_STEP(i) \
+        ai = _mm256_broadcast_ss(ak + i); \
+        c##i##0 = _mm256_fmadd_ps(ai, b0, c##i##0); \
+        c##i##1 = _mm256_fmadd_ps(ai, b1, c##i##1);
+        TN_AVX2_STEP(0) TN_AVX2_STEP(1) TN_AVX2_STEP(2) TN_AVX2_STEP(3) TN_AVX2_STEP(4) TN_AVX2_STEP(5)
+#undef TN_AVX2_STEP
     }
-    for (int i = 0; i < TN_AVX2_MR; i++) {
-        _mm256_storeu_ps(c + i * ldc, acc[i][0]);
-        _mm256_storeu_ps(c + i * ldc + 8, acc[i][1]);
-    }
+#define TN_AVX2_STOREC(i) \
+    _mm256_storeu_ps(c + i * ldc, c##i##0); \
+    _mm256_storeu_ps(c + i * ldc + 8, c##i##1);
+    TN_AVX2_STOREC(0) TN_AVX2_STOREC(1) TN_AVX2_STOREC(2) TN_AVX2_STOREC(3) TN_AVX2_STOREC(4) TN_AVX2_STOREC(5)
+#undef TN_AVX2_STOREC
 }
 
 #define TN_AVX512_MR 8
@@ -184,25 +188,32 @@ static void tn_mm_ukernel_avx2(int K, const float *a, const float *b, float *c, 
 __attribute__((target("avx512f")))
 static void tn_mm_ukernel_avx512(int K, const float *a, const float *b, float *c, int64_t ldc, int accumulate)
 {
-    __m512 acc[TN_AVX512_MR][2];
-    for (int i = 0; i < TN_AVX512_MR; i++) {
-        acc[i][0] = accumulate ? _mm512_loadu_ps(c + i * ldc) : _mm512_setzero_ps();
-        acc[i][1] = accumulate ? _mm512_loadu_ps(c + i * ldc + 16) : _mm512_setzero_ps();
-    }
+    __m512 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51, c60, c61, c70, c71;
+#define TN_512_LOADC(i) \
+    c##i##0 = accumulate ? _mm512_loadu_ps(c + i * ldc) : _mm512_setzero_ps(); \
+    c##i##1 = accumulate ? _mm512_loadu_ps(c + i * ldc + 16) : _mm512_setzero_ps();
+    TN_512_LOADC(0) TN_512_LOADC(1) TN_512_LOADC(2) TN_512_LOADC(3)
+    TN_512_LOADC(4) TN_512_LOADC(5) TN_512_LOADC(6) TN_512_LOADC(7)
+#undef TN_512_LOADC
     for (int k = 0; k < K; k++) {
-        __m512 b0 = _mm512_load_ps(b + (int64_t)k * TN_AVX512_NR);
-        __m512 b1 = _mm512_load_ps(b + (int64_t)k * TN_AVX512_NR + 16);
+        const __m512 b0 = _mm512_load_ps(b + (int64_t)k * TN_AVX512_NR);
+        const __m512 b1 = _mm512_load_ps(b + (int64_t)k * TN_AVX512_NR + 16);
         const float *ak = a + (int64_t)k * TN_AVX512_MR;
-        for (int i = 0; i < TN_AVX512_MR; i++) {
-            __m512 ai = _mm512_set1_ps(ak[i]);
-            acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
-            acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
-        }
+        __m512 ai;
+#define TN_512_STEP(i) \
+        ai = _mm512_set1_ps(ak[i]); \
+        c##i##0 = _mm512_fmadd_ps(ai, b0, c##i##0); \
+        c##i##1 = _mm512_fmadd_ps(ai, b1, c##i##1);
+        TN_512_STEP(0) TN_512_STEP(1) TN_512_STEP(2) TN_512_STEP(3)
+        TN_512_STEP(4) TN_512_STEP(5) TN_512_STEP(6) TN_512_STEP(7)
+#undef TN_512_STEP
     }
-    for (int i = 0; i < TN_AVX512_MR; i++) {
-        _mm512_storeu_ps(c + i * ldc, acc[i][0]);
-        _mm512_storeu_ps(c + i * ldc + 16, acc[i][1]);
-    }
+#define TN_512_STOREC(i) \
+    _mm512_storeu_ps(c + i * ldc, c##i##0); \
+    _mm512_storeu_ps(c + i * ldc + 16, c##i##1);
+    TN_512_STOREC(0) TN_512_STOREC(1) TN_512_STOREC(2) TN_512_STOREC(3)
+    TN_512_STOREC(4) TN_512_STOREC(5) TN_512_STOREC(6) TN_512_STOREC(7)
+#undef TN_512_STOREC
 }
 
 /* AVX-512 packing of stat into 8-wide panels (see tn_mm_pack_a); bf16 widened on the way. */

@@ -1,0 +1,113 @@
+# Builder + runtime end to end: the docstring example, bf16 matmul with accumulation, views, dependencies, profile.
+import json
+
+import numpy as np
+import pytest
+
+import tn
+from tn.neuron import Program, from_bf16, run, to_bf16
+
+
+def _linear_relu_prog():
+    prog = Program("linear_relu")
+    x = prog.hbm("x", (128, 64), "float32")
+    w = prog.hbm("w", (64, 256), "float32")
+    b = prog.hbm("b", (128, 1), "float32")
+    y = prog.hbm("y", (128, 256), "float32", kind="output")
+    xT = prog.sbuf((64, 128), "float32")
+    wt = prog.sbuf((64, 256), "float32")
+    bt = prog.sbuf((128, 1), "float32")
+    prog.dma_copy(xT, x.T)
+    prog.dma_copy(wt, w)
+    prog.dma_copy(bt, b)
+    acc = prog.psum((128, 256))
+    prog.matmul(acc, xT, wt)
+    out = prog.sbuf((128, 256), "float32")
+    prog.activation(out, acc, "relu", bias=bt)
+    prog.dma_copy(y, out)
+    return prog
+
+
+def test_docstring_example_matches_numpy():
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((128, 64)).astype(np.float32)
+    ws = rng.standard_normal((64, 256)).astype(np.float32)
+    bs = rng.standard_normal((128, 1)).astype(np.float32)
+    res = _linear_relu_prog().run({"x": xs, "w": ws, "b": bs})
+    np.testing.assert_allclose(res.outputs["y"], np.maximum(xs @ ws + bs, 0), rtol=1e-5, atol=1e-4)
+    assert res.total_ns > 0 and res.counts["TensorE"] == 1 and res.counts["ScalarE"] == 1
+    assert res.hbm_read_bytes == (128 * 64 + 64 * 256 + 128) * 4
+    assert res.hbm_write_bytes == 128 * 256 * 4
+    # dependencies: the matmul waits for both its DMAs, the activation for the matmul, the store for it
+    inst = res.instructions()
+    assert inst[3][1] >= max(inst[0][2], inst[1][2]) - 1e-6
+    assert inst[4][1] >= inst[3][2] - 1e-6 and inst[5][1] >= inst[4][2] - 1e-6
+
+
+def test_bf16_matmul_accumulates_in_fp32():
+    K, M, N = 256, 128, 512
+    rng = np.random.default_rng(1)
+    a = to_bf16(rng.standard_normal((K, M)))
+    b = to_bf16(rng.standard_normal((K, N)))
+    prog = Program("mm_bf16")
+    A = prog.hbm("a", (K, M), "bf16")
+    B = prog.hbm("b", (K, N), "bf16")
+    C = prog.hbm("c", (M, N), "float32", kind="output")
+    acc = prog.psum((M, N))
+    for k in range(K // 128):
+        at = prog.sbuf((128, M), "bf16")
+        bt = prog.sbuf((128, N), "bf16")
+        prog.dma_copy(at, A[k * 128:(k + 1) * 128])
+        prog.dma_copy(bt, B[k * 128:(k + 1) * 128])
+        prog.matmul(acc, at, bt, accumulate=k > 0)
+    o = prog.sbuf((M, N), "float32")
+    prog.tensor_copy(o, acc)
+    prog.dma_copy(C, o)
+    res = prog.run({"a": a, "b": b})
+    ref = from_bf16(a).astype(np.float64).T @ from_bf16(b).astype(np.float64)
+    np.testing.assert_allclose(res.outputs["c"], ref, rtol=1e-4, atol=1e-3)
+    assert res.matmul_flops == 2 * K * M * N
+
+
+def test_torch_tensors_bind_in_place():
+    torch = pytest.importorskip("torch")
+    prog = Program("scale")
+    x = prog.hbm("x", (4, 8), "bf16")
+    y = prog.hbm("y", (4, 8), "bf16", kind="output")
+    t = prog.sbuf((4, 8), "bf16")
+    prog.dma_copy(t, x)
+    prog.activation(t, t, "identity", scale=2.0)
+    prog.dma_copy(y, t)
+    xs = torch.randn(4, 8, dtype=torch.bfloat16)
+    ys = torch.empty(4, 8, dtype=torch.bfloat16)
+    prog.run({"x": xs, "y": ys})
+    torch.testing.assert_close(ys, xs * 2)
+
+
+def test_profile_collects_runs_and_writes_trace(tmp_path):
+    rng = np.random.default_rng(0)
+    args = {"x": rng.standard_normal((128, 64)).astype(np.float32),
+            "w": rng.standard_normal((64, 256)).astype(np.float32),
+            "b": rng.standard_normal((128, 1)).astype(np.float32)}
+    enc = _linear_relu_prog().build()
+    with tn.profile() as prof:
+        enc.run(args)
+        enc.run(args)
+    enc.run(args)  # outside: not collected
+    assert len(prof.runs) == 2
+    text = prof.table(print_it=False)
+    assert "linear_relu" in text and "TensorE" in text
+    path = prof.save_trace(tmp_path / "t.json")
+    data = json.load(open(path))
+    names = {e["args"]["name"] for e in data["traceEvents"] if e.get("name") == "thread_name"}
+    assert {"TensorE", "ScalarE", "DMA0"} <= names
+    slices = [e for e in data["traceEvents"] if e["ph"] == "X"]
+    assert len(slices) == 12 and {"matmul", "activation", "dma_copy"} <= {e["name"] for e in slices}
+
+
+def test_unbound_input_and_wrong_dtype_are_named():
+    enc = _linear_relu_prog().build()
+    with pytest.raises(tn.NeuronError, match="'x'"):
+        run(enc, {})
+    with pytest.raises(tn.NeuronError, match="float32 but the bound array is float64"):
+        run(enc, {"x": np.zeros((128, 64)), "w": np.zeros((64, 256), np.float32), "b": np.zeros((128, 1), np.float32)})

@@ -1,0 +1,178 @@
+# The numbers of the modelled NeuronCores (trn1 = NeuronCore-v2, trn2 = NeuronCore-v3): memories, clocks, bandwidths, costs.
+"""Architecture configurations of the software NeuronCore, in one place.
+
+Every number the model uses lives here: memory sizes, engine clocks, HBM
+bandwidth, DMA fixed costs and the per-instruction cost constants. The values
+come from the AWS Neuron architecture guides (see ``DESIGN.md``); the few that
+are modelling choices of tn (marked *model*) are documented where they are set.
+
+>>> from tn.neuron.arch import get_arch
+>>> a = get_arch("trn2")
+>>> a.sbuf_partition_bytes, a.psum_bank_bytes, a.clock_hz["pe"]
+(229376, 2048, 2400000000.0)
+
+Engines and queues
+------------------
+Queue ids (as encoded in a program): ``0`` TensorE (``pe``), ``1`` ScalarE
+(``act``), ``2`` VectorE (``dve``), ``3`` GpSimd (``pool``), ``4 ..
+4+dma_queues-1`` the DMA queues. Each queue executes its instructions in order.
+
+Timing model
+------------
+* Compute engines: an instruction occupies its engine for
+  ``formula(N) + access_cycles`` cycles of that engine's clock, where the
+  formulas are the issue intervals of ``DESIGN.md`` (``matmul``
+  ``max(min(64, M), N)`` (x4 for fp32), ``tensor_tensor`` ``max(64, 2N)``, ...,
+  see :func:`tn.neuron.isa.cost_cycles`) and ``access_cycles`` (~60) is the
+  fixed SBUF/PSUM access overhead of one instruction.
+* DMA (*model*): all DMA queues share one transfer pipe whose bandwidth is
+  the core's share of HBM bandwidth. A DMA on queue ``q`` starts when ``q`` is
+  free and its dependencies are done, waits the fixed cost
+  (``dma_fixed_ns``, descriptor processing and latency), then moves
+  ``bytes + chunks * dma_chunk_overhead_bytes`` through the pipe, filling the
+  pipe's idle gaps in time order (so transfers on different queues share the
+  bandwidth and overlap their fixed costs). ``chunks`` is the number of
+  contiguous runs of the transfer: runs shorter than a few KiB per partition
+  are inefficient, as on the chip. The queue is busy until its transfer ends.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import NeuronError
+
+__all__ = ["Arch", "TRN1", "TRN2", "get_arch", "ENGINES", "ENGINE_NAMES", "NUM_ENGINES"]
+
+#: Compute engines in queue-id order (queue id = index).
+ENGINES = ("pe", "act", "dve", "pool")
+#: Human names of the compute engines, by short name.
+ENGINE_NAMES = {"pe": "TensorE", "act": "ScalarE", "dve": "VectorE", "pool": "GpSimd"}
+#: Number of compute-engine queues; DMA queues follow them.
+NUM_ENGINES = 4
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One NeuronCore configuration: memory geometry, clocks, bandwidth and cost constants."""
+
+    name: str
+    generation: str
+    partitions: int
+    sbuf_partition_bytes: int
+    psum_partition_bytes: int
+    psum_bank_bytes: int
+    clock_hz: dict = field(default_factory=dict)
+    hbm_bytes_per_s: float = 0.0
+    dma_queues: int = 16
+    dma_fixed_ns: float = 1300.0
+    dma_chunk_overhead_bytes: int = 512
+    access_cycles: int = 60
+    matmul_max_k: int = 128
+    matmul_max_m: int = 128
+    matmul_max_n: int = 512
+    max_free_elems: int = 65536
+    bn_stats_max_free: int = 512
+    peak_flops_bf16: float = 0.0
+    peak_flops_fp32: float = 0.0
+
+    @property
+    def sbuf_bytes(self) -> int:
+        """Total SBUF bytes (partitions x partition bytes)."""
+        return self.partitions * self.sbuf_partition_bytes
+
+    @property
+    def psum_bytes(self) -> int:
+        """Total PSUM bytes (partitions x partition bytes)."""
+        return self.partitions * self.psum_partition_bytes
+
+    @property
+    def psum_banks(self) -> int:
+        """Number of PSUM banks (each ``psum_bank_bytes`` per partition)."""
+        return self.psum_partition_bytes // self.psum_bank_bytes
+
+    @property
+    def num_queues(self) -> int:
+        """Compute-engine queues plus DMA queues."""
+        return NUM_ENGINES + self.dma_queues
+
+    def queue_name(self, q: int) -> str:
+        """Display name of queue ``q`` (``TensorE``, ..., ``DMA3``)."""
+        if 0 <= q < NUM_ENGINES:
+            return ENGINE_NAMES[ENGINES[q]]
+        return f"DMA{q - NUM_ENGINES}"
+
+    def queue_clock_hz(self, q: int) -> float:
+        """Clock of the engine behind queue ``q`` (DMA queues report 1 GHz: their costs are in ns)."""
+        if 0 <= q < NUM_ENGINES:
+            return self.clock_hz[ENGINES[q]]
+        return 1e9
+
+    def timing_vector(self):
+        """Float64 numpy vector of the timing constants the native engine reads (see ``engine.pyx``)."""
+        import numpy as np
+
+        return np.array(
+            [self.clock_hz["pe"], self.clock_hz["act"], self.clock_hz["dve"], self.clock_hz["pool"],
+             self.hbm_bytes_per_s, self.dma_fixed_ns, float(self.dma_chunk_overhead_bytes),
+             float(self.access_cycles)],
+            dtype=np.float64,
+        )
+
+    def limits_vector(self):
+        """Int64 numpy vector of the memory geometry and limits the native engine checks."""
+        import numpy as np
+
+        return np.array(
+            [self.partitions, self.sbuf_partition_bytes, self.psum_partition_bytes, self.psum_bank_bytes,
+             self.num_queues, self.matmul_max_k, self.matmul_max_m, self.matmul_max_n,
+             self.max_free_elems, self.bn_stats_max_free],
+            dtype=np.int64,
+        )
+
+
+#: NeuronCore-v2 (Trainium1): 2 cores per chip sharing 820 GB/s of HBM.
+TRN1 = Arch(
+    name="trn1",
+    generation="NeuronCore-v2",
+    partitions=128,
+    sbuf_partition_bytes=192 * 1024,
+    psum_partition_bytes=16 * 1024,
+    psum_bank_bytes=2 * 1024,
+    clock_hz={"pe": 2.8e9, "act": 1.4e9, "dve": 1.12e9, "pool": 1.4e9},
+    hbm_bytes_per_s=820e9 / 2,
+    dma_queues=16,
+    dma_fixed_ns=1300.0,
+    peak_flops_bf16=2 * 128 * 128 * 2.8e9,
+    peak_flops_fp32=2 * 128 * 128 * 2.8e9 / 4,
+)
+
+#: NeuronCore-v3 (Trainium2, the default): 8 cores per chip sharing 2.9 TB/s of HBM.
+#: DMA fixed cost: ~600 ns with the descriptor-generation engine, which tn's programs are assumed to use.
+TRN2 = Arch(
+    name="trn2",
+    generation="NeuronCore-v3",
+    partitions=128,
+    sbuf_partition_bytes=224 * 1024,
+    psum_partition_bytes=16 * 1024,
+    psum_bank_bytes=2 * 1024,
+    clock_hz={"pe": 2.4e9, "act": 1.2e9, "dve": 0.96e9, "pool": 1.2e9},
+    hbm_bytes_per_s=2.9e12 / 8,
+    dma_queues=16,
+    dma_fixed_ns=600.0,
+    peak_flops_bf16=2 * 128 * 128 * 2.4e9,
+    peak_flops_fp32=2 * 128 * 128 * 2.4e9 / 4,
+)
+
+_ARCHS = {"trn1": TRN1, "trn2": TRN2, "NeuronCore-v2": TRN1, "NeuronCore-v3": TRN2}
+
+
+def get_arch(arch=None) -> Arch:
+    """The :class:`Arch` for ``arch`` (an Arch, ``"trn1"``, ``"trn2"``; ``None`` means trn2)."""
+    if arch is None:
+        return TRN2
+    if isinstance(arch, Arch):
+        return arch
+    try:
+        return _ARCHS[arch]
+    except (KeyError, TypeError):
+        raise NeuronError(f"unknown NeuronCore architecture {arch!r}: use 'trn1' or 'trn2' (the default)") from None

@@ -1,0 +1,130 @@
+# tn.profile(): collects every NeuronCore program run inside a `with` block; prints tables and writes Perfetto traces.
+"""Profiling of NeuronCore runs.
+
+::
+
+    with tn.profile() as prof:
+        y = f(x)                 # any door: tn.jit, the device, tn.adaptive, Program.run
+    print(prof.table())          # per program: time, engine utilisation, HBM traffic
+    prof.save_trace("trace.json")  # open in ui.perfetto.dev or chrome://tracing
+
+Profilers nest (each active one sees every run); they are per thread /
+asyncio context (a ``contextvars`` stack kept by :mod:`tn.neuron.runtime`).
+"""
+from __future__ import annotations
+
+import json
+
+from .neuron.arch import NUM_ENGINES
+from .neuron.runtime import RunResult, add_listener, remove_listener
+
+__all__ = ["profile", "Profile"]
+
+
+class Profile:
+    """The runs collected by one ``tn.profile()`` block (``.runs`` is a list of :class:`RunResult`)."""
+
+    def __init__(self):
+        self.runs: list[RunResult] = []
+        self._token = None
+
+    def __enter__(self):
+        self._token = add_listener(self.runs.append)
+        return self
+
+    def __exit__(self, *exc):
+        remove_listener(self._token)
+        self._token = None
+        return False
+
+    # ------------------------------------------------------------------ summaries
+    @property
+    def total_us(self) -> float:
+        """Modelled time of all runs, back to back, in µs."""
+        return sum(r.total_us for r in self.runs)
+
+    def rows(self) -> list[dict]:
+        """One dict per program name (runs of the same program aggregated)."""
+        agg = {}
+        for r in self.runs:
+            a = agg.setdefault(r.name, {"program": r.name, "runs": 0, "time_us": 0.0, "instructions": 0,
+                                        "hbm_read_MB": 0.0, "hbm_write_MB": 0.0, "_busy": {}, "_total": 0.0,
+                                        "_flops": 0, "_arch": r.arch, "sbuf_peak_KiB": 0.0, "psum_peak_KiB": 0.0,
+                                        "host_ms": 0.0})
+            a["runs"] += 1
+            a["time_us"] += r.total_us
+            a["_total"] += r.total_ns
+            a["instructions"] += int(len(r.opcodes))
+            a["hbm_read_MB"] += r.hbm_read_bytes / 1e6
+            a["hbm_write_MB"] += r.hbm_write_bytes / 1e6
+            a["_flops"] += r.matmul_flops
+            a["host_ms"] += r.wall_s * 1e3
+            a["sbuf_peak_KiB"] = max(a["sbuf_peak_KiB"], r.sbuf_peak_bytes / 1024)
+            a["psum_peak_KiB"] = max(a["psum_peak_KiB"], r.psum_peak_bytes / 1024)
+            for k, v in r.busy_ns.items():
+                a["_busy"][k] = a["_busy"].get(k, 0.0) + v
+        out = []
+        for a in agg.values():
+            t = a.pop("_total") or 1.0
+            busy = a.pop("_busy")
+            arch = a.pop("_arch")
+            flops = a.pop("_flops")
+            row = dict(a)
+            for q in range(NUM_ENGINES):
+                nm = arch.queue_name(q)
+                row[f"{nm} %"] = 100.0 * busy.get(nm, 0.0) / t
+            dma = [v for k, v in busy.items() if k.startswith("DMA")]
+            row["DMA busiest %"] = 100.0 * max(dma, default=0.0) / t
+            row["TFLOPS"] = flops / (t * 1e-9) / 1e12
+            out.append(row)
+        return out
+
+    def table(self, tablefmt: str = "simple", print_it: bool = True) -> str:
+        """A tabulate summary of the collected runs (printed unless ``print_it=False``); returns the text."""
+        from tabulate import tabulate
+
+        rows = self.rows()
+        if not rows:
+            text = "tn.profile: no NeuronCore programs ran inside the block"
+        else:
+            text = tabulate(rows, headers="keys", tablefmt=tablefmt, floatfmt=".3g")
+            text += f"\ntotal modelled time: {self.total_us:.3f} us over {len(self.runs)} run(s)"
+        if print_it:
+            print(text)
+        return text
+
+    def __str__(self):
+        return self.table(print_it=False)
+
+    # ------------------------------------------------------------------ traces
+    def trace_events(self) -> list[dict]:
+        """Chrome trace events: one process per run (laid out back to back), one thread per engine/DMA queue."""
+        events = []
+        offset_us = 0.0
+        for pid, r in enumerate(self.runs, start=1):
+            events.append({"ph": "M", "name": "process_name", "pid": pid,
+                           "args": {"name": f"{r.name} ({r.arch.name})"}})
+            used = sorted(set(int(q) for q in r.queues))
+            for q in used:
+                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": q,
+                               "args": {"name": r.arch.queue_name(q)}})
+                events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": q, "args": {"sort_index": q}})
+            for i, (q, (s, e), o) in enumerate(zip(r.queues, r.times, r.opcodes)):
+                from .neuron.isa import OPCODE_NAMES
+
+                events.append({"ph": "X", "name": OPCODE_NAMES.get(int(o), str(o)), "pid": pid, "tid": int(q),
+                               "ts": offset_us + float(s) / 1e3, "dur": max(float(e - s) / 1e3, 1e-3),
+                               "args": {"instruction": i}})
+            offset_us += r.total_us
+        return events
+
+    def save_trace(self, path) -> str:
+        """Write the Chrome/Perfetto trace JSON to ``path`` (returns the path)."""
+        with open(path, "w") as f:
+            json.dump({"traceEvents": self.trace_events(), "displayTimeUnit": "ns"}, f)
+        return str(path)
+
+
+def profile() -> Profile:
+    """Context manager collecting every NeuronCore program run inside it: ``with tn.profile() as prof: ...``."""
+    return Profile()
