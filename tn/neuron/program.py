@@ -826,9 +826,9 @@ class Program:
         if len(pattern) > nfree:
             raise NeuronError(f"affine pattern has {len(pattern)} multipliers but the tile has {nfree} free axes")
         pattern = [0] * (nfree - len(pattern)) + pattern
-        merged = _merge_dims(out.dims)
-        if len(out.dims) > 4 or (merged != [(n, s) for n, s in out.dims if n != 1]):
-            raise NeuronError("iota/affine_select need an un-merged tile pattern of at most 4 free axes")
+        if len(out.dims) > 4:
+            raise NeuronError(f"iota/affine_select: the tile has {len(out.dims)} free axes; at most 4 can carry "
+                              f"pattern multipliers")
         full = [(n, s, m) for (n, s), m in zip(out.dims, pattern)]
         full = [(1, 0, 0)] * (4 - len(full)) + full
         dims4 = [(n, s) for n, s, _ in full]
