@@ -218,3 +218,115 @@ def test_optimize_pipeline_and_blame():
 
 def test_conftest_turns_verification_on():
     assert P.VERIFY is True
+
+
+RESHAPE = MiniOp("reshape", lambda x, shape: x.reshape(shape), lambda x, shape: [(tuple(shape), x.dtype)])
+PERMUTE = MiniOp("permute", lambda x, dims: x.permute(dims),
+                 lambda x, dims: [(tuple(x.shape[d] for d in dims), x.dtype)])
+AS_STRIDED = MiniOp("as_strided", lambda x, size, stride, offset: torch.as_strided(x.contiguous(), size, stride, offset).clone(),
+                    lambda x, size, stride, offset: [(tuple(size), x.dtype)])
+
+
+def test_simplify_removes_identities_and_collapses_reshapes():
+    a = f32(2, 3, 4)
+    p0, s0, r1, r2, r3, m1, t = f32(2, 3, 4), f32(2, 3, 4), f32(6, 4), f32(24), f32(4, 6), f32(4, 6), f32(4, 3, 2)
+    ir = IR([a], [
+        Eqn(PERMUTE, [a], [p0], {"dims": (0, 1, 2)}),
+        Eqn(AS_STRIDED, [p0], [s0], {"size": (2, 3, 4), "stride": (12, 4, 1), "offset": 0}),
+        Eqn(RESHAPE, [s0], [r1], {"shape": (6, 4)}),
+        Eqn(RESHAPE, [r1], [r2], {"shape": (24,)}),
+        Eqn(RESHAPE, [r2], [r3], {"shape": (4, 6)}),
+        Eqn(MUL, [r3, Literal(1)], [m1]),
+        Eqn(PERMUTE, [a], [t], {"dims": (2, 1, 0)}),  # a real permute stays
+    ], [m1, t])
+    out = P.dce(P.simplify(ir))
+    P.verify(out)
+    assert [e.op.name for e in out.eqns] == ["reshape", "permute"]
+    assert out.eqns[0].inputs[0] is a
+    x = torch.randn(2, 3, 4)
+    r = run_ir(out, [x])
+    torch.testing.assert_close(r[0], x.reshape(4, 6))
+    torch.testing.assert_close(r[1], x.permute(2, 1, 0))
+
+
+def test_simplify_composes_permutes():
+    a = f32(2, 3, 4)
+    p1, p2 = f32(3, 4, 2), f32(4, 2, 3)
+    ir = IR([a], [Eqn(PERMUTE, [a], [p1], {"dims": (1, 2, 0)}), Eqn(PERMUTE, [p1], [p2], {"dims": (1, 2, 0)})], [p2])
+    out = P.dce(P.simplify(ir))
+    P.verify(out)
+    assert len(out.eqns) == 1 and out.eqns[0].inputs[0] is a
+    x = torch.randn(2, 3, 4)
+    torch.testing.assert_close(run_ir(out, [x])[0], x.permute(1, 2, 0).permute(1, 2, 0))
+
+
+def test_simplify_keeps_real_work():
+    a = f32(2, 3)
+    s1, m2 = f32(3, 2), f32(2, 3)
+    ir = IR([a], [
+        Eqn(AS_STRIDED, [a], [s1], {"size": (3, 2), "stride": (1, 3), "offset": 0}),  # a transpose
+        Eqn(MUL, [a, Literal(2.0)], [m2]),
+    ], [s1, m2])
+    assert len(P.simplify(ir).eqns) == 2
+
+
+# --------------------------------------------------------------------------- with the real op table and tracer
+
+def _traced(fn, *args):
+    trace = pytest.importorskip("tn.trace", reason="the tracer (tn/trace.py) has not landed yet")
+    return trace.trace_flat(fn, list(args)).ir
+
+
+def test_decompose_core_op_through_tracer():
+    import torch.nn.functional as F
+
+    x, w = torch.randn(4, 8), torch.randn(8, 5)
+
+    def f(x, w):
+        return F.gelu(x @ w).sum(0)
+
+    ir = _traced(f, x, w)
+    assert "gelu" in ir.op_counts()
+    d = P.decompose(ir, ["gelu"])
+    P.verify(d)
+    assert "gelu" not in d.op_counts() and "erf" in d.op_counts()
+    torch.testing.assert_close(run_ir(d, [x, w])[0], f(x, w), rtol=1e-5, atol=1e-5)
+    # an op without a decomposition stays, or is an UnsupportedOpError when strict
+    assert P.decompose(ir, ["matmul"]).op_counts() == ir.op_counts()
+    with pytest.raises(tn.UnsupportedOpError, match="no decomposition for matmul"):
+        P.decompose(ir, ["matmul"], strict=True)
+
+
+def test_decompose_with_registered_rule():
+    x = torch.randn(3, 4)
+    ir = _traced(lambda x: torch.tanh(x) * 2, x)
+    saved = dict(P.DECOMPOSE_RULES)
+    try:
+        @P.register_decomposition("tanh")
+        def _tanh(x):
+            return 2 * torch.sigmoid(2 * x) - 1
+
+        d = P.decompose(ir, {"tanh"})
+        P.verify(d)
+        assert "tanh" not in d.op_counts() and "sigmoid" in d.op_counts()
+        torch.testing.assert_close(run_ir(d, [x])[0], torch.tanh(x) * 2, rtol=1e-5, atol=1e-5)
+    finally:
+        P.DECOMPOSE_RULES.clear()
+        P.DECOMPOSE_RULES.update(saved)
+
+
+def test_optimize_on_traced_program_keeps_results():
+    x = torch.randn(5, 6)
+
+    def f(x):
+        a = x.t().contiguous().t()
+        b = torch.ones(5, 6) * 3 + 1  # foldable
+        return (a.exp() + b).sum(1), (x.exp() + b).sum(1)  # a common subexpression
+
+    ir = _traced(f, x)
+    out = P.optimize(ir, verify_each=True)
+    assert len(out.eqns) < len(ir.eqns)
+    assert "permute" not in out.op_counts()  # x.t().t() is x
+    r, e = run_ir(out, [x]), f(x)
+    for got, want in zip(r, e):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -10,6 +10,8 @@ a new :class:`~tn.ir.Eqn`).
   constants.
 - :func:`cse`: merges equations with the same op, inputs and attributes.
   Random and side-effecting ops are never merged.
+- :func:`simplify`: removes no-op equations (identity reshape, permute,
+  as_strided, convert ...) and collapses chains of reshapes and permutes.
 - :func:`fold_constants`: evaluates equations whose inputs are all constants
   or literals with the op's reference implementation, when the result is
   small (:data:`FOLD_MAX_NUMEL`); the result becomes a program constant.
@@ -40,7 +42,7 @@ from .ir import IR, Eqn, Literal, Var, aval_str
 __all__ = [
     "VerifyError", "VERIFY", "FOLD_MAX_NUMEL", "verify", "dce", "cse", "fold_constants",
     "decompose", "register_decomposition", "DECOMPOSE_RULES", "optimize", "PIPELINE",
-    "is_impure",
+    "is_impure", "simplify",
 ]
 
 #: Verify after every pass of :func:`optimize` (the test suite turns it on).
@@ -325,6 +327,94 @@ def cse(ir: IR) -> IR:
     return ir.replace(eqns=new_eqns, outputs=outputs, consts=consts)
 
 
+# --------------------------------------------------------------------------- simplification
+
+def _contiguous_strides(shape: Sequence[int]) -> Tuple[int, ...]:
+    strides, acc = [], 1
+    for d in reversed(tuple(shape)):
+        strides.append(acc)
+        acc *= max(int(d), 1)
+    return tuple(reversed(strides))
+
+
+def _same_aval(a: Any, b: Any) -> bool:
+    return _shape_tuple(a.shape) == _shape_tuple(b.shape) and a.dtype == b.dtype
+
+
+def _is_identity(e: Eqn) -> bool:
+    """Whether equation ``e`` returns its first input unchanged (by its op and attrs)."""
+    if len(e.outputs) != 1 or not e.inputs or not isinstance(e.inputs[0], Var):
+        return False
+    x, out, name, at = e.inputs[0], e.outputs[0], e.op.name, e.attrs
+    if not _same_aval(x, out):
+        return False
+    if name in ("reshape", "expand", "slice", "convert") and len(e.inputs) == 1:
+        return True  # same shape and dtype: nothing moved or changed
+    if name == "permute":
+        return tuple(at.get("dims", ())) == tuple(range(x.ndim))
+    if name == "flip":
+        return all(x.shape[d] <= 1 for d in at.get("dims", ()))
+    if name == "cat":
+        return len(e.inputs) == 1
+    if name == "pad":
+        return all(p == 0 for p in at.get("pad", ()))
+    if name == "as_strided":
+        return (tuple(at.get("size", ())) == x.shape and at.get("offset", 0) == 0
+                and all(st == cs for st, cs, d in zip(at.get("stride", ()), _contiguous_strides(x.shape), x.shape)
+                        if d > 1))
+    if name == "mul" and len(e.inputs) == 2 and isinstance(e.inputs[1], Literal):
+        v = e.inputs[1].value
+        return type(v) in (int, float) and v == 1
+    return False
+
+
+def simplify(ir: IR) -> IR:
+    """Remove no-op equations and collapse chains of reshapes.
+
+    An equation is a no-op when its op and attributes leave the first input
+    unchanged and the output has the input's shape and dtype: ``reshape``,
+    ``expand``, ``slice`` or ``convert`` to the same aval, the identity
+    ``permute``, ``flip`` of size-1 dims, ``cat`` of one input, zero ``pad``,
+    an ``as_strided`` that reads the whole row-major layout, ``mul`` by the
+    literal 1. Its uses are rewired to its input. A ``reshape`` of a
+    ``reshape`` reads the first one's input directly, and a ``permute`` of a
+    ``permute`` becomes one permute (or nothing); run :func:`dce` to drop the
+    inner one when it becomes unused.
+    """
+    mapping: Dict[Var, Any] = {}
+    producer: Dict[Var, Eqn] = {}
+    new_eqns: List[Eqn] = []
+    for e in ir.eqns:
+        if any(isinstance(a, Var) and a in mapping for a in e.inputs):
+            e = Eqn(e.op, [mapping.get(a, a) if isinstance(a, Var) else a for a in e.inputs],
+                    e.outputs, e.attrs, e.source)
+        if _is_identity(e):
+            mapping[e.outputs[0]] = e.inputs[0]
+            continue
+        if e.op.name == "reshape" and len(e.inputs) == 1 and isinstance(e.inputs[0], Var):
+            inner = producer.get(e.inputs[0])
+            if inner is not None and inner.op is e.op and isinstance(inner.inputs[0], Var):
+                src = inner.inputs[0]
+                if tuple(e.outputs[0].shape) == src.shape:
+                    mapping[e.outputs[0]] = src
+                    continue
+                e = Eqn(e.op, [src], e.outputs, e.attrs, e.source)
+        if e.op.name == "permute" and len(e.inputs) == 1 and isinstance(e.inputs[0], Var):
+            inner = producer.get(e.inputs[0])
+            if inner is not None and inner.op is e.op and isinstance(inner.inputs[0], Var):
+                src, d1, d2 = inner.inputs[0], tuple(inner.attrs["dims"]), tuple(e.attrs["dims"])
+                dims = tuple(d1[i] for i in d2)
+                if dims == tuple(range(len(dims))):
+                    mapping[e.outputs[0]] = src
+                    continue
+                e = Eqn(e.op, [src], e.outputs, {**e.attrs, "dims": dims}, e.source)
+        for v in e.outputs:
+            producer[v] = e
+        new_eqns.append(e)
+    outputs = [mapping.get(a, a) if isinstance(a, Var) else a for a in ir.outputs]
+    return ir.replace(eqns=new_eqns, outputs=outputs)
+
+
 # --------------------------------------------------------------------------- constant folding
 
 def fold_constants(ir: IR, max_numel: Optional[int] = None) -> IR:
@@ -571,6 +661,7 @@ def _decompose_default(ir: IR) -> IR:
 #: The default pipeline of :func:`optimize`: (name, pass) pairs, run in order.
 PIPELINE: List[Tuple[str, Callable[[IR], IR]]] = [
     ("decompose", _decompose_default),
+    ("simplify", simplify),
     ("fold_constants", fold_constants),
     ("cse", cse),
     ("dce", dce),

@@ -51,7 +51,7 @@ class CompiledIR:
     returns the list of output values (``ir.outputs`` order).
     """
 
-    __slots__ = ("ir", "_nslots", "_init", "_in_slots", "_steps", "_out", "_nin", "_lit_outs")
+    __slots__ = ("ir", "_nslots", "_init", "_in_slots", "_steps", "_out", "_nin", "_lit_outs", "_copy_outs")
 
     def __init__(self, ir: IR):
         self.ir = ir
@@ -89,6 +89,7 @@ class CompiledIR:
             init.append((define(v), t))
         self._in_slots = tuple(define(v) for v in ir.inputs)
         self._nin = len(ir.inputs)
+        n_bound = len(slot_of_list)  # slots below this hold constants and inputs
 
         raw_steps = []
         for k, eqn in enumerate(ir.eqns):
@@ -102,14 +103,19 @@ class CompiledIR:
             raw_steps.append((k, impl, ins, eqn.attrs, outs))
         out = []
         lit_outs = []
+        copy_outs = []
         for j, a in enumerate(ir.outputs):
             if isinstance(a, Literal):  # a constant result: a fresh 0-d tensor per call
                 lit_outs.append((j, a.value, a.dtype))
                 out.append(0)
             else:
-                out.append(use(a, "program output"))
+                s = use(a, "program output")
+                out.append(s)
+                if s < n_bound:  # an input or constant returned as is: hand out a copy
+                    copy_outs.append(j)
         out = tuple(out)
         self._lit_outs = tuple(lit_outs)
+        self._copy_outs = tuple(copy_outs)
 
         # Liveness: free each equation-defined slot right after its last use,
         # unless it is a program output. Inputs, constants and literals stay.
@@ -174,6 +180,8 @@ class CompiledIR:
         result = [env[s] for s in self._out]
         for j, value, dtype in self._lit_outs:
             result[j] = torch.tensor(value, dtype=dtype)
+        for j in self._copy_outs:
+            result[j] = result[j].clone()
         return result
 
 
