@@ -1,0 +1,52 @@
+# tn.lower: the NeuronCore compiler (IR -> tn.neuron programs); importing it registers the lowerings and the "neuron" jit backend.
+"""The compiler from tn's IR to NeuronCore programs.
+
+* :mod:`tn.lower.base`: the contract every lowering codes against
+  (:class:`CannotLower`, :class:`LowerCtx`, :func:`lowering`, fusion hooks).
+* :mod:`tn.lower.compiler`: :func:`compile_ir` -> :class:`NeuronExecutable`
+  (programs, host fallbacks, binding, profiles).
+* :mod:`tn.lower.fusion`: elementwise chains, row reductions and epilogues kept in SBUF.
+* lowerings by kind: ``elementwise``, ``matmul``, ``conv``, ``reduce``, ``shape``, ``index``.
+* :mod:`tn.lower.testing`: :func:`check_lowering` for unit tests.
+
+Importing this package registers the ``"neuron"`` backend of :func:`tn.jit`.
+"""
+import importlib as _importlib
+
+from .base import CannotLower, LowerCtx, lowering
+from .compiler import ExecProfile, NeuronExecutable, compile_ir
+
+__all__ = ["CannotLower", "LowerCtx", "lowering", "compile_ir", "NeuronExecutable", "ExecProfile",
+           "LOWERING_MODULES", "loaded_modules"]
+
+#: Modules holding lowerings, imported in this order (a module that does not exist yet is skipped).
+LOWERING_MODULES = ("elementwise", "matmul", "conv", "reduce", "shape", "index")
+
+_loaded = []
+for _name in LOWERING_MODULES:
+    try:
+        _importlib.import_module(f"{__name__}.{_name}")
+    except ModuleNotFoundError as _e:
+        if _e.name != f"{__name__}.{_name}":
+            raise
+    else:
+        _loaded.append(_name)
+
+
+def loaded_modules():
+    """Names of the lowering modules that were found and imported."""
+    return list(_loaded)
+
+
+def _neuron_compile(ir):
+    """``compile_fn`` of the ``"neuron"`` jit backend."""
+    return compile_ir(ir)
+
+
+def _register_backend():
+    # tn.jit the attribute is the function; the module is in sys.modules
+    jit_module = _importlib.import_module("tn.jit")
+    jit_module.register_backend("neuron", _neuron_compile, host_only=True)
+
+
+_register_backend()

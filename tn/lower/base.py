@@ -1,0 +1,171 @@
+# The contract between the compiler framework and the lowerings: CannotLower, LowerCtx, the @lowering decorator.
+"""What every lowering of :mod:`tn.lower` codes against.
+
+A *lowering* turns one IR equation into NeuronCore instructions::
+
+    from tn.lower.base import CannotLower, lowering
+
+    @lowering("neg")
+    def _neg(ctx, eqn, ins, outs):
+        ...emit into ctx.prog...
+
+Signature: ``fn(ctx: LowerCtx, eqn: tn.ir.Eqn, ins: list, outs: list) -> None``.
+
+* ``ins[i]`` is a :class:`tn.neuron.HbmTensor` (contiguous row-major, the
+  Var's shape; a 0-d Var has shape ``(1,)``) for a Var input, or the plain
+  Python value for a :class:`tn.ir.Literal` input.
+* ``outs[j]`` is an HbmTensor for each output Var.
+* The lowering emits instructions into ``ctx.prog`` that read its inputs and
+  completely write its outputs (HBM -> SBUF -> engines -> HBM), tiling to the
+  SBUF/PSUM limits, and frees every SBUF/PSUM tile it allocated before it
+  returns. Dependencies between instructions are derived by the Program from
+  operand overlap, so lowerings emit in plain sequential order.
+* When it cannot handle a case (dtype, shape, attribute) it raises
+  :class:`CannotLower` with a reason, *preferably before emitting anything*
+  (if it raises later the compiler rebuilds the program without it, which
+  costs compile time). The compiler then runs that equation on the host
+  through ``op.impl``, visibly (counted per op in ``NeuronExecutable.stats``);
+  in strict mode (``strict=True`` / ``TN_STRICT=1``) it is an error.
+* Dtypes: ``ctx.neuron_dtype(var.dtype)`` maps torch dtypes to NeuronCore
+  dtype names and raises CannotLower for float64/complex/int16/int8.
+  int64 exists in HBM and on DMA only (no engine computes on it).
+
+Fusion hooks (how lowerings cooperate with the framework)
+---------------------------------------------------------
+1. **Storing output tiles: ``ctx.store(dst, tile)``.** A lowering that
+   produces an output tile by tile (matmul, reductions, elementwise) should
+   write each finished tile with ``ctx.store(outs[j][region], tile)`` instead
+   of ``ctx.prog.dma_copy``. ``dst`` is a view of one of ``outs`` obtained by
+   basic indexing/reshape of the HbmTensor (so the framework can find the
+   same region in other tensors); ``tile`` may be in SBUF or PSUM (fp32) and
+   may have another dtype than ``dst`` (the store casts). By default it
+   evacuates PSUM / casts if needed and DMAs to ``dst``. When the compiler
+   has fused an *epilogue* (a chain of elementwise equations consuming this
+   output, e.g. ``+ bias``, ``gelu``, ``* scale``, a residual add), the same
+   call applies the chain to the tile on chip (ScalarE/VectorE; other
+   operands of the chain are loaded for the same region, broadcasting by
+   stride-0 access patterns) and writes the chain's result instead: the
+   intermediate never goes to HBM. ``ctx.store`` has finished reading
+   ``tile`` when it returns (the program's dependency tracking orders later
+   writes to it), so the lowering may free or reuse it right away.
+2. **Elementwise tile rules: ``tn.lower.elementwise.TILE_RULES``.**
+   ``TILE_RULES[op_name](ctx, eqn, out_tile, in_tiles)`` computes one
+   elementwise op on SBUF tiles of equal partition count and free shape
+   (``in_tiles[i]`` is a Tile, possibly a stride-0 broadcast view or a PSUM
+   tile, or a Python scalar for a Literal). Any lowering may use them to
+   compute elementwise math on its own tiles; the fusion engine
+   (:mod:`tn.lower.fusion`) runs chains of them, and row reductions over the
+   last axis (softmax, layer/RMS norm), with every intermediate in SBUF.
+
+``ctx.scratch(shape, dtype)`` gives a fresh HBM temporary (spill space).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from ..errors import TnError
+
+__all__ = ["CannotLower", "LowerCtx", "lowering", "NEURON_DTYPES", "neuron_dtype"]
+
+
+class CannotLower(Exception):
+    """Raised by a lowering that cannot handle this equation (dtype, shape or attribute).
+
+    The message says why; the compiler runs the equation on the host instead
+    (or raises :class:`tn.UnsupportedOpError` with that reason in strict mode).
+    """
+
+
+#: torch dtype -> NeuronCore dtype name.
+NEURON_DTYPES: Dict[torch.dtype, str] = {
+    torch.float32: "float32",
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+}
+
+
+def neuron_dtype(dtype: torch.dtype) -> str:
+    """NeuronCore dtype name of a torch dtype; raises :class:`CannotLower` when the chip has none."""
+    try:
+        return NEURON_DTYPES[dtype]
+    except KeyError:
+        raise CannotLower(f"dtype {dtype} has no NeuronCore equivalent (the chip computes in fp32/bf16/fp16/"
+                          f"int32/uint8/bool); cast it first or let it run on the host") from None
+
+
+class LowerCtx:
+    """State shared by the lowerings of one program.
+
+    Attributes:
+        prog: the :class:`tn.neuron.Program` being built.
+        arch: its :class:`tn.neuron.Arch`.
+        eqn: the equation being lowered (set by the compiler before each call).
+    """
+
+    def __init__(self, prog: Any):
+        self.prog = prog
+        self.arch = prog.arch
+        self.eqn = None
+        self._nscratch = 0
+        #: epilogue hook installed by the compiler for the current equation (see :meth:`store`).
+        self.store_hook: Optional[Callable[[Any, Any], bool]] = None
+
+    def scratch(self, shape, dtype) -> Any:
+        """A fresh HBM temporary of ``shape`` (``()`` becomes ``(1,)``) and ``dtype`` (torch dtype or name)."""
+        if isinstance(dtype, torch.dtype):
+            dtype = self.neuron_dtype(dtype)
+        shape = tuple(int(s) for s in shape) or (1,)
+        self._nscratch += 1
+        return self.prog.hbm(f"_tmp{self._nscratch}", shape, dtype, kind="scratch")
+
+    @staticmethod
+    def neuron_dtype(dtype: torch.dtype) -> str:
+        """NeuronCore dtype name of a torch dtype (raises :class:`CannotLower` for float64, complex, ...)."""
+        return neuron_dtype(dtype)
+
+    def store(self, dst: Any, tile: Any) -> None:
+        """Write an output ``tile`` (SBUF or PSUM, any dtype) to ``dst`` (a view of one of the outputs).
+
+        Applies a fused epilogue when the compiler installed one (see the
+        module docstring); otherwise casts/evacuates as needed and DMAs.
+        """
+        hook = self.store_hook
+        if hook is not None and hook(dst, tile):
+            return
+        store_tile(self.prog, dst, tile)
+
+
+def store_tile(prog: Any, dst: Any, tile: Any) -> None:
+    """Plain store: PSUM or dtype-mismatched tiles go through an SBUF copy (cast), then a DMA to ``dst``."""
+    from ..neuron import isa
+
+    if tile.mem == isa.MEM_PSUM or tile.dtype != dst.dtype:
+        tmp = prog.sbuf(tile.shape, dst.dtype)
+        prog.tensor_copy(tmp, tile, engine="scalar" if tile.mem == isa.MEM_PSUM else "vector")
+        prog.dma_copy(dst, tmp)
+        prog.free(tmp)
+    else:
+        prog.dma_copy(dst, tile)
+
+
+def lowering(*op_names: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Decorator: register the function as the lowering of the ops ``op_names`` (sets ``OPS[name].lowering``)."""
+    from .. import ops
+
+    for name in op_names:
+        if name not in ops.OPS:
+            raise TnError(f"@lowering({name!r}): tn.ops has no op named {name!r}; the core ops are listed in "
+                          f"tn.ops.OPS")
+
+    def deco(fn: Callable[..., None]) -> Callable[..., None]:
+        for name in op_names:
+            ops.OPS[name].lowering = fn
+        return fn
+
+    return deco

@@ -1,0 +1,478 @@
+# The NeuronCore compiler driver: splits an IR into device programs and host fallbacks, binds tensors, runs, profiles.
+"""Compile a :class:`tn.ir.IR` into NeuronCore programs (the ``"neuron"`` jit backend).
+
+:func:`compile_ir` walks the equations in order. Each stretch of equations
+that have a lowering becomes one :class:`tn.neuron.Program`: its inputs are
+the program inputs / constants / values made earlier, its outputs the values
+used later (or returned), everything else lives in HBM scratch (or, when
+fused by :mod:`tn.lower.fusion`, only in SBUF). An equation whose op has no
+lowering, whose dtypes the chip lacks, or whose lowering raised
+:class:`~tn.lower.base.CannotLower` runs on the host through ``op.impl``
+between programs, counted per op in :attr:`NeuronExecutable.stats`; in strict
+mode (``strict=True`` or ``TN_STRICT=1``) that is a
+:class:`tn.UnsupportedOpError` naming the op, its input avals and the reason.
+
+Calling the :class:`NeuronExecutable` binds the input tensors to the
+programs' HBM tensors by pointer (no copy unless a tensor is not contiguous),
+allocates the outputs as torch tensors of the IR's dtypes, runs every program
+on the software NeuronCore (each run reports to :func:`tn.profile`), and
+keeps the merged profile of the call in :attr:`NeuronExecutable.last_profile`.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..errors import NeuronError, TnError, UnsupportedOpError
+from ..ir import IR, Eqn, Literal, Var
+from .base import NEURON_DTYPES, CannotLower, LowerCtx
+
+__all__ = ["compile_ir", "NeuronExecutable", "ExecProfile", "strict_default"]
+
+log = logging.getLogger("tn")
+
+
+def strict_default() -> bool:
+    """Strict mode from the environment: ``TN_STRICT=1`` turns host fallbacks into errors."""
+    return os.environ.get("TN_STRICT", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _avals(eqn: Eqn) -> str:
+    return ", ".join(a.aval if isinstance(a, Var) else f"{a.value!r}" for a in eqn.inputs)
+
+
+class ExecProfile:
+    """The merged profile of one call of a :class:`NeuronExecutable`.
+
+    Attributes:
+        runs: the :class:`tn.neuron.RunResult` of every program run, in order.
+        host_ops: equations run on the host during the call, counted per op name.
+    """
+
+    def __init__(self, runs: list, host_ops: Dict[str, int]):
+        self.runs = runs
+        self.host_ops = dict(host_ops)
+
+    @property
+    def total_ns(self) -> float:
+        """Modelled device time of all programs, back to back, in ns."""
+        return float(sum(r.total_ns for r in self.runs))
+
+    @property
+    def total_us(self) -> float:
+        """Modelled device time in µs."""
+        return self.total_ns / 1e3
+
+    @property
+    def busy_ns(self) -> Dict[str, float]:
+        """Busy ns per engine/DMA queue, summed over programs."""
+        out: Dict[str, float] = {}
+        for r in self.runs:
+            for k, v in r.busy_ns.items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
+    @property
+    def utilisation(self) -> Dict[str, float]:
+        """Busy fraction per queue over the total modelled time."""
+        t = self.total_ns or 1.0
+        return {k: v / t for k, v in self.busy_ns.items()}
+
+    @property
+    def hbm_read_bytes(self) -> int:
+        """HBM bytes read by all programs."""
+        return int(sum(r.hbm_read_bytes for r in self.runs))
+
+    @property
+    def hbm_write_bytes(self) -> int:
+        """HBM bytes written by all programs."""
+        return int(sum(r.hbm_write_bytes for r in self.runs))
+
+    @property
+    def hbm_bytes(self) -> int:
+        """HBM bytes read plus written."""
+        return self.hbm_read_bytes + self.hbm_write_bytes
+
+    @property
+    def sbuf_peak_bytes(self) -> int:
+        """Largest SBUF use per partition of any program."""
+        return max((r.sbuf_peak_bytes for r in self.runs), default=0)
+
+    @property
+    def psum_peak_bytes(self) -> int:
+        """Largest PSUM use per partition of any program."""
+        return max((r.psum_peak_bytes for r in self.runs), default=0)
+
+    @property
+    def instructions(self) -> int:
+        """Instructions run, all programs."""
+        return int(sum(len(r.opcodes) for r in self.runs))
+
+    @property
+    def counts(self) -> Dict[str, int]:
+        """Instructions per queue, summed."""
+        out: Dict[str, int] = {}
+        for r in self.runs:
+            for k, v in r.counts.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    @property
+    def matmul_flops(self) -> int:
+        """Matmul FLOPs of all programs."""
+        return int(sum(r.matmul_flops for r in self.runs))
+
+    @property
+    def tensor_utilisation(self) -> float:
+        """Matmul FLOPs / (TensorE bf16 peak x total modelled time)."""
+        if not self.runs or self.total_ns <= 0:
+            return 0.0
+        peak = self.runs[0].arch.peak_flops_bf16
+        return self.matmul_flops / (peak * self.total_ns * 1e-9)
+
+    @property
+    def wall_s(self) -> float:
+        """Host seconds spent simulating the programs."""
+        return float(sum(r.wall_s for r in self.runs))
+
+    def summary(self) -> Dict[str, Any]:
+        """Flat dict of the headline numbers."""
+        d = {"programs": len(self.runs), "instructions": self.instructions, "time_us": self.total_us,
+             "hbm_read": self.hbm_read_bytes, "hbm_write": self.hbm_write_bytes,
+             "sbuf_peak": self.sbuf_peak_bytes, "psum_peak": self.psum_peak_bytes,
+             "tensor_util": self.tensor_utilisation, "host_ops": dict(self.host_ops)}
+        for k, v in self.utilisation.items():
+            if v > 0:
+                d[f"util_{k}"] = v
+        return d
+
+    def __repr__(self) -> str:
+        return (f"<ExecProfile {len(self.runs)} program(s), {self.total_us:.3f} us modelled, "
+                f"{self.hbm_bytes} HBM bytes, host ops {self.host_ops}>")
+
+
+class _ProgStep:
+    """One built program: its encoding and which value slots bind to which HBM tensors."""
+
+    __slots__ = ("enc", "ins", "outs", "eqns")
+
+    def __init__(self, enc: Any, ins: List[Tuple[int, int]], outs: List[Tuple[int, int, tuple, torch.dtype]],
+                 eqns: List[int]):
+        self.enc = enc
+        self.ins = ins      # (hbm index, slot)
+        self.outs = outs    # (hbm index, slot, shape, dtype)
+        self.eqns = eqns
+
+
+class _HostStep:
+    """One equation run on the host through ``op.impl``."""
+
+    __slots__ = ("k", "impl", "ins", "attrs", "outs", "name")
+
+    def __init__(self, k: int, eqn: Eqn, ins: List[Tuple[bool, Any]], outs: List[int]):
+        self.k = k
+        self.impl = eqn.op.impl
+        self.ins = ins      # (is_slot, slot or literal value)
+        self.attrs = eqn.attrs
+        self.outs = outs
+        self.name = eqn.op.name
+
+
+class _Retry(Exception):
+    def __init__(self, k: int, reason: str):
+        super().__init__(reason)
+        self.k = k
+        self.reason = reason
+
+
+class NeuronExecutable:
+    """An IR compiled for the software NeuronCore; call it with the flat input tensors.
+
+    Attributes:
+        ir: the compiled IR.
+        arch: the :class:`tn.neuron.Arch` targeted.
+        stats: ``{"host_ops": {op: count}, "host_reasons": {op: reason}, "programs": n,
+            "instructions": n, "fused_eqns": n}`` (static, per compiled program).
+        last_profile: :class:`ExecProfile` of the most recent call (None before the first).
+    """
+
+    def __init__(self, ir: IR, arch: Any = None, strict: Optional[bool] = None, debug: bool = False,
+                 fuse: bool = True):
+        from ..neuron import get_arch
+
+        self.ir = ir
+        self.arch = get_arch(arch)
+        self.strict = strict_default() if strict is None else bool(strict)
+        self.debug = debug
+        self.fuse = fuse
+        self.last_profile: Optional[ExecProfile] = None
+        host: Dict[int, str] = {}
+        for _ in range(len(ir.eqns) + 1):
+            try:
+                self._build(host)
+                break
+            except _Retry as r:
+                if self.strict:
+                    raise self._unsupported(ir.eqns[r.k], r.reason) from None
+                host[r.k] = r.reason
+        self.stats = self._stats(host)
+
+    # ------------------------------------------------------------------ compile
+    def _unsupported(self, eqn: Eqn, reason: str) -> UnsupportedOpError:
+        where = f" (from {eqn.source})" if eqn.source else ""
+        return UnsupportedOpError(
+            f"op {eqn.op.name!r} with inputs ({_avals(eqn)}){where} cannot run on the NeuronCore: {reason}. "
+            f"Strict mode is on (strict=True or TN_STRICT=1); turn it off to run this op on the host")
+
+    def _host_reason(self, eqn: Eqn) -> Optional[str]:
+        if eqn.op.lowering is None:
+            return "no lowering is registered for this op"
+        for v in list(eqn.inputs) + list(eqn.outputs):
+            if isinstance(v, Var) and v.dtype not in NEURON_DTYPES:
+                return f"dtype {v.dtype} has no NeuronCore equivalent"
+        return None
+
+    def _build(self, host: Dict[int, str]) -> None:
+        from ..neuron import Program
+        from . import fusion
+
+        ir = self.ir
+        slot_of: Dict[Var, int] = {}
+        nslots = 0
+
+        def define(v: Var) -> int:
+            nonlocal nslots
+            slot_of[v] = nslots
+            nslots += 1
+            return nslots - 1
+
+        init: List[Tuple[int, torch.Tensor]] = []
+        for v, t in ir.consts:
+            t = t.detach()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            init.append((define(v), t.contiguous()))
+        in_slots = [define(v) for v in ir.inputs]
+
+        # last use of every var (eqn index; len(eqns) for program outputs)
+        n = len(ir.eqns)
+        last_use: Dict[Var, int] = {}
+        for k, e in enumerate(ir.eqns):
+            for a in e.inputs:
+                if isinstance(a, Var):
+                    last_use[a] = k
+        for a in ir.outputs:
+            if isinstance(a, Var):
+                last_use[a] = n
+
+        groups = fusion.plan(ir, host) if self.fuse else None
+        steps: List[Any] = []
+        cur: Optional[Dict[str, Any]] = None
+        host_counts: Dict[str, int] = {}
+        instructions = 0
+        fused = 0
+
+        def close(end: int) -> None:
+            nonlocal cur, instructions
+            if cur is None:
+                return
+            prog = cur["prog"]
+            outs = []
+            for v, t in cur["made"].items():
+                if last_use.get(v, -1) >= end:
+                    t.kind = "output"
+                    outs.append((t.index, slot_of[v], v.shape, v.dtype))
+            try:
+                enc = prog.build(check=True)
+            except NeuronError as e:
+                raise TnError(f"tn.lower: program {prog.name!r} (equations {cur['eqns']}) failed validation: {e}. "
+                              f"This is a bug of a lowering") from e
+            instructions += len(enc)
+            steps.append(_ProgStep(enc, cur["ins"], outs, cur["eqns"]))
+            cur = None
+
+        k = 0
+        while k < n:
+            eqn = ir.eqns[k]
+            reason = host.get(k) or self._host_reason(eqn)
+            if reason is not None:
+                if self.strict:
+                    raise self._unsupported(eqn, reason)
+                close(k)
+                ins = [(False, a.value) if isinstance(a, Literal) else (True, slot_of[a]) for a in eqn.inputs]
+                outs = [define(v) for v in eqn.outputs]
+                steps.append(_HostStep(k, eqn, ins, outs))
+                host_counts[eqn.op.name] = host_counts.get(eqn.op.name, 0) + 1
+                k += 1
+                continue
+            if cur is None:
+                prog = Program(f"tn_{len(steps)}_{eqn.op.name}", self.arch, record_sources=self.debug)
+                cur = {"prog": prog, "ctx": LowerCtx(prog), "hbm": {}, "made": {}, "ins": [], "eqns": []}
+            prog, ctx, hbm = cur["prog"], cur["ctx"], cur["hbm"]
+
+            def hbm_in(v: Var) -> Any:
+                t = hbm.get(v)
+                if t is None:
+                    t = prog.hbm(f"in{len(hbm)}", v.shape or (1,), NEURON_DTYPES[v.dtype], kind="input")
+                    hbm[v] = t
+                    cur["ins"].append((t.index, slot_of[v]))
+                return t
+
+            def hbm_out(v: Var) -> Any:
+                t = prog.hbm(f"v{len(hbm)}", v.shape or (1,), NEURON_DTYPES[v.dtype], kind="scratch")
+                hbm[v] = t
+                cur["made"][v] = t
+                define(v)
+                return t
+
+            group = groups.get(k) if groups else None
+            if group is not None:
+                # a fused group: equations k .. group.end-1 lowered together
+                ins = [hbm_in(v) for v in group.inputs]
+                outs = [hbm_out(v) for v in group.outputs]
+                for e in group.eqns:
+                    for v in e.outputs:
+                        if v not in slot_of:
+                            define(v)
+                ctx.eqn = group.eqns[0]
+                try:
+                    group.lower(ctx, ins, outs)
+                except CannotLower as e:
+                    raise _Retry(k, f"fused group failed: {e}") from None
+                fused += len(group.eqns)
+                cur["eqns"].extend(range(k, k + len(group.eqns)))
+                k += len(group.eqns)
+                continue
+            ins = [a.value if isinstance(a, Literal) else hbm_in(a) for a in eqn.inputs]
+            outs = [hbm_out(v) for v in eqn.outputs]
+            ctx.eqn = eqn
+            ctx.store_hook = None
+            try:
+                eqn.op.lowering(ctx, eqn, ins, outs)
+            except CannotLower as e:
+                raise _Retry(k, str(e) or "the lowering cannot handle this case") from None
+            except NeuronError as e:
+                if self.strict:
+                    raise TnError(f"tn.lower: the lowering of {eqn.op.name!r} ({_avals(eqn)}) emitted an invalid "
+                                  f"instruction: {e}") from e
+                log.warning("tn.lower: lowering of %s (%s) failed (%s); running it on the host",
+                            eqn.op.name, _avals(eqn), e)
+                raise _Retry(k, f"lowering error: {e}") from None
+            cur["eqns"].append(k)
+            k += 1
+        close(n)
+
+        out = []
+        lit_outs = []
+        for j, a in enumerate(ir.outputs):
+            if isinstance(a, Literal):
+                lit_outs.append((j, a.value, a.dtype))
+                out.append(0)
+            else:
+                out.append(slot_of[a])
+        # free slots after their last use (never inputs/consts/outputs)
+        keep = set(out) | set(in_slots) | {s for s, _ in init}
+        frees: Dict[int, List[int]] = {}
+        slot_last: Dict[int, int] = {}
+        for si, st in enumerate(steps):
+            used = [s for _, s in st.ins] if isinstance(st, _ProgStep) else [s for is_s, s in st.ins if is_s]
+            for s in used:
+                slot_last[s] = si
+        for s, si in slot_last.items():
+            if s not in keep:
+                frees.setdefault(si, []).append(s)
+        self._nslots = nslots
+        self._init = init
+        self._in_slots = in_slots
+        self._steps = steps
+        self._frees = [tuple(frees.get(i, ())) for i in range(len(steps))]
+        self._out = out
+        self._lit_outs = lit_outs
+        self._host_counts = host_counts
+        self._n_instr = instructions
+        self._n_fused = fused
+
+    def _stats(self, host: Dict[int, str]) -> Dict[str, Any]:
+        reasons: Dict[str, str] = {}
+        for k, st in enumerate(self._steps):
+            if isinstance(st, _HostStep):
+                eqn = self.ir.eqns[st.k]
+                reasons.setdefault(st.name, host.get(st.k) or self._host_reason(eqn) or "?")
+        return {"host_ops": dict(self._host_counts), "host_reasons": reasons,
+                "programs": sum(isinstance(s, _ProgStep) for s in self._steps),
+                "instructions": self._n_instr, "fused_eqns": self._n_fused}
+
+    # ------------------------------------------------------------------ run
+    def __call__(self, tensors: Sequence[torch.Tensor]) -> List[Any]:
+        """Run on the flat input tensors (``ir.inputs`` order); returns the values of ``ir.outputs``."""
+        from ..neuron.runtime import run
+
+        if len(tensors) != len(self._in_slots):
+            raise TnError(f"neuron executable: the program takes {len(self._in_slots)} input tensors, got "
+                          f"{len(tensors)}; pass the flattened inputs in ir.inputs order")
+        env: List[Any] = [None] * self._nslots
+        for s, v in self._init:
+            env[s] = v
+        for s, t, v in zip(self._in_slots, tensors, self.ir.inputs):
+            if t.device.type != "cpu":
+                t = t.cpu()
+            if t.requires_grad:
+                t = t.detach()
+            env[s] = t
+        runs = []
+        for st, frees in zip(self._steps, self._frees):
+            if type(st) is _ProgStep:
+                binds: Dict[str, Any] = {}
+                hbm = st.enc.hbm
+                for idx, s in st.ins:
+                    t = env[s]
+                    if not t.is_contiguous():
+                        t = t.contiguous()
+                    binds[hbm[idx].name] = t
+                for idx, s, shape, dtype in st.outs:
+                    t = torch.empty(shape, dtype=dtype)
+                    env[s] = t
+                    binds[hbm[idx].name] = t
+                runs.append(run(st.enc, binds))
+            else:
+                args = [env[v] if is_s else v for is_s, v in st.ins]
+                try:
+                    r = st.impl(*args, **st.attrs)
+                except Exception as e:
+                    raise TnError(f"neuron executable: host fallback of {st.name!r} (equation {st.k}) failed: "
+                                  f"{type(e).__name__}: {e}") from e
+                if len(st.outs) == 1:
+                    if isinstance(r, (tuple, list)):
+                        (r,) = r
+                    env[st.outs[0]] = r
+                else:
+                    for s, v in zip(st.outs, r):
+                        env[s] = v
+            for s in frees:
+                env[s] = None
+        result = [env[s] for s in self._out]
+        for j, value, dtype in self._lit_outs:
+            result[j] = torch.tensor(value, dtype=dtype)
+        self.last_profile = ExecProfile(runs, self._host_counts)
+        return result
+
+    def __repr__(self) -> str:
+        s = self.stats
+        return (f"<NeuronExecutable {s['programs']} program(s), {s['instructions']} instructions, "
+                f"host ops {s['host_ops']}>")
+
+
+def compile_ir(ir: IR, *, arch: Any = None, strict: Optional[bool] = None, debug: bool = False,
+               fuse: bool = True) -> NeuronExecutable:
+    """Compile ``ir`` for the software NeuronCore (the ``"neuron"`` jit backend's ``compile_fn``).
+
+    ``arch``: ``"trn2"`` (default) or ``"trn1"``. ``strict``: host fallbacks
+    become :class:`tn.UnsupportedOpError` (default from ``TN_STRICT``).
+    ``debug``: record the emitting file:line of every instruction (for error
+    messages). ``fuse``: fuse elementwise chains, row reductions and
+    epilogues (:mod:`tn.lower.fusion`).
+    """
+    return NeuronExecutable(ir, arch=arch, strict=strict, debug=debug, fuse=fuse)
