@@ -1,0 +1,1294 @@
+# The single op table: every op the IR may contain, with its shape rule, torch reference implementation and lowering slot.
+"""tn's core op set.
+
+Every equation of a :class:`tn.ir.IR` names one :class:`Op` from :data:`OPS`.
+The tracer (:mod:`tn.trace`) maps the aten ops PyTorch dispatches onto these
+ops through :data:`FROM_ATEN` (one converter per aten overload) and, for
+everything else, through decompositions (:data:`DECOMPOSITIONS` here, then
+``torch._decomp.decomposition_table``). Views and in-place ops never reach
+the table: the tracer functionalises them into the ops below.
+
+An :class:`Op` has
+
+- ``name``: printed in the IR;
+- ``category``: what kind of work it is, for the compiler (see below);
+- ``aten``: the aten overloads it stands for;
+- ``impl(*inputs, **attrs)``: the torch reference (inputs are tensors or
+  Python scalars in ``Eqn.inputs`` order; returns a tensor, or a tuple of
+  tensors for multi-output ops);
+- ``shape_rule(*avals, **attrs) -> [(shape, dtype), ...]``: by default the
+  impl run on meta tensors;
+- ``lowering``: ``None`` until the NeuronCore compiler registers one;
+- ``random``: draws random numbers (never merged or folded).
+
+The core op set (attributes in brackets):
+
+==============  ==========================================================================
+category        ops
+==============  ==========================================================================
+elementwise     unary: neg abs exp exp2 expm1 log log2 log1p sqrt rsqrt reciprocal sin cos
+                tan asin acos atan sinh cosh tanh asinh acosh atanh sigmoid erf erfinv
+                relu gelu[approximate] sign floor ceil trunc round logical_not bitwise_not
+                isnan isinf;
+                binary (either input may be a Literal): add sub mul div[rounding_mode]
+                pow maximum minimum eq ne lt le gt ge logical_and logical_or logical_xor
+                bitwise_and bitwise_or bitwise_xor remainder fmod atan2;
+                ternary: where; cast: convert[dtype]
+reduction       sum[dims keepdim dtype] prod[dims keepdim dtype] amax[dims keepdim]
+                amin[dims keepdim] argmax[dim keepdim] argmin[dim keepdim] any[dims keepdim]
+scan            cumsum[dim dtype]
+matmul          matmul (``[..., M, K] @ [..., K, N]``, equal batch dims: aten mm and bmm)
+conv            convolution[stride padding dilation transposed output_padding groups]
+                convolution_backward[... output_mask]
+pool            avg_pool2d[...] avg_pool2d_backward[...]
+shape           reshape[shape] permute[dims] expand[shape] slice[dim start end step]
+                slice_scatter[dim start end step] cat[dim] pad[pad value] flip[dims]
+                as_strided[size stride offset] as_strided_scatter[size stride offset]
+index           gather[dim] scatter[dim] scatter_add[dim] scatter_reduce[dim reduce
+                include_self] index[dims] index_put[dims accumulate]
+creation        full[shape value dtype] iota[length start step dtype]
+random          rand[shape dtype] randn[shape dtype]
+==============  ==========================================================================
+
+Everything else (softmax, layer/batch norm, linear, mean, var, dropout,
+embedding, losses, backward ops ...) is decomposed into these by
+:data:`DECOMPOSITIONS` or ``torch._decomp``. ``slice`` always has a
+non-negative ``start <= end`` within bounds and ``step >= 1``; ``dims`` of
+reductions are sorted and non-negative and list every reduced dimension.
+
+Register a new op with :func:`register` (a decorator on its reference
+implementation) and map aten overloads to it with :func:`from_aten`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .errors import UnsupportedOpError
+from .ir import Literal
+
+__all__ = [
+    "Op", "OPS", "FROM_ATEN", "DECOMPOSITIONS", "IDENTITY", "register", "from_aten",
+    "meta_shape_rule", "get",
+]
+
+aten = torch.ops.aten
+Tensor = torch.Tensor
+
+#: Category names the compiler may rely on.
+CATEGORIES = ("elementwise", "reduction", "scan", "matmul", "conv", "pool", "shape", "index",
+              "creation", "random")
+
+
+class Op:
+    """One operator of the core op set.
+
+    Attributes:
+        name: the name printed in the IR (unique key of :data:`OPS`).
+        category: one of :data:`CATEGORIES`; tells the compiler what kind of
+            work the op is (elementwise, reduction, matmul, shape ...).
+        impl: ``impl(*inputs, **attrs)``, the reference implementation in torch.
+        shape_rule: ``shape_rule(*avals, **attrs) -> [(shape, dtype), ...]``,
+            one entry per output.
+        aten: the aten overloads this op stands for (documentation and lookup).
+        lowering: filled by the NeuronCore compiler; ``None`` until then.
+        random: ``True`` for ops that draw random numbers (never CSE'd or folded).
+    """
+
+    __slots__ = ("name", "category", "impl", "shape_rule", "aten", "lowering", "random", "doc")
+
+    def __init__(self, name: str, category: str, impl: Callable[..., Any],
+                 shape_rule: Optional[Callable[..., List[Tuple[Tuple[int, ...], torch.dtype]]]] = None,
+                 aten: Sequence[Any] = (), random: bool = False, doc: Optional[str] = None):
+        if category not in CATEGORIES:
+            raise ValueError(f"op {name!r}: unknown category {category!r}; use one of {CATEGORIES}")
+        self.name = name
+        self.category = category
+        self.impl = impl
+        self.shape_rule = shape_rule if shape_rule is not None else meta_shape_rule(impl)
+        self.aten: Tuple[Any, ...] = tuple(aten)
+        self.lowering: Optional[Callable[..., Any]] = None
+        self.random = random
+        self.doc = doc or getattr(impl, "__doc__", None) or f"tn core op {name}"
+
+    def __repr__(self) -> str:
+        return f"<tn op {self.name} ({self.category})>"
+
+
+#: The op table: name -> Op.
+OPS: Dict[str, Op] = {}
+
+#: aten overload -> (Op, converter). ``converter(*args, **kwargs)`` receives the
+#: aten call's arguments and returns ``(inputs, attrs)`` in the op's form, the
+#: :data:`IDENTITY` marker (the result is the first argument's value), or
+#: ``None`` (this call is not in canonical form: decompose it instead).
+FROM_ATEN: Dict[Any, Tuple[Op, Callable[..., Any]]] = {}
+
+#: tn's own decompositions (aten overload -> function over aten ops), tried
+#: before ``torch._decomp.decomposition_table``.
+DECOMPOSITIONS: Dict[Any, Callable[..., Any]] = {}
+
+#: Converter result meaning "the op returns its first argument's value unchanged".
+IDENTITY = object()
+
+
+def get(name: str) -> Op:
+    """The op called ``name``; raises :class:`tn.UnsupportedOpError` if there is none."""
+    try:
+        return OPS[name]
+    except KeyError:
+        raise UnsupportedOpError(
+            f"tn has no core op named {name!r}; the core ops are listed in tn.ops.OPS") from None
+
+
+def _flat_tensors(out: Any) -> List[Tensor]:
+    if isinstance(out, Tensor):
+        return [out]
+    return [o for o in out if isinstance(o, Tensor)]
+
+
+def _meta_arg(a: Any) -> Any:
+    if isinstance(a, Literal):
+        return a.value
+    if hasattr(a, "shape") and hasattr(a, "dtype"):
+        return torch.empty(tuple(a.shape), dtype=a.dtype, device="meta")
+    return a
+
+
+def meta_shape_rule(impl: Callable[..., Any]) -> Callable[..., List[Tuple[Tuple[int, ...], torch.dtype]]]:
+    """A shape rule that runs ``impl`` on meta tensors of the given avals."""
+
+    def rule(*avals: Any, **attrs: Any) -> List[Tuple[Tuple[int, ...], torch.dtype]]:
+        out = impl(*[_meta_arg(a) for a in avals], **attrs)
+        return [(tuple(o.shape), o.dtype) for o in _flat_tensors(out)]
+
+    rule.__doc__ = f"Shapes and dtypes of {getattr(impl, '__name__', 'the op')} computed on meta tensors."
+    return rule
+
+
+def register(name: str, category: str, aten_ops: Sequence[Any] = (), *, random: bool = False,
+             shape_rule: Optional[Callable[..., Any]] = None) -> Callable[[Callable[..., Any]], Op]:
+    """Decorator: register the decorated reference implementation as core op ``name``.
+
+    Returns the :class:`Op` (so the module-level name refers to the op).
+    """
+
+    def deco(impl: Callable[..., Any]) -> Op:
+        if name in OPS:
+            raise ValueError(f"op {name!r} is registered twice")
+        op = Op(name, category, impl, shape_rule=shape_rule, aten=aten_ops, random=random)
+        OPS[name] = op
+        return op
+
+    return deco
+
+
+def from_aten(op: Op, *overloads: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: the decorated converter maps ``overloads`` onto ``op``."""
+
+    def deco(conv: Callable[..., Any]) -> Callable[..., Any]:
+        for ov in overloads:
+            FROM_ATEN[ov] = (op, conv)
+            if ov not in op.aten:
+                op.aten = op.aten + (ov,)
+        return conv
+
+    return deco
+
+
+def decomposition(*overloads: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: register a tn decomposition for ``overloads``."""
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for ov in overloads:
+            DECOMPOSITIONS[ov] = fn
+        return fn
+
+    return deco
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _wrap(s: Any, like: Tensor) -> Tensor:
+    """A Python scalar as a 0-d tensor on ``like``'s device (bool, int64 or the default float)."""
+    if isinstance(s, Tensor):
+        return s
+    dtype = (torch.bool if isinstance(s, bool) else torch.int64 if isinstance(s, int)
+             else torch.complex64 if isinstance(s, complex) else torch.get_default_dtype())
+    return torch.scalar_tensor(s, dtype=dtype, device=like.device)
+
+
+def _ndim(x: Any) -> int:
+    return x.dim() if isinstance(x, Tensor) else 0
+
+
+def _dims(dim: Any, ndim: int) -> Tuple[int, ...]:
+    """Canonical reduction dims: sorted, non-negative; ``None``/``[]`` mean all."""
+    if dim is None:
+        return tuple(range(ndim))
+    if isinstance(dim, int):
+        dim = [dim]
+    if len(dim) == 0:
+        return tuple(range(ndim))
+    if ndim == 0:
+        return ()
+    return tuple(sorted({d % ndim for d in dim}))
+
+
+def _dim(d: int, ndim: int) -> int:
+    return d % ndim if ndim else 0
+
+
+# --------------------------------------------------------------------------- elementwise: unary
+
+_UNARY = [
+    "neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal",
+    "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
+    "sigmoid", "erf", "erfinv", "relu", "sign", "floor", "ceil", "trunc", "logical_not",
+    "bitwise_not", "isnan", "isinf",
+]
+
+
+def _unary_conv(x: Any) -> Tuple[List[Any], Dict[str, Any]]:
+    return [x], {}
+
+
+def _make_unary(name: str) -> Op:
+    overload = getattr(aten, name).default
+
+    def impl(x: Tensor) -> Tensor:
+        return overload(x)
+
+    impl.__name__ = name
+    impl.__doc__ = f"Elementwise {name} (aten.{name})."
+    op = register(name, "elementwise", (overload,))(impl)
+    from_aten(op, overload)(_unary_conv)
+    return op
+
+
+for _n in _UNARY:
+    _make_unary(_n)
+
+
+@register("round", "elementwise")
+def round_(x: Tensor) -> Tensor:
+    """Round half to even (aten.round)."""
+    return aten.round.default(x)
+
+
+@from_aten(OPS["round"], aten.round.default)
+def _round_conv(x):
+    return [x], {}
+
+
+@register("gelu", "elementwise")
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """GELU activation; ``approximate`` is ``'none'`` (erf) or ``'tanh'``."""
+    return aten.gelu.default(x, approximate=approximate)
+
+
+@from_aten(gelu, aten.gelu.default)
+def _gelu_conv(x, approximate="none"):
+    return [x], ({} if approximate == "none" else {"approximate": approximate})
+
+
+@register("convert", "elementwise")
+def convert(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """Cast to ``dtype`` (aten._to_copy with a dtype, prims.convert_element_type)."""
+    if not isinstance(x, Tensor):
+        x = _wrap(x, torch.empty(0))
+    return x.to(dtype)
+
+
+@from_aten(convert, aten._to_copy.default)
+def _to_copy_conv(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+                  memory_format=None):
+    if dtype is None or dtype == x.dtype:
+        return IDENTITY
+    return [x], {"dtype": dtype}
+
+
+@from_aten(convert, torch.ops.prims.convert_element_type.default)
+def _convert_conv(x, dtype):
+    if dtype == x.dtype:
+        return IDENTITY
+    return [x], {"dtype": dtype}
+
+
+# --------------------------------------------------------------------------- elementwise: binary
+
+
+def _binary_conv(x, y):
+    return [x, y], {}
+
+
+def _alpha_conv(x, y, alpha=1):
+    return ([x, y], {}) if alpha == 1 else None
+
+
+def _make_binary(name: str, impl: Callable[[Any, Any], Tensor], overloads: Sequence[Any],
+                 conv: Callable[..., Any] = _binary_conv, doc: str = "") -> Op:
+    impl.__name__ = name
+    impl.__doc__ = doc or f"Elementwise {name}; either input may be a Python scalar."
+    op = register(name, "elementwise")(impl)
+    from_aten(op, *overloads)(conv)
+    return op
+
+
+def _tensor_fn(fn: Callable[[Tensor, Tensor], Tensor]) -> Callable[[Any, Any], Tensor]:
+    def impl(x, y):
+        if not isinstance(x, Tensor):
+            x = _wrap(x, y)
+        if not isinstance(y, Tensor):
+            y = _wrap(y, x)
+        return fn(x, y)
+    return impl
+
+
+_make_binary("add", lambda x, y: x + y, [aten.add.Tensor, aten.add.Scalar], _alpha_conv)
+_make_binary("sub", lambda x, y: x - y, [aten.sub.Tensor, aten.sub.Scalar], _alpha_conv)
+_make_binary("mul", lambda x, y: x * y, [aten.mul.Tensor, aten.mul.Scalar])
+_make_binary("pow", lambda x, y: x ** y,
+             [aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar])
+_make_binary("remainder", lambda x, y: x % y, [aten.remainder.Tensor, aten.remainder.Scalar])
+_make_binary("fmod", _tensor_fn(torch.fmod), [aten.fmod.Tensor, aten.fmod.Scalar])
+_make_binary("maximum", _tensor_fn(torch.maximum), [aten.maximum.default])
+_make_binary("minimum", _tensor_fn(torch.minimum), [aten.minimum.default])
+_make_binary("atan2", _tensor_fn(torch.atan2), [aten.atan2.default])
+for _n in ("eq", "ne", "lt", "le", "gt", "ge"):
+    _make_binary(_n, _tensor_fn(getattr(torch, _n)),
+                 [getattr(aten, _n).Tensor, getattr(aten, _n).Scalar])
+for _n in ("logical_and", "logical_or", "logical_xor"):
+    _make_binary(_n, _tensor_fn(getattr(torch, _n)), [getattr(aten, _n).default])
+for _n in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+    _make_binary(_n, _tensor_fn(getattr(torch, _n)),
+                 [getattr(aten, _n).Tensor, getattr(aten, _n).Scalar])
+
+
+@register("div", "elementwise")
+def div(x: Any, y: Any, rounding_mode: Optional[str] = None) -> Tensor:
+    """Elementwise division; ``rounding_mode`` is None (true), ``'trunc'`` or ``'floor'``."""
+    if rounding_mode is None:
+        return x / y
+    if not isinstance(x, Tensor):
+        x = _wrap(x, y)
+    return torch.div(x, y, rounding_mode=rounding_mode)
+
+
+@from_aten(div, aten.div.Tensor, aten.div.Scalar)
+def _div_conv(x, y):
+    return [x, y], {}
+
+
+@from_aten(div, aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _div_mode_conv(x, y, *, rounding_mode=None):
+    return [x, y], ({} if rounding_mode is None else {"rounding_mode": rounding_mode})
+
+
+@register("where", "elementwise")
+def where(c: Tensor, x: Any, y: Any) -> Tensor:
+    """``x`` where ``c`` else ``y``; ``x`` and ``y`` may be Python scalars."""
+    if not isinstance(x, Tensor):
+        x = _wrap(x, c)
+    if not isinstance(y, Tensor):
+        y = _wrap(y, c)
+    return aten.where.self(c, x, y)
+
+
+@from_aten(where, aten.where.self)
+def _where_conv(c, x, y):
+    return [c, x, y], {}
+
+
+# --------------------------------------------------------------------------- reductions and scans
+
+
+def _reduction(name: str, fn: Callable[..., Tensor], with_dtype: bool, doc: str) -> Op:
+    def impl(x: Tensor, dims: Tuple[int, ...], keepdim: bool = False, dtype: Optional[torch.dtype] = None) -> Tensor:
+        if with_dtype:
+            return fn(x, dims, keepdim, dtype)
+        return fn(x, dims, keepdim)
+
+    impl.__name__ = name
+    impl.__doc__ = doc
+    return register(name, "reduction")(impl)
+
+
+def _prod(x, dims, keepdim, dtype):
+    if x.dim() == 0:
+        return aten.prod.default(x, dtype=dtype)
+    out = x
+    for d in sorted(dims, reverse=True):
+        out = aten.prod.dim_int(out, d, keepdim, dtype=dtype)
+        dtype = None
+    return out
+
+
+def _any(x, dims, keepdim):
+    if x.dim() == 0:
+        return aten.any.default(x)
+    return aten.any.dims(x, list(dims), keepdim)
+
+
+_reduction("sum", lambda x, dims, keepdim, dtype: aten.sum.dim_IntList(x, list(dims), keepdim, dtype=dtype),
+           True, "Sum over ``dims`` (sorted, non-negative); ``dtype`` is the accumulation/result dtype.")
+_reduction("prod", _prod, True, "Product over ``dims``.")
+_reduction("amax", lambda x, dims, keepdim: aten.amax.default(x, list(dims), keepdim), False,
+           "Maximum over ``dims`` (NaN propagates).")
+_reduction("amin", lambda x, dims, keepdim: aten.amin.default(x, list(dims), keepdim), False,
+           "Minimum over ``dims`` (NaN propagates).")
+_reduction("any", _any, False, "Logical or over ``dims``.")
+
+
+def _red_attrs(x, dim, keepdim, dtype=None):
+    attrs: Dict[str, Any] = {"dims": _dims(dim, _ndim(x)), "keepdim": bool(keepdim)}
+    if dtype is not None:
+        attrs["dtype"] = dtype
+    return [x], attrs
+
+
+@from_aten(OPS["sum"], aten.sum.dim_IntList)
+def _sum_conv(x, dim=None, keepdim=False, *, dtype=None):
+    return _red_attrs(x, dim, keepdim, dtype)
+
+
+@from_aten(OPS["sum"], torch.ops.prims.sum.default)
+def _prims_sum_conv(x, dims, *, output_dtype=None):
+    return _red_attrs(x, dims, False, output_dtype)
+
+
+@from_aten(OPS["sum"], aten.sum.default)
+def _sum_all_conv(x, *, dtype=None):
+    return _red_attrs(x, None, False, dtype)
+
+
+@from_aten(OPS["prod"], aten.prod.dim_int)
+def _prod_conv(x, dim, keepdim=False, *, dtype=None):
+    return _red_attrs(x, dim, keepdim, dtype)
+
+
+@from_aten(OPS["prod"], aten.prod.default)
+def _prod_all_conv(x, *, dtype=None):
+    return _red_attrs(x, None, False, dtype)
+
+
+@from_aten(OPS["amax"], aten.amax.default)
+def _amax_conv(x, dim=(), keepdim=False):
+    return _red_attrs(x, dim, keepdim)
+
+
+@from_aten(OPS["amin"], aten.amin.default)
+def _amin_conv(x, dim=(), keepdim=False):
+    return _red_attrs(x, dim, keepdim)
+
+
+@from_aten(OPS["amax"], aten.max.default)
+def _max_all_conv(x):
+    return _red_attrs(x, None, False)
+
+
+@from_aten(OPS["amin"], aten.min.default)
+def _min_all_conv(x):
+    return _red_attrs(x, None, False)
+
+
+@from_aten(OPS["any"], aten.any.default)
+def _any_all_conv(x):
+    return _red_attrs(x, None, False)
+
+
+@from_aten(OPS["any"], aten.any.dim, aten.any.dims)
+def _any_conv(x, dim=None, keepdim=False):
+    return _red_attrs(x, dim, keepdim)
+
+
+@register("argmax", "reduction")
+def argmax(x: Tensor, dim: Optional[int] = None, keepdim: bool = False) -> Tensor:
+    """Index of the first maximum along ``dim`` (``None``: of the flattened tensor)."""
+    return aten.argmax.default(x, dim, keepdim)
+
+
+@register("argmin", "reduction")
+def argmin(x: Tensor, dim: Optional[int] = None, keepdim: bool = False) -> Tensor:
+    """Index of the first minimum along ``dim`` (``None``: of the flattened tensor)."""
+    return aten.argmin.default(x, dim, keepdim)
+
+
+@from_aten(argmax, aten.argmax.default)
+@from_aten(argmin, aten.argmin.default)
+def _arg_conv(x, dim=None, keepdim=False):
+    attrs: Dict[str, Any] = {}
+    if dim is not None:
+        attrs["dim"] = _dim(dim, _ndim(x))
+    if keepdim:
+        attrs["keepdim"] = True
+    return [x], attrs
+
+
+@register("cumsum", "scan")
+def cumsum(x: Tensor, dim: int, dtype: Optional[torch.dtype] = None) -> Tensor:
+    """Inclusive prefix sum along ``dim``."""
+    return aten.cumsum.default(x, dim, dtype=dtype)
+
+
+@from_aten(cumsum, aten.cumsum.default)
+def _cumsum_conv(x, dim, *, dtype=None):
+    attrs: Dict[str, Any] = {"dim": _dim(dim, _ndim(x))}
+    if dtype is not None:
+        attrs["dtype"] = dtype
+    return [x], attrs
+
+
+# --------------------------------------------------------------------------- matmul, conv, pool
+
+
+@register("matmul", "matmul")
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """``[..., M, K] @ [..., K, N]`` with equal batch dims (aten mm, bmm)."""
+    if a.dim() == 2:
+        return aten.mm.default(a, b)
+    if a.dim() == 3:
+        return aten.bmm.default(a, b)
+    return torch.matmul(a, b)
+
+
+@from_aten(matmul, aten.mm.default, aten.bmm.default)
+def _mm_conv(a, b):
+    return [a, b], {}
+
+
+@register("convolution", "conv")
+def convolution(x: Tensor, w: Tensor, b: Optional[Tensor] = None, *, stride: Tuple[int, ...],
+                padding: Tuple[int, ...], dilation: Tuple[int, ...], transposed: bool,
+                output_padding: Tuple[int, ...], groups: int) -> Tensor:
+    """N-d convolution (aten.convolution); the bias input is optional."""
+    return aten.convolution.default(x, w, b, list(stride), list(padding), list(dilation), transposed,
+                                    list(output_padding), groups)
+
+
+@from_aten(convolution, aten.convolution.default)
+def _conv_conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    inputs = [x, w] if b is None else [x, w, b]
+    return inputs, {"stride": tuple(stride), "padding": tuple(padding), "dilation": tuple(dilation),
+                    "transposed": bool(transposed), "output_padding": tuple(output_padding),
+                    "groups": int(groups)}
+
+
+@register("convolution_backward", "conv")
+def convolution_backward(grad: Tensor, x: Tensor, w: Tensor, *, bias_sizes: Optional[Tuple[int, ...]],
+                         stride: Tuple[int, ...], padding: Tuple[int, ...], dilation: Tuple[int, ...],
+                         transposed: bool, output_padding: Tuple[int, ...], groups: int,
+                         output_mask: Tuple[bool, bool, bool]) -> Tuple[Tensor, ...]:
+    """Gradients of convolution w.r.t. (input, weight, bias), only those in ``output_mask``."""
+    out = aten.convolution_backward.default(
+        grad, x, w, None if bias_sizes is None else list(bias_sizes), list(stride), list(padding),
+        list(dilation), transposed, list(output_padding), groups, list(output_mask))
+    return tuple(o for o, m in zip(out, output_mask) if m)
+
+
+@from_aten(convolution_backward, aten.convolution_backward.default)
+def _conv_bwd_conv(grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                   groups, output_mask):
+    return [grad, x, w], {
+        "bias_sizes": None if bias_sizes is None else tuple(bias_sizes), "stride": tuple(stride),
+        "padding": tuple(padding), "dilation": tuple(dilation), "transposed": bool(transposed),
+        "output_padding": tuple(output_padding), "groups": int(groups),
+        "output_mask": tuple(bool(m) for m in output_mask)}
+
+
+def _pool_attrs(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    return {"kernel_size": tuple(kernel_size), "stride": tuple(stride), "padding": tuple(padding),
+            "ceil_mode": bool(ceil_mode), "count_include_pad": bool(count_include_pad),
+            "divisor_override": divisor_override}
+
+
+@register("avg_pool2d", "pool")
+def avg_pool2d(x: Tensor, *, kernel_size, stride, padding, ceil_mode, count_include_pad,
+               divisor_override) -> Tensor:
+    """2-d average pooling (aten.avg_pool2d)."""
+    return aten.avg_pool2d.default(x, list(kernel_size), list(stride), list(padding), ceil_mode,
+                                   count_include_pad, divisor_override)
+
+
+@from_aten(avg_pool2d, aten.avg_pool2d.default)
+def _avg_pool_conv(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                   divisor_override=None):
+    if isinstance(padding, int):
+        padding = (padding,)
+    return [x], _pool_attrs(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+@register("avg_pool2d_backward", "pool")
+def avg_pool2d_backward(grad: Tensor, x: Tensor, *, kernel_size, stride, padding, ceil_mode,
+                        count_include_pad, divisor_override) -> Tensor:
+    """Gradient of 2-d average pooling w.r.t. its input."""
+    return aten.avg_pool2d_backward.default(grad, x, list(kernel_size), list(stride), list(padding),
+                                            ceil_mode, count_include_pad, divisor_override)
+
+
+@from_aten(avg_pool2d_backward, aten.avg_pool2d_backward.default)
+def _avg_pool_bwd_conv(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                       divisor_override):
+    return [grad, x], _pool_attrs(kernel_size, stride, padding, ceil_mode, count_include_pad,
+                                  divisor_override)
+
+
+# --------------------------------------------------------------------------- shape
+
+
+@register("reshape", "shape")
+def reshape(x: Tensor, shape: Tuple[int, ...]) -> Tensor:
+    """Same elements in row-major order, new ``shape`` (view, reshape, squeeze, unsqueeze)."""
+    return x.reshape(shape)
+
+
+@from_aten(reshape, aten._unsafe_view.default, aten.view_copy.default, aten._reshape_copy.default)
+def _reshape_conv(x, size):
+    shape = tuple(torch.empty(tuple(x.shape), device="meta").reshape(size).shape)
+    if shape == tuple(x.shape):
+        return IDENTITY
+    return [x], {"shape": shape}
+
+
+@register("permute", "shape")
+def permute(x: Tensor, dims: Tuple[int, ...]) -> Tensor:
+    """Reorder dimensions: output dim i is input dim ``dims[i]``."""
+    return x.permute(dims)
+
+
+@from_aten(permute, aten.permute_copy.default)
+def _permute_conv(x, dims):
+    return [x], {"dims": tuple(_dim(d, _ndim(x)) for d in dims)}
+
+
+@register("expand", "shape")
+def expand(x: Tensor, shape: Tuple[int, ...]) -> Tensor:
+    """Broadcast to ``shape`` (numpy rules; new leading dims allowed)."""
+    return x.expand(shape)
+
+
+@from_aten(expand, aten.expand_copy.default)
+def _expand_conv(x, size, *, implicit=False):
+    shape = tuple(torch.empty(tuple(x.shape), device="meta").expand(size).shape)
+    return [x], {"shape": shape}
+
+
+@register("slice", "shape")
+def slice_(x: Tensor, dim: int, start: int, end: int, step: int = 1) -> Tensor:
+    """``x[..., start:end:step, ...]`` along ``dim`` (bounds already clamped)."""
+    return aten.slice.Tensor(x, dim, start, end, step).clone()
+
+
+def slice_bounds(size: int, start: Optional[int], end: Optional[int]) -> Tuple[int, int]:
+    """Python slice bounds clamped into ``[0, size]`` with ``start <= end``."""
+    start = 0 if start is None else start
+    end = size if end is None else end
+    if start < 0:
+        start += size
+    if end < 0:
+        end += size
+    start = min(max(start, 0), size)
+    end = min(max(end, start), size)
+    return start, end
+
+
+@from_aten(slice_, aten.slice_copy.Tensor)
+def _slice_conv(x, dim=0, start=None, end=None, step=1):
+    dim = _dim(dim, _ndim(x))
+    start, end = slice_bounds(x.shape[dim], start, end)
+    return [x], {"dim": dim, "start": start, "end": end, "step": step}
+
+
+@register("slice_scatter", "shape")
+def slice_scatter(x: Tensor, src: Tensor, dim: int, start: int, end: int, step: int = 1) -> Tensor:
+    """A copy of ``x`` with ``x[..., start:end:step, ...] = src`` along ``dim``."""
+    return aten.slice_scatter.default(x, src, dim, start, end, step)
+
+
+@from_aten(slice_scatter, aten.slice_scatter.default)
+def _slice_scatter_conv(x, src, dim=0, start=None, end=None, step=1):
+    dim = _dim(dim, _ndim(x))
+    start, end = slice_bounds(x.shape[dim], start, end)
+    return [x, src], {"dim": dim, "start": start, "end": end, "step": step}
+
+
+@register("cat", "shape")
+def cat(*xs: Tensor, dim: int) -> Tensor:
+    """Concatenate the inputs along ``dim``."""
+    return aten.cat.default(list(xs), dim)
+
+
+@from_aten(cat, aten.cat.default)
+def _cat_conv(xs, dim=0):
+    nd = max(_ndim(x) for x in xs)
+    xs = [x for x in xs if not (x.dim() == 1 and x.shape[0] == 0 and nd > 1)]
+    return list(xs), {"dim": _dim(dim, nd)}
+
+
+@register("pad", "shape")
+def pad(x: Tensor, pad: Tuple[int, ...], value: float = 0.0) -> Tensor:
+    """Constant padding (aten.constant_pad_nd); ``pad`` pairs run from the last dim backwards."""
+    return aten.constant_pad_nd.default(x, list(pad), value)
+
+
+@from_aten(pad, aten.constant_pad_nd.default)
+def _pad_conv(x, pad, value=0):
+    return [x], {"pad": tuple(pad), "value": value}
+
+
+@register("flip", "shape")
+def flip(x: Tensor, dims: Tuple[int, ...]) -> Tensor:
+    """Reverse the order of elements along ``dims``."""
+    return aten.flip.default(x, list(dims))
+
+
+@from_aten(flip, aten.flip.default)
+def _flip_conv(x, dims):
+    return [x], {"dims": _dims(dims, _ndim(x)) if len(dims) else ()}
+
+
+@register("as_strided", "shape")
+def as_strided(x: Tensor, size: Tuple[int, ...], stride: Tuple[int, ...], offset: int) -> Tensor:
+    """Elements of the row-major layout of ``x`` picked by ``size``/``stride``/``offset``."""
+    return torch.as_strided(x.contiguous(), size, stride, offset).clone()
+
+
+@register("as_strided_scatter", "shape")
+def as_strided_scatter(x: Tensor, src: Tensor, size: Tuple[int, ...], stride: Tuple[int, ...],
+                       offset: int) -> Tensor:
+    """A copy of ``x`` (row-major) with the ``as_strided`` window replaced by ``src``."""
+    return aten.as_strided_scatter.default(x.contiguous(), src, list(size), list(stride), offset)
+
+
+@from_aten(as_strided_scatter, aten.as_strided_scatter.default)
+def _as_strided_scatter_conv(x, src, size, stride, storage_offset=None):
+    return [x, src], {"size": tuple(size), "stride": tuple(stride), "offset": storage_offset or 0}
+
+
+# --------------------------------------------------------------------------- index
+
+
+@register("gather", "index")
+def gather(x: Tensor, index: Tensor, dim: int) -> Tensor:
+    """``out[i][j] = x[index[i][j]][j]`` for ``dim=0`` (aten.gather)."""
+    return aten.gather.default(x, dim, index)
+
+
+@from_aten(gather, aten.gather.default)
+def _gather_conv(x, dim, index, *, sparse_grad=False):
+    return [x, index], {"dim": _dim(dim, _ndim(x))}
+
+
+@register("scatter", "index")
+def scatter(x: Tensor, index: Tensor, src: Any, dim: int) -> Tensor:
+    """A copy of ``x`` with ``src`` (tensor or scalar) written at ``index`` along ``dim``."""
+    if isinstance(src, Tensor):
+        return aten.scatter.src(x, dim, index, src)
+    return aten.scatter.value(x, dim, index, src)
+
+
+@from_aten(scatter, aten.scatter.src, aten.scatter.value)
+def _scatter_conv(x, dim, index, src):
+    return [x, index, src], {"dim": _dim(dim, _ndim(x))}
+
+
+@register("scatter_add", "index")
+def scatter_add(x: Tensor, index: Tensor, src: Tensor, dim: int) -> Tensor:
+    """A copy of ``x`` with ``src`` added at ``index`` along ``dim``."""
+    return aten.scatter_add.default(x, dim, index, src)
+
+
+@from_aten(scatter_add, aten.scatter_add.default)
+def _scatter_add_conv(x, dim, index, src):
+    return [x, index, src], {"dim": _dim(dim, _ndim(x))}
+
+
+@register("scatter_reduce", "index")
+def scatter_reduce(x: Tensor, index: Tensor, src: Tensor, dim: int, reduce: str,
+                   include_self: bool = True) -> Tensor:
+    """A copy of ``x`` with ``src`` reduced (sum/prod/mean/amax/amin) into ``index`` along ``dim``."""
+    return aten.scatter_reduce.two(x, dim, index, src, reduce, include_self=include_self)
+
+
+@from_aten(scatter_reduce, aten.scatter_reduce.two)
+def _scatter_reduce_conv(x, dim, index, src, reduce, *, include_self=True):
+    return [x, index, src], {"dim": _dim(dim, _ndim(x)), "reduce": reduce, "include_self": bool(include_self)}
+
+
+def _index_list(idx: Sequence[Tensor], dims: Tuple[int, ...]) -> List[Optional[Tensor]]:
+    lst: List[Optional[Tensor]] = [None] * (max(dims) + 1 if dims else 0)
+    for d, t in zip(dims, idx):
+        lst[d] = t
+    return lst
+
+
+@register("index", "index")
+def index(x: Tensor, *idx: Tensor, dims: Tuple[int, ...]) -> Tensor:
+    """Advanced indexing ``x[..., idx0, ..., idx1, ...]``: index tensor k applies to dim ``dims[k]``."""
+    return aten.index.Tensor(x, _index_list(idx, dims))
+
+
+@from_aten(index, aten.index.Tensor, aten._unsafe_index.Tensor)
+def _index_conv(x, indices):
+    dims = tuple(i for i, t in enumerate(indices) if t is not None)
+    return [x] + [indices[i] for i in dims], {"dims": dims}
+
+
+@from_aten(index, aten.index_select.default)
+def _index_select_conv(x, dim, idx):
+    if idx.dim() != 1 or _ndim(x) == 0:  # 0-d cases keep their shape: decompose
+        return None
+    return [x, idx], {"dims": (_dim(dim, _ndim(x)),)}
+
+
+@register("index_put", "index")
+def index_put(x: Tensor, values: Tensor, *idx: Tensor, dims: Tuple[int, ...], accumulate: bool = False) -> Tensor:
+    """A copy of ``x`` with ``x[idx...] = values`` (or ``+=`` when ``accumulate``)."""
+    return aten.index_put.default(x, _index_list(idx, dims), values, accumulate)
+
+
+@from_aten(index_put, aten.index_put.default, aten._unsafe_index_put.default)
+def _index_put_conv(x, indices, values, accumulate=False):
+    dims = tuple(i for i, t in enumerate(indices) if t is not None)
+    attrs: Dict[str, Any] = {"dims": dims}
+    if accumulate:
+        attrs["accumulate"] = True
+    return [x, values] + [indices[i] for i in dims], attrs
+
+
+# --------------------------------------------------------------------------- creation and random
+
+
+@register("full", "creation", shape_rule=lambda *, shape, value, dtype: [(tuple(shape), dtype)])
+def full(*, shape: Tuple[int, ...], value: Any, dtype: torch.dtype) -> Tensor:
+    """A tensor of ``shape`` filled with ``value``."""
+    return torch.full(shape, value, dtype=dtype)
+
+
+@from_aten(full, aten.full.default)
+def _full_conv(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    if dtype is None:  # the tracer fills in the dtype torch inferred
+        return None
+    return [], {"shape": tuple(size), "value": fill_value, "dtype": dtype}
+
+
+@from_aten(full, aten.scalar_tensor.default)
+def _scalar_tensor_conv(s, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return [], {"shape": (), "value": s, "dtype": dtype or torch.get_default_dtype()}
+
+
+@register("iota", "creation",
+          shape_rule=lambda *, length, start, step, dtype: [((length,), dtype)])
+def iota(*, length: int, start: Any, step: Any, dtype: torch.dtype) -> Tensor:
+    """``[start, start + step, ...]`` (``length`` elements), computed in 64-bit as aten.arange does."""
+    acc = torch.float64 if (dtype.is_floating_point or isinstance(start, float) or isinstance(step, float)) \
+        else torch.int64
+    return (torch.arange(length, dtype=acc) * step + start).to(dtype)
+
+
+@from_aten(iota, aten.arange.start_step)
+def _arange_conv(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
+    out = aten.arange.start_step(start, end, step, dtype=dtype, device="meta")
+    return [], {"length": int(out.shape[0]), "start": start, "step": step, "dtype": out.dtype}
+
+
+@register("rand", "random", random=True,
+          shape_rule=lambda *, shape, dtype: [(tuple(shape), dtype)])
+def rand(*, shape: Tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """Uniform random numbers in [0, 1)."""
+    return torch.rand(shape, dtype=dtype)
+
+
+@register("randn", "random", random=True,
+          shape_rule=lambda *, shape, dtype: [(tuple(shape), dtype)])
+def randn(*, shape: Tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """Standard normal random numbers."""
+    return torch.randn(shape, dtype=dtype)
+
+
+@from_aten(OPS["rand"], aten.rand.default)
+def _rand_conv(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
+    return [], {"shape": tuple(size), "dtype": dtype or torch.get_default_dtype()}
+
+
+@from_aten(OPS["randn"], aten.randn.default)
+def _randn_conv(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
+    return [], {"shape": tuple(size), "dtype": dtype or torch.get_default_dtype()}
+
+
+# --------------------------------------------------------------------------- tn decompositions
+# Functions over aten ops, run by the tracer on traced tensors; they bring
+# calls into the canonical forms above.
+
+
+@decomposition(aten.add.Tensor, aten.add.Scalar)
+def _add_alpha(x, y, alpha=1):
+    """``x + alpha * y``."""
+    return aten.add.Tensor(x, aten.mul.Tensor(y, alpha) if isinstance(y, Tensor) else y * alpha)
+
+
+@decomposition(aten.sub.Tensor, aten.sub.Scalar)
+def _sub_alpha(x, y, alpha=1):
+    """``x - alpha * y``."""
+    return aten.sub.Tensor(x, aten.mul.Tensor(y, alpha) if isinstance(y, Tensor) else y * alpha)
+
+
+@decomposition(aten.rsub.Tensor, aten.rsub.Scalar)
+def _rsub(x, y, alpha=1):
+    """``y - alpha * x``."""
+    if alpha != 1:
+        x = aten.mul.Tensor(x, alpha)
+    if isinstance(y, Tensor):
+        return aten.sub.Tensor(y, x)
+    return aten.add.Tensor(aten.neg.default(x), y)
+
+
+@decomposition(aten.full.default)
+def _full_infer_dtype(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """``full`` without a dtype: the dtype torch infers from the fill value."""
+    dtype = (torch.bool if isinstance(fill_value, bool) else torch.int64 if isinstance(fill_value, int)
+             else torch.complex64 if isinstance(fill_value, complex) else torch.get_default_dtype())
+    return aten.full.default(size, fill_value, dtype=dtype)
+
+
+@decomposition(aten.empty.memory_format)
+def _empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """Uninitialised memory is zeros in tn."""
+    return aten.full.default(size, 0, dtype=dtype or torch.get_default_dtype())
+
+
+@decomposition(aten.empty_strided.default)
+def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """Uninitialised memory is zeros in tn (strides do not exist in the IR)."""
+    return aten.full.default(size, 0, dtype=dtype or torch.get_default_dtype())
+
+
+@decomposition(aten.empty_permuted.default)
+def _empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """Uninitialised memory is zeros in tn (layouts do not exist in the IR)."""
+    return aten.full.default(size, 0, dtype=dtype or torch.get_default_dtype())
+
+
+@decomposition(aten.new_empty_strided.default)
+def _new_empty_strided(x, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """Uninitialised memory is zeros in tn."""
+    return aten.full.default(size, 0, dtype=dtype or x.dtype)
+
+
+@decomposition(aten.full_like.default)
+def _full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None,
+               memory_format=None):
+    """``full`` with ``x``'s shape and dtype."""
+    return aten.full.default(tuple(x.shape), fill_value, dtype=dtype or x.dtype)
+
+
+@decomposition(aten.rand_like.default)
+def _rand_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """``rand`` with ``x``'s shape and dtype."""
+    return aten.rand.default(tuple(x.shape), dtype=dtype or x.dtype)
+
+
+@decomposition(aten.randn_like.default)
+def _randn_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """``randn`` with ``x``'s shape and dtype."""
+    return aten.randn.default(tuple(x.shape), dtype=dtype or x.dtype)
+
+
+@decomposition(aten.bernoulli.p)
+def _bernoulli_p(x, p=0.5, *, generator=None):
+    """1 with probability ``p`` else 0, shaped like ``x``."""
+    return aten._to_copy.default(aten.lt.Scalar(aten.rand.default(tuple(x.shape), dtype=torch.float32), p),
+                                 dtype=x.dtype)
+
+
+@decomposition(aten.bernoulli_.float)
+def _bernoulli_inplace(x, p=0.5, *, generator=None):
+    """In place: ``x`` becomes 1 with probability ``p`` else 0."""
+    return aten.copy_.default(x, _bernoulli_p(x, p))
+
+
+@decomposition(aten.bernoulli.default)
+def _bernoulli(p, *, generator=None):
+    """1 with probability ``p`` (elementwise) else 0."""
+    r = aten.rand.default(tuple(p.shape), dtype=p.dtype)
+    return aten._to_copy.default(aten.lt.Tensor(r, p), dtype=p.dtype)
+
+
+@decomposition(aten.mean.dim)
+def _mean_dim(x, dim=None, keepdim=False, *, dtype=None):
+    """Sum (accumulated in fp32 for low-precision floats) divided by the count."""
+    dims = _dims(dim, x.dim())
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    out_dtype = dtype or x.dtype
+    acc = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
+    s = aten.sum.dim_IntList(x, list(dims), keepdim, dtype=acc)
+    r = aten.div.Tensor(s, n)
+    return aten._to_copy.default(r, dtype=out_dtype) if r.dtype != out_dtype else r
+
+
+@decomposition(aten.mean.default)
+def _mean_all(x, *, dtype=None):
+    """Mean of all elements."""
+    return _mean_dim(x, None, False, dtype=dtype)
+
+
+@decomposition(aten.max.dim)
+def _max_dim(x, dim, keepdim=False):
+    """(amax, argmax) along ``dim``."""
+    return aten.amax.default(x, [dim], keepdim), aten.argmax.default(x, dim, keepdim)
+
+
+@decomposition(aten.min.dim)
+def _min_dim(x, dim, keepdim=False):
+    """(amin, argmin) along ``dim``."""
+    return aten.amin.default(x, [dim], keepdim), aten.argmin.default(x, dim, keepdim)
+
+
+@decomposition(aten.clamp.default)
+def _clamp(x, min=None, max=None):
+    """``minimum(maximum(x, min), max)`` in the result dtype of clamp."""
+    out_dtype = x.dtype
+    for b in (min, max):
+        if b is not None:
+            out_dtype = torch.promote_types(out_dtype, torch.result_type(x, b))
+    y = x if x.dtype == out_dtype else aten._to_copy.default(x, dtype=out_dtype)
+    if min is not None:
+        y = aten.maximum.default(y, aten.scalar_tensor.default(min, dtype=out_dtype))
+    if max is not None:
+        y = aten.minimum.default(y, aten.scalar_tensor.default(max, dtype=out_dtype))
+    return y
+
+
+@decomposition(aten.clamp.Tensor)
+def _clamp_tensor(x, min=None, max=None):
+    """``minimum(maximum(x, min), max)`` with tensor bounds."""
+    y = x
+    if min is not None:
+        y = aten.maximum.default(y, min)
+    if max is not None:
+        y = aten.minimum.default(y, max)
+    return y
+
+
+@decomposition(aten.addmm.default)
+def _addmm(bias, a, b, *, beta=1, alpha=1):
+    """``beta * bias + alpha * (a @ b)``."""
+    out = aten.mm.default(a, b)
+    if alpha != 1:
+        out = aten.mul.Tensor(out, alpha)
+    if beta == 0:
+        return out
+    if beta != 1:
+        bias = aten.mul.Tensor(bias, beta)
+    return aten.add.Tensor(out, bias)
+
+
+@decomposition(aten.select_scatter.default)
+def _select_scatter(x, src, dim, index):
+    """slice_scatter of ``src`` unsqueezed at ``dim``."""
+    dim = _dim(dim, x.dim())
+    index = index % x.shape[dim]
+    return aten.slice_scatter.default(x, aten.unsqueeze.default(src, dim), dim, index, index + 1, 1)
+
+
+@decomposition(aten.sigmoid_backward.default)
+def _sigmoid_backward(grad, y):
+    """``grad * y * (1 - y)``."""
+    return aten.mul.Tensor(grad, aten.mul.Tensor(y, aten.rsub.Scalar(y, 1)))
+
+
+@decomposition(aten.tanh_backward.default)
+def _tanh_backward(grad, y):
+    """``grad * (1 - y * y)``."""
+    return aten.mul.Tensor(grad, aten.rsub.Scalar(aten.mul.Tensor(y, y), 1))
+
+
+@decomposition(aten.threshold_backward.default)
+def _threshold_backward(grad, x, threshold):
+    """``grad`` where ``x > threshold`` else 0."""
+    return aten.where.self(aten.le.Scalar(x, threshold), aten.scalar_tensor.default(0, dtype=grad.dtype), grad)
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _moments(x, dims, correction):
+    """(var, mean), both keepdim, in the accumulation dtype (fp32 for fp16/bf16 inputs)."""
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    acc = _acc_dtype(x.dtype)
+    xa = x if x.dtype == acc else aten._to_copy.default(x, dtype=acc)
+    mean = aten.div.Tensor(aten.sum.dim_IntList(xa, list(dims), True), n)
+    d = aten.sub.Tensor(xa, mean)
+    var = aten.div.Tensor(aten.sum.dim_IntList(aten.mul.Tensor(d, d), list(dims), True), max(n - correction, 0))
+    return var, mean
+
+
+def _var_core(x, dims, correction, keepdim):
+    """(var, mean) over ``dims``, computed in fp32 for low-precision inputs."""
+    var, mean = _moments(x, dims, correction)
+    if not keepdim:
+        shape = [s for i, s in enumerate(x.shape) if i not in dims]
+        var = aten.view.default(var, shape)
+        mean = aten.view.default(mean, shape)
+    if var.dtype != x.dtype:
+        var = aten._to_copy.default(var, dtype=x.dtype)
+        mean = aten._to_copy.default(mean, dtype=x.dtype)
+    return var, mean
+
+
+@decomposition(aten.native_layer_norm.default)
+def _layer_norm(x, normalized_shape, weight, bias, eps):
+    """(out, mean, rstd): ``(x - mean) * rsqrt(var + eps) * weight + bias``, in fp32 for fp16/bf16."""
+    axis = x.dim() - len(normalized_shape)
+    dims = tuple(range(axis, x.dim()))
+    var, mean = _moments(x, dims, 0)
+    rstd = aten.rsqrt.default(aten.add.Tensor(var, eps))
+    xa = x if x.dtype == mean.dtype else aten._to_copy.default(x, dtype=mean.dtype)
+    out = aten.mul.Tensor(aten.sub.Tensor(xa, mean), rstd)
+    if weight is not None:
+        out = aten.mul.Tensor(out, weight)
+    if bias is not None:
+        out = aten.add.Tensor(out, bias)
+    if out.dtype != x.dtype:
+        out = aten._to_copy.default(out, dtype=x.dtype)
+    return out, mean, rstd
+
+
+@decomposition(torch.ops.prims.broadcast_in_dim.default)
+def _broadcast_in_dim(x, shape, broadcast_dimensions):
+    """prims.broadcast_in_dim: reshape to rank ``len(shape)`` with 1s, then expand."""
+    mid = [1] * len(shape)
+    for src, dst in enumerate(broadcast_dimensions):
+        mid[dst] = x.shape[src]
+    return aten.expand.default(aten.view.default(x, mid), list(shape))
+
+
+def _correction(unbiased=None, correction=None):
+    if correction is not None:
+        return correction
+    return 1 if unbiased is None or unbiased else 0
+
+
+@decomposition(aten.var.correction)
+def _var(x, dim=None, *, correction=None, keepdim=False):
+    """Two-pass variance: ``sum((x - mean)^2) / (n - correction)``."""
+    return _var_core(x, _dims(dim, x.dim()), _correction(None, correction), keepdim)[0]
+
+
+@decomposition(aten.var_mean.correction)
+def _var_mean(x, dim=None, *, correction=None, keepdim=False):
+    """(variance, mean) as :func:`_var`."""
+    return _var_core(x, _dims(dim, x.dim()), _correction(None, correction), keepdim)
+
+
+@decomposition(torch.ops.prims.var.default)
+def _prims_var(x, dims, correction, *, output_dtype=None):
+    """prims.var (used by torch._refs) in core ops."""
+    return _var_core(x, _dims(dims, x.dim()), correction, False)[0]
+
+
+# --------------------------------------------------------------------------- prims
+# torch._refs-based decompositions call prims; the common ones map onto core ops.
+
+prims = torch.ops.prims
+
+for _n in _UNARY + ["round"]:
+    _p = getattr(prims, "erf_inv" if _n == "erfinv" else _n, None)
+    if _p is not None and hasattr(_p, "default"):
+        from_aten(OPS[_n], _p.default)(_unary_conv)
+
+for _n in ("add", "sub", "mul", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "bitwise_and",
+           "bitwise_or", "bitwise_xor", "pow", "remainder", "fmod", "atan2"):
+    from_aten(OPS[_n], getattr(prims, _n).default)(_binary_conv)
+
+from_aten(where, prims.where.default)(_where_conv)
+
+
+@from_aten(div, prims.div.default)
+def _prims_div_conv(x, y):
+    """prims.div truncates for integers and is true division otherwise."""
+    def is_int(a):
+        return (not a.is_floating_point() and not a.is_complex()) if isinstance(a, Tensor) \
+            else isinstance(a, int)
+    if is_int(x) and is_int(y):
+        return [x, y], {"rounding_mode": "trunc"}
+    return [x, y], {}
+
+
+@from_aten(OPS["amax"], prims.amax.default)
+@from_aten(OPS["amin"], prims.amin.default)
+def _prims_minmax_conv(x, dims, *, output_dtype=None):
+    return _red_attrs(x, dims, False)
+
+
+@from_aten(OPS["prod"], prims.prod.default)
+def _prims_prod_conv(x, dims, *, output_dtype=None):
+    return _red_attrs(x, dims, False, output_dtype)
+
+
+@from_aten(iota, prims.iota.default)
+def _prims_iota_conv(length, *, start, step, dtype, device, requires_grad):
+    return [], {"length": int(length), "start": start, "step": step, "dtype": dtype}
+
+
+@from_aten(full, prims.full.default)
+def _prims_full_conv(shape, fill_value, *, dtype, device, requires_grad):
+    return [], {"shape": tuple(shape), "value": fill_value, "dtype": dtype}
+
+
+@from_aten(full, prims.scalar_tensor.default)
+def _prims_scalar_tensor_conv(s, *, dtype=None, device=None):
+    return [], {"shape": (), "value": s, "dtype": dtype or torch.get_default_dtype()}
+
+
+@decomposition(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _masked_fill(x, mask, value):
+    """``where(mask, value, x)`` in ``x``'s dtype."""
+    if isinstance(value, Tensor):
+        if value.dtype != x.dtype:
+            value = aten._to_copy.default(value, dtype=x.dtype)
+    else:
+        value = aten.scalar_tensor.default(value, dtype=x.dtype)
+    return aten.where.self(mask, value, x)
+
+
+@decomposition(aten.embedding_renorm.default)
+def _embedding_renorm(w, indices, max_norm, norm_type):
+    """Rows of ``w`` picked by ``indices`` rescaled to norm ``max_norm`` where it is exceeded."""
+    flat = aten.view.default(indices, [-1])
+    rows = aten.index.Tensor(w, [flat])
+    a = aten.abs.default(rows)
+    norms = aten.pow.Tensor_Scalar(aten.sum.dim_IntList(aten.pow.Tensor_Scalar(a, norm_type), [1], True),
+                                   1.0 / norm_type)
+    scale = aten.where.self(aten.gt.Scalar(norms, max_norm),
+                            aten.div.Tensor(aten.reciprocal.default(aten.add.Tensor(norms, 1e-7)), 1.0 / max_norm),
+                            aten.scalar_tensor.default(1.0, dtype=w.dtype))
+    return aten.index_put.default(w, [flat], aten.mul.Tensor(rows, scale))
+
+
+@decomposition(aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def _where_scalars(c, x, y):
+    """``where`` with Python-scalar branches: the scalars become 0-d tensors of the result dtype."""
+    if isinstance(x, Tensor):
+        dtype = torch.result_type(x, y)
+    elif isinstance(y, Tensor):
+        dtype = torch.result_type(y, x)
+    else:
+        dtype = (torch.bool if isinstance(x, bool) and isinstance(y, bool) else
+                 torch.int64 if isinstance(x, int) and isinstance(y, int) else torch.get_default_dtype())
+    if not isinstance(x, Tensor):
+        x = aten.scalar_tensor.default(x, dtype=dtype)
+    elif x.dtype != dtype:
+        x = aten._to_copy.default(x, dtype=dtype)
+    if not isinstance(y, Tensor):
+        y = aten.scalar_tensor.default(y, dtype=dtype)
+    elif y.dtype != dtype:
+        y = aten._to_copy.default(y, dtype=dtype)
+    return aten.where.self(c, x, y)

@@ -1,0 +1,931 @@
+# The tracer: runs a PyTorch function on shape-only tensors and records the aten ops it dispatches as a pure tn IR.
+"""Tracing PyTorch functions into :class:`tn.ir.IR`.
+
+:func:`trace_flat` calls ``fn`` on :class:`TracerTensor` s: wrapper tensors
+that carry a meta tensor (shape, dtype, strides, aliasing) and nothing else.
+A :class:`~torch.utils._python_dispatch.TorchDispatchMode` sees every aten op
+below autograd (so ``torch.autograd.grad`` inside ``fn`` is recorded too),
+computes shapes with torch's meta kernels and records an equation of the op
+table (:mod:`tn.ops`). No real computation happens while tracing.
+
+Per aten op, in this order:
+
+1. data-dependent ops (``.item()``, ``bool(t)``, ``nonzero`` ...) raise
+   :class:`tn.TracingError` naming the user's file and line;
+2. views (``view``, ``permute``, ``slice``, ``select``, ``expand`` ...)
+   become functional shape ops, remembered as a chain from their base;
+3. in-place ops (``add_``, ``copy_``, ``x[:, 0] += 1`` ...) are
+   functionalised: the new value is computed out of place and written into
+   the base through the inverse of the view chain (``slice_scatter`` ...);
+   an input whose value changed is returned as an extra output listed in
+   :attr:`IR.mutations`;
+4. ops in :data:`tn.ops.FROM_ATEN` are recorded as core ops;
+5. everything else is decomposed (:data:`tn.ops.DECOMPOSITIONS`, then
+   ``torch._decomp.decomposition_table``, then the op's own
+   CompositeImplicit decomposition) or raises :class:`tn.UnsupportedOpError`
+   naming the aten op and its input shapes.
+
+Tensors that ``fn`` creates without traced inputs (``torch.ones(T, T)``,
+``torch.arange``) are traced factory ops; real tensors it captures
+(``torch.tensor([...])``, globals) become :attr:`IR.consts`.
+
+The first meta op in a process costs ~2 s (torch imports its meta
+registrations); importing this module starts a background thread that pays
+it, and :func:`trace_flat` waits for that thread if it is still running.
+Set ``TN_NO_WARMUP=1`` to skip it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import threading
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import ops as _ops
+from .errors import TnError, TracingError, UnsupportedOpError
+from .ir import IR, Eqn, Literal, Var, aval_str
+
+__all__ = ["trace_flat", "Traced", "Static", "TracerTensor"]
+
+aten = torch.ops.aten
+Tensor = torch.Tensor
+OPS = _ops.OPS
+
+
+# --------------------------------------------------------------------------- results
+
+
+class Static:
+    """A non-tensor leaf of a traced function's result, returned as-is on every call."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Static) and type(other.value) is type(self.value) and other.value == self.value
+
+    def __hash__(self) -> int:
+        try:
+            return hash((type(self.value), self.value))
+        except TypeError:
+            return id(self.value)
+
+    def __repr__(self) -> str:
+        return f"Static({self.value!r})"
+
+
+class Traced:
+    """The result of :func:`trace_flat`.
+
+    Attributes:
+        ir: the program; ``ir.inputs[i]`` stands for ``flat_tensors[i]``.
+        out_tree: the ``torch.utils._pytree`` spec of ``fn``'s result.
+        out_leaves: per leaf of the result, an ``int k`` (the leaf is
+            ``ir.outputs[k]``) or a :class:`Static` holding a non-tensor leaf.
+    """
+
+    __slots__ = ("ir", "out_tree", "out_leaves")
+
+    def __init__(self, ir: IR, out_tree: Any, out_leaves: List[Any]):
+        self.ir = ir
+        self.out_tree = out_tree
+        self.out_leaves = out_leaves
+
+    def __repr__(self) -> str:
+        return f"Traced({self.ir!r}, leaves={self.out_leaves})"
+
+
+# --------------------------------------------------------------------------- user frames
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_TN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_ADAPTIVE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "adaptive") + os.sep
+_STDLIB_DIR = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+_internal_code: Dict[Any, bool] = {}
+
+
+def _is_internal(code: Any) -> bool:
+    r = _internal_code.get(code)
+    if r is None:
+        fn = code.co_filename
+        if not os.path.isabs(fn) and not fn.startswith("<"):
+            fn = os.path.abspath(fn)
+        r = (fn.startswith(_TORCH_DIR) or fn.startswith(_TN_DIR) or fn.startswith(_ADAPTIVE_DIR)
+             or fn.startswith("<frozen") or fn.startswith("<string>-torch")
+             or (fn.startswith(_STDLIB_DIR) and "-packages" not in fn))
+        _internal_code[code] = r
+    return r
+
+
+def user_frame() -> Optional[Any]:
+    """The innermost Python frame outside torch, tn and the standard library (``None`` if none)."""
+    f = sys._getframe(1)
+    while f is not None:
+        if not _is_internal(f.f_code):
+            return f
+        f = f.f_back
+    return None
+
+
+def _source() -> Optional[str]:
+    f = user_frame()
+    if f is None:
+        return None
+    return f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
+
+
+def _where() -> str:
+    """``file:line: `code``` of the user's innermost frame, for error messages."""
+    f = user_frame()
+    if f is None:
+        return "<unknown location>"
+    import linecache
+
+    line = linecache.getline(f.f_code.co_filename, f.f_lineno).strip()
+    where = f"{f.f_code.co_filename}:{f.f_lineno}"
+    return f"{where}: `{line}`" if line else where
+
+
+_ADVICE = ("Make the value static (tn.jit(..., static_argnums=/static_argnames=) or a Python "
+           "constant), run this code eagerly outside tn.jit, or use tn.adaptive to let tn "
+           "choose per region.")
+
+
+# --------------------------------------------------------------------------- traced tensors
+
+
+class _Store:
+    """The current value (a Var) of a base tensor and every view of it."""
+
+    __slots__ = ("var", "version", "meta", "input_index")
+
+    def __init__(self, var: Var, meta: Tensor, input_index: Optional[int] = None):
+        self.var = var
+        self.version = 0
+        self.meta = meta
+        self.input_index = input_index
+
+
+class TracerTensor(Tensor):
+    """A tensor seen while tracing: shape, dtype and strides only, plus its IR value.
+
+    Holds a meta tensor (``_tn_meta``), the store of its base (``_tn_store``)
+    and the chain of view steps from that base (``_tn_chain``). Using one
+    after its trace ended raises :class:`tn.TracingError`.
+    """
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, meta: Tensor, device: torch.device, store: _Store, chain: tuple, var: Var,
+                requires_grad: bool = False):
+        t = Tensor._make_wrapper_subclass(cls, meta.shape, strides=meta.stride(),
+                                          storage_offset=meta.storage_offset(), dtype=meta.dtype,
+                                          device=device, requires_grad=requires_grad)
+        t._tn_meta = meta
+        t._tn_store = store
+        t._tn_chain = chain
+        t._tn_var = var
+        t._tn_ver = store.version
+        return t
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise TracingError(
+            f"{_where()}: a tensor from a finished tn trace was used in {func} (it has a shape but "
+            f"no value). Do not keep tensors created inside a traced function (e.g. in globals "
+            f"or module attributes); return them instead.")
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        return f"TracerTensor({aval_str(self.shape, self.dtype)})"
+
+
+def _meta(a: Any) -> Any:
+    return a._tn_meta if type(a) is TracerTensor else a
+
+
+def _metas(args: Sequence[Any]) -> List[Any]:
+    out = []
+    for a in args:
+        if type(a) is TracerTensor:
+            out.append(a._tn_meta)
+        elif type(a) in (list, tuple):
+            out.append(type(a)(_meta(x) for x in a))
+        else:
+            out.append(a)
+    return out
+
+
+_HAS_DEVICE_ARG: Dict[Any, bool] = {}
+
+
+def _meta_kwargs(kwargs: Dict[str, Any], func: Any = None) -> Dict[str, Any]:
+    """kwargs for running ``func`` on meta tensors: traced tensors become metas, any device becomes meta."""
+    has_dev = _HAS_DEVICE_ARG.get(func) if func is not None else None
+    if has_dev is None and func is not None:
+        has_dev = any(a.name == "device" and a.kwarg_only for a in func._schema.arguments)
+        _HAS_DEVICE_ARG[func] = has_dev
+    if not kwargs and not has_dev:
+        return kwargs
+    out = {}
+    for k, v in kwargs.items():
+        if type(v) is TracerTensor:
+            v = v._tn_meta
+        out[k] = v
+    if has_dev or "device" in out:
+        out["device"] = "meta"
+    return out
+
+
+def _describe_inputs(args: Sequence[Any], kwargs: Dict[str, Any]) -> str:
+    parts = []
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, Tensor):
+            parts.append(aval_str(a.shape, a.dtype))
+        elif isinstance(a, (list, tuple)) and any(isinstance(x, Tensor) for x in a):
+            parts.append("[" + ", ".join(aval_str(x.shape, x.dtype) if isinstance(x, Tensor) else repr(x)
+                                         for x in a) + "]")
+        else:
+            parts.append(repr(a))
+    return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------- handler tables
+
+_DATA_DEPENDENT = {
+    aten._local_scalar_dense.default: "reads a traced tensor's value (.item(), bool(t), int(t), float(t), `if t:`)",
+    aten.is_nonzero.default: "reads a traced tensor's value (bool(t), `if t:`)",
+    aten.equal.default: "compares traced tensors' values (torch.equal)",
+    aten.nonzero.default: "has an output shape that depends on tensor values (nonzero)",
+    aten.masked_select.default: "has an output shape that depends on tensor values (masked_select)",
+    aten._unique2.default: "has an output shape that depends on tensor values (unique)",
+    aten.unique_dim.default: "has an output shape that depends on tensor values (unique)",
+    aten.unique_consecutive.default: "has an output shape that depends on tensor values (unique_consecutive)",
+    aten.repeat_interleave.Tensor: "has an output shape that depends on tensor values (repeat_interleave)",
+}
+
+_METADATA_INPLACE = {"t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_", "resize_",
+                     "resize_as_", "set_", "swapdims_", "swapaxes_", "detach_", "resize_as_sparse_"}
+
+_HANDLERS: Dict[Any, Callable[..., Any]] = {}
+
+
+def _decomposition_for(func: Any) -> Optional[Callable[..., Any]]:
+    d = _ops.DECOMPOSITIONS.get(func)
+    if d is not None:
+        return d
+    from torch._decomp import decomposition_table
+
+    return decomposition_table.get(func)
+
+
+def _functional_variant(func: Any) -> Optional[Any]:
+    name = func._schema.name.split("::")[-1]
+    if name.startswith("__i") and name.endswith("__"):
+        base = "__" + name[3:]
+    elif name.endswith("_") and not name.endswith("__"):
+        base = name[:-1]
+    else:
+        return None
+    packet = getattr(aten, base, None)
+    if packet is None:
+        return None
+    return getattr(packet, func._overloadname, None)
+
+
+def _is_view(func: Any) -> bool:
+    rets = func._schema.returns
+    if not rets:
+        return False
+    info = rets[0].alias_info
+    return info is not None and not info.is_write
+
+
+def _mutated_args(func: Any) -> List[int]:
+    return [i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+
+
+def _returns_tensors(func: Any) -> bool:
+    for r in func._schema.returns:
+        t = str(r.type)
+        if "Tensor" in t:
+            return True
+    return False
+
+
+def _resolve(func: Any) -> Callable[..., Any]:
+    """Pick the handler of an aten overload (cached per overload)."""
+    h = _SPECIAL.get(func)
+    if h is None:
+        if func in _DATA_DEPENDENT:
+            h = _h_data_dependent
+        elif func in _ops.FROM_ATEN:
+            h = _h_core
+        elif func not in _VIEW_STEPS and torch._C._dispatch_has_kernel_for_dispatch_key(
+                func.name(), "CompositeImplicitAutograd"):
+            h = _h_decompose  # e.g. aten.to, aten.reshape reached us from inside a decomposition
+        elif func in _VIEW_STEPS or (_is_view(func) and not _mutated_args(func)):
+            h = _h_view
+        elif _mutated_args(func):
+            name = func._schema.name.split("::")[-1]
+            if name in _METADATA_INPLACE:
+                h = _h_metadata_inplace
+            elif _functional_variant(func) is not None and _mutated_args(func) == [0]:
+                h = _h_inplace
+            else:
+                h = _h_decompose
+        elif not _returns_tensors(func):
+            h = _h_meta_only
+        else:
+            h = _h_decompose
+    _HANDLERS[func] = h
+    return h
+
+
+# --------------------------------------------------------------------------- the tracer
+
+
+class _Tracer(TorchDispatchMode):
+    """The dispatch mode that records one trace."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch would wrap __torch_dispatch__ in torch._dynamo.disable: that imports
+        # dynamo (~1 s) on first use and adds overhead to every op. Tracing never
+        # runs under torch.compile, so leave it unwrapped.
+        return False
+
+    def __init__(self, device: torch.device):
+        super().__init__()
+        self.device = device
+        self.eqns: List[Eqn] = []
+        self.consts: List[Tuple[Var, Tensor]] = []
+        self._const_of: Dict[int, Tuple[Tensor, "TracerTensor"]] = {}
+
+    # ---- values
+
+    def var_of(self, t: TracerTensor) -> Var:
+        """The current value of ``t`` (replaying its view chain if its base changed)."""
+        st = t._tn_store
+        if t._tn_ver == st.version:
+            return t._tn_var
+        v = st.var
+        for step in t._tn_chain:
+            v = self.apply_step(step, v)
+        t._tn_var = v
+        t._tn_ver = st.version
+        return v
+
+    def atom(self, x: Any) -> Any:
+        if type(x) is TracerTensor:
+            return self.var_of(x)
+        if isinstance(x, Tensor):
+            return self.var_of(self.lift(x))
+        if isinstance(x, (bool, int, float)):
+            return Literal(x)
+        raise UnsupportedOpError(f"tn cannot use {x!r} ({type(x).__name__}) as an op input")
+
+    def emit(self, op: Any, inputs: List[Any], attrs: Dict[str, Any],
+             outs: Sequence[Tuple[Tuple[int, ...], torch.dtype]]) -> List[Var]:
+        """Append ``outs = op[attrs](*inputs)``; returns the new Vars."""
+        vs = [Var(s, d) for s, d in outs]
+        self.eqns.append(Eqn(op, inputs, vs, attrs, _source()))
+        return vs
+
+    def new(self, meta: Tensor, var: Var) -> TracerTensor:
+        """A fresh base tensor holding ``var``."""
+        return TracerTensor(meta, self.device, _Store(var, meta), (), var)
+
+    def lift(self, t: Tensor) -> TracerTensor:
+        """A real tensor captured by the traced code, as a program constant."""
+        hit = self._const_of.get(id(t))
+        if hit is not None and hit[0] is t:
+            return hit[1]
+        if t.device.type == "meta":
+            raise TracingError(
+                f"{_where()}: the traced code uses a meta tensor {aval_str(t.shape, t.dtype)} that is not "
+                f"an input; meta tensors have no values to bake into the program. Pass it as an argument.")
+        c = t.detach()
+        v = Var(c.shape, c.dtype)
+        self.consts.append((v, c))
+        meta = torch.empty(tuple(c.shape), dtype=c.dtype, device="meta")
+        tt = self.new(meta, v)
+        self._const_of[id(t)] = (t, tt)
+        return tt
+
+    def lift_args(self, args: Sequence[Any]) -> Sequence[Any]:
+        out = None
+        for i, a in enumerate(args):
+            ta = type(a)
+            if ta is TracerTensor:
+                continue
+            if isinstance(a, Tensor):
+                a = self.lift(a)
+            elif (ta is list or ta is tuple) and any(isinstance(x, Tensor) and type(x) is not TracerTensor
+                                                     for x in a):
+                a = ta(self.lift(x) if isinstance(x, Tensor) and type(x) is not TracerTensor else x for x in a)
+            else:
+                continue
+            if out is None:
+                out = list(args)
+            out[i] = a
+        return args if out is None else out
+
+    # ---- view steps: (op, attrs, out_shape)
+
+    def apply_step(self, step: tuple, v: Var) -> Var:
+        op, attrs, shape = step
+        return self.emit(op, [v], attrs, [(shape, v.dtype)])[0]
+
+    def inverse_step(self, step: tuple, parent: Var, new: Var) -> Var:
+        op, attrs, shape = step
+        name = op.name
+        if name == "reshape":
+            return self.emit(OPS["reshape"], [new], {"shape": parent.shape}, [(parent.shape, parent.dtype)])[0]
+        if name == "permute":
+            dims = attrs["dims"]
+            inv = tuple(sorted(range(len(dims)), key=lambda i: dims[i]))
+            return self.emit(OPS["permute"], [new], {"dims": inv}, [(parent.shape, parent.dtype)])[0]
+        if name == "slice":
+            return self.emit(OPS["slice_scatter"], [parent, new], dict(attrs), [(parent.shape, parent.dtype)])[0]
+        if name == "as_strided":
+            return self.emit(OPS["as_strided_scatter"], [parent, new], dict(attrs),
+                             [(parent.shape, parent.dtype)])[0]
+        raise UnsupportedOpError(
+            f"{_where()}: an in-place write into a broadcast view ({name} {aval_str(parent.shape, parent.dtype)} "
+            f"-> {aval_str(shape, parent.dtype)}) writes one element several times; tn cannot trace it. "
+            f"Write into a copy (.clone()) instead.")
+
+    def make_view(self, x: TracerTensor, meta: Tensor, steps: List[tuple]) -> TracerTensor:
+        v = self.var_of(x)
+        for step in steps:
+            v = self.apply_step(step, v)
+        return TracerTensor(meta, self.device, x._tn_store, x._tn_chain + tuple(steps), v)
+
+    def make_strided_view(self, x: TracerTensor, meta: Tensor, func: Any) -> TracerTensor:
+        st = x._tn_store
+        base = st.meta
+        if not base.is_contiguous() or base.storage_offset() != 0:
+            raise UnsupportedOpError(
+                f"{_where()}: tn cannot trace the view {func} of a tensor with a non-row-major layout "
+                f"(input {aval_str(x.shape, x.dtype)}); call .contiguous() first.")
+        step = (OPS["as_strided"], {"size": tuple(meta.shape), "stride": tuple(meta.stride()),
+                                    "offset": int(meta.storage_offset())}, tuple(meta.shape))
+        v = self.apply_step(step, st.var)
+        return TracerTensor(meta, self.device, st, (step,), v)
+
+    def write(self, t: TracerTensor, new: Var) -> None:
+        """Functionalised in-place update: ``t`` (and its base and views) now hold ``new``."""
+        st = t._tn_store
+        chain = t._tn_chain
+        if chain:
+            vals = [st.var]
+            for step in chain[:-1]:
+                vals.append(self.apply_step(step, vals[-1]))
+            for step, parent in zip(reversed(chain), reversed(vals)):
+                new_parent = self.inverse_step(step, parent, new)
+                new = new_parent
+            st.var = new
+        else:
+            st.var = new
+        st.version += 1
+        if chain:
+            t._tn_ver = -1  # recomputed from the base on next use
+        else:
+            t._tn_var = new
+            t._tn_ver = st.version
+
+    def cast_to(self, v: Var, shape: Tuple[int, ...], dtype: torch.dtype) -> Var:
+        """``v`` converted to ``dtype`` and broadcast to ``shape`` (for in-place writes)."""
+        if v.dtype != dtype:
+            v = self.emit(OPS["convert"], [v], {"dtype": dtype}, [(v.shape, dtype)])[0]
+        if tuple(v.shape) != tuple(shape):
+            v = self.emit(OPS["expand"], [v], {"shape": tuple(shape)}, [(tuple(shape), dtype)])[0]
+        return v
+
+    # ---- dispatch
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        args = self.lift_args(args)
+        if kwargs:
+            kwargs = dict(zip(kwargs.keys(), self.lift_args(list(kwargs.values()))))
+        h = _HANDLERS.get(func)
+        if h is None:
+            h = _resolve(func)
+        return h(self, func, args, kwargs)
+
+    def dispatch(self, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+        """Handle ``func`` as if torch dispatched it here (no autograd on the way)."""
+        h = _HANDLERS.get(func)
+        if h is None:
+            h = _resolve(func)
+        return h(self, func, args, kwargs)
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+def _unsupported(func: Any, args: Sequence[Any], kwargs: Dict[str, Any], why: str = "") -> UnsupportedOpError:
+    return UnsupportedOpError(
+        f"{_where()}: tn cannot trace {func} with inputs ({_describe_inputs(args, kwargs)}): "
+        f"{why or 'it is not in the core op set (tn.ops) and has no decomposition'}. Run this part eagerly "
+        f"(outside tn.jit), use tn.adaptive, or add the op to tn.ops.")
+
+
+def _wrap_out(tr: _Tracer, meta_out: Any, vars_: List[Var]) -> Any:
+    it = iter(vars_)
+    if isinstance(meta_out, Tensor):
+        return tr.new(meta_out, next(it))
+    return type(meta_out)(tr.new(m, next(it)) if isinstance(m, Tensor) else m for m in meta_out)
+
+
+def _h_core(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    op, conv = _ops.FROM_ATEN[func]
+    r = conv(*args, **kwargs)
+    if r is None:
+        return _h_decompose(tr, func, args, kwargs)
+    meta_out = func(*_metas(args), **_meta_kwargs(kwargs, func))
+    if r is _ops.IDENTITY:
+        return tr.new(meta_out, tr.var_of(args[0]))
+    inputs, attrs = r
+    atoms = [tr.atom(x) for x in inputs]
+    if isinstance(meta_out, Tensor):
+        outs = [(tuple(meta_out.shape), meta_out.dtype)]
+    else:
+        outs = [(tuple(m.shape), m.dtype) for m in meta_out if isinstance(m, Tensor)]
+    return _wrap_out(tr, meta_out, tr.emit(op, atoms, attrs, outs))
+
+
+def _h_index(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+    for t in indices:
+        if t is not None and t.dtype in (torch.bool, torch.uint8):
+            raise TracingError(
+                f"{_where()}: indexing with a boolean mask ({aval_str(t.shape, t.dtype)}) gives a result "
+                f"whose shape depends on the mask's values, which tracing cannot know. Use "
+                f"torch.where(mask, x, other) to keep the shape, or: {_ADVICE}")
+    return _h_core(tr, func, args, kwargs)
+
+
+def _h_data_dependent(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    raise TracingError(
+        f"{_where()}: this line {_DATA_DEPENDENT[func]}, but while tn traces a function tensors have "
+        f"shapes and dtypes only (Python control flow on tensor values cannot be recorded). {_ADVICE}")
+
+
+def _h_meta_only(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    return func(*_metas(args), **_meta_kwargs(kwargs, func))
+
+
+def _fresh(tr: _Tracer, out: Any, args: Sequence[Any]) -> Any:
+    """Decomposition results that are input objects become fresh tensors (ops return new tensors)."""
+    ins = [a for a in args if type(a) is TracerTensor]
+    if not ins:
+        return out
+    if type(out) is TracerTensor:
+        return tr.new(out._tn_meta, tr.var_of(out)) if any(out is a for a in ins) else out
+    if isinstance(out, (list, tuple)):
+        items = [tr.new(o._tn_meta, tr.var_of(o)) if type(o) is TracerTensor and any(o is a for a in ins)
+                 else o for o in out]
+        return items if isinstance(out, list) else tuple(items)
+    return out
+
+
+def _h_decompose(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    d = _decomposition_for(func)
+    out: Any = NotImplemented
+    with tr:
+        if d is not None:
+            out = d(*args, **kwargs)
+        if out is NotImplemented:
+            out = func.decompose(*args, **kwargs)
+    if out is NotImplemented:
+        raise _unsupported(func, args, kwargs)
+    if not _mutated_args(func):
+        out = _fresh(tr, out, args)
+    return out
+
+
+def _h_inplace(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    self_t = args[0]
+    if type(self_t) is not TracerTensor:
+        raise _unsupported(func, args, kwargs, "its first argument is not a traced tensor")
+    func(*_metas(args), **_meta_kwargs(kwargs, func))  # the checks eager would do (dtype, broadcast, overlap)
+    functional = _functional_variant(func)
+    r = tr.dispatch(functional, args, kwargs)
+    new = tr.cast_to(tr.var_of(r), tuple(self_t.shape), self_t.dtype)
+    tr.write(self_t, new)
+    return self_t
+
+
+def _h_copy_(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    dst, src = args[0], args[1]
+    func(*_metas(args), **_meta_kwargs(kwargs, func))
+    new = tr.cast_to(tr.atom(src) if type(src) is TracerTensor else tr.var_of(tr.lift(src)),
+                     tuple(dst.shape), dst.dtype)
+    tr.write(dst, new)
+    return dst
+
+
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
+def _h_metadata_inplace(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    """``squeeze_``, ``unsqueeze_``, ``t_``, ``transpose_`` ...: the tensor becomes a view of its old value."""
+    t = args[0]
+    name = func._schema.name.split("::")[-1]
+    if type(t) is not TracerTensor or name in ("resize_", "resize_as_", "set_"):
+        if name == "resize_" and type(t) is TracerTensor and tuple(args[1]) == tuple(t.shape):
+            return t
+        raise UnsupportedOpError(
+            f"{_where()}: {func} changes a tensor's storage or shape in place (inputs "
+            f"{_describe_inputs(args, kwargs)}); tn traces values, not storage. Create a new tensor "
+            f"instead (e.g. torch.empty(new_shape) or `x = x.reshape(...)`).")
+    if name == "detach_":
+        return t
+    old_shape = tuple(t.shape)
+    v = tr.var_of(t)
+    meta = t._tn_meta
+    func(meta, *_metas(args[1:]), **_meta_kwargs(kwargs, func))  # the meta view changes shape in place
+    with torch._C._DisableTorchDispatch():  # so does the traced tensor (metadata only: CPU kernel)
+        func.redispatch(_CPU_KEYS, t, *args[1:], **kwargs)
+    new_shape = tuple(meta.shape)
+    if name in ("squeeze_", "unsqueeze_"):
+        steps = [] if new_shape == old_shape else [(OPS["reshape"], {"shape": new_shape}, new_shape)]
+    elif name in ("t_", "transpose_", "swapdims_", "swapaxes_"):
+        n = len(old_shape)
+        if n < 2:
+            steps = []
+        else:
+            d0, d1 = (0, 1) if name == "t_" else (args[1] % n, args[2] % n)
+            dims = list(range(n))
+            dims[d0], dims[d1] = dims[d1], dims[d0]
+            steps = _permute_dims(dims, old_shape)
+    else:
+        raise _unsupported(func, args, kwargs, "tn does not trace this in-place layout change")
+    for step in steps:
+        v = tr.apply_step(step, v)
+    t._tn_chain = t._tn_chain + tuple(steps)
+    t._tn_var = v
+    t._tn_ver = t._tn_store.version
+    return t
+
+
+def _h_clone(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    x = args[0]
+    meta_out = func(*_metas(args), **_meta_kwargs(kwargs, func))
+    return tr.new(meta_out, tr.var_of(x))
+
+
+def _h_lift_fresh(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    return args[0]
+
+
+def _h_view(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    x = args[0]
+    if type(x) is not TracerTensor:
+        raise _unsupported(func, args, kwargs, "its input is not a traced tensor")
+    meta_out = func(*_metas(args), **_meta_kwargs(kwargs, func))
+    maker = _VIEW_STEPS.get(func)
+    if maker is None:
+        if isinstance(meta_out, Tensor):
+            return tr.make_strided_view(x, meta_out, func)
+        return type(meta_out)(tr.make_strided_view(x, m, func) for m in meta_out)
+    if isinstance(meta_out, Tensor):
+        return tr.make_view(x, meta_out, maker(x, meta_out, *args[1:], **kwargs))
+    steps = maker(x, meta_out, *args[1:], **kwargs)
+    return type(meta_out)(tr.make_view(x, m, s) for m, s in zip(meta_out, steps))
+
+
+# ---- view steps per aten view op: maker(x, meta_out, *args, **kwargs) -> [step, ...]
+
+
+def _reshape_steps(x, out, *args, **kwargs):
+    shape = tuple(out.shape)
+    if shape == tuple(x.shape):
+        return []
+    return [(OPS["reshape"], {"shape": shape}, shape)]
+
+
+def _permute_dims(dims: Sequence[int], shape: Tuple[int, ...]) -> List[tuple]:
+    dims = tuple(int(d) for d in dims)
+    if dims == tuple(range(len(dims))):
+        return []
+    out_shape = tuple(shape[d] for d in dims)
+    return [(OPS["permute"], {"dims": dims}, out_shape)]
+
+
+def _permute_steps(x, out, dims):
+    n = x.dim()
+    return _permute_dims([d % n for d in dims] if n else [], tuple(x.shape))
+
+
+def _transpose_steps(x, out, d0, d1):
+    n = x.dim()
+    if n < 2:
+        return []
+    dims = list(range(n))
+    d0, d1 = d0 % n, d1 % n
+    dims[d0], dims[d1] = dims[d1], dims[d0]
+    return _permute_dims(dims, tuple(x.shape))
+
+
+def _t_steps(x, out):
+    return _transpose_steps(x, out, 0, 1) if x.dim() == 2 else []
+
+
+def _expand_steps(x, out, size, *, implicit=False):
+    shape = tuple(out.shape)
+    if shape == tuple(x.shape):
+        return []
+    return [(OPS["expand"], {"shape": shape}, shape)]
+
+
+def _slice_step(shape: Tuple[int, ...], dim: int, start: Optional[int], end: Optional[int], step: int) -> List[tuple]:
+    n = len(shape)
+    dim = dim % n if n else 0
+    start, end = _ops.slice_bounds(shape[dim], start, end)
+    if start == 0 and end == shape[dim] and step == 1:
+        return []
+    length = max(0, (end - start + step - 1) // step)
+    out_shape = shape[:dim] + (length,) + shape[dim + 1:]
+    return [(OPS["slice"], {"dim": dim, "start": start, "end": end, "step": step}, out_shape)]
+
+
+def _slice_steps(x, out, dim=0, start=None, end=None, step=1):
+    return _slice_step(tuple(x.shape), dim, start, end, step)
+
+
+def _select_steps(x, out, dim, index):
+    shape = tuple(x.shape)
+    dim = dim % len(shape)
+    index = index % shape[dim] if shape[dim] else index
+    steps = _slice_step(shape, dim, index, index + 1, 1)
+    return steps + [(OPS["reshape"], {"shape": tuple(out.shape)}, tuple(out.shape))]
+
+
+def _split_with_sizes_steps(x, outs, sizes, dim=0):
+    shape = tuple(x.shape)
+    dim = dim % len(shape)
+    res, start = [], 0
+    for s in sizes:
+        res.append(_slice_step(shape, dim, start, start + s, 1))
+        start += s
+    return res
+
+
+def _split_steps(x, outs, split_size, dim=0):
+    return _split_with_sizes_steps(x, outs, [o.shape[dim] for o in outs], dim)
+
+
+def _unbind_steps(x, outs, dim=0):
+    return [_select_steps(x, o, dim, i) for i, o in enumerate(outs)]
+
+
+def _alias_steps(x, out, *args, **kwargs):
+    return []
+
+
+_VIEW_STEPS: Dict[Any, Callable[..., Any]] = {
+    aten.view.default: _reshape_steps,
+    aten._reshape_alias.default: _reshape_steps,
+    aten.unsqueeze.default: _reshape_steps,
+    aten.squeeze.default: _reshape_steps,
+    aten.squeeze.dim: _reshape_steps,
+    aten.squeeze.dims: _reshape_steps,
+    aten.permute.default: _permute_steps,
+    aten.transpose.int: _transpose_steps,
+    aten.t.default: _t_steps,
+    aten.expand.default: _expand_steps,
+    aten.slice.Tensor: _slice_steps,
+    aten.select.int: _select_steps,
+    aten.split_with_sizes.default: _split_with_sizes_steps,
+    aten.split.Tensor: _split_steps,
+    aten.unbind.int: _unbind_steps,
+    aten.alias.default: _alias_steps,
+    aten.detach.default: _alias_steps,
+}
+
+_SPECIAL: Dict[Any, Callable[..., Any]] = {
+    aten.copy_.default: _h_copy_,
+    aten.clone.default: _h_clone,
+    aten.lift_fresh.default: _h_lift_fresh,
+    aten.lift_fresh_copy.default: _h_clone,
+    aten.index.Tensor: _h_index,
+    aten._unsafe_index.Tensor: _h_index,
+    aten.view.dtype: lambda tr, func, args, kwargs: (_ for _ in ()).throw(
+        _unsupported(func, args, kwargs, "reinterpreting bits as another dtype is not in tn's op set")),
+}
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def trace_flat(fn: Callable[..., Any], flat_tensors: Sequence[Tensor]) -> Traced:
+    """Trace ``fn(*flat_tensors)`` into a pure IR, using only the inputs' shapes, dtypes and requires_grad.
+
+    Returns a :class:`Traced`: ``ir.inputs[i]`` stands for ``flat_tensors[i]``;
+    ``out_tree``/``out_leaves`` describe ``fn``'s (pytree) result. Inputs that
+    ``fn`` mutates in place get their new values appended to ``ir.outputs``
+    and listed in ``ir.mutations``.
+
+    Raises:
+        tn.TracingError: ``fn`` branches on a traced value (``.item()``, ``bool(t)`` ...).
+        tn.UnsupportedOpError: ``fn`` uses an aten op tn cannot express.
+    """
+    _wait_for_warmup()
+    device = torch.device("cpu")
+    for t in flat_tensors:
+        if not isinstance(t, Tensor):
+            raise TracingError(
+                f"trace_flat: every flat input must be a torch.Tensor, got {type(t).__name__} ({t!r}); "
+                f"pass Python values as static arguments (static_argnums/static_argnames)")
+    if flat_tensors and flat_tensors[0].device.type != "meta":
+        device = flat_tensors[0].device
+    tracer = _Tracer(device)
+    in_vars: List[Var] = []
+    tracers: List[TracerTensor] = []
+    for i, t in enumerate(flat_tensors):
+        v = Var(tuple(t.shape), t.dtype)
+        meta = torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
+        tt = TracerTensor(meta, device, _Store(v, meta, i), (), v,
+                          requires_grad=bool(t.requires_grad and (t.is_floating_point() or t.is_complex())))
+        in_vars.append(v)
+        tracers.append(tt)
+    with tracer:
+        out = fn(*tracers)
+    leaves, out_tree = pytree.tree_flatten(out)
+    outputs: List[Var] = []
+    out_leaves: List[Any] = []
+    for leaf in leaves:
+        if type(leaf) is TracerTensor:
+            out_leaves.append(len(outputs))
+            outputs.append(tracer.var_of(leaf))
+        elif isinstance(leaf, Tensor):
+            out_leaves.append(len(outputs))
+            outputs.append(tracer.var_of(tracer.lift(leaf)))
+        else:
+            out_leaves.append(Static(leaf))
+    mutations: List[Tuple[int, int]] = []
+    for i, tt in enumerate(tracers):
+        if tt._tn_store.version:
+            mutations.append((i, len(outputs)))
+            outputs.append(tt._tn_store.var)
+    ir = IR(in_vars, tracer.eqns, outputs, consts=tracer.consts, mutations=mutations)
+    return Traced(ir, out_tree, out_leaves)
+
+
+# --------------------------------------------------------------------------- warm-up
+
+
+def _warmup() -> None:
+    """Pay torch's one-time imports for meta kernels (sympy, dynamo) and exercise the tracer once.
+
+    Runs in a background thread holding the global import lock, so the main
+    thread can never import the same modules concurrently (that would be an
+    import deadlock); a main-thread import simply waits until the warm-up is done.
+    """
+    import _imp
+
+    _imp.acquire_lock()
+    try:
+        _WARMUP_READY.set()
+        import torch._dynamo  # noqa: F401  (what meta kernels import on first use)
+        import torch.fx.experimental.symbolic_shapes  # noqa: F401
+
+        def f(x, w):
+            y = torch.nn.functional.layer_norm(x, (4,))
+            return torch.softmax(y @ w, -1).sum()
+
+        trace_flat(f, [torch.empty(2, 4), torch.empty(4, 4)])
+    except Exception:  # warm-up is best effort; real errors surface in the user's own trace
+        pass
+    finally:
+        _imp.release_lock()
+
+
+_WARMUP_READY = threading.Event()
+_WARMUP: Optional[threading.Thread] = None
+if os.environ.get("TN_NO_WARMUP", "").strip() in ("", "0"):
+    _WARMUP = threading.Thread(target=_warmup, name="tn-trace-warmup", daemon=True)
+
+
+def _wait_for_warmup() -> None:
+    w = _WARMUP
+    if w is not None and w.is_alive() and threading.current_thread() is not w:
+        w.join()
+
+
+if _WARMUP is not None:
+    _WARMUP.start()
+    # Only return once the warm-up holds the import lock: from then on no import
+    # of this thread can interleave with the warm-up's imports.
+    _WARMUP_READY.wait(timeout=10)
