@@ -818,7 +818,7 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
                                   f"#{live_owner[b]}; finish it (stop=True, or read its result) before writing "
                                   f"another region of the bank, or use another bank")
                     elif s == 0 or (op == OP_ACTIVATION and s == 4):
-                        if ops[s].lo_byte < live_b1[b] and ops[s].hi_byte > live_b0[b]:
+                        if 1:  # any write into the owned bank (on overlapping partitions)
                             _fail(i, rec, s, f"writes PSUM bank {b}, owned by the live accumulation started by "
                                   f"instruction #{live_owner[b]}; read or stop that accumulation first")
                     else:

@@ -1,0 +1,144 @@
+# The timing model: DESIGN.md's cost formulas per engine clock, DMA fixed cost + bandwidth, queues, dependencies.
+import pytest
+
+from tn.neuron import Program, get_arch, simulate_timing
+from tn.neuron.isa import cost_cycles
+
+
+def one(arch, emit):
+    p = Program("timing", arch=arch)
+    emit(p)
+    return simulate_timing(p.build(check=False))
+
+
+def dur(res, i):
+    s, e = res.times[i]
+    return e - s
+
+
+@pytest.mark.parametrize("arch", ["trn1", "trn2"])
+@pytest.mark.parametrize("N", [1, 32, 64, 100, 512, 2048])
+def test_vector_scalar_gpsimd_formulas(arch, N):
+    a = get_arch(arch)
+    ns = {q: 1e9 / a.clock_hz[q] for q in ("act", "dve", "pool")}
+
+    def emit(p):
+        t = p.sbuf((128, N))
+        u = p.sbuf((128, N))
+        r = p.sbuf((128, 1))
+        p.tensor_tensor(u, t, t, "add")                      # 0
+        p.tensor_scalar(u, t, "multiply", 2.0)               # 1
+        p.activation(u, t, "exp")                            # 2
+        p.activation(u, t, "reciprocal")                     # 3
+        p.tensor_copy(u, t)                                  # 4
+        p.tensor_reduce(r, t, "add")                         # 5
+        p.iota(u)                                            # 6
+        p.memset(u, 0.0)                                     # 7
+    res = one(arch, emit)
+    assert dur(res, 0) == pytest.approx(cost_cycles("tensor_tensor", N) * ns["dve"])
+    assert dur(res, 0) == pytest.approx((max(64, 2 * N) + 60) * ns["dve"])
+    assert dur(res, 1) == pytest.approx((max(64, N) + 60) * ns["dve"])
+    assert dur(res, 2) == pytest.approx((max(64, N) + 60) * ns["act"])
+    assert dur(res, 3) == pytest.approx((8 * N + 60) * ns["act"])
+    assert dur(res, 4) == pytest.approx((max(64, N) + 60) * ns["dve"])
+    assert dur(res, 5) == pytest.approx((N + 60) * ns["dve"])
+    assert dur(res, 6) == pytest.approx((150 + N + 60) * ns["pool"])
+    assert dur(res, 7) == pytest.approx((max(64, N) + 60) * ns["pool"])
+
+
+@pytest.mark.parametrize("arch", ["trn1", "trn2"])
+@pytest.mark.parametrize("dtype,M,N", [("bf16", 128, 512), ("bf16", 32, 16), ("bf16", 128, 8), ("float32", 128, 512)])
+def test_matmul_formula(arch, dtype, M, N):
+    a = get_arch(arch)
+
+    def emit(p):
+        s = p.sbuf((128, M), dtype)
+        m = p.sbuf((128, N), dtype)
+        ps = p.psum((M, N))
+        p.matmul(ps, s, m)
+    res = one(arch, emit)
+    cyc = max(min(64, M), N) * (4 if dtype == "float32" else 1) + 60
+    assert cyc == cost_cycles("matmul", N, m=M, fp32=dtype == "float32")
+    assert dur(res, 0) == pytest.approx(cyc * 1e9 / a.clock_hz["pe"])
+    assert res.matmul_flops == 2 * 128 * M * N
+
+
+def test_dma_fixed_cost_plus_bandwidth_and_queues():
+    a = get_arch("trn2")
+    F = 2048
+
+    def emit(p):
+        h = p.hbm("h", (4, 128, F))
+        ts = [p.sbuf((128, F)) for _ in range(3)]
+        p.dma_copy(ts[0], h[0], queue=0)
+        p.dma_copy(ts[1], h[1], queue=1)     # another queue: overlaps its fixed cost, shares bandwidth
+        p.dma_copy(ts[2], h[2], queue=0)     # same queue: waits for the first
+    res = one("trn2", emit)
+    nbytes = 128 * F * 4
+    xfer = (nbytes + 128 * a.dma_chunk_overhead_bytes) / a.hbm_bytes_per_s * 1e9
+    assert res.times[0][0] == 0 and res.times[1][0] == 0
+    assert res.times[0][1] == pytest.approx(a.dma_fixed_ns + xfer)
+    assert res.times[1][1] == pytest.approx(a.dma_fixed_ns + 2 * xfer)          # bandwidth shared
+    assert res.times[2][0] == pytest.approx(res.times[0][1])                    # in-order queue
+    assert res.hbm_read_bytes == 3 * nbytes and res.hbm_write_bytes == 0
+
+
+def test_small_dma_chunks_are_inefficient():
+    def emit(p):
+        h = p.hbm("h", (128, 128))
+        t1 = p.sbuf((128, 128))
+        t2 = p.sbuf((128, 128))
+        p.dma_copy(t1, h, queue=0)        # 512 B per partition, 128 runs
+        p.dma_copy(t2, h.T, queue=1)      # transposing: one run per element
+    res = one("trn2", emit)
+    assert dur(res, 1) > 10 * dur(res, 0)
+
+
+def test_engines_run_in_parallel_and_dependencies_wait():
+    def emit(p):
+        a = p.sbuf((128, 256))
+        b = p.sbuf((128, 256))
+        p.memset(a, 1.0)                          # 0 GpSimd
+        p.memset(b, 2.0, engine="vector")         # 1 VectorE: independent, starts at 0
+        p.activation(a, b, "exp")                 # 2 ScalarE: RAW on b (1), WAW on a (0)
+        p.tensor_copy(b, a)                       # 3 VectorE: RAW on a (2)
+    res = one("trn2", emit)
+    t = res.times
+    assert t[0][0] == 0 and t[1][0] == 0
+    assert t[2][0] == pytest.approx(max(t[0][1], t[1][1]))
+    assert t[3][0] == pytest.approx(t[2][1])
+    assert res.total_ns == pytest.approx(t[3][1])
+    assert res.busy_ns["VectorE"] == pytest.approx(dur(res, 1) + dur(res, 3))
+    assert 0 < res.utilisation["ScalarE"] < 1
+
+
+def test_write_after_read_waits_and_disjoint_tiles_do_not():
+    def emit(p):
+        h = p.hbm("h", (128, 512))
+        a = p.sbuf((128, 512))
+        c = p.sbuf((128, 512))
+        p.memset(a, 1.0)                     # 0
+        p.tensor_copy(c, a)                  # 1 reads a
+        p.dma_copy(a, h)                     # 2 overwrites a: must wait for 1 (WAR)
+        p.dma_copy(c[:, :1], h[:, :1])       # 3 WAW on c (1)
+    res = one("trn2", emit)
+    assert res.times[2][0] == pytest.approx(res.times[1][1])
+    assert res.times[3][0] == pytest.approx(res.times[1][1])
+
+
+def test_trn1_clock_is_faster_for_tensor_engine():
+    def emit(p):
+        p.matmul(p.psum((128, 512)), p.sbuf((128, 128), "bf16"), p.sbuf((128, 512), "bf16"))
+    t1, t2 = one("trn1", emit).total_ns, one("trn2", emit).total_ns
+    assert t1 / t2 == pytest.approx(2.4 / 2.8)
+
+
+def test_run_result_report_fields():
+    def emit(p):
+        p.matmul(p.psum((128, 512)), p.sbuf((128, 128), "bf16"), p.sbuf((128, 512), "bf16"))
+    res = one("trn2", emit)
+    assert res.total_cycles == 512 + 60
+    assert res.busy_cycles["TensorE"] == 572
+    assert res.tensor_utilisation == pytest.approx(512 / 572)
+    assert res.sbuf_peak_bytes == 256 + 1024 and res.psum_peak_bytes == 2048
+    assert res.summary()["instructions"] == 1
