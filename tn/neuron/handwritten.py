@@ -1,0 +1,303 @@
+# Hand-written NeuronCore programs (tiled bf16 matmul, fused layer norm): references for the compiler and the bench.
+"""Hand-written NeuronCore programs, built with :class:`tn.neuron.Program`.
+
+They show what a good schedule for the software NeuronCore looks like, and
+they are what ``bench/neuroncore.py`` runs.
+
+:func:`tiled_matmul`
+    ``c[M, N] = aT[K, M]^T @ b[K, N]``: the left operand is given transposed
+    (``aT = A.T``, K on partitions), the stationary layout TensorE wants, as in
+    NKI's matmul tutorial. Schedule:
+
+    * the output is cut into 128 x ``ntile`` blocks (``ntile`` = 512, one PSUM
+      bank); a *wave* is up to 4 blocks of one column block (4 m-blocks) and
+      accumulates over K in 4 PSUM banks (``accumulate`` after the first
+      K-tile, ``stop`` on the last), so one moving tile feeds 4 matmuls;
+    * ``aT`` stays resident in SBUF once loaded (the first pass over column
+      blocks streams it in, K-tile by K-tile, in the order TensorE needs it);
+      moving blocks live in a ring of SBUF buffers and the next block is
+      prefetched while the current one is used (double buffering);
+    * PSUM banks rotate over all 8 banks, so TensorE starts the next wave while
+      VectorE and ScalarE (alternating) evacuate finished banks to SBUF
+      (casting to the output dtype) and DMA writes them to HBM;
+    * loads and stores use separate DMA queues, so a store waiting for its
+      evacuation never holds up a load behind it.
+
+:func:`layer_norm`
+    ``y = (x - mean) / sqrt(var + eps) * gamma + beta`` over the last axis,
+    rows on partitions (128 rows per tile): ``bn_stats``/``bn_aggr`` on
+    VectorE, ``rsqrt`` and the normalisation ``x * rstd + (-mean * rstd)`` on
+    ScalarE, ``* gamma`` split between VectorE and GpSimd (balanced by the cost
+    formulas) and ``+ beta`` on GpSimd, with a ring of
+    tiles so the DMA of the next row tile overlaps the current one.
+
+:func:`run_matmul` and :func:`run_layer_norm` build (cached per shape), bind
+host arrays and run them, returning the output and the
+:class:`~tn.neuron.runtime.RunResult`.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..errors import NeuronError
+from .program import Program
+from .runtime import from_bf16, run, to_bf16
+
+__all__ = ["tiled_matmul", "layer_norm", "run_matmul", "run_layer_norm", "matmul_flops", "layer_norm_flops"]
+
+P = 128            # partitions; K tile and m-block height
+MAX_NTILE = 512    # moving free size: one PSUM bank of fp32
+GROUPS = 4         # PSUM banks (m-blocks) one wave accumulates into
+LOAD_QUEUES = 12   # DMA queues 0..11 load, 12..15 store
+
+
+def matmul_flops(M: int, K: int, N: int) -> int:
+    """FLOPs of an ``M x K @ K x N`` matmul (2 per multiply-add)."""
+    return 2 * M * K * N
+
+
+def layer_norm_flops(rows: int, dim: int) -> int:
+    """Nominal FLOPs of a layer norm: mean, variance, normalise, scale, shift (~8 per element)."""
+    return 8 * rows * dim
+
+
+def tiled_matmul(M: int = 2048, K: int = 2048, N: int = 2048, *, dtype: str = "bfloat16",
+                 out_dtype: str = "bfloat16", arch=None, name: str = None) -> Program:
+    """Program for ``c[M, N] = aT[K, M]^T @ b[K, N]`` (HBM tensors ``aT``, ``b`` inputs, ``c`` output).
+
+    ``M`` and ``K`` must be multiples of 128; ``N`` a multiple of 512 or at
+    most 512. ``dtype`` is the input dtype (``bfloat16`` or ``float32``),
+    accumulation is fp32 in PSUM, ``out_dtype`` the dtype of ``c``.
+    """
+    if M < 1 or K < 1 or N < 1 or M % P or K % P:
+        raise NeuronError(f"tiled_matmul: M={M} and K={K} must be positive multiples of {P} (pad the operands)")
+    ntile = min(N, MAX_NTILE)
+    if N % ntile:
+        raise NeuronError(f"tiled_matmul: N={N} must be at most {MAX_NTILE} or a multiple of it (pad b)")
+    prog = Program(name or f"tiled_matmul_{M}x{K}x{N}_{dtype}", arch)
+    arch_ = prog.arch
+    KT, MB, NB = K // P, M // P, N // ntile
+    G = min(GROUPS, MB)
+    MG = -(-MB // G)
+    esz = 2 if dtype in ("bfloat16", "bf16", "float16", "fp16") else 4
+    osz = 2 if out_dtype in ("bfloat16", "bf16", "float16", "fp16") else 4
+
+    aT = prog.hbm("aT", (K, M), dtype)
+    b = prog.hbm("b", (K, N), dtype)
+    c = prog.hbm("c", (M, N), out_dtype, kind="output")
+
+    # SBUF budget per partition: resident aT, a ring of output staging tiles, then as many moving blocks as fit
+    a_bytes = KT * M * esz
+    stage_n = 8
+    stage_bytes = stage_n * ntile * osz
+    blk_bytes = KT * ntile * esz
+    room = arch_.sbuf_partition_bytes - a_bytes - stage_bytes
+    nbuf = min(NB, room // blk_bytes) if room > 0 else 0
+    if nbuf < 1 or (NB > 1 and nbuf < 2):
+        raise NeuronError(
+            f"tiled_matmul: aT ({a_bytes} B/partition) plus two moving blocks ({blk_bytes} B each) do not fit in "
+            f"{arch_.sbuf_partition_bytes} B of SBUF per partition; split M or K and run several programs")
+    a_sb = prog.sbuf((P, KT, M), dtype, name="aT")
+    b_sb = [prog.sbuf((P, KT, ntile), dtype, name=f"b{i}") for i in range(nbuf)]
+    stage = [prog.sbuf((P, ntile), out_dtype, name=f"out{i}") for i in range(stage_n)]
+    banks = [prog.psum((P, ntile), name=f"bank{i}") for i in range(arch_.psum_banks)]
+
+    load_q = [0]
+    store_q = [0]
+    n_store_q = max(1, arch_.dma_queues - LOAD_QUEUES)
+    n_load_q = arch_.dma_queues - n_store_q if arch_.dma_queues > n_store_q else arch_.dma_queues
+
+    def load(dst, src, deps=()):
+        q = load_q[0] % n_load_q
+        load_q[0] += 1
+        return prog.dma_copy(dst, src, queue=q, deps=deps)
+
+    def store(dst, src):
+        q = (n_load_q + store_q[0] % n_store_q) % arch_.dma_queues
+        store_q[0] += 1
+        return prog.dma_copy(dst, src, queue=q)
+
+    def load_b(nb, kt):
+        load(b_sb[nb % nbuf][:, kt, :], b[kt * P:(kt + 1) * P, nb * ntile:(nb + 1) * ntile])
+
+    a_loaded = set()
+
+    def load_a(kt, mg):
+        if (kt, mg) not in a_loaded:
+            a_loaded.add((kt, mg))
+            m0, m1 = mg * G * P, min(M, (mg + 1) * G * P)
+            load(a_sb[:, kt, m0:m1], aT[kt * P:(kt + 1) * P, m0:m1])
+
+    group = [0]
+
+    def evacuate(bank, mb, nb):
+        st = stage[group[0] % stage_n]
+        prog.tensor_copy(st, bank, engine="vector" if group[0] % 2 == 0 else "scalar")
+        store(c[mb * P:(mb + 1) * P, nb * ntile:(nb + 1) * ntile], st)
+        group[0] += 1
+
+    bank_i = 0
+    for nb in range(NB):
+        for mg in range(MG):
+            mbs = list(range(mg * G, min(MB, (mg + 1) * G)))
+            if nb + 1 < NB and mg == MG - 1:
+                for kt in range(KT):        # prefetch the next moving block (lands in the other buffer)
+                    load_b(nb + 1, kt)
+            wave_banks = []
+            for _ in mbs:
+                wave_banks.append(banks[bank_i % len(banks)])
+                bank_i += 1
+            if nb == 0:
+                # first pass: data arrives K-tile by K-tile, so sweep K outside and the blocks inside
+                for kt in range(KT):
+                    load_a(kt, mg)
+                    if mg == 0:
+                        load_b(0, kt)
+                    for j, mb in enumerate(mbs):
+                        prog.matmul(wave_banks[j], a_sb[:, kt, mb * P:(mb + 1) * P], b_sb[0][:, kt, :],
+                                    accumulate=kt > 0, stop=kt == KT - 1)
+                for j, mb in enumerate(mbs):
+                    evacuate(wave_banks[j], mb, nb)
+            else:
+                # operands resident: finish one block at a time so its evacuation overlaps the next
+                for j, mb in enumerate(mbs):
+                    for kt in range(KT):
+                        prog.matmul(wave_banks[j], a_sb[:, kt, mb * P:(mb + 1) * P], b_sb[nb % nbuf][:, kt, :],
+                                    accumulate=kt > 0, stop=kt == KT - 1)
+                    evacuate(wave_banks[j], mb, nb)
+    return prog
+
+
+def _stats_chunk(dim: int, limit: int) -> int:
+    """Largest divisor of ``dim`` that is at most ``limit`` (bn_stats free-size limit)."""
+    f = min(dim, limit)
+    while dim % f:
+        f -= 1
+    return f
+
+
+def _gamma_split(dim: int, fc: int, nch: int, arch) -> int:
+    """Columns of the ``* gamma`` multiply to give VectorE (the rest go to GpSimd) so both engines finish
+    together, from the cost formulas: VectorE also runs bn_stats/bn_aggr/tensor_scalar, GpSimd the ``+ beta``."""
+    ac = arch.access_cycles
+    v_fixed = nch * (max(64, fc) + ac) + (max(64, 3 * nch) + ac) + (64 + ac) + ac
+    g_fixed = (max(64, 2 * dim) + ac) + ac
+    fv, fg = arch.clock_hz["dve"], arch.clock_hz["pool"]
+    # (v_fixed + 2h) / fv == (g_fixed + 2 (dim - h)) / fg
+    h = (fv * (g_fixed + 2 * dim) - fg * v_fixed) / (2 * (fv + fg))
+    return int(min(dim, max(0, round(h / 32) * 32)))
+
+
+def layer_norm(rows: int, dim: int, *, dtype: str = "float32", eps: float = 1e-5, arch=None,
+               name: str = None, bufs: int = 3) -> Program:
+    """Program for a layer norm over the last axis: HBM ``x`` [rows, dim], ``gamma`` [dim], ``beta`` [dim]
+    (inputs, ``dtype``) and ``y`` [rows, dim] (output, ``dtype``). Statistics are fp32."""
+    if rows < 1 or dim < 1:
+        raise NeuronError(f"layer_norm: rows={rows} and dim={dim} must be positive")
+    prog = Program(name or f"layer_norm_{rows}x{dim}_{dtype}", arch)
+    arch_ = prog.arch
+    if dim > arch_.max_free_elems:
+        raise NeuronError(f"layer_norm: dim={dim} exceeds the {arch_.max_free_elems}-element free-size limit of "
+                          f"VectorE/ScalarE instructions; split the feature axis")
+    x = prog.hbm("x", (rows, dim), dtype)
+    gamma = prog.hbm("gamma", (dim,), dtype)
+    beta = prog.hbm("beta", (dim,), dtype)
+    y = prog.hbm("y", (rows, dim), dtype, kind="output")
+
+    pr = min(P, rows)
+    g_sb = prog.sbuf((pr, dim), dtype, name="gamma")
+    b_sb = prog.sbuf((pr, dim), dtype, name="beta")
+    prog.dma_copy(g_sb, gamma.reshape(1, dim).broadcast_to((pr, dim)))   # same row on every partition
+    prog.dma_copy(b_sb, beta.reshape(1, dim).broadcast_to((pr, dim)))
+
+    fc = _stats_chunk(dim, arch_.bn_stats_max_free)
+    nch = dim // fc
+    h = _gamma_split(dim, fc, nch, arch_)
+    ring = []
+    for i in range(max(1, bufs)):
+        ring.append(dict(
+            x=prog.sbuf((pr, dim), dtype, name=f"x{i}"),
+            t=prog.sbuf((pr, dim), "float32", name=f"t{i}"),
+            y=prog.sbuf((pr, dim), dtype, name=f"y{i}"),
+            st=prog.sbuf((pr, nch, 3), "float32", name=f"stats{i}"),
+            mv=prog.sbuf((pr, 2), "float32", name=f"mv{i}"),
+            rstd=prog.sbuf((pr, 1), "float32", name=f"rstd{i}"),
+            nb=prog.sbuf((pr, 1), "float32", name=f"nbias{i}"),
+        ))
+    for i, r0 in enumerate(range(0, rows, P)):
+        n = min(P, rows - r0)
+        t = ring[i % len(ring)]
+        xt, tt, yt = t["x"][:n], t["t"][:n], t["y"][:n]
+        prog.dma_copy(xt, x[r0:r0 + n])
+        for ch in range(nch):
+            prog.bn_stats(t["st"][:n, ch, :], xt[:, ch * fc:(ch + 1) * fc])
+        prog.bn_aggr(t["mv"][:n], t["st"][:n].reshape(n, nch * 3))
+        mean, var = t["mv"][:n, 0:1], t["mv"][:n, 1:2]
+        prog.activation(t["rstd"][:n], var, "rsqrt", bias=float(eps))                 # 1/sqrt(var + eps)
+        prog.tensor_scalar(t["nb"][:n], mean, "multiply", t["rstd"][:n], "multiply", -1.0)  # -mean*rstd
+        prog.activation(tt, xt, "identity", scale=t["rstd"][:n], bias=t["nb"][:n])    # (x - mean) * rstd
+        if 0 < h < dim:  # * gamma split between VectorE and GpSimd to balance them
+            prog.tensor_tensor(tt[:, :h], tt[:, :h], g_sb[:n, :h], "multiply", engine="vector")
+            prog.tensor_tensor(tt[:, h:], tt[:, h:], g_sb[:n, h:], "multiply", engine="gpsimd")
+        else:
+            prog.tensor_tensor(tt, tt, g_sb[:n], "multiply", engine="vector")
+        prog.tensor_tensor(yt, tt, b_sb[:n], "add", engine="gpsimd")
+        prog.dma_copy(y[r0:r0 + n], yt)
+    return prog
+
+
+# ---------------------------------------------------------------------- host helpers
+
+@functools.lru_cache(maxsize=16)
+def _built_matmul(M, K, N, dtype, out_dtype, arch):
+    return tiled_matmul(M, K, N, dtype=dtype, out_dtype=out_dtype, arch=arch).build()
+
+
+@functools.lru_cache(maxsize=16)
+def _built_layer_norm(rows, dim, dtype, eps, arch):
+    return layer_norm(rows, dim, dtype=dtype, eps=eps, arch=arch).build()
+
+
+def _np(x):
+    """A torch tensor or array-like as a float32 numpy array."""
+    if hasattr(x, "detach"):
+        x = x.detach().float().cpu().numpy()
+    return np.asarray(x, dtype=np.float32)
+
+
+def _to_device_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
+    return np.ascontiguousarray(to_bf16(x) if dtype in ("bfloat16", "bf16") else x.astype(np.float32))
+
+
+def _from_device_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
+    return from_bf16(x) if dtype in ("bfloat16", "bf16") else np.asarray(x, dtype=np.float32)
+
+
+def run_matmul(a, b, *, dtype: str = "bfloat16", out_dtype: str = "bfloat16", arch=None):
+    """``a @ b`` on the software NeuronCore with :func:`tiled_matmul`; returns ``(c as float32 numpy, RunResult)``.
+
+    ``a`` [M, K] and ``b`` [K, N] are numpy arrays or torch tensors; they are
+    rounded to ``dtype`` on the host and ``a`` is passed transposed.
+    """
+    a, b = _np(a), _np(b)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise NeuronError(f"run_matmul: shapes {a.shape} @ {b.shape} do not form a matrix product")
+    M, K = a.shape
+    N = b.shape[1]
+    enc = _built_matmul(M, K, N, dtype, out_dtype, arch)
+    res = run(enc, {"aT": _to_device_dtype(np.ascontiguousarray(a.T), dtype), "b": _to_device_dtype(b, dtype)})
+    return _from_device_dtype(res.outputs["c"], out_dtype), res
+
+
+def run_layer_norm(x, gamma, beta, *, eps: float = 1e-5, dtype: str = "float32", arch=None):
+    """Layer norm of ``x`` [rows, dim] with :func:`layer_norm`; returns ``(y as float32 numpy, RunResult)``."""
+    x, gamma, beta = _np(x), _np(gamma), _np(beta)
+    if x.ndim != 2 or gamma.shape != (x.shape[1],) or beta.shape != (x.shape[1],):
+        raise NeuronError(f"run_layer_norm: x must be [rows, dim] and gamma/beta [dim]; got {x.shape}, "
+                          f"{gamma.shape}, {beta.shape}")
+    enc = _built_layer_norm(x.shape[0], x.shape[1], dtype, float(eps), arch)
+    res = run(enc, {"x": _to_device_dtype(x, dtype), "gamma": _to_device_dtype(gamma, dtype),
+                    "beta": _to_device_dtype(beta, dtype)})
+    return _from_device_dtype(res.outputs["y"], dtype), res
