@@ -7,8 +7,10 @@ Two tables, measured side by side in one run with ``torch.set_num_threads(1)``:
    an MLP (768 -> 3072 -> 768, batch 128) and a GPT-2 block (d=768, 12 heads,
    seq 128). Each first call runs in a fresh subprocess, so it really is the
    first; imports and model construction are outside the timed region (the
-   time of ``import tn`` is reported separately). Goal: tn ≤ 1/20 of
-   torch.compile.
+   time of ``import tn`` is reported separately). torch.compile gets an empty
+   Inductor/Triton cache directory per process (a cold compile, as on a
+   user's first run; ``--warm-compile-cache`` keeps the user's cache).
+   Goal: tn ≤ 1/20 of torch.compile.
 2. Cached call of a one-op function (``x * 2`` on a 16x16 tensor) for eager,
    ``tn.jit`` and ``torch.compile``: min and median over interleaved repeats
    of a timed loop. Goal: tn.jit ≤ 20 µs above eager.
@@ -65,14 +67,21 @@ def child_first_call(model: str, impl: str) -> dict:
     return dict(first_s=first, second_s=second, import_tn_s=import_tn, max_abs_err=err)
 
 
-def first_call_table(models, impls) -> dict:
+def first_call_table(models, impls, cold: bool = True) -> dict:
     """Run every ``(model, impl)`` first call in its own subprocess."""
+    import tempfile
     res: dict = {}
-    env = dict(os.environ, OMP_NUM_THREADS="1")
     for model in models:
         for impl in impls:
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+            tmp = tempfile.TemporaryDirectory(prefix="tn-bench-") if cold else None
+            if tmp is not None:
+                env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmp.name, "inductor")
+                env["TRITON_CACHE_DIR"] = os.path.join(tmp.name, "triton")
             p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", model, impl],
                                capture_output=True, text=True, env=env)
+            if tmp is not None:
+                tmp.cleanup()
             if p.returncode != 0:
                 raise SystemExit(f"first-call child {model}/{impl} failed:\n{p.stderr[-4000:]}")
             res.setdefault(model, {})[impl] = json.loads(p.stdout.strip().splitlines()[-1])
@@ -111,6 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=30, help="interleaved repeats of the cached-call loop")
     ap.add_argument("--inner", type=int, default=1000, help="calls per timed loop")
     ap.add_argument("--skip-compile", action="store_true", help="leave torch.compile out (quick check)")
+    ap.add_argument("--warm-compile-cache", action="store_true",
+                    help="let torch.compile use the user's on-disk Inductor cache (default: a cold, empty one)")
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "IMPL"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -120,7 +131,7 @@ def main(argv=None) -> int:
     from tabulate import tabulate
     torch.set_num_threads(1)
     impls = ["tn"] + ([] if a.skip_compile else ["torch.compile"])
-    first = first_call_table(["mlp", "gpt2-block"], impls)
+    first = first_call_table(["mlp", "gpt2-block"], impls, cold=not a.warm_compile_cache)
     rows = []
     for model, r in first.items():
         tn_s = r["tn"]["first_s"]
@@ -139,7 +150,8 @@ def main(argv=None) -> int:
         headers += ["torch.compile first call", "torch.compile 2nd call", "compile/tn",
                     f"goal ≥{FIRST_CALL_GOAL:.0f}x"]
     headers.append("tn max abs err vs eager")
-    print("First call (trace + compile + run), each in a fresh process, 1 thread:")
+    print("First call (trace + compile + run), each in a fresh process, 1 thread"
+          + ("" if a.warm_compile_cache else ", torch.compile with a cold Inductor cache") + ":")
     print(tabulate(rows, headers=headers, disable_numparse=True))
 
     cached = cached_call_table(a.repeats, a.inner, not a.skip_compile)

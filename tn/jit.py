@@ -763,7 +763,8 @@ def make_ir(fn: Any, static_argnums: Any = (), static_argnames: Any = ()) -> Cal
         except TypeError:
             core._raise_unhashable(spec)
             raise
-        ir, _, _ = core.trace(spec, tensors)
+        with _TRACE_LOCK:
+            ir, _, _ = core.trace(spec, tensors)
         return ir
 
     return build
