@@ -216,7 +216,8 @@ cdef struct Opnd:
 
 
 cdef int64_t LIM_NUM = 1 << 24
-cdef int64_t LIM_STRIDE = 1 << 36
+cdef int64_t LIM_STRIDE = 1 << 32
+cdef int64_t LIM_TOTAL = 1 << 28
 cdef int64_t LIM_OFFSET = 1 << 44
 
 
@@ -312,6 +313,8 @@ cdef int decode(int64_t i, const int64_t *rec, int slot, Ctx *c, Opnd *o) except
         o.lo_byte = off + lo * es
         o.hi_byte = off + (hi + 1) * es
         o.runs = runs * o.pcount
+    if o.pcount * nfree > LIM_TOTAL:
+        _fail(i, rec, slot, f"{o.pcount} x {nfree} elements exceed the per-operand limit of {LIM_TOTAL}")
     o.nbytes = o.pcount * nfree * es
     return 0
 
@@ -607,8 +610,8 @@ cdef double pipe_fill(Pipe *pp, double t, double dur):
     """Move `dur` ns of transfer through the shared DMA pipe from time t, using idle gaps; return the end time."""
     cdef int k = 0, j
     cdef double gap_end, use
-    cdef double ns[PIPE_MAX + 8]
-    cdef double ne[PIPE_MAX + 8]
+    cdef double ns[2 * PIPE_MAX + 8]
+    cdef double ne[2 * PIPE_MAX + 8]
     cdef int nn = 0
     if dur <= 0:
         return t
@@ -630,11 +633,6 @@ cdef double pipe_fill(Pipe *pp, double t, double dur):
             t += use
             dur -= use
             continue
-        ns[nn] = pp.s[k]; ne[nn] = pp.e[k]; nn += 1; k += 1
-        if nn >= PIPE_MAX + 4:
-            break
-    # copy any rest
-    while k < pp.n and nn < PIPE_MAX + 8:
         ns[nn] = pp.s[k]; ne[nn] = pp.e[k]; nn += 1; k += 1
     # merge touching intervals
     pp.n = 0
@@ -754,6 +752,10 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
                     or psum.shape[0] < limits[L_PARTITIONS] or psum.shape[1] < limits[L_PSUM_BYTES]):
         from tn.errors import NeuronError
         raise NeuronError("run(): SBUF/PSUM arrays are smaller than the architecture's memories")
+    for q in range(8):
+        if not (timing[q] >= 0 and timing[q] < 1e300) or (q < 5 and timing[q] <= 0):
+            from tn.errors import NeuronError
+            raise NeuronError(f"run(): timing constant {q} = {timing[q]} must be positive and finite")
     bank_bytes = limits[L_BANK_BYTES]
     nbanks = limits[L_PSUM_BYTES] // bank_bytes
     if nbanks > MAX_BANKS or nbanks < 1:

@@ -560,11 +560,12 @@ int tn_iota(const tn_ap *out, const double *coef, int64_t nparts)
                         for (int64_t i3 = 0; i3 < out->num[3]; i3++, k++) {
                             int64_t off = i0 * out->stride[0] + i1 * out->stride[1] + i2 * out->stride[2] + i3 * out->stride[3];
                             double d = v[k];
+                            if (d != d) d = 0.0;
                             if (out->dtype == TN_I32) {
                                 int32_t w = d >= 2147483647.0 ? INT32_MAX : d <= -2147483648.0 ? INT32_MIN : (int32_t)d;
                                 ((int32_t *)base)[off] = w;
                             } else {
-                                ((int64_t *)base)[off] = (int64_t)d;
+                                ((int64_t *)base)[off] = d >= 9.2e18 ? INT64_MAX : d <= -9.2e18 ? INT64_MIN : (int64_t)d;
                             }
                         }
         } else {
