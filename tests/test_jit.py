@@ -235,6 +235,67 @@ def test_input_mutation_is_written_back():
     close(x, xe)
 
 
+def test_module_as_argument_with_tied_weights():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Linear(4, 6, bias=False)
+            self.head = nn.Linear(6, 4, bias=False)
+            self.head.weight = self.emb.weight  # 6x4 used both ways: tied
+
+        def forward(self, x):
+            return self.emb(x) @ self.head.weight
+
+    torch.manual_seed(0)
+    m = Tied()
+
+    def f(model, x):
+        return model(x).sum(-1)
+
+    jf = tn.jit(f)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        close(jf(m, x), f(m, x))
+        m.emb.weight.mul_(2)
+        close(jf(m, x), f(m, x))
+    assert jf.cache_info().misses == 1
+    assert len(tn.make_ir(f)(m, x).inputs) == 2  # one shared weight + x
+
+
+def test_module_static_argnums_refer_to_forward_parameters():
+    class Scale(nn.Module):
+        def forward(self, x, k):
+            return x.reshape(k, -1) * 2
+
+    jm = tn.jit(Scale(), static_argnums=1)
+    x = torch.randn(12)
+    close(jm(x, 3), x.reshape(3, -1) * 2)
+    close(jm(x, k=4), x.reshape(4, -1) * 2)
+    with pytest.raises(tn.TnError, match="out of range"):
+        tn.jit(Scale(), static_argnums=2)
+
+
+def test_lower_returns_the_cached_program():
+    f = tn.jit(lambda x: x.relu() * 3)
+    x = torch.randn(2, 5)
+    ir = f.lower(x)
+    assert isinstance(ir, tn.IR) and "f32[2,5]" in str(ir)
+    f(x)
+    assert f.cache_info().misses == 1 and f.cache_info().hits == 1
+
+
+def test_recompile_log_names_module_training_flag(monkeypatch, caplog):
+    monkeypatch.setenv("TN_LOG", "recompiles")
+    jm = tn.jit(nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.1)).eval())
+    x = torch.randn(1, 2)
+    with caplog.at_level(logging.WARNING, logger="tn"), torch.no_grad():
+        jm(x)
+        jm.train()
+        jm(x)
+    last = [r.getMessage() for r in caplog.records if r.name == "tn"][-1]
+    assert "module (training flags): eval -> train" in last
+
+
 def test_jit_as_method_decorator_sees_module_parameters():
     class M(nn.Module):
         def __init__(self):
