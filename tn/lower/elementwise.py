@@ -1,0 +1,555 @@
+# Lowerings of the elementwise ops (unary, binary, where, convert): per-op tile rules on ScalarE/VectorE, run by the tile engine.
+"""Elementwise ops on the NeuronCore.
+
+Each op has a *tile rule* in :data:`TILE_RULES`:
+``rule(ctx, eqn, out, ins)`` computes the op on SBUF tiles of one partition
+count and free shape (``ins[i]`` a Tile, maybe a stride-0 broadcast view, or
+a Python scalar for a Literal). ScalarE activation functions are used where
+the engine has the function (exp, log, tanh, sigmoid, gelu, sqrt, sin ...),
+VectorE ALU ops otherwise; ops the engines lack are composed (floor from
+``mod``, atan from a range-reduced polynomial, sinh from exp, fmod from
+``mod`` of absolute values ...). Every op's lowering runs its rule through the
+tile engine of :mod:`tn.lower.fusion` (tiling, broadcasting by access
+patterns, double buffering), which also fuses chains of these rules.
+
+Numerics: the engines compute in fp32 and round to the output dtype, so
+integer arithmetic is exact only below 2**24. ``erfinv`` and int32 bitwise
+ops have no engine form (CannotLower: host). NaN handling follows the
+engines (``maximum``/``minimum``/``relu`` do not propagate NaN).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, List
+
+import torch
+
+from ..ir import Var
+from .base import CannotLower, lowering
+
+__all__ = ["TILE_RULES", "tile_rule", "ELEMENTWISE_OPS"]
+
+#: op name -> ``rule(ctx, eqn, out_tile, in_tiles)``.
+TILE_RULES: Dict[str, Callable[..., None]] = {}
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def tile_rule(*names: str, precheck: Callable[[Any], None] = None) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Decorator: register a tile rule for the ops ``names`` (``precheck(eqn)`` may raise CannotLower)."""
+
+    def deco(fn: Callable[..., None]) -> Callable[..., None]:
+        if precheck is not None:
+            fn.precheck = precheck
+        for n in names:
+            TILE_RULES[n] = fn
+        return fn
+
+    return deco
+
+
+# --------------------------------------------------------------------------- helpers
+
+class _Tmp:
+    """Scratch fp32 tiles shaped like ``like``, freed together on exit."""
+
+    def __init__(self, ctx: Any, like: Any):
+        self.prog = ctx.prog
+        self.shape = like.shape
+        self.tiles: List[Any] = []
+
+    def __call__(self, dtype: str = "float32") -> Any:
+        t = self.prog.sbuf(self.shape, dtype)
+        self.tiles.append(t)
+        return t
+
+    def const(self, value: float, dtype: str = "float32") -> Any:
+        """A tile full of ``value`` (one element per partition, broadcast by a stride-0 view)."""
+        t = self.prog.sbuf((self.shape[0], 1), dtype)
+        self.tiles.append(t)
+        self.prog.memset(t, value)
+        return t.reshape((self.shape[0],) + (1,) * (len(self.shape) - 1)).broadcast_to(self.shape)
+
+    def __enter__(self) -> "_Tmp":
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        for t in self.tiles:
+            self.prog.free(t)
+        return False
+
+
+def _act(ctx, out, x, func, scale=1.0, bias=None):
+    ctx.prog.activation(out, x, func, scale=scale, bias=bias)
+
+
+def _ts(ctx, out, x, op0, s0, op1=None, s1=None, rev0=False, rev1=False):
+    ctx.prog.tensor_scalar(out, x, op0, float(s0), op1, None if s1 is None else float(s1), reverse0=rev0,
+                           reverse1=rev1)
+
+
+def _tt(ctx, out, a, b, op):
+    ctx.prog.tensor_tensor(out, a, b, op)
+
+
+def _binary(ctx, out, a, b, op, *, commutative=False):
+    """``out = a op b`` where either side may be a Python scalar."""
+    sa, sb = not hasattr(a, "mem"), not hasattr(b, "mem")
+    if sa and sb:
+        with _Tmp(ctx, out) as tmp:
+            _ts(ctx, out, tmp.const(float(a)), op, float(b))
+        return
+    if sb:
+        _ts(ctx, out, a, op, float(b))
+    elif sa:
+        _ts(ctx, out, b, op, float(a), rev0=not commutative)
+    else:
+        _tt(ctx, out, a, b, op)
+
+
+def _is_float(v: Any) -> bool:
+    return isinstance(v, Var) and v.dtype in _FLOATS
+
+
+def _out_float(eqn) -> bool:
+    return eqn.outputs[0].dtype in _FLOATS
+
+
+def _copy(ctx, out, x):
+    if not hasattr(x, "mem"):
+        ctx.prog.memset(out, float(x))
+    else:
+        ctx.prog.tensor_copy(out, x)
+
+
+# --------------------------------------------------------------------------- unary
+
+_ACT_UNARY = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "sin": "sin", "cos": "cos",
+              "tanh": "tanh", "sigmoid": "sigmoid", "erf": "erf"}
+
+
+def _float_only(eqn):
+    if not _out_float(eqn):
+        raise CannotLower(f"{eqn.op.name} on {eqn.outputs[0].dtype} values is not lowered (floats only)")
+
+
+@tile_rule(*_ACT_UNARY, precheck=_float_only)
+def _act_unary(ctx, eqn, out, ins):
+    _act(ctx, out, ins[0], _ACT_UNARY[eqn.op.name])
+
+
+@tile_rule("neg")
+def _neg(ctx, eqn, out, ins):
+    _ts(ctx, out, ins[0], "multiply", -1.0)
+
+
+@tile_rule("abs")
+def _abs(ctx, eqn, out, ins):
+    if _out_float(eqn):
+        _act(ctx, out, ins[0], "abs")
+    else:
+        _ts(ctx, out, ins[0], "abs_max", 0.0)
+
+
+@tile_rule("relu")
+def _relu(ctx, eqn, out, ins):
+    if _out_float(eqn):
+        _act(ctx, out, ins[0], "relu")
+    else:
+        _ts(ctx, out, ins[0], "max", 0.0)
+
+
+@tile_rule("gelu", precheck=_float_only)
+def _gelu(ctx, eqn, out, ins):
+    approx = eqn.attrs.get("approximate", "none")
+    _act(ctx, out, ins[0], "gelu_tanh" if approx == "tanh" else "gelu")
+
+
+@tile_rule("sign")
+def _sign(ctx, eqn, out, ins):
+    if eqn.outputs[0].dtype == torch.bool:
+        _copy(ctx, out, ins[0])
+    else:
+        _act(ctx, out, ins[0], "sign")
+
+
+@tile_rule("exp2", precheck=_float_only)
+def _exp2(ctx, eqn, out, ins):
+    _act(ctx, out, ins[0], "exp", scale=math.log(2.0))
+
+
+@tile_rule("expm1", precheck=_float_only)
+def _expm1(ctx, eqn, out, ins):
+    with _Tmp(ctx, out) as tmp:
+        t = tmp()
+        _act(ctx, t, ins[0], "exp")
+        _ts(ctx, out, t, "subtract", 1.0)
+
+
+@tile_rule("log2", precheck=_float_only)
+def _log2(ctx, eqn, out, ins):
+    with _Tmp(ctx, out) as tmp:
+        t = tmp()
+        _act(ctx, t, ins[0], "log")
+        _ts(ctx, out, t, "multiply", 1.0 / math.log(2.0))
+
+
+@tile_rule("log1p", precheck=_float_only)
+def _log1p(ctx, eqn, out, ins):
+    _act(ctx, out, ins[0], "log", bias=1.0)
+
+
+@tile_rule("reciprocal", precheck=_float_only)
+def _reciprocal(ctx, eqn, out, ins):
+    _ts(ctx, out, ins[0], "divide", 1.0, rev0=True)
+
+
+@tile_rule("tan", precheck=_float_only)
+def _tan(ctx, eqn, out, ins):
+    with _Tmp(ctx, out) as tmp:
+        s, c = tmp(), tmp()
+        _act(ctx, s, ins[0], "sin")
+        _act(ctx, c, ins[0], "cos")
+        _tt(ctx, out, s, c, "divide")
+
+
+@tile_rule("sinh", "cosh", precheck=_float_only)
+def _sinh_cosh(ctx, eqn, out, ins):
+    with _Tmp(ctx, out) as tmp:
+        a, b = tmp(), tmp()
+        _act(ctx, a, ins[0], "exp")
+        _act(ctx, b, ins[0], "exp", scale=-1.0)
+        _tt(ctx, a, a, b, "subtract" if eqn.op.name == "sinh" else "add")
+        _ts(ctx, out, a, "multiply", 0.5)
+
+
+@tile_rule("asinh", precheck=_float_only)
+def _asinh(ctx, eqn, out, ins):
+    x = ins[0]
+    with _Tmp(ctx, out) as tmp:
+        a, t, s = tmp(), tmp(), tmp()
+        _act(ctx, a, x, "abs")
+        _act(ctx, t, x, "square")
+        _act(ctx, t, t, "sqrt", bias=1.0)            # sqrt(x^2 + 1)
+        _tt(ctx, t, t, a, "add")
+        _act(ctx, t, t, "log")
+        _act(ctx, s, x, "sign")
+        _tt(ctx, out, t, s, "multiply")
+
+
+@tile_rule("acosh", precheck=_float_only)
+def _acosh(ctx, eqn, out, ins):
+    x = ins[0]
+    with _Tmp(ctx, out) as tmp:
+        t = tmp()
+        _act(ctx, t, x, "square")
+        _act(ctx, t, t, "sqrt", bias=-1.0)           # sqrt(x^2 - 1)
+        _tt(ctx, t, t, x, "add")
+        _act(ctx, out, t, "log")
+
+
+@tile_rule("atanh", precheck=_float_only)
+def _atanh(ctx, eqn, out, ins):
+    x = ins[0]
+    with _Tmp(ctx, out) as tmp:
+        a, b = tmp(), tmp()
+        _ts(ctx, a, x, "add", 1.0)                   # 1 + x
+        _ts(ctx, b, x, "subtract", 1.0, rev0=True)   # 1 - x
+        _tt(ctx, a, a, b, "divide")
+        _act(ctx, a, a, "log")
+        _ts(ctx, out, a, "multiply", 0.5)
+
+
+def _atan_into(ctx, tmp, out, x):
+    """``out = atan(x)`` (fp32 tiles): Cephes-style range reduction to |u| <= tan(pi/8), odd polynomial."""
+    a, s, big, mid, u, t, y0 = tmp(), tmp(), tmp(), tmp(), tmp(), tmp(), tmp()
+    _act(ctx, a, x, "abs")
+    _act(ctx, s, x, "sign")
+    _ts(ctx, big, a, "is_gt", 2.414213562373095)
+    _ts(ctx, mid, a, "is_gt", 0.4142135623730950)
+    # candidates: u_big = -1/a, u_mid = (a-1)/(a+1), u_small = a
+    _ts(ctx, u, a, "divide", -1.0, rev0=True)
+    _ts(ctx, t, a, "add", 1.0)
+    _ts(ctx, y0, a, "subtract", 1.0)
+    _tt(ctx, t, y0, t, "divide")
+    ctx.prog.select(t, mid, t, a)
+    ctx.prog.select(u, big, u, t)
+    # y0 = pi/4 * (mid + big)  (mid is 1 whenever big is)
+    _tt(ctx, y0, mid, big, "add")
+    _ts(ctx, y0, y0, "multiply", math.pi / 4)
+    # polynomial: u + u*z*(((c0 z + c1) z + c2) z + c3), z = u^2
+    z = mid
+    _tt(ctx, z, u, u, "multiply")
+    _ts(ctx, t, z, "multiply", 8.05374449538e-2, "add", -1.38776856032e-1)
+    _tt(ctx, t, t, z, "multiply")
+    _ts(ctx, t, t, "add", 1.99777106478e-1)
+    _tt(ctx, t, t, z, "multiply")
+    _ts(ctx, t, t, "add", -3.33329491539e-1)
+    _tt(ctx, t, t, z, "multiply")
+    _tt(ctx, t, t, u, "multiply")
+    _tt(ctx, t, t, u, "add")
+    _tt(ctx, t, t, y0, "add")
+    _tt(ctx, out, t, s, "multiply")
+
+
+@tile_rule("atan", precheck=_float_only)
+def _atan(ctx, eqn, out, ins):
+    with _Tmp(ctx, out) as tmp:
+        _atan_into(ctx, tmp, out, ins[0])
+
+
+@tile_rule("asin", "acos", precheck=_float_only)
+def _asin_acos(ctx, eqn, out, ins):
+    x = ins[0]
+    with _Tmp(ctx, out) as tmp:
+        r, q = tmp(), tmp()
+        _act(ctx, r, x, "square")
+        _act(ctx, r, r, "sqrt", scale=-1.0, bias=1.0)  # sqrt(1 - x^2)
+        _tt(ctx, q, x, r, "divide")
+        if eqn.op.name == "asin":
+            _atan_into(ctx, tmp, out, q)
+        else:
+            _atan_into(ctx, tmp, r, q)
+            _ts(ctx, out, r, "multiply", -1.0, "add", math.pi / 2)
+
+
+@tile_rule("atan2", precheck=_float_only)
+def _atan2(ctx, eqn, out, ins):
+    y, x = ins
+    with _Tmp(ctx, out) as tmp:
+        if not hasattr(y, "mem"):
+            y = tmp.const(float(y))
+        if not hasattr(x, "mem"):
+            x = tmp.const(float(x))
+        q, r, c = tmp(), tmp(), tmp()
+        _tt(ctx, q, y, x, "divide")
+        _atan_into(ctx, tmp, r, q)
+        # + pi where x < 0 and y >= 0, - pi where x < 0 and y < 0
+        _ts(ctx, c, y, "is_ge", 0.0, "multiply", 2.0)
+        _ts(ctx, c, c, "subtract", 1.0, "multiply", math.pi)
+        _ts(ctx, q, x, "is_lt", 0.0)
+        _tt(ctx, c, c, q, "multiply")
+        _tt(ctx, out, r, c, "add")
+
+
+def _int_identity(ctx, out, x):
+    ctx.prog.tensor_copy(out, x)
+
+
+@tile_rule("floor")
+def _floor(ctx, eqn, out, ins):
+    if not _out_float(eqn):
+        return _int_identity(ctx, out, ins[0])
+    with _Tmp(ctx, out) as tmp:
+        f = tmp()
+        _ts(ctx, f, ins[0], "mod", 1.0)
+        _tt(ctx, out, ins[0], f, "subtract")
+
+
+@tile_rule("ceil")
+def _ceil(ctx, eqn, out, ins):
+    if not _out_float(eqn):
+        return _int_identity(ctx, out, ins[0])
+    with _Tmp(ctx, out) as tmp:
+        f = tmp()
+        _ts(ctx, f, ins[0], "multiply", -1.0, "mod", 1.0)
+        _tt(ctx, out, ins[0], f, "add")
+
+
+@tile_rule("trunc")
+def _trunc(ctx, eqn, out, ins):
+    if not _out_float(eqn):
+        return _int_identity(ctx, out, ins[0])
+    with _Tmp(ctx, out) as tmp:
+        a, f, s = tmp(), tmp(), tmp()
+        _act(ctx, a, ins[0], "abs")
+        _ts(ctx, f, a, "mod", 1.0)
+        _tt(ctx, a, a, f, "subtract")
+        _act(ctx, s, ins[0], "sign")
+        _tt(ctx, out, a, s, "multiply")
+
+
+_MAGIC = 12582912.0  # 1.5 * 2**23: x + M - M rounds fp32 x to the nearest integer, ties to even
+
+
+@tile_rule("round")
+def _round(ctx, eqn, out, ins):
+    if not _out_float(eqn):
+        return _int_identity(ctx, out, ins[0])
+    if eqn.attrs.get("decimals", 0):
+        raise CannotLower("round with decimals is not lowered")
+    x = ins[0]
+    with _Tmp(ctx, out) as tmp:
+        r, small = tmp(), tmp()
+        _ts(ctx, r, x, "add", _MAGIC, "subtract", _MAGIC)
+        _ts(ctx, small, x, "abs_max", 0.0, "is_lt", 4194304.0)
+        ctx.prog.select(out, small, r, x)
+
+
+@tile_rule("logical_not")
+def _logical_not(ctx, eqn, out, ins):
+    _ts(ctx, out, ins[0], "is_equal", 0.0)
+
+
+def _bitwise_not_check(eqn):
+    if eqn.inputs[0].dtype != torch.bool:
+        raise CannotLower("bitwise_not on integers needs integer ALU ops the engines lack")
+
+
+@tile_rule("bitwise_not", precheck=_bitwise_not_check)
+def _bitwise_not(ctx, eqn, out, ins):
+    _ts(ctx, out, ins[0], "is_equal", 0.0)
+
+
+@tile_rule("isnan")
+def _isnan(ctx, eqn, out, ins):
+    _tt(ctx, out, ins[0], ins[0], "not_equal")
+
+
+@tile_rule("isinf")
+def _isinf(ctx, eqn, out, ins):
+    _ts(ctx, out, ins[0], "abs_max", 0.0, "is_equal", math.inf)
+
+
+def _erfinv_check(eqn):
+    raise CannotLower("erfinv has no ScalarE function and no cheap composition; it runs on the host")
+
+
+@tile_rule("erfinv", precheck=_erfinv_check)
+def _erfinv(ctx, eqn, out, ins):
+    raise CannotLower("erfinv is not lowered")
+
+
+# --------------------------------------------------------------------------- binary
+
+_ALU_BINARY = {"add": ("add", True), "sub": ("subtract", False), "mul": ("multiply", True),
+               "maximum": ("max", True), "minimum": ("min", True), "remainder": ("mod", False),
+               "eq": ("is_equal", True), "ne": ("not_equal", True), "lt": ("is_lt", False),
+               "le": ("is_le", False), "gt": ("is_gt", False), "ge": ("is_ge", False),
+               "logical_and": ("logical_and", True), "logical_or": ("logical_or", True),
+               "logical_xor": ("logical_xor", True)}
+
+
+@tile_rule(*_ALU_BINARY)
+def _alu_binary(ctx, eqn, out, ins):
+    op, comm = _ALU_BINARY[eqn.op.name]
+    a, b = ins
+    if eqn.op.name == "sub" and eqn.outputs[0].dtype == torch.bool:
+        raise CannotLower("sub on bool tensors is an error in torch")
+    _binary(ctx, out, a, b, op, commutative=comm)
+
+
+def _bitwise_check(eqn):
+    for a in eqn.inputs:
+        if isinstance(a, Var) and a.dtype != torch.bool:
+            raise CannotLower(f"{eqn.op.name} on {a.dtype} needs integer ALU ops the engines lack (bool only)")
+        if not isinstance(a, Var) and not isinstance(a.value, bool):
+            raise CannotLower(f"{eqn.op.name} with an integer scalar needs integer ALU ops (bool only)")
+
+
+_BITWISE = {"bitwise_and": "logical_and", "bitwise_or": "logical_or", "bitwise_xor": "logical_xor"}
+
+
+@tile_rule(*_BITWISE, precheck=_bitwise_check)
+def _bitwise(ctx, eqn, out, ins):
+    _binary(ctx, out, ins[0], ins[1], _BITWISE[eqn.op.name], commutative=True)
+
+
+@tile_rule("div")
+def _div(ctx, eqn, out, ins):
+    mode = eqn.attrs.get("rounding_mode")
+    a, b = ins
+    if mode is None:
+        _binary(ctx, out, a, b, "divide")
+        return
+    with _Tmp(ctx, out) as tmp:
+        q, f = tmp(), tmp()
+        _binary(ctx, q, a, b, "divide")
+        if mode == "floor":
+            _ts(ctx, f, q, "mod", 1.0)
+            _tt(ctx, out, q, f, "subtract")
+        else:  # trunc
+            s = tmp()
+            _act(ctx, s, q, "sign")
+            _act(ctx, q, q, "abs")
+            _ts(ctx, f, q, "mod", 1.0)
+            _tt(ctx, q, q, f, "subtract")
+            _tt(ctx, out, q, s, "multiply")
+
+
+@tile_rule("pow")
+def _pow(ctx, eqn, out, ins):
+    a, b = ins
+    if hasattr(a, "mem") and not hasattr(b, "mem"):
+        e = float(b)
+        if e == 2.0:
+            _tt(ctx, out, a, a, "multiply")
+            return
+        if e == 1.0:
+            ctx.prog.tensor_copy(out, a)
+            return
+        if e == 0.5 and _out_float(eqn):
+            _act(ctx, out, a, "sqrt")
+            return
+        if e == -1.0 and _out_float(eqn):
+            _ts(ctx, out, a, "divide", 1.0, rev0=True)
+            return
+    _binary(ctx, out, a, b, "pow")
+
+
+@tile_rule("fmod")
+def _fmod(ctx, eqn, out, ins):
+    a, b = ins
+    with _Tmp(ctx, out) as tmp:
+        if not hasattr(a, "mem"):
+            a = tmp.const(float(a))
+        aa, s = tmp(), tmp()
+        _ts(ctx, aa, a, "abs_max", 0.0)
+        _ts(ctx, s, a, "is_ge", 0.0, "multiply", 2.0)
+        _ts(ctx, s, s, "subtract", 1.0)
+        if hasattr(b, "mem"):
+            bb = tmp()
+            _ts(ctx, bb, b, "abs_max", 0.0)
+            _tt(ctx, aa, aa, bb, "mod")
+        else:
+            _ts(ctx, aa, aa, "mod", abs(float(b)))
+        _tt(ctx, out, aa, s, "multiply")
+
+
+# --------------------------------------------------------------------------- where, convert
+
+@tile_rule("where")
+def _where(ctx, eqn, out, ins):
+    c, x, y = ins
+    with _Tmp(ctx, out) as tmp:
+        if not hasattr(x, "mem"):
+            x = tmp.const(float(x))
+        if not hasattr(y, "mem"):
+            y = tmp.const(float(y))
+        if not hasattr(c, "mem"):
+            _copy(ctx, out, x if c else y)
+            return
+        ctx.prog.select(out, c, x, y)
+
+
+@tile_rule("convert")
+def _convert(ctx, eqn, out, ins):
+    _copy(ctx, out, ins[0])
+
+
+#: Every elementwise op with a tile rule.
+ELEMENTWISE_OPS = tuple(sorted(TILE_RULES))
+
+
+@lowering(*ELEMENTWISE_OPS)
+def _lower_elementwise(ctx, eqn, ins, outs):
+    """One elementwise equation through the tile engine (a map group of one)."""
+    from .fusion import lower_map
+
+    in_vars = [a for a in eqn.inputs if isinstance(a, Var)]
+    in_hbm = [t for a, t in zip(eqn.inputs, ins) if isinstance(a, Var)]
+    # the same Var used twice is loaded once
+    seen: Dict[Var, Any] = {}
+    for v, t in zip(in_vars, in_hbm):
+        seen.setdefault(v, t)
+    lower_map(ctx, [eqn], list(seen), list(seen.values()), list(eqn.outputs), outs)
