@@ -1,0 +1,120 @@
+# Tests of the matmul lowering (tn/lower/matmul.py): edge shapes, dtypes, batching, epilogue store path, CannotLower.
+import pytest
+import torch
+
+pytest.importorskip("tn.lower.base")
+from tn.lower.base import CannotLower, LowerCtx  # noqa: E402
+from tn.lower.testing import check_lowering  # noqa: E402
+from tn.lower import matmul as mm  # noqa: E402
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _mats(m, k, n, dtype, batch=()):
+    g = torch.Generator().manual_seed(m * 1000003 + k * 1009 + n)
+    a = torch.randn(*batch, m, k, generator=g).to(dtype)
+    b = torch.randn(*batch, k, n, generator=g).to(dtype)
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (1, 7, 1), (3, 5, 7), (127, 128, 129), (128, 129, 128),
+                                   (129, 127, 513), (2, 300, 3)])
+def test_matmul_edge_shapes(m, k, n, dtype):
+    a, b = _mats(m, k, n, dtype)
+    check_lowering("matmul", a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("batch,m,k,n", [((2,), 1, 1, 1), ((3,), 5, 7, 9), ((4,), 128, 64, 128),
+                                         ((2, 3), 33, 70, 20), ((2,), 130, 129, 40), ((3,), 4, 200, 600)])
+def test_matmul_batched(batch, m, k, n, dtype):
+    a, b = _mats(m, k, n, dtype, batch)
+    check_lowering("matmul", a, b)
+
+
+def test_matmul_uses_tensore_and_psum_accumulation():
+    a, b = _mats(256, 384, 600, torch.bfloat16)
+    res = check_lowering("matmul", a, b)
+    # 2 row tiles x 2 column banks x 3 K chunks, all on TensorE, exact flop count
+    assert res.matmul_flops == 2 * 256 * 384 * 600
+    assert res.counts["TensorE"] >= 2 * 2 * 3
+    # A read once, B read once, C written once (no spills)
+    assert res.hbm_read_bytes == (256 * 384 + 384 * 600) * 2
+    assert res.hbm_write_bytes == 256 * 600 * 2
+
+
+def test_matmul_special_values():
+    a = torch.tensor([[1.0, float("inf")], [0.0, 2.0]])
+    b = torch.tensor([[1.0, 0.5], [2.0, -1.0]])
+    check_lowering("matmul", a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float64], ids=str)
+def test_matmul_cannot_lower_other_dtypes(dtype):
+    from tn.lower.testing import build_eqn_ir
+    from tn.neuron import Program
+
+    a = torch.ones(4, 4, dtype=dtype)
+    ir = build_eqn_ir("matmul", a, a)
+    eqn = ir.eqns[0]
+    prog = Program("t")
+    ctx = LowerCtx(prog)
+    with pytest.raises(CannotLower):
+        ins = [prog.hbm("a", (4, 4), "int32"), prog.hbm("b", (4, 4), "int32")]
+        mm.lower_matmul(ctx, eqn, ins, [prog.hbm("c", (4, 4), "int32", kind="output")])
+
+
+def test_emit_matmul_with_transposed_a_and_custom_store():
+    """The conv entry point: A^T given in HBM, results written through a store callback."""
+    import numpy as np
+    from tn.neuron import Program
+
+    M, K, N = 200, 150, 70
+    prog = Program("mmT")
+    at = prog.hbm("at", (1, K, M), "float32")
+    b = prog.hbm("b", (1, K, N), "float32")
+    c = prog.hbm("c", (1, M, N), "float32", kind="output")
+    ctx = LowerCtx(prog)
+    stored = []
+
+    def store(dst, tile):
+        stored.append(tuple(dst.shape))
+        prog.dma_copy(dst, tile)
+
+    mm.emit_matmul(ctx, None, b.view(), c.view(), a_t=at.view(), store=store)
+    assert stored and sum(s[0] * s[1] for s in stored) == M * N
+    A = np.random.default_rng(0).standard_normal((M, K)).astype(np.float32)
+    B = np.random.default_rng(1).standard_normal((K, N)).astype(np.float32)
+    res = prog.run({"at": np.ascontiguousarray(A.T[None]), "b": B[None].copy()})
+    assert res.counts["TensorE"] > 0 and "transpose" not in {o for *_, o in res.instructions()}
+    np.testing.assert_allclose(res.outputs["c"][0], A @ B, rtol=1e-4, atol=1e-4)
+
+
+def test_matmul_frees_all_tiles():
+    from tn.lower.testing import build_eqn_ir
+    from tn.neuron import Program
+
+    a, b = _mats(300, 200, 700, torch.float32)
+    ir = build_eqn_ir("matmul", a, b)
+    prog = Program("free")
+    ctx = LowerCtx(prog)
+    ins = [prog.hbm("a", (300, 200)), prog.hbm("b", (200, 700))]
+    mm.lower_matmul(ctx, ir.eqns[0], ins, [prog.hbm("c", (300, 700), kind="output")])
+    assert prog._sbuf.in_use == 0 and prog._psum.in_use == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_matmul_large(dtype):
+    a, b = _mats(512, 2048, 1024, dtype)
+    res = check_lowering("matmul", a, b, rtol=2e-2 if dtype == torch.bfloat16 else 1e-3, atol=1e-1)
+    assert res.tensor_utilisation > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("m,k,n", [(256, 2048, 4096), (130, 12000, 600), (600, 3000, 3000)])
+def test_matmul_streams_when_operands_do_not_fit(m, k, n):
+    # fp32 operands too large for SBUF: B panels streamed, A^T per row-tile group, K split into panels
+    a, b = _mats(m, k, n, torch.float32)
+    check_lowering("matmul", a / 50, b, rtol=1e-3, atol=1e-3)

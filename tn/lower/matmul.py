@@ -1,0 +1,466 @@
+# Lowering of the core `matmul` op to TensorE: K-accumulation in PSUM, TensorE transposes, resident/streamed operands.
+"""Matmul on the NeuronCore: ``C[..., M, N] = A[..., M, K] @ B[..., K, N]``.
+
+TensorE computes ``psum[M, N] (+)= stat[K, M]^T @ mov[K, N]`` with K on the
+partitions of both operands, so the lowering needs ``A^T`` (K on
+partitions, M on the free axis) as the stationary operand and ``B`` as it
+lies in HBM (K rows on partitions) as the moving one.
+
+Plan (:func:`emit_matmul`, also used by :mod:`tn.lower.conv`):
+
+* **A^T** is made on chip: rows of A are DMA'd into a staging tile (M on
+  partitions, contiguous runs of K), each 128x128 block goes through a
+  TensorE transpose into PSUM (up to one bank of blocks per group), and one
+  copy per group (alternating VectorE/ScalarE) moves it into the A^T store
+  ``[128, KC, M]`` in SBUF. A caller that already has ``A^T`` in HBM (im2col
+  in conv) passes it as ``a_t`` and it is DMA'd straight in.
+* **B** is loaded in column panels ``[128, KC, ngw]`` (``ngw`` wide enough
+  for >= 2 KiB contiguous DMA runs), one panel ahead of its use (double
+  buffering), and stays resident for every row tile that uses it.
+* **Output tiles** ``[<=128, <=512]`` accumulate over K chunks in one PSUM
+  bank each (``accumulate=True`` after the first chunk, ``stop`` on the
+  last); banks rotate through a ring so evacuation overlaps the next tile's
+  matmuls. Groups of up to 4 row tiles share each B chunk (more matmuls per
+  byte loaded while the first panels stream in).
+* **Epilogue**: each output tile is evacuated PSUM -> SBUF with a cast to the
+  output dtype (the rounding torch does) and written with ``ctx.store`` so a
+  fused epilogue (bias, GELU, residual, ...) applies on chip.
+* When the operands do not fit in SBUF, A^T is built per group of row tiles
+  and, for very large K, K is split into panels (PSUM keeps accumulating
+  across panels); everything is then reloaded as needed.
+
+bf16/fp16 go to TensorE as they are (fp32 accumulation); fp32 runs at the
+fp32 rate (4x the cycles). Integer and float64 matmuls raise
+:class:`~tn.lower.base.CannotLower`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from ..neuron import isa
+from .base import CannotLower, lowering
+
+__all__ = ["emit_matmul", "MATMUL_DTYPES"]
+
+#: NeuronCore dtypes TensorE multiplies.
+MATMUL_DTYPES = ("float32", "bfloat16", "float16")
+
+_P = 128            # partitions, max K and M per instruction
+_NB = 512           # fp32 columns of one PSUM bank, max N per instruction
+_RESERVE = 8 * 1024  # SBUF bytes per partition left for others (fused epilogues' operand tiles)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _Ring:
+    """Tiles handed out in turn (PSUM banks, staging buffers), so consecutive users overlap."""
+
+    def __init__(self, tiles):
+        self.tiles = list(tiles)
+        self.i = 0
+
+    def take(self):
+        """The next tile of the ring."""
+        t = self.tiles[self.i % len(self.tiles)]
+        self.i += 1
+        return t
+
+
+class _Copier:
+    """PSUM/SBUF copies with dtype casts, alternating between VectorE and ScalarE."""
+
+    def __init__(self, prog):
+        self.prog = prog
+        self.n = 0
+
+    def __call__(self, out, src):
+        self.n += 1
+        if self.n % 2:
+            self.prog.tensor_copy(out, src, engine="vector")
+        else:
+            self.prog.activation(out, src, "identity")
+
+
+def _sbuf_free(prog) -> int:
+    alloc = getattr(prog, "_sbuf", None)
+    used = alloc.in_use if alloc is not None else 0
+    return prog.arch.sbuf_partition_bytes - used - _RESERVE
+
+
+def emit_matmul(ctx: Any, a, b, c, *, a_t=None, store: Optional[Callable[[Any, Any], None]] = None,
+                psum_banks: Optional[int] = None) -> None:
+    """Emit ``c[i] = a[i] @ b[i]`` for every batch index ``i`` into ``ctx.prog``.
+
+    ``a``: HBM view ``[Bt, M, K]`` (or None when ``a_t`` is given), ``a_t``:
+    HBM view ``[Bt, K, M]`` holding A already transposed, ``b``: ``[Bt, K,
+    N]``, ``c``: ``[Bt, M, N]`` (any dtype; the result is cast to it). Inputs
+    share one TensorE dtype (fp32, bf16, fp16). ``store(dst_view, tile)``
+    writes a finished output tile (default ``ctx.store``, which applies a
+    fused epilogue). Every SBUF/PSUM tile allocated is freed on return.
+    """
+    prog = ctx.prog
+    src = a if a_t is None else a_t
+    Bt = src.shape[0]
+    if a_t is None:
+        M, K = a.shape[1], a.shape[2]
+    else:
+        K, M = a_t.shape[1], a_t.shape[2]
+    N = b.shape[2]
+    if b.shape[0] != Bt or b.shape[1] != K or tuple(c.shape) != (Bt, M, N):
+        raise CannotLower(f"matmul shapes do not agree: A {tuple(src.shape)} (transposed={a_t is not None}), "
+                          f"B {tuple(b.shape)}, C {tuple(c.shape)}")
+    dt = src.dtype
+    if dt not in MATMUL_DTYPES or b.dtype != dt:
+        raise CannotLower(f"TensorE multiplies fp32/bf16/fp16 operands of one dtype, not {src.dtype} @ {b.dtype}")
+    store = ctx.store if store is None else store
+    mm = _Matmul(prog, a, a_t, b, c, Bt, M, K, N, store, psum_banks)
+    bg = mm._slab_size()
+    if bg:
+        mm.emit_slabs(bg)
+    else:
+        mm.emit()
+
+
+class _Matmul:
+    """Tiling plan and emission of one (batched) matmul; see the module docstring."""
+
+    def __init__(self, prog, a, a_t, b, c, Bt, M, K, N, store, psum_banks):
+        self.prog = prog
+        self.a, self.a_t, self.b, self.c = a, a_t, b, c
+        self.Bt, self.M, self.K, self.N = Bt, M, K, N
+        self.store = store
+        arch = prog.arch
+        self.dt = b.dtype
+        self.isz = isa.DTYPE_SIZES[isa.dtype_code(self.dt)]
+        self.osz = isa.DTYPE_SIZES[isa.dtype_code(c.dtype)]
+        self.KC = _cdiv(K, _P)
+        self.MT = _cdiv(M, _P)
+        nbanks_total = arch.psum_partition_bytes // arch.psum_bank_bytes
+        self.tbanks = 0 if a_t is not None else 2
+        self.abanks = psum_banks or max(1, nbanks_total - self.tbanks)
+        # B panel width: whole banks, >= 2 KiB contiguous per partition row when N allows
+        want = max(_NB, (2048 // self.isz) // _NB * _NB)
+        self.ngw = min(N, want)
+        self.nb = _cdiv(self.ngw, _NB)              # banks per output tile row
+        self.NGn = _cdiv(N, self.ngw)
+        self.MG = max(1, min(self.MT, 4 // self.nb))  # row tiles sharing each B chunk
+        self._plan(_sbuf_free(prog))
+
+    # ------------------------------------------------------------------ planning
+    def _plan(self, budget: int) -> None:
+        isz, KC, MT, MG = self.isz, self.KC, self.MT, self.MG
+        out_b = 2 * self.ngw * self.osz
+
+        def fixed(kp):
+            st = 0 if self.a_t is not None else 2 * kp * _P * isz
+            return st + out_b
+
+        KP = KC
+        while True:
+            bpan = 2 * KP * self.ngw * isz
+            at_min = KP * MG * _P * isz * (1 if KP == KC else 2)
+            if fixed(KP) + bpan + at_min <= budget or KP == 1:
+                break
+            KP = _cdiv(KP, 2)
+        if fixed(KP) + 2 * KP * self.ngw * isz + KP * MG * _P * isz > budget:
+            raise CannotLower(f"matmul [{self.M}x{self.K}] @ [{self.K}x{self.N}] ({self.dt}) does not fit in SBUF "
+                              f"even with K split into 128-row panels")
+        self.KP = KP
+        self.KPn = _cdiv(KC, KP)
+        rest = budget - fixed(KP)
+        b_all = KC * self.N * isz
+        if self.KPn == 1:
+            # B fully resident (per batch) when it fits next to at least one group of A^T
+            self.b_resident = b_all + KC * MG * _P * isz <= rest and self.NGn > 1
+            rest -= b_all if self.b_resident else 2 * KP * self.ngw * isz
+            per_tile = KC * _P * isz
+            sg = max(MG, min(MT, rest // per_tile) // MG * MG)
+            self.SG = min(MT, sg)
+        else:
+            self.b_resident = False
+            self.SG = MG
+        # A^T buffers: one when it holds all row tiles (reused across batches is not possible), else two
+        self.at_cols = min(self.M, self.SG * _P)
+        rest2 = budget - fixed(KP) - (b_all if self.b_resident else 2 * KP * self.ngw * isz)
+        self.at_bufs = 2 if 2 * KP * self.at_cols * isz <= rest2 else 1
+
+    # ------------------------------------------------------------------ emission
+    def emit(self) -> None:
+        prog = self.prog
+        isz, KP = self.isz, self.KP
+        tiles = []
+
+        def sb(shape, dtype, name):
+            t = prog.sbuf(shape, dtype, name=name)
+            tiles.append(t)
+            return t
+
+        def ps(shape, dtype, name):
+            t = prog.psum(shape, dtype, name=name)
+            tiles.append(t)
+            return t
+
+        try:
+            self.at_ring = _Ring(sb((_P, KP, self.at_cols), self.dt, f"mm_aT{i}") for i in range(self.at_bufs))
+            if self.b_resident:
+                self.b_ring = _Ring([sb((_P, self.KC, self.N), self.dt, "mm_b")])
+            else:
+                nbuf = 1 if (self.NGn == 1 and self.KPn == 1) else 2
+                self.b_ring = _Ring(sb((_P, KP, self.ngw), self.dt, f"mm_b{i}") for i in range(nbuf))
+            self.out_ring = _Ring(sb((_P, self.ngw), self.c.dtype, f"mm_out{i}") for i in range(2))
+            if self.a_t is None:
+                self.stage_ring = _Ring(sb((_P, KP * _P), self.dt, f"mm_stage{i}") for i in range(2))
+                G = max(1, min(prog.arch.psum_bank_bytes // (_P * isz), 8))
+                self.G = min(G, KP)
+                self.tp_ring = _Ring(ps((_P, self.G, _P), self.dt, f"mm_tp{i}") for i in range(self.tbanks))
+            self.acc_ring = _Ring(ps((_P, _NB), "float32", f"mm_acc{i}") for i in range(self.abanks))
+            self.copy = _Copier(prog)
+            for bi in range(self.Bt):
+                self._emit_batch(bi)
+        finally:
+            for t in reversed(tiles):
+                prog.free(t)
+
+    def _slab_size(self) -> int:
+        """Batches per slab when each batch is one tile group (0: use the per-batch plan)."""
+        if self.Bt < 2 or self.MT != 1 or self.NGn != 1 or self.KPn != 1:
+            return 0
+        isz, KC, M, N = self.isz, self.KC, self.M, self.N
+        per = (0 if self.a_t is not None else self.K * isz) + KC * M * isz + KC * N * isz + N * self.osz
+        budget = _sbuf_free(self.prog)
+        bg = min(self.Bt, 64, budget // (2 * per))
+        return bg if bg >= 2 else 0
+
+    def emit_slabs(self, bg: int) -> None:
+        """Small batched matmuls: operands of ``bg`` batches move in one DMA each (batch on the free axis)."""
+        prog = self.prog
+        isz, KC, M, N, K = self.isz, self.KC, self.M, self.N, self.K
+        tiles = []
+
+        def sb(shape, dtype, name):
+            t = prog.sbuf(shape, dtype, name=name)
+            tiles.append(t)
+            return t
+
+        try:
+            at_ring = _Ring(sb((_P, bg * KC, M), self.dt, f"mm_aT{i}") for i in range(2))
+            b_ring = _Ring(sb((_P, bg, KC, N), self.dt, f"mm_b{i}") for i in range(2))
+            o_ring = _Ring(sb((_P, bg, N), self.c.dtype, f"mm_out{i}") for i in range(2))
+            nb = _cdiv(N, _NB)
+            acc_ring = _Ring(prog.psum((_P, _NB), "float32", name=f"mm_acc{i}") for i in range(self.abanks))
+            tiles.extend(acc_ring.tiles)
+            if self.a_t is None:
+                st_ring = _Ring(sb((_P, bg, K), self.dt, f"mm_stage{i}") for i in range(2))
+                G = max(1, min(prog.arch.psum_bank_bytes // (_P * isz), 8))
+                tp_ring = _Ring(prog.psum((_P, G, _P), self.dt, name=f"mm_tp{i}") for i in range(self.tbanks))
+                tiles.extend(tp_ring.tiles)
+            copy = _Copier(prog)
+            for b0 in range(0, self.Bt, bg):
+                g = min(bg, self.Bt - b0)
+                at = at_ring.take()
+                if self.a_t is None:
+                    st = st_ring.take()
+                    prog.dma_copy(st[:M, :g, :], self.a[b0:b0 + g].permute(1, 0, 2))
+                    pairs = [(j, kc) for j in range(g) for kc in range(KC)]
+                    for p0 in range(0, len(pairs), G):
+                        grp = pairs[p0:p0 + G]
+                        tp = tp_ring.take()
+                        for i, (j, kc) in enumerate(grp):
+                            kp = min(_P, K - kc * _P)
+                            prog.transpose(tp[:kp, i, :M], st[:M, j, kc * _P:kc * _P + kp])
+                        if K % _P == 0:
+                            copy(at[:, p0:p0 + len(grp), :], tp[:, :len(grp), :M])
+                        else:
+                            kp_last = K - (KC - 1) * _P
+                            for i, (j, kc) in enumerate(grp):
+                                kp = _P if kc < KC - 1 else kp_last
+                                # runs of full chunks could be merged; small K makes this one copy per batch
+                                copy(at[:kp, p0 + i, :], tp[:kp, i, :M])
+                else:
+                    for kc in range(KC):
+                        kp = min(_P, K - kc * _P)
+                        atv = at[:kp, :g * KC, :].reshape(kp, g, KC, M)
+                        prog.dma_copy(atv[:, :, kc, :], self.a_t[b0:b0 + g, kc * _P:kc * _P + kp, :].permute(1, 0, 2))
+                bt = b_ring.take()
+                for kc in range(KC):
+                    kp = min(_P, K - kc * _P)
+                    prog.dma_copy(bt[:kp, :g, kc, :], self.b[b0:b0 + g, kc * _P:kc * _P + kp, :].permute(1, 0, 2))
+                ot = o_ring.take()
+                for j in range(g):
+                    for jb in range(nb):
+                        c0 = jb * _NB
+                        cw = min(_NB, N - c0)
+                        acc = acc_ring.take()
+                        for kc in range(KC):
+                            kp = min(_P, K - kc * _P)
+                            prog.matmul(acc[:M, :cw], at[:kp, j * KC + kc, :], bt[:kp, j, kc, c0:c0 + cw],
+                                        accumulate=kc > 0, stop=kc == KC - 1)
+                        copy(ot[:M, j, c0:c0 + cw], acc[:M, :cw])
+                    self.store(self.c[b0 + j], ot[:M, j, :])
+        finally:
+            for t in reversed(tiles):
+                prog.free(t)
+
+    def _emit_batch(self, bi: int) -> None:
+        MT, SG, MG, KPn = self.MT, self.SG, self.MG, self.KPn
+        # the B keys in order of use: (ng, kpanel), consecutive duplicates removed, for one-ahead prefetch
+        seq = []
+        for sg0 in range(0, MT, SG):
+            for ng in range(self.NGn):
+                for mg0 in range(sg0, min(MT, sg0 + SG), MG):
+                    for kpn in range(KPn):
+                        key = (ng, kpn)
+                        if not seq or seq[-1] != key:
+                            seq.append(key)
+        self._bseq = seq
+        self._bpos = -1
+        self._bloaded = {}
+        at_key = None
+        at = None
+        for sg0 in range(0, MT, SG):
+            sg_tiles = list(range(sg0, min(MT, sg0 + SG)))
+            for ng in range(self.NGn):
+                for mg0 in range(sg0, sg_tiles[-1] + 1, MG):
+                    mts = list(range(mg0, min(sg_tiles[-1] + 1, mg0 + MG)))
+                    n0 = ng * self.ngw
+                    nw = min(self.ngw, self.N - n0)
+                    nb = _cdiv(nw, _NB)
+                    accs = {(mt, j): self.acc_ring.take() for mt in mts for j in range(nb)}
+                    for kpn in range(KPn):
+                        if at_key != (sg0, kpn):
+                            at = self.at_ring.take()
+                            self._load_at(bi, at, sg_tiles, kpn)
+                            at_key = (sg0, kpn)
+                        bt, boff = self._use_b(bi, (ng, kpn))
+                        self._matmuls(at, sg0, bt, boff, mts, accs, kpn, nw, nb)
+                    for mt in mts:
+                        self._evacuate(bi, mt, n0, nw, nb, accs)
+
+    def _load_at(self, bi, at, sg_tiles, kpn) -> None:
+        """Fill ``at[:, :, cols]`` with A^T for the row tiles ``sg_tiles`` and K panel ``kpn``."""
+        prog = self.prog
+        K, M = self.K, self.M
+        kc0 = kpn * self.KP
+        kc1 = min(self.KC, kc0 + self.KP)
+        k0, k1 = kc0 * _P, min(K, kc1 * _P)
+        m_base = sg_tiles[0] * _P
+        if self.a_t is not None:
+            m1 = min(M, (sg_tiles[-1] + 1) * _P)
+            src = self.a_t[bi]
+            for kc in range(kc0, kc1):
+                kk = kc * _P
+                kp = min(_P, K - kk)
+                prog.dma_copy(at[:kp, kc - kc0, :m1 - m_base], src[kk:kk + kp, m_base:m1])
+            return
+        src = self.a[bi]
+        for mt in sg_tiles:
+            m0 = mt * _P
+            mp = min(_P, M - m0)
+            st = self.stage_ring.take()
+            prog.dma_copy(st[:mp, :k1 - k0], src[m0:m0 + mp, k0:k1])
+            col = m0 - m_base
+            for g0 in range(kc0, kc1, self.G):
+                g1 = min(kc1, g0 + self.G)
+                tp = self.tp_ring.take()
+                for kc in range(g0, g1):
+                    kk = kc * _P
+                    kp = min(_P, K - kk)
+                    prog.transpose(tp[:kp, kc - g0, :mp], st[:mp, kk - k0:kk - k0 + kp])
+                last_partial = g1 == self.KC and K % _P != 0
+                full_end = g1 - 1 if last_partial else g1
+                if full_end > g0:
+                    self.copy(at[:, g0 - kc0:full_end - kc0, col:col + mp], tp[:, 0:full_end - g0, :mp])
+                if last_partial:
+                    kp = K - (self.KC - 1) * _P
+                    self.copy(at[:kp, g1 - 1 - kc0, col:col + mp], tp[:kp, g1 - 1 - g0, :mp])
+
+    def _use_b(self, bi, key):
+        """The SBUF tile holding B panel ``key`` = (ng, kpanel) and its column offset; loads it (and the next one)."""
+        if self._bpos < 0 or self._bseq[self._bpos] != key:
+            self._bpos += 1
+        for pos in (self._bpos, self._bpos + 1):
+            if pos < len(self._bseq) and pos not in self._bloaded:
+                self._bloaded[pos] = self._load_b(bi, self._bseq[pos])
+        return self._bloaded[self._bpos]
+
+    def _load_b(self, bi, key):
+        ng, kpn = key
+        prog = self.prog
+        n0 = ng * self.ngw
+        nw = min(self.ngw, self.N - n0)
+        kc0 = kpn * self.KP
+        kc1 = min(self.KC, kc0 + self.KP)
+        if self.b_resident:
+            t = self.b_ring.tiles[0]
+            off = n0
+        else:
+            t = self.b_ring.take()
+            off = 0
+        src = self.b[bi]
+        for kc in range(kc0, kc1):
+            kk = kc * _P
+            kp = min(_P, self.K - kk)
+            prog.dma_copy(t[:kp, kc - kc0, off:off + nw], src[kk:kk + kp, n0:n0 + nw])
+        return t, off
+
+    def _matmuls(self, at, sg0, bt, boff, mts, accs, kpn, nw, nb) -> None:
+        prog = self.prog
+        K, M = self.K, self.M
+        kc0 = kpn * self.KP
+        kc1 = min(self.KC, kc0 + self.KP)
+        for kc in range(kc0, kc1):
+            kp = min(_P, K - kc * _P)
+            for mt in mts:
+                m0 = mt * _P
+                mp = min(_P, M - m0)
+                col = m0 - sg0 * _P
+                stat = at[:kp, kc - kc0, col:col + mp]
+                for j in range(nb):
+                    c0 = j * _NB
+                    cw = min(_NB, nw - c0)
+                    prog.matmul(accs[(mt, j)][:mp, :cw], stat, bt[:kp, kc - kc0, boff + c0:boff + c0 + cw],
+                                accumulate=kc > 0, stop=kc == self.KC - 1)
+
+    def _evacuate(self, bi, mt, n0, nw, nb, accs) -> None:
+        m0 = mt * _P
+        mp = min(_P, self.M - m0)
+        ot = self.out_ring.take()
+        for j in range(nb):
+            c0 = j * _NB
+            cw = min(_NB, nw - c0)
+            self.copy(ot[:mp, c0:c0 + cw], accs[(mt, j)][:mp, :cw])
+        self.store(self.c[bi, m0:m0 + mp, n0:n0 + nw], ot[:mp, :nw])
+
+
+def _as3(t, lead: int, r: int, cdim: int):
+    """HBM tensor ``t`` of shape ``[..., r, cdim]`` as a ``[lead, r, cdim]`` view."""
+    return t.reshape(lead, r, cdim)
+
+
+@lowering("matmul")
+def lower_matmul(ctx, eqn, ins, outs) -> None:
+    """``[..., M, K] @ [..., K, N]`` (equal batch dims) on TensorE; see the module docstring."""
+    av, bv = eqn.inputs
+    if not hasattr(av, "shape") or not hasattr(bv, "shape"):
+        raise CannotLower("matmul of a Python scalar")
+    if len(av.shape) < 2 or len(bv.shape) < 2:
+        raise CannotLower(f"matmul needs operands of rank >= 2 (got {tuple(av.shape)} @ {tuple(bv.shape)}); "
+                          f"vector products are reshaped to matrices by the tracer")
+    if tuple(av.shape[:-2]) != tuple(bv.shape[:-2]):
+        raise CannotLower(f"matmul batch dims differ: {tuple(av.shape)} @ {tuple(bv.shape)}")
+    dt = ctx.neuron_dtype(av.dtype)
+    if dt not in MATMUL_DTYPES:
+        raise CannotLower(f"TensorE has no {av.dtype} matmul (fp32, bf16, fp16 only)")
+    if bv.dtype != av.dtype:
+        raise CannotLower(f"matmul of mixed dtypes {av.dtype} @ {bv.dtype}")
+    M, K = av.shape[-2:]
+    N = bv.shape[-1]
+    lead = 1
+    for s in av.shape[:-2]:
+        lead *= int(s)
+    a = _as3(ins[0], lead, M, K)
+    b = _as3(ins[1], lead, K, N)
+    c = _as3(outs[0], lead, M, N)
+    emit_matmul(ctx, a, b, c)
