@@ -1,0 +1,87 @@
+# Tests of the reduction and scan lowerings (tn/lower/reduce.py) against torch, through check_lowering.
+import pytest
+import torch
+
+pytest.importorskip("tn.lower.testing")
+from tn.lower.testing import check_lowering  # noqa: E402
+
+
+def _randn(shape, dtype=torch.float32, seed=0):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@pytest.mark.parametrize("name", ["sum", "amax", "amin"])
+@pytest.mark.parametrize("shape,dims", [((300, 70), (1,)), ((300, 70), (0,)), ((3, 50, 7), (0, 2)),
+                                        ((3, 50, 7), (1,)), ((3, 50, 7), (0, 1, 2)), ((4, 20000), (1,)),
+                                        ((100003,), (0,)), ((129, 2, 3), (0, 1))])
+def test_reduce_fp32(name, shape, dims):
+    check_lowering(name, _randn(shape), dims=dims, keepdim=False)
+
+
+@pytest.mark.parametrize("name", ["sum", "amax"])
+def test_reduce_keepdim_bf16(name):
+    check_lowering(name, _randn((2, 300, 5), torch.bfloat16), dims=(1,), keepdim=True)
+
+
+def test_sum_dtype_attr():
+    check_lowering("sum", _randn((2, 3000, 5), torch.bfloat16), dims=(1,), keepdim=False, dtype=torch.float32)
+
+
+def test_sum_bool_to_int64():
+    x = torch.rand(7, 300, generator=torch.Generator().manual_seed(1)) > 0.5
+    check_lowering("sum", x, dims=(1,), keepdim=False)
+    check_lowering("sum", x, dims=(0, 1), keepdim=False)
+
+
+def test_sum_scalar():
+    check_lowering("sum", torch.tensor(3.0), dims=(), keepdim=False)
+
+
+def test_prod():
+    x = torch.rand(5, 30, generator=torch.Generator().manual_seed(2)) + 0.5
+    check_lowering("prod", x, dims=(1,), keepdim=False)
+    check_lowering("prod", x, dims=(0, 1), keepdim=False)
+
+
+def test_amax_int32():
+    x = torch.randint(-100, 100, (30, 70), generator=torch.Generator().manual_seed(3)).int()
+    check_lowering("amax", x, dims=(0,), keepdim=False)
+
+
+@pytest.mark.parametrize("dims", [(1,), (0,), (0, 1)])
+def test_any(dims):
+    x = torch.rand(300, 7, generator=torch.Generator().manual_seed(4)) > 0.97
+    check_lowering("any", x, dims=dims, keepdim=False)
+
+
+@pytest.mark.parametrize("name", ["argmax", "argmin"])
+@pytest.mark.parametrize("shape,dim,keepdim", [((300, 70), 1, False), ((300, 70), 0, True), ((3, 50, 7), 1, False),
+                                               ((3, 50, 7), None, False), ((4, 20000), 1, False)])
+def test_argreduce(name, shape, dim, keepdim):
+    attrs = {} if dim is None else {"dim": dim}
+    if keepdim:
+        attrs["keepdim"] = True
+    check_lowering(name, _randn(shape), **attrs)
+
+
+def test_argmax_ties_first_occurrence():
+    x = torch.randint(0, 3, (4, 20000), generator=torch.Generator().manual_seed(5)).float()
+    check_lowering("argmax", x, dim=1)
+    check_lowering("argmin", x.reshape(-1))
+
+
+@pytest.mark.parametrize("shape,dim,dtype", [((300, 7), 0, torch.float32), ((3, 300), 1, torch.float32),
+                                             ((3, 200, 5), 1, torch.bfloat16), ((1,), 0, torch.float32)])
+def test_cumsum(shape, dim, dtype):
+    check_lowering("cumsum", _randn(shape, dtype), dim=dim)
+
+
+def test_cumsum_bool_to_int64():
+    x = torch.rand(3, 200, generator=torch.Generator().manual_seed(6)) > 0.5
+    check_lowering("cumsum", x, dim=1)
+
+
+def test_int_sum_falls_back():
+    from tn.errors import UnsupportedOpError
+    with pytest.raises(UnsupportedOpError):
+        check_lowering("sum", torch.arange(10, dtype=torch.int32).reshape(2, 5), dims=(1,), keepdim=False)
