@@ -7,7 +7,7 @@ Doors: ``@tn.jit`` (whole function, cached per signature), ``tn.make_ir``
 from .errors import NeuronError, TnError, TracingError, UnsupportedOpError
 from .ir import IR, Eqn, Literal, Var
 from .profile import profile  # noqa: E402  (collects NeuronCore runs: with tn.profile() as prof)
-from . import ops, trace  # noqa: F401  (importing tn.trace starts the tracer's warm-up thread)
+from . import ops, trace  # noqa: F401
 from .jit import jit, make_ir  # the functions shadow the submodule name tn.jit
 
 __version__ = "0.1.0"
@@ -17,3 +17,5 @@ __all__ = [
     "jit", "make_ir",
     "TnError", "TracingError", "UnsupportedOpError", "NeuronError",
 ]
+
+trace.warm_up()  # last: pays torch's one-time tracing imports (~1 s) here, not in the first trace

@@ -29,17 +29,15 @@ Tensors that ``fn`` creates without traced inputs (``torch.ones(T, T)``,
 ``torch.arange``) are traced factory ops; real tensors it captures
 (``torch.tensor([...])``, globals) become :attr:`IR.consts`.
 
-The first meta op in a process costs ~2 s (torch imports its meta
-registrations); importing this module starts a background thread that pays
-it, and :func:`trace_flat` waits for that thread if it is still running.
-Set ``TN_NO_WARMUP=1`` to skip it.
+The first trace in a process would cost ~1.2 s (torch's meta kernels import
+sympy and torch._dynamo on first use); ``import tn`` ends by calling
+:func:`warm_up`, which pays it up front (see there why not in a thread).
 """
 from __future__ import annotations
 
 import os
 import sys
 import sysconfig
-import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -485,6 +483,7 @@ class _Tracer(TorchDispatchMode):
         """Functionalised in-place update: ``t`` (and its base and views) now hold ``new``."""
         st = t._tn_store
         chain = t._tn_chain
+        written = new
         if chain:
             vals = [st.var]
             for step in chain[:-1]:
@@ -496,11 +495,8 @@ class _Tracer(TorchDispatchMode):
         else:
             st.var = new
         st.version += 1
-        if chain:
-            t._tn_ver = -1  # recomputed from the base on next use
-        else:
-            t._tn_var = new
-            t._tn_ver = st.version
+        t._tn_var = written  # reading t back gives exactly what was written
+        t._tn_ver = st.version
 
     def cast_to(self, v: Var, shape: Tuple[int, ...], dtype: torch.dtype) -> Var:
         """``v`` converted to ``dtype`` and broadcast to ``shape`` (for in-place writes)."""
@@ -841,7 +837,6 @@ def trace_flat(fn: Callable[..., Any], flat_tensors: Sequence[Tensor]) -> Traced
         tn.TracingError: ``fn`` branches on a traced value (``.item()``, ``bool(t)`` ...).
         tn.UnsupportedOpError: ``fn`` uses an aten op tn cannot express.
     """
-    _wait_for_warmup()
     device = torch.device("cpu")
     for t in flat_tensors:
         if not isinstance(t, Tensor):
@@ -885,47 +880,34 @@ def trace_flat(fn: Callable[..., Any], flat_tensors: Sequence[Tensor]) -> Traced
 
 # --------------------------------------------------------------------------- warm-up
 
+_WARM = False
 
-def _warmup() -> None:
-    """Pay torch's one-time imports for meta kernels (sympy, dynamo) and exercise the tracer once.
 
-    Runs in a background thread holding the global import lock, so the main
-    thread can never import the same modules concurrently (that would be an
-    import deadlock); a main-thread import simply waits until the warm-up is done.
+def warm_up() -> None:
+    """Pay torch's one-time costs of tracing now (``import tn`` calls this last).
+
+    The first meta kernel in a process imports sympy and ``torch._dynamo``
+    (~1.2 s on an idle machine); a tiny trace afterwards warms tn's own caches
+    (~15 ms). This runs in the calling thread on purpose: importing those
+    modules from a background thread while the main thread imports other
+    modules can deadlock Python's per-module import locks (seen as
+    ``_DeadlockError`` when a test imported torch.testing internals during the
+    warm-up), and holding the global import lock instead stalls the main
+    thread just as long. Set ``TN_NO_WARMUP=1`` to skip it (the first trace
+    then pays the cost).
     """
-    import _imp
+    global _WARM
+    if _WARM or os.environ.get("TN_NO_WARMUP", "").strip() not in ("", "0"):
+        return
+    _WARM = True
+    import torch._dynamo  # noqa: F401  (what torch's meta kernels import on first use)
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401
 
-    _imp.acquire_lock()
+    def f(x, w):
+        y = torch.nn.functional.layer_norm(x, (4,))
+        return torch.softmax(y @ w, -1).sum()
+
     try:
-        _WARMUP_READY.set()
-        import torch._dynamo  # noqa: F401  (what meta kernels import on first use)
-        import torch.fx.experimental.symbolic_shapes  # noqa: F401
-
-        def f(x, w):
-            y = torch.nn.functional.layer_norm(x, (4,))
-            return torch.softmax(y @ w, -1).sum()
-
         trace_flat(f, [torch.empty(2, 4), torch.empty(4, 4)])
-    except Exception:  # warm-up is best effort; real errors surface in the user's own trace
+    except TnError:  # best effort: real errors surface in the user's own trace
         pass
-    finally:
-        _imp.release_lock()
-
-
-_WARMUP_READY = threading.Event()
-_WARMUP: Optional[threading.Thread] = None
-if os.environ.get("TN_NO_WARMUP", "").strip() in ("", "0"):
-    _WARMUP = threading.Thread(target=_warmup, name="tn-trace-warmup", daemon=True)
-
-
-def _wait_for_warmup() -> None:
-    w = _WARMUP
-    if w is not None and w.is_alive() and threading.current_thread() is not w:
-        w.join()
-
-
-if _WARMUP is not None:
-    _WARMUP.start()
-    # Only return once the warm-up holds the import lock: from then on no import
-    # of this thread can interleave with the warm-up's imports.
-    _WARMUP_READY.wait(timeout=10)
