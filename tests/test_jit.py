@@ -382,6 +382,41 @@ def test_thread_safety_many_threads_one_function():
     assert info.misses == 2 and info.hits == 4 * 40 - 2
 
 
+def test_thread_safety_jitted_module_traces_while_others_run():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 8)).eval()
+    jm = tn.jit(m)
+    shapes = [(2, 8), (3, 8), (4, 8), (5, 8), (6, 8), (7, 8)]
+    errors = []
+
+    def worker(k):
+        try:
+            with torch.no_grad():
+                for i in range(12):
+                    x = torch.randn(*shapes[(i * (k + 1)) % len(shapes)])
+                    got = jm(x)  # traces of new shapes overlap other threads' calls,
+                    torch.testing.assert_close(got, m(x), rtol=1e-5, atol=1e-5)  # jitted and eager
+        except Exception as e:  # collected and re-raised in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert jm.cache_info().misses == len(shapes)
+    assert all(not isinstance(p, torch.Tensor) or type(p) in (torch.Tensor, nn.Parameter) for p in m.parameters())
+
+
+def test_keyword_order_does_not_retrace():
+    f = tn.jit(lambda x, y: x - y)
+    a, b = torch.randn(3), torch.randn(3)
+    close(f(x=a, y=b), a - b)
+    close(f(y=b, x=a), a - b)
+    assert (f.cache_info().misses, f.cache_info().hits) == (1, 1)
+
+
 def test_results_come_back_on_the_inputs_device():
     f = tn.jit(lambda x: (x + 1, x.sum()))
     a, b = f(torch.randn(3))

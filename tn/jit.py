@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import functools
 import inspect
 import logging
@@ -366,7 +367,7 @@ class _Core:
                 else:
                     aspec.append(flat(a, tensors))
             kspec = []
-            for k, v in kwargs.items():
+            for k, v in (sorted(kwargs.items()) if len(kwargs) > 1 else kwargs.items()):
                 if k in sn:
                     if isinstance(v, Tensor):
                         raise TnError(f"tn.jit({self.name}): static argument {k!r} is a tensor; tensors are "
@@ -376,7 +377,8 @@ class _Core:
                     kspec.append((k, flat(v, tensors)))
             return (tuple(aspec), tuple(kspec)), tensors
         aspec = tuple([flat(a, tensors) for a in self.bound + args])
-        kspec = tuple([(k, flat(v, tensors)) for k, v in kwargs.items()]) if kwargs else ()
+        kspec = tuple([(k, flat(v, tensors)) for k, v in (sorted(kwargs.items()) if len(kwargs) > 1
+                                                            else kwargs.items())]) if kwargs else ()
         return (aspec, kspec), tensors
 
     def describe(self, key: Any) -> Dict[str, str]:
@@ -412,8 +414,10 @@ class _Core:
                 args, kwargs = tuple(flat_tensors), {}
             else:
                 aspec, kspec = spec
-                args = tuple(_pt.unflatten(s, it, modules) for s in aspec)
-                kwargs = {k: _pt.unflatten(s, it, modules) for k, s in kspec}
+                memo: Dict[int, torch.nn.Module] = {}
+                wrap = functools.partial(_shadow, memo=memo)
+                args = tuple(_pt.unflatten(s, it, modules, wrap) for s in aspec)
+                kwargs = {k: _pt.unflatten(s, it, modules, wrap) for k, s in kspec}
             with contextlib.ExitStack() as stack:
                 for m, named in modules:
                     stack.enter_context(_reparametrize(m, named))
@@ -553,6 +557,26 @@ class _Core:
             self.cache.clear()
             self.hits = 0
             self.misses = 0
+
+
+def _shadow(module: torch.nn.Module, memo: Dict[int, torch.nn.Module]) -> torch.nn.Module:
+    """A structural copy of ``module`` for tracing: own parameter/buffer/child dicts, shared tensors.
+
+    The trace swaps parameters for tracer tensors in the copy, so the user's
+    module is never touched (other threads may use it, eagerly or jitted,
+    while a trace runs). Submodules are shadowed recursively (shared ones
+    once, through ``memo``).
+    """
+    c = memo.get(id(module))
+    if c is not None:
+        return c
+    c = copy.copy(module)
+    memo[id(module)] = c
+    d = c.__dict__
+    d["_parameters"] = dict(module._parameters)
+    d["_buffers"] = dict(module._buffers)
+    d["_modules"] = {k: (_shadow(v, memo) if v is not None else None) for k, v in module._modules.items()}
+    return c
 
 
 def _reparametrize(module: torch.nn.Module, named: Dict[str, Tensor]) -> Any:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import weakref
-from typing import Any, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.utils._pytree as _pytree
@@ -201,27 +201,31 @@ def flatten(x: Any, tensors: List[Tensor]) -> Any:
     return (LEAF, t, x)
 
 
-def unflatten(spec: Any, it: Iterator[Tensor], modules: List[Tuple[torch.nn.Module, Dict[str, Tensor]]]) -> Any:
+def unflatten(spec: Any, it: Iterator[Tensor], modules: List[Tuple[torch.nn.Module, Dict[str, Tensor]]],
+              wrap: Optional[Callable[[torch.nn.Module], torch.nn.Module]] = None) -> Any:
     """Rebuild the value described by ``spec``, taking tensors from ``it``.
 
-    Modules are returned as themselves; ``(module, {name: tensor})`` is
-    appended to ``modules`` so the caller can reparametrize them.
+    A module is returned as ``wrap(module)`` (itself without ``wrap``), and
+    ``(that module, {name: tensor})`` is appended to ``modules`` so the caller
+    can reparametrize it.
     """
     if type(spec) is int:
         return next(it)
     tag = spec[0]
     if tag == SEQ:
-        return spec[1]([unflatten(c, it, modules) for c in spec[2]])
+        return spec[1]([unflatten(c, it, modules, wrap) for c in spec[2]])
     if tag == DICT:
-        return {k: unflatten(c, it, modules) for k, c in zip(spec[1], spec[2])}
+        return {k: unflatten(c, it, modules, wrap) for k, c in zip(spec[1], spec[2])}
     if tag == LEAF or tag == STATIC:
         return spec[2]
     if tag == MODULE:
         _, m, names, _training = spec
+        if wrap is not None:
+            m = wrap(m)
         modules.append((m, {n: next(it) for n in names}))
         return m
     if tag == NODE:
-        return _pytree.tree_unflatten([unflatten(c, it, modules) for c in spec[2]], spec[1])
+        return _pytree.tree_unflatten([unflatten(c, it, modules, wrap) for c in spec[2]], spec[1])
     raise TnError(f"tn.jit internal: unknown argument spec node {spec!r}")
 
 
