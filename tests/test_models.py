@@ -335,3 +335,78 @@ def test_training_step_inplace_sgd_on_module(backend):
         close(jstep(jit_model, x, y), step(eager_model, x, y), atol=1e-5)
     for pj, pe in zip(jit_model.parameters(), eager_model.parameters()):
         close(pj, pe, atol=1e-5)
+
+
+def test_gpt2_block_grads(backend):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=32, n_head=4, n_layer=1, n_positions=16, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0)
+    cfg._attn_implementation = "eager"
+    block = GPT2Block(cfg, layer_idx=0).train()
+    x = torch.randn(2, 6, 32)
+
+    def f(m, h):
+        out = m(h)
+        out = out[0] if isinstance(out, tuple) else out
+        loss = (out ** 2).mean()
+        return loss.detach(), torch.autograd.grad(loss, list(m.parameters()))
+
+    check(f, block, x, backend=backend, atol=1e-4, rtol=1e-4)
+
+
+def test_gpt2_lm_head_model(backend):
+    transformers = pytest.importorskip("transformers")
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=100, n_embd=32, n_head=4, n_layer=2, n_positions=16,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    cfg._attn_implementation = "eager"
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(0, 100, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :3] = 0  # left padding in the second sequence
+
+    def f(m, ids, mask):
+        # An explicit attention mask: without one, transformers inspects position ids
+        # with Python control flow (packed-sequence detection) unless it sees a tracer it knows.
+        return m(input_ids=ids, attention_mask=mask, use_cache=False).logits
+
+    check(f, model, ids, mask, backend=backend, atol=1e-4, rtol=1e-4)
+
+
+class TrainConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.c2 = nn.Conv2d(8, 8, 3, stride=2)
+        self.fc = nn.Linear(8 * 3 * 3, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn(self.c1(x))), 2)
+        x = F.avg_pool2d(F.relu(self.c2(x)), 1)
+        return self.fc(x.flatten(1))
+
+
+def test_convnet_training_step(backend):
+    torch.manual_seed(0)
+    eager_net = TrainConvNet().train()
+    jit_net = copy.deepcopy(eager_net)
+
+    def step(m, x, target):
+        loss = F.cross_entropy(m(x), target)
+        grads = torch.autograd.grad(loss, list(m.parameters()))
+        with torch.no_grad():
+            for p, g in zip(m.parameters(), grads):
+                p.add_(g, alpha=-0.1)
+        return loss.detach()
+
+    jstep = tn.jit(step, backend=backend)
+    for _ in range(2):
+        x, target = torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))
+        close(jstep(jit_net, x, target), step(eager_net, x, target), atol=1e-5)
+    for (name, a), (_, b) in zip(jit_net.state_dict().items(), eager_net.state_dict().items()):
+        close(a, b, atol=1e-4, rtol=1e-4)
