@@ -111,3 +111,33 @@ def test_unbound_input_and_wrong_dtype_are_named():
         run(enc, {})
     with pytest.raises(tn.NeuronError, match="float32 but the bound array is float64"):
         run(enc, {"x": np.zeros((128, 64)), "w": np.zeros((64, 256), np.float32), "b": np.zeros((128, 1), np.float32)})
+
+
+def test_dma_operands_share_one_pattern_when_possible():
+    from tn.neuron import isa
+
+    prog = Program("joint")
+    A = prog.hbm("a", (2048, 256), "bf16")
+    t = prog.sbuf((128, 16, 128), "bf16")
+    prog.dma_copy(t, A[:, 128:].reshape(16, 128, 128).permute(1, 0, 2))
+    rec = prog.build().records[0]
+    nums = lambda k: [int(rec[isa.OPERAND_BASE + k * isa.OPERAND_WIDTH + isa.O_NUM0 + 2 * d]) for d in range(4)]
+    assert nums(0) == nums(1) == [1, 1, 16, 128]
+    a = to_bf16(np.random.default_rng(0).standard_normal((2048, 256)))
+    p2 = Program("joint2")
+    A2 = p2.hbm("a", (2048, 256), "bf16")
+    O2 = p2.hbm("o", (128, 16, 128), "bf16", kind="output")
+    t2 = p2.sbuf((128, 16, 128), "bf16")
+    p2.dma_copy(t2, A2[:, 128:].reshape(16, 128, 128).permute(1, 0, 2))
+    p2.dma_copy(O2, t2)
+    res = p2.run({"a": a})
+    np.testing.assert_array_equal(res.outputs["o"], a[:, 128:].reshape(16, 128, 128).transpose(1, 0, 2))
+
+
+def test_fresh_memory_starts_from_zeroed_sbuf():
+    prog = Program("reads_uninitialised")
+    o = prog.hbm("o", (4, 4), "float32", kind="output")
+    t = prog.sbuf((4, 4))
+    prog.dma_copy(o, t)
+    res = prog.run(fresh_memory=True)
+    np.testing.assert_allclose(res.outputs["o"], np.zeros((4, 4)))

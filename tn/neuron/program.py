@@ -177,6 +177,61 @@ def _merge_dims(dims):
     return out
 
 
+def _joint_free_dims(dims_a, dims_b):
+    """Encode two equal-size free patterns over one common shape (so the engine copies whole rows).
+
+    Refines both patterns to shared axis sizes, merges axes contiguous on both
+    sides and pads to 4 axes; returns ``None`` when no common refinement exists.
+    """
+    stacks = [list(reversed([d for d in dims if d[0] != 1])) for dims in (dims_a, dims_b)]
+    out = [[], []]
+    while stacks[0] and stacks[1]:
+        m = min(stacks[0][0][0], stacks[1][0][0])
+        if stacks[0][0][0] % m or stacks[1][0][0] % m:
+            return None
+        for k in (0, 1):
+            n, st = stacks[k][0]
+            out[k].append((m, st))
+            if n == m:
+                stacks[k].pop(0)
+            else:
+                stacks[k][0] = (n // m, st * m)
+    if stacks[0] or stacks[1]:
+        return None
+    a, b = list(reversed(out[0])), list(reversed(out[1]))
+    ma, mb = [], []
+    for (na, sa), (nb, sb) in zip(a, b):
+        if ma and ma[-1][1] == na * sa and mb[-1][1] == nb * sb:
+            ma[-1] = (ma[-1][0] * na, sa)
+            mb[-1] = (mb[-1][0] * nb, sb)
+        else:
+            ma.append((na, sa))
+            mb.append((nb, sb))
+    if len(ma) > _MAX_FREE_DIMS:
+        return None
+    pad = [(1, 0)] * (_MAX_FREE_DIMS - len(ma))
+    return pad + ma, pad + mb
+
+
+def _encode_with_dims(view, dims4):
+    """Operand encoding of a tile or HBM view with an explicit 4-axis free pattern."""
+    if isinstance(view, Tile):
+        return view.encode_dims(dims4)
+    rec = view.encode()
+    for d, (n, s) in enumerate(dims4):
+        rec[8 + 2 * d] = n
+        rec[9 + 2 * d] = s
+    return rec
+
+
+def _free_dims(view):
+    if isinstance(view, HbmTensor):
+        view = view.view()
+    if isinstance(view, Tile):
+        return view.dims
+    return view.dims[1:] if view.dims else []
+
+
 class _View:
     """Shared view machinery: dtype, element offset, dims as (num, stride) pairs."""
 
@@ -693,7 +748,14 @@ class Program:
     # ------------------------------------------------------------------ DMA
     def dma_copy(self, dst, src, *, queue=None, deps=()):
         """``dst = src`` (HBM<->SBUF, SBUF<->SBUF, HBM<->HBM); same dtype, partition count and free size."""
-        return self._emit("dma_copy", self._dma_queue(queue), [dst, src], deps=deps)
+        enc = None
+        if isinstance(dst, (Tile, HbmView, HbmTensor)) and isinstance(src, (Tile, HbmView, HbmTensor)):
+            j = _joint_free_dims(_free_dims(dst), _free_dims(src))
+            if j is not None:
+                dst = dst.view() if isinstance(dst, HbmTensor) else dst
+                src = src.view() if isinstance(src, HbmTensor) else src
+                enc = [_encode_with_dims(dst, j[0]), _encode_with_dims(src, j[1])]
+        return self._emit("dma_copy", self._dma_queue(queue), [dst, src], deps=deps, encoded=enc)
 
     def dma_gather(self, dst, table, indices, *, queue=None, deps=()):
         """``dst[p, :] = table[indices[p], :]``: table an HBM view (axis 0 = rows), indices an int32/int64

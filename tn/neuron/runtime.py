@@ -16,6 +16,7 @@ bfloat16 on the host: numpy has no bf16, so bf16 HBM tensors bind to torch
 from __future__ import annotations
 
 import contextvars
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -239,14 +240,36 @@ def _result(enc, total, times, busy, counts, hbm, outputs, wall):
     )
 
 
-def run(program, bindings=None, *, report: bool = True) -> RunResult:
+_MEMORIES = threading.local()
+
+
+def _memories(arch, fresh):
+    """SBUF and PSUM arrays for a run: reused per thread and architecture (like a chip's memories, they keep
+    what the previous program left), or zeroed ones with ``fresh``."""
+    shape_s = (arch.partitions, arch.sbuf_partition_bytes)
+    shape_p = (arch.partitions, arch.psum_partition_bytes)
+    if fresh:
+        return np.zeros(shape_s, dtype=np.uint8), np.zeros(shape_p, dtype=np.uint8)
+    cache = getattr(_MEMORIES, "by_arch", None)
+    if cache is None:
+        cache = _MEMORIES.by_arch = {}
+    mem = cache.get(arch.name)
+    if mem is None or mem[0].shape != shape_s or mem[1].shape != shape_p:
+        mem = cache[arch.name] = (np.zeros(shape_s, dtype=np.uint8), np.zeros(shape_p, dtype=np.uint8))
+    return mem
+
+
+def run(program, bindings=None, *, report: bool = True, fresh_memory: bool = False) -> RunResult:
     """Run a :class:`~tn.neuron.program.Program` or :class:`~tn.neuron.program.Encoded` program.
 
     ``bindings``: dict HBM-tensor name -> numpy array / CPU torch tensor (or a
     list in declaration order). Inputs must be bound; unbound outputs and
     scratch tensors are allocated (zeros) and returned in ``outputs``. Bound
     arrays are used in place: outputs written by the program appear in them.
-    ``report``: notify active profilers (``tn.profile``).
+    ``report``: notify active profilers (``tn.profile``). ``fresh_memory``:
+    start from zeroed SBUF/PSUM (by default they are reused per thread, so a
+    program reading memory it never wrote sees what an earlier run left, as
+    on the chip).
     """
     import time
 
@@ -278,9 +301,7 @@ def run(program, bindings=None, *, report: bool = True) -> RunResult:
         ptrs.append(_bind(t, v, keep))
         sizes.append(t.nbytes)
         outputs[t.name] = v
-    arch = enc.arch
-    sbuf = np.zeros((arch.partitions, arch.sbuf_partition_bytes), dtype=np.uint8)
-    psum = np.zeros((arch.partitions, arch.psum_partition_bytes), dtype=np.uint8)
+    sbuf, psum = _memories(enc.arch, fresh_memory)
     t0 = time.perf_counter()
     total, times, busy, counts, hbm = _execute(enc, ptrs, sizes, 1, sbuf, psum)
     wall = time.perf_counter() - t0
