@@ -109,10 +109,14 @@ def tiled_matmul(M: int = 2048, K: int = 2048, N: int = 2048, *, dtype: str = "b
     n_store_q = max(1, arch_.dma_queues - LOAD_QUEUES)
     n_load_q = arch_.dma_queues - n_store_q if arch_.dma_queues > n_store_q else arch_.dma_queues
 
-    def load(dst, src, deps=()):
+    # Loads for wave w wait until wave w-1 has started on TensorE: they are issued about one wave ahead, so
+    # the shared DMA bandwidth goes to what TensorE needs next, not to data for later waves.
+    throttle = []
+
+    def load(dst, src):
         q = load_q[0] % n_load_q
         load_q[0] += 1
-        return prog.dma_copy(dst, src, queue=q, deps=deps)
+        return prog.dma_copy(dst, src, queue=q, deps=throttle)
 
     def store(dst, src):
         q = (n_load_q + store_q[0] % n_store_q) % arch_.dma_queues
@@ -139,9 +143,11 @@ def tiled_matmul(M: int = 2048, K: int = 2048, N: int = 2048, *, dtype: str = "b
         group[0] += 1
 
     bank_i = 0
+    prev_first = None
     for nb in range(NB):
         for mg in range(MG):
             mbs = list(range(mg * G, min(MB, (mg + 1) * G)))
+            throttle[:] = [] if prev_first is None else [prev_first]
             if nb + 1 < NB and mg == MG - 1:
                 for kt in range(KT):        # prefetch the next moving block (lands in the other buffer)
                     load_b(nb + 1, kt)
@@ -149,6 +155,7 @@ def tiled_matmul(M: int = 2048, K: int = 2048, N: int = 2048, *, dtype: str = "b
             for _ in mbs:
                 wave_banks.append(banks[bank_i % len(banks)])
                 bank_i += 1
+            wave_mm = []
             if nb == 0:
                 # first pass: data arrives K-tile by K-tile, so sweep K outside and the blocks inside
                 for kt in range(KT):
@@ -156,17 +163,18 @@ def tiled_matmul(M: int = 2048, K: int = 2048, N: int = 2048, *, dtype: str = "b
                     if mg == 0:
                         load_b(0, kt)
                     for j, mb in enumerate(mbs):
-                        prog.matmul(wave_banks[j], a_sb[:, kt, mb * P:(mb + 1) * P], b_sb[0][:, kt, :],
-                                    accumulate=kt > 0, stop=kt == KT - 1)
+                        wave_mm.append(prog.matmul(wave_banks[j], a_sb[:, kt, mb * P:(mb + 1) * P],
+                                                   b_sb[0][:, kt, :], accumulate=kt > 0, stop=kt == KT - 1))
                 for j, mb in enumerate(mbs):
                     evacuate(wave_banks[j], mb, nb)
             else:
                 # operands resident: finish one block at a time so its evacuation overlaps the next
                 for j, mb in enumerate(mbs):
                     for kt in range(KT):
-                        prog.matmul(wave_banks[j], a_sb[:, kt, mb * P:(mb + 1) * P], b_sb[nb % nbuf][:, kt, :],
-                                    accumulate=kt > 0, stop=kt == KT - 1)
+                        wave_mm.append(prog.matmul(wave_banks[j], a_sb[:, kt, mb * P:(mb + 1) * P],
+                                                   b_sb[nb % nbuf][:, kt, :], accumulate=kt > 0, stop=kt == KT - 1))
                     evacuate(wave_banks[j], mb, nb)
+            prev_first = wave_mm[0]
     return prog
 
 
