@@ -1,0 +1,106 @@
+# Tests of the convolution and pooling lowerings (tn/lower/conv.py) against torch on CPU.
+import pytest
+import torch
+
+pytest.importorskip("tn.lower.base")
+from tn.lower.testing import check_lowering  # noqa: E402
+
+
+def _conv(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, **tol):
+    nd = x.dim() - 2
+    t = lambda v: (v,) * nd if isinstance(v, int) else tuple(v)  # noqa: E731
+    ins = (x, w) if b is None else (x, w, b)
+    return check_lowering("convolution", *ins, stride=t(stride), padding=t(padding), dilation=t(dilation),
+                          transposed=False, output_padding=t(0), groups=groups, **tol)
+
+
+def _rand(*shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed + sum(shape))
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("case", [
+    # (x shape, w shape, bias, stride, padding, dilation, groups)
+    ((2, 3, 8, 8), (4, 3, 3, 3), False, 1, 0, 1, 1),
+    ((2, 3, 8, 8), (4, 3, 3, 3), True, 1, 1, 1, 1),
+    ((2, 16, 10, 9), (8, 16, 3, 3), True, 2, 1, 1, 1),
+    ((1, 20, 12, 12), (8, 5, 3, 3), False, 1, (2, 1), (2, 1), 4),
+    ((2, 8, 9, 9), (8, 1, 3, 3), True, 1, 1, 1, 8),          # depthwise
+    ((2, 150, 7, 7), (130, 150, 1, 1), True, 1, 0, 1, 1),    # > 128 channels both ways, 1x1
+    ((1, 4, 5, 40), (3, 4, 2, 5), True, (1, 3), (0, 2), 1, 1),  # non-square everything
+    ((1, 1, 1, 1), (1, 1, 1, 1), False, 1, 0, 1, 1),
+    ((1, 2, 30, 30), (3, 2, 3, 3), True, 1, 1, 1, 1),        # 900 pixels: several row blocks
+    ((1, 2, 3, 600), (2, 2, 1, 3), False, 1, (0, 1), 1, 1),   # width > 512: column blocks
+], ids=lambda c: "x{}w{}".format(c[0], c[1]))
+def test_conv2d_fp32(case):
+    xs, ws, bias, stride, padding, dilation, groups = case
+    x, w = _rand(*xs), _rand(*ws, seed=1)
+    b = _rand(ws[0], seed=2) if bias else None
+    _conv(x, w, b, stride, padding, dilation, groups)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_conv2d_low_precision(dtype):
+    x, w, b = _rand(2, 3, 16, 16, dtype=dtype), _rand(8, 3, 3, 3, dtype=dtype, seed=1), _rand(8, dtype=dtype, seed=2)
+    _conv(x, w, b, padding=1)
+    x2, w2 = _rand(2, 8, 8, 8, dtype=dtype), _rand(16, 8, 3, 3, dtype=dtype, seed=3)
+    _conv(x2, w2, None, stride=2, padding=1)
+
+
+def test_conv1d():
+    _conv(_rand(2, 8, 30), _rand(6, 8, 5, seed=1), _rand(6, seed=2), stride=2, padding=2)
+    _conv(_rand(1, 130, 17), _rand(4, 130, 3, seed=1), None, dilation=2)
+
+
+def test_small_convnet_layers():
+    """The convolutions of a small CIFAR-style ConvNet (3->16->32 channels, 32x32, batch 4)."""
+    x = _rand(4, 3, 32, 32)
+    r1 = _conv(x, _rand(16, 3, 3, 3, seed=1), _rand(16, seed=2), padding=1)
+    _conv(_rand(4, 16, 16, 16), _rand(32, 16, 3, 3, seed=3), _rand(32, seed=4), padding=1)
+    _conv(_rand(4, 32, 8, 8), _rand(32, 32, 3, 3, seed=5), _rand(32, seed=6), stride=2, padding=1)
+    assert r1.matmul_flops > 0 and r1.counts["TensorE"] > 0
+
+
+def test_conv_transposed_falls_back():
+    from tn.errors import UnsupportedOpError
+
+    with pytest.raises(UnsupportedOpError, match="transposed"):
+        check_lowering("convolution", _rand(1, 2, 4, 4), _rand(2, 3, 3, 3), stride=(1, 1), padding=(0, 0),
+                       dilation=(1, 1), transposed=True, output_padding=(0, 0), groups=1)
+
+
+def _pool_attrs(k, s, p, ceil_mode=False, cip=True, div=None):
+    t = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
+    return dict(kernel_size=t(k), stride=t(s), padding=t(p), ceil_mode=ceil_mode, count_include_pad=cip,
+                divisor_override=div)
+
+
+POOL_CASES = [
+    ((2, 3, 8, 8), 2, 2, 0, False, True, None),
+    ((2, 3, 9, 7), 3, 2, 1, False, True, None),
+    ((2, 3, 9, 7), 3, 2, 1, False, False, None),
+    ((1, 5, 10, 10), 3, 2, 1, True, True, None),
+    ((1, 5, 10, 11), (2, 3), (3, 2), (1, 1), True, False, None),
+    ((3, 50, 6, 6), 2, 1, 0, False, True, 3),
+    ((1, 130, 4, 4), 2, 2, 0, False, True, None),
+]
+
+
+@pytest.mark.parametrize("case", POOL_CASES, ids=lambda c: str(c[0]) + "k" + str(c[1]))
+def test_avg_pool2d(case):
+    xs, k, s, p, cm, cip, div = case
+    check_lowering("avg_pool2d", _rand(*xs), **_pool_attrs(k, s, p, cm, cip, div))
+
+
+@pytest.mark.parametrize("case", POOL_CASES, ids=lambda c: str(c[0]) + "k" + str(c[1]))
+def test_avg_pool2d_backward(case):
+    xs, k, s, p, cm, cip, div = case
+    attrs = _pool_attrs(k, s, p, cm, cip, div)
+    x = _rand(*xs)
+    y = torch.ops.aten.avg_pool2d.default(x, list(attrs["kernel_size"]), list(attrs["stride"]),
+                                          list(attrs["padding"]), cm, cip, div)
+    check_lowering("avg_pool2d_backward", _rand(*y.shape, seed=7), x, **attrs)
+
+
+def test_avg_pool2d_bf16():
+    check_lowering("avg_pool2d", _rand(2, 4, 8, 8, dtype=torch.bfloat16), **_pool_attrs(2, 2, 0))

@@ -1,0 +1,457 @@
+# Lowerings of convolution (direct method on TensorE, taps accumulated in PSUM) and 2-d average pooling (VectorE).
+"""Convolution and pooling on the NeuronCore.
+
+``convolution`` (1-d and 2-d, stride, padding, dilation, groups, bias), the
+*direct* method: input channels go on the partitions, and every kernel tap
+``(i, j)`` is one matmul whose moving operand is a strided window of the
+input band in SBUF (``x[c, oh*s + i*d, ow*s + j*d]`` for a block of output
+pixels) and whose stationary operand is the tap's weights ``W[:, :, i,
+j]^T`` (``[C, O]``, made once with TensorE transposes). All taps and
+channel chunks accumulate into one PSUM bank (``<= 512`` output pixels x
+``<= 128`` output channels), which is evacuated with the bias added on
+ScalarE and written with ``ctx.store`` (fused epilogues apply). Padding is
+a zeroed band (GpSimd memset) whose interior is filled from HBM; a band
+holds the input rows one block of output rows needs, for several images at
+once when the images are small. When the channels of all taps fit on the
+partitions (``C * kh * kw <= 128``, e.g. the first RGB layer) the taps are
+stacked on the partitions instead (im2col by SBUF->SBUF DMA), so one matmul
+per block does the whole contraction.
+
+``avg_pool2d`` / ``avg_pool2d_backward``: ``(n, c)`` rows on the partitions,
+the image on the free axis; the window sum is one ``tensor_reduce`` over a
+4-d overlapping access pattern, divisors (padding, ``ceil_mode``,
+``count_include_pad``, ``divisor_override``) are computed on chip by pooling
+an indicator tile; the backward scatters ``grad / divisor`` with one
+strided VectorE add per tap.
+
+Transposed convolution, 3-d convolution and ``convolution_backward`` raise
+:class:`~tn.lower.base.CannotLower` (they run on the host, visibly).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..neuron import Tile, isa
+from .base import CannotLower, lowering
+from .matmul import MATMUL_DTYPES, _Copier, _Ring, _sbuf_free
+
+__all__ = ["lower_convolution", "lower_avg_pool2d", "lower_avg_pool2d_backward"]
+
+_P = 128
+_NB = 512
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _isz(dtype: str) -> int:
+    return isa.DTYPE_SIZES[isa.dtype_code(dtype)]
+
+
+def _window(t: Tile, offset_elems: int, dims) -> Tile:
+    """A view of tile ``t`` starting ``offset_elems`` into its free axis with the given (num, stride) dims."""
+    return Tile(t.mem, t.pstart, t.pcount, t.offset + offset_elems * t.itemsize, t.dtype, dims, t.name)
+
+
+def _pair(v, n=2):
+    v = tuple(v) if isinstance(v, (tuple, list)) else (v,)
+    return v * n if len(v) == 1 else v
+
+
+# ---------------------------------------------------------------------------------------------- convolution
+
+
+class _Conv:
+    """Plan and emission of one 2-d convolution (see the module docstring)."""
+
+    def __init__(self, ctx, x, w, b, out, stride, padding, dilation, groups):
+        self.ctx = ctx
+        self.prog = ctx.prog
+        self.x, self.w, self.b, self.out = x, w, b, out
+        self.N, self.C, self.H, self.W = x.shape
+        self.O, self.Cg, self.kh, self.kw = w.shape
+        _, _, self.Ho, self.Wo = out.shape
+        (self.sh, self.sw), (self.ph, self.pw), (self.dh, self.dw) = stride, padding, dilation
+        self.G = groups
+        self.Og = self.O // groups
+        self.T = self.kh * self.kw
+        self.dt = x.dtype
+        self.isz = _isz(self.dt)
+        # im2col on the partitions when every tap's channels fit at once
+        self.stacked = self.T > 1 and self.Cg * self.T <= _P
+        self.CC = 1 if self.stacked else _cdiv(self.Cg, _P)
+        self.OT = _cdiv(self.Og, _P)
+        # output pixel blocks: (images, rows, cols) with images*rows*cols <= 512
+        if self.Ho * self.Wo <= _NB:
+            self.nb, self.rows, self.cols = min(self.N, _NB // (self.Ho * self.Wo)), self.Ho, self.Wo
+        elif self.Wo <= _NB:
+            self.nb, self.rows, self.cols = 1, _NB // self.Wo, self.Wo
+        else:
+            self.nb, self.rows, self.cols = 1, 1, _NB
+        self.bh = (self.rows - 1) * self.sh + (self.kh - 1) * self.dh + 1
+        self.bw = (self.cols - 1) * self.sw + (self.kw - 1) * self.dw + 1
+        band = self.CC * self.nb * self.bh * self.bw * self.isz
+        col = self.nb * self.rows * self.cols * self.isz if self.stacked else 0
+        wts = self.G * self.CC * self.T * self.Og * self.isz
+        wnat = self.Cg * self.T * self.isz
+        need = 2 * band + 2 * col + wts + wnat + 2 * _NB * _isz(out.dtype) + 4 * self.G * self.OT
+        if need > _sbuf_free(self.prog):
+            raise CannotLower(f"convolution working set ({need} bytes per partition: input band {band}, weights "
+                              f"{wts}) does not fit in SBUF")
+
+    def emit(self) -> None:
+        prog = self.prog
+        tiles = []
+
+        def sb(shape, dtype, name):
+            t = prog.sbuf(shape, dtype, name=name)
+            tiles.append(t)
+            return t
+
+        def ps(shape, dtype, name):
+            t = prog.psum(shape, dtype, name=name)
+            tiles.append(t)
+            return t
+
+        try:
+            self.copy = _Copier(prog)
+            kpart = self.Cg * self.T if self.stacked else _P
+            self.wT = sb((kpart, self.G * self.CC, 1 if self.stacked else self.T, self.Og), self.dt, "cv_wT")
+            self.wn = sb((_P, self.Cg * self.T), self.dt, "cv_wnat")
+            self.tp_ring = _Ring(ps((_P, max(1, min(8, 2048 // (_P * self.isz))), _P), self.dt, f"cv_tp{i}")
+                                 for i in range(2))
+            self._load_weights()
+            self.bias = None
+            if self.b is not None:
+                self.bias = sb((_P, self.G * self.OT), "float32", "cv_bias")
+                self._load_bias()
+            self.band_ring = _Ring(sb((_P, self.CC, self.nb, self.bh, self.bw), self.dt, f"cv_band{i}")
+                                   for i in range(2))
+            if self.stacked:
+                self.col_ring = _Ring(sb((self.Cg * self.T, self.nb, self.rows, self.cols), self.dt, f"cv_col{i}")
+                                      for i in range(2))
+            self.out_ring = _Ring(sb((_P, _NB), self.out.dtype, f"cv_out{i}") for i in range(2))
+            self.acc_ring = _Ring(ps((_P, _NB), "float32", f"cv_acc{i}") for i in range(4))
+            for g in range(self.G):
+                for n0 in range(0, self.N, self.nb):
+                    for oh0 in range(0, self.Ho, self.rows):
+                        for ow0 in range(0, self.Wo, self.cols):
+                            self._block(g, n0, oh0, ow0)
+        finally:
+            for t in reversed(tiles):
+                prog.free(t)
+
+    # -------------------------------------------------------------- weights and bias
+    def _load_weights(self) -> None:
+        """wT[c, g*CC+cc, tap, o] = w[g*Og+o, cc*128+c, i, j] (stacked: wT[tap*Cg+c, g, 0, o])."""
+        prog = self.prog
+        Cg, T, Og = self.Cg, self.T, self.Og
+        wflat = self.w.reshape(self.O, Cg * T)
+        for g in range(self.G):
+            for ot in range(self.OT):
+                o0 = ot * _P
+                op = min(_P, Og - o0)
+                wn = self.wn
+                prog.dma_copy(wn[:op, :], wflat[g * Og + o0:g * Og + o0 + op, :])
+                wv = wn[:op, :].reshape(op, Cg, T)
+                if self.stacked:
+                    tp = self.tp_ring.take()
+                    prog.transpose(tp[:Cg * T, 0, :op], wv.permute(0, 2, 1))
+                    self.copy(self.wT[:, g, 0, o0:o0 + op], tp[:Cg * T, 0, :op])
+                    continue
+                Gt = self.tp_ring.tiles[0].shape[1]
+                for cc in range(self.CC):
+                    c0 = cc * _P
+                    cp = min(_P, Cg - c0)
+                    for t0 in range(0, T, Gt):
+                        t1 = min(T, t0 + Gt)
+                        tp = self.tp_ring.take()
+                        for tap in range(t0, t1):
+                            prog.transpose(tp[:cp, tap - t0, :op], wv[:, c0:c0 + cp, tap])
+                        self.copy(self.wT[:cp, g * self.CC + cc, t0:t1, o0:o0 + op], tp[:cp, :t1 - t0, :op])
+
+    def _load_bias(self) -> None:
+        prog = self.prog
+        bcol = self.b.reshape(self.O, 1)
+        stage = prog.sbuf((_P, 1), self.b.dtype, name="cv_bstage")
+        try:
+            for g in range(self.G):
+                for ot in range(self.OT):
+                    o0 = g * self.Og + ot * _P
+                    op = min(_P, self.Og - ot * _P)
+                    k = g * self.OT + ot
+                    if self.b.dtype == "float32":
+                        prog.dma_copy(self.bias[:op, k:k + 1], bcol[o0:o0 + op, :])
+                    else:
+                        prog.dma_copy(stage[:op, :], bcol[o0:o0 + op, :])
+                        prog.tensor_copy(self.bias[:op, k:k + 1], stage[:op, :])
+        finally:
+            prog.free(stage)
+
+    # -------------------------------------------------------------- one block of output pixels
+    def _load_band(self, g, n0, nb, oh0, ow0, rows, cols):
+        """Band tile with the (zero-padded) input window of this block, channels on partitions."""
+        prog = self.prog
+        band = self.band_ring.take()
+        ih0 = oh0 * self.sh - self.ph
+        iw0 = ow0 * self.sw - self.pw
+        bh = (rows - 1) * self.sh + (self.kh - 1) * self.dh + 1
+        bw = (cols - 1) * self.sw + (self.kw - 1) * self.dw + 1
+        r0, r1 = max(0, ih0), min(self.H, ih0 + bh)
+        c0, c1 = max(0, iw0), min(self.W, iw0 + bw)
+        padded = r0 > ih0 or r1 < ih0 + bh or c0 > iw0 or c1 < iw0 + bw
+        for cc in range(self.CC):
+            ch0 = g * self.Cg + cc * _P
+            cp = min(_P, self.Cg - cc * _P)
+            dst = band[:cp, cc, :nb, :bh, :bw]
+            if padded:
+                prog.memset(dst, 0.0)
+            if r1 > r0 and c1 > c0:
+                src = self.x[n0:n0 + nb, ch0:ch0 + cp, r0:r1, c0:c1].permute(1, 0, 2, 3)
+                prog.dma_copy(band[:cp, cc, :nb, r0 - ih0:r1 - ih0, c0 - iw0:c1 - iw0], src)
+        return band
+
+    def _tap_view(self, band, cc, cp, nb, rows, cols, i, j):
+        """Moving operand of tap (i, j): ``band[c, n, r*sh + i*dh, q*sw + j*dw]`` for the block's pixels."""
+        v = band[:cp, cc, :nb]
+        bh, bw = self.bh, self.bw
+        off = (i * self.dh) * bw + j * self.dw
+        dims = [(nb, bh * bw), (rows, self.sh * bw), (cols, self.sw)]
+        return _window(v, off, dims)
+
+    def _block(self, g, n0, oh0, ow0) -> None:
+        prog = self.prog
+        nb = min(self.nb, self.N - n0)
+        rows = min(self.rows, self.Ho - oh0)
+        cols = min(self.cols, self.Wo - ow0)
+        npix = nb * rows * cols
+        band = self._load_band(g, n0, nb, oh0, ow0, rows, cols)
+        if self.stacked:
+            col = self.col_ring.take()
+            Cg = self.Cg
+            for i in range(self.kh):
+                for j in range(self.kw):
+                    tap = i * self.kw + j
+                    prog.dma_copy(col[tap * Cg:(tap + 1) * Cg, :nb, :rows, :cols],
+                                  self._tap_view(band, 0, Cg, nb, rows, cols, i, j))
+        for ot in range(self.OT):
+            o0 = ot * _P
+            op = min(_P, self.Og - o0)
+            acc = self.acc_ring.take()
+            if self.stacked:
+                K = self.Cg * self.T
+                prog.matmul(acc[:op, :npix], self.wT[:K, g, 0, o0:o0 + op], col[:K, :nb, :rows, :cols],
+                            accumulate=False, stop=True)
+            else:
+                steps = [(cc, i, j) for cc in range(self.CC) for i in range(self.kh) for j in range(self.kw)]
+                for s, (cc, i, j) in enumerate(steps):
+                    cp = min(_P, self.Cg - cc * _P)
+                    prog.matmul(acc[:op, :npix], self.wT[:cp, g * self.CC + cc, i * self.kw + j, o0:o0 + op],
+                                self._tap_view(band, cc, cp, nb, rows, cols, i, j),
+                                accumulate=s > 0, stop=s == len(steps) - 1)
+            ot_t = self.out_ring.take()
+            if self.bias is not None:
+                k = g * self.OT + ot
+                prog.activation(ot_t[:op, :npix], acc[:op, :npix], "identity", bias=self.bias[:op, k:k + 1])
+            else:
+                self.copy(ot_t[:op, :npix], acc[:op, :npix])
+            oc0 = g * self.Og + o0
+            blk = ot_t[:op, :npix].reshape(op, nb, rows, cols)
+            for jn in range(nb):
+                self.ctx.store(self.out[n0 + jn, oc0:oc0 + op, oh0:oh0 + rows, ow0:ow0 + cols], blk[:, jn])
+
+
+@lowering("convolution")
+def lower_convolution(ctx, eqn, ins, outs) -> None:
+    """1-d/2-d convolution with stride, padding, dilation, groups and bias (direct method on TensorE)."""
+    a = eqn.attrs
+    if a.get("transposed"):
+        raise CannotLower("transposed convolution is not lowered (runs on the host)")
+    xv, wv = eqn.inputs[0], eqn.inputs[1]
+    nd = len(xv.shape) - 2
+    if nd not in (1, 2):
+        raise CannotLower(f"only 1-d and 2-d convolutions are lowered (input {tuple(xv.shape)})")
+    dt = ctx.neuron_dtype(xv.dtype)
+    if dt not in MATMUL_DTYPES or wv.dtype != xv.dtype:
+        raise CannotLower(f"convolution on TensorE needs fp32/bf16/fp16 input and weight of one dtype "
+                          f"(got {xv.dtype}, {wv.dtype})")
+    has_bias = len(ins) > 2 and ins[2] is not None and not isinstance(ins[2], (int, float))
+    outv = eqn.outputs[0]
+    x, w, out = ins[0], ins[1], outs[0]
+    stride, padding, dilation = _pair(a["stride"], nd), _pair(a["padding"], nd), _pair(a["dilation"], nd)
+    if nd == 1:
+        n, c, L = xv.shape
+        o, cg, k = wv.shape
+        x = x.reshape(n, c, 1, L)
+        w = w.reshape(o, cg, 1, k)
+        out = out.reshape(outv.shape[0], outv.shape[1], 1, outv.shape[2])
+        stride, padding, dilation = (1,) + stride, (0,) + padding, (1,) + dilation
+    else:
+        x, w, out = x.view(), w.view(), out.view()
+    b = ins[2].view() if has_bias else None
+    _Conv(ctx, x, w, b, out, stride, padding, dilation, int(a["groups"])).emit()
+
+
+@lowering("convolution_backward")
+def lower_convolution_backward(ctx, eqn, ins, outs) -> None:
+    """Not lowered yet: raises CannotLower so the gradient runs on the host (counted)."""
+    raise CannotLower("convolution_backward is not lowered to the NeuronCore yet (runs on the host)")
+
+
+# ---------------------------------------------------------------------------------------------- average pooling
+
+
+class _Pool:
+    """Geometry and shared tiles of one avg_pool2d (forward or backward); ``(n, c)`` rows on the partitions."""
+
+    def __init__(self, ctx, xshape, oshape, attrs):
+        self.ctx = ctx
+        self.prog = ctx.prog
+        self.N, self.C, self.H, self.W = xshape
+        self.Ho, self.Wo = oshape[2], oshape[3]
+        self.kh, self.kw = _pair(attrs["kernel_size"])
+        st = attrs.get("stride") or (self.kh, self.kw)
+        self.sh, self.sw = _pair(st)
+        self.ph, self.pw = _pair(attrs.get("padding") or 0)
+        self.cip = bool(attrs.get("count_include_pad", True))
+        self.div = attrs.get("divisor_override")
+        self.R = self.N * self.C
+        # padded plane, extended to the last (ceil_mode) window
+        self.Hq = max(self.H + 2 * self.ph, (self.Ho - 1) * self.sh + self.kh)
+        self.Wq = max(self.W + 2 * self.pw, (self.Wo - 1) * self.sw + self.kw)
+        self.padded = self.Hq != self.H or self.Wq != self.W
+        ext = (self.Ho - 1) * self.sh + self.kh > self.H + 2 * self.ph or \
+            (self.Wo - 1) * self.sw + self.kw > self.W + 2 * self.pw
+        self.const_div = None
+        if self.div:
+            self.const_div = float(self.div)
+        elif self.cip and not ext:
+            self.const_div = float(self.kh * self.kw)
+        need = 4 * (2 * self.Hq * self.Wq + 3 * self.Ho * self.Wo) + 4 * self.H * self.W
+        if need > _sbuf_free(self.prog):
+            raise CannotLower(f"avg_pool2d of {self.H}x{self.W} planes needs {need} bytes per partition of SBUF; "
+                              f"too large for one plane per partition")
+
+    def windows(self, plane: Tile, i: int = None, j: int = None) -> Tile:
+        """All windows ``[Ho, Wo, kh, kw]`` of a ``[P, Hq, Wq]`` plane, or the tap ``(i, j)`` view ``[Ho, Wo]``."""
+        if i is None:
+            return _window(plane, 0, [(self.Ho, self.sh * self.Wq), (self.Wo, self.sw), (self.kh, self.Wq),
+                                      (self.kw, 1)])
+        return _window(plane, i * self.Wq + j, [(self.Ho, self.sh * self.Wq), (self.Wo, self.sw)])
+
+    def counts(self, tiles) -> Tile:
+        """``[128, Ho, Wo]`` fp32 divisors (None when the divisor is a constant)."""
+        if self.const_div is not None:
+            return None
+        prog = self.prog
+        ind = prog.sbuf((_P, self.Hq, self.Wq), "float32", name="pool_ind")
+        cnt = prog.sbuf((_P, self.Ho, self.Wo), "float32", name="pool_cnt")
+        tiles.append(cnt)
+        try:
+            prog.memset(ind, 0.0)
+            if self.cip:
+                prog.memset(ind[:, :self.H + 2 * self.ph, :self.W + 2 * self.pw], 1.0)
+            else:
+                prog.memset(ind[:, self.ph:self.ph + self.H, self.pw:self.pw + self.W], 1.0)
+            prog.tensor_reduce(cnt, self.windows(ind), "add", axis=(3, 4))
+        finally:
+            prog.free(ind)
+        return cnt
+
+    def divide(self, out, src, cnt, pc) -> None:
+        """``out = src / divisor``."""
+        if cnt is None:
+            self.prog.tensor_scalar(out, src, "divide", self.const_div)
+        else:
+            self.prog.tensor_tensor(out, src, cnt[:pc], "divide")
+
+
+def _pool_dtype(ctx, v) -> str:
+    dt = ctx.neuron_dtype(v.dtype)
+    if dt not in ("float32", "bfloat16", "float16"):
+        raise CannotLower(f"avg_pool2d of {v.dtype} is not lowered (floating point only)")
+    return dt
+
+
+@lowering("avg_pool2d")
+def lower_avg_pool2d(ctx, eqn, ins, outs) -> None:
+    """2-d average pooling: one overlapping-window tensor_reduce per 128 planes, divisors computed on chip."""
+    xv = eqn.inputs[0]
+    if len(xv.shape) != 4:
+        raise CannotLower(f"avg_pool2d lowers 4-d [N, C, H, W] inputs, not {tuple(xv.shape)}")
+    _pool_dtype(ctx, xv)
+    prog = ctx.prog
+    pl = _Pool(ctx, xv.shape, eqn.outputs[0].shape, eqn.attrs)
+    H, W, Ho, Wo, Hq, Wq = pl.H, pl.W, pl.Ho, pl.Wo, pl.Hq, pl.Wq
+    x = ins[0].reshape(pl.R, H * W)
+    out = outs[0].reshape(pl.R, Ho * Wo)
+    tiles = []
+    try:
+        cnt = pl.counts(tiles)
+        xp_ring = _Ring(prog.sbuf((_P, Hq, Wq), ins[0].dtype, name=f"pool_x{i}") for i in range(2))
+        tiles.extend(xp_ring.tiles)
+        if pl.padded:
+            st_ring = _Ring(prog.sbuf((_P, H * W), ins[0].dtype, name=f"pool_st{i}") for i in range(2))
+            tiles.extend(st_ring.tiles)
+        s_t = prog.sbuf((_P, Ho, Wo), "float32", name="pool_sum")
+        o_ring = _Ring(prog.sbuf((_P, Ho * Wo), outs[0].dtype, name=f"pool_o{i}") for i in range(2))
+        tiles.extend([s_t, *o_ring.tiles])
+        for r0 in range(0, pl.R, _P):
+            pc = min(_P, pl.R - r0)
+            xp = xp_ring.take()
+            if pl.padded:
+                st = st_ring.take()
+                prog.dma_copy(st[:pc], x[r0:r0 + pc])
+                prog.memset(xp[:pc], 0.0)
+                prog.tensor_copy(xp[:pc, pl.ph:pl.ph + H, pl.pw:pl.pw + W], st[:pc].reshape(pc, H, W),
+                                 engine="gpsimd")
+            else:
+                prog.dma_copy(xp[:pc].reshape(pc, H * W), x[r0:r0 + pc])
+            prog.tensor_reduce(s_t[:pc], pl.windows(xp[:pc]), "add", axis=(3, 4))
+            ot = o_ring.take()
+            pl.divide(ot[:pc].reshape(pc, Ho, Wo), s_t[:pc], cnt, pc)
+            ctx.store(out[r0:r0 + pc], ot[:pc])
+    finally:
+        for t in reversed(tiles):
+            prog.free(t)
+
+
+@lowering("avg_pool2d_backward")
+def lower_avg_pool2d_backward(ctx, eqn, ins, outs) -> None:
+    """Gradient of avg_pool2d: ``grad / divisor`` added into every tap's strided window (VectorE)."""
+    gv, xv = eqn.inputs[0], eqn.inputs[1]
+    if len(xv.shape) != 4:
+        raise CannotLower(f"avg_pool2d_backward lowers 4-d [N, C, H, W] inputs, not {tuple(xv.shape)}")
+    _pool_dtype(ctx, gv)
+    prog = ctx.prog
+    pl = _Pool(ctx, xv.shape, gv.shape, eqn.attrs)
+    H, W, Ho, Wo, Hq, Wq = pl.H, pl.W, pl.Ho, pl.Wo, pl.Hq, pl.Wq
+    g = ins[0].reshape(pl.R, Ho * Wo)
+    out = outs[0].reshape(pl.R, H * W)
+    tiles = []
+    try:
+        cnt = pl.counts(tiles)
+        g_ring = _Ring(prog.sbuf((_P, Ho * Wo), ins[0].dtype, name=f"poolb_g{i}") for i in range(2))
+        acc_ring = _Ring(prog.sbuf((_P, Hq, Wq), "float32", name=f"poolb_acc{i}") for i in range(2))
+        gs = prog.sbuf((_P, Ho, Wo), "float32", name="poolb_gs")
+        o_ring = _Ring(prog.sbuf((_P, H * W), outs[0].dtype, name=f"poolb_o{i}") for i in range(2))
+        tiles.extend([*g_ring.tiles, *acc_ring.tiles, gs, *o_ring.tiles])
+        for r0 in range(0, pl.R, _P):
+            pc = min(_P, pl.R - r0)
+            gt = g_ring.take()
+            prog.dma_copy(gt[:pc], g[r0:r0 + pc])
+            pl.divide(gs[:pc], gt[:pc].reshape(pc, Ho, Wo), cnt, pc)
+            acc = acc_ring.take()
+            prog.memset(acc[:pc], 0.0, engine="vector")
+            for i in range(pl.kh):
+                for j in range(pl.kw):
+                    v = pl.windows(acc[:pc], i, j)
+                    prog.tensor_tensor(v, v, gs[:pc], "add")
+            ot = o_ring.take()
+            prog.tensor_copy(ot[:pc].reshape(pc, H, W), acc[:pc, pl.ph:pl.ph + H, pl.pw:pl.pw + W],
+                             engine="scalar")
+            ctx.store(out[r0:r0 + pc], ot[:pc])
+    finally:
+        for t in reversed(tiles):
+            prog.free(t)
