@@ -296,6 +296,19 @@ def test_recompile_log_names_module_training_flag(monkeypatch, caplog):
     assert "module (training flags): eval -> train" in last
 
 
+def test_returned_mutated_input_is_the_input_itself():
+    def f(x, y):
+        x.mul_(y)
+        return x, x + 1
+
+    x, y = torch.randn(4), torch.randn(4)
+    want = x * y
+    same, plus = tn.jit(f)(x, y)
+    assert same is x
+    close(x, want)
+    close(plus, want + 1)
+
+
 def test_jit_as_method_decorator_sees_module_parameters():
     class M(nn.Module):
         def __init__(self):

@@ -173,13 +173,19 @@ def _log_enabled(what: str) -> bool:
 class _Entry:
     """One compiled program and how to turn its outputs into the user's result."""
 
-    __slots__ = ("ir", "run", "mutations", "assemble", "host", "key", "desc")
+    __slots__ = ("ir", "run", "mutations", "aliases", "assemble", "host", "key", "desc")
 
     def __init__(self, ir: IR, run: Callable, assemble: Callable, host: Optional[torch.device],
                  key: Any, desc: Optional[Dict[str, str]]):
         self.ir = ir
         self.run = run
         self.mutations = tuple(tuple(m) for m in ir.mutations)
+        # Outputs that are the new value of a mutated input are returned as that input
+        # (after write-back), so `x.add_(1); return x` gives back x itself, as eager does.
+        mutated_outs = {o for _, o in self.mutations}
+        self.aliases = tuple(
+            (k, i) for i, o in self.mutations for k, v in enumerate(ir.outputs)
+            if k not in mutated_outs and v is ir.outputs[o])
         self.assemble = assemble
         self.host = host  # device to move results back to, when the backend runs on the host
         self.key = key
@@ -199,6 +205,10 @@ class _Entry:
                     src = outs[o]
                     if src is not dst:
                         dst.copy_(src)
+            if self.aliases:
+                outs = list(outs)
+                for k, i in self.aliases:
+                    outs[k] = tensors[i]
         return self.assemble(outs)
 
 
