@@ -634,6 +634,14 @@ def _h_copy_(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 
+def _h_copy(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    """Functional ``aten.copy(self, src)``: ``src`` cast to self's dtype and broadcast to its shape."""
+    dst, src = args[0], args[1]
+    meta_out = func(*_metas(args), **_meta_kwargs(kwargs, func))
+    new = tr.cast_to(tr.atom(src), tuple(dst.shape), dst.dtype)
+    return tr.new(meta_out, new)
+
+
 def _h_metadata_inplace(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
     """``squeeze_``, ``unsqueeze_``, ``t_``, ``transpose_`` ...: the tensor becomes a view of its old value."""
     t = args[0]
@@ -812,6 +820,7 @@ _VIEW_STEPS: Dict[Any, Callable[..., Any]] = {
 
 _SPECIAL: Dict[Any, Callable[..., Any]] = {
     aten.copy_.default: _h_copy_,
+    aten.copy.default: _h_copy,
     aten.clone.default: _h_clone,
     aten.lift_fresh.default: _h_lift_fresh,
     aten.lift_fresh_copy.default: _h_clone,

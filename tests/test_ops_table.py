@@ -1,0 +1,142 @@
+# Tests of the op table (tn.ops): every op is complete, documented, and its shape rule agrees with its reference impl.
+import pytest
+import torch
+
+from tn import ops
+from tn.ir import Literal, Var
+from tn.ops import OPS
+
+
+def _x(*shape, dtype=torch.float32):
+    return torch.randn(*shape).to(dtype)
+
+
+def _samples():
+    """name -> list of (inputs, attrs) covering every op of the table."""
+    x, y = _x(3, 4), _x(4)
+    i = torch.tensor([[0, 2], [1, 1], [3, 0]])
+    s = {}
+    for name in ("neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal",
+                 "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
+                 "sigmoid", "erf", "erfinv", "relu", "sign", "floor", "ceil", "trunc", "round", "isnan", "isinf"):
+        s[name] = [([x], {}), ([_x(5, dtype=torch.bfloat16)], {})]
+    s["logical_not"] = [([x > 0], {})]
+    s["bitwise_not"] = [([torch.arange(4)], {}), ([x > 0], {})]
+    s["gelu"] = [([x], {}), ([x], {"approximate": "tanh"})]
+    s["convert"] = [([x], {"dtype": torch.bfloat16}), ([torch.arange(3)], {"dtype": torch.float32})]
+    for name in ("add", "sub", "mul", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
+                 "remainder", "fmod", "atan2", "div"):
+        s[name] = [([x, y], {}), ([x, 2.0], {}), ([torch.arange(4), 3], {})]
+    s["pow"].append(([2.0, x], {}))
+    s["div"].append(([torch.arange(4), 3], {"rounding_mode": "floor"}))
+    for name in ("logical_and", "logical_or", "logical_xor"):
+        s[name] = [([x > 0, y > 0], {})]
+    for name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+        s[name] = [([torch.arange(4), torch.arange(4)], {}), ([x > 0, True], {})]
+    s["where"] = [([x > 0, x, y], {}), ([x > 0, 1.0, x], {})]
+    for name in ("sum", "prod"):
+        s[name] = [([x], {"dims": (1,), "keepdim": False}), ([x], {"dims": (0, 1), "keepdim": True}),
+                   ([torch.arange(4)], {"dims": (0,), "keepdim": False, "dtype": torch.float32})]
+    for name in ("amax", "amin"):
+        s[name] = [([x], {"dims": (0,), "keepdim": True}), ([x], {"dims": (0, 1), "keepdim": False})]
+    s["any"] = [([x > 0], {"dims": (1,), "keepdim": False})]
+    s["argmax"] = [([x], {"dim": 1}), ([x], {})]
+    s["argmin"] = [([x], {"dim": 0, "keepdim": True})]
+    s["cumsum"] = [([x], {"dim": 1}), ([torch.arange(4)], {"dim": 0, "dtype": torch.float32})]
+    s["matmul"] = [([x, _x(4, 5)], {}), ([_x(2, 3, 4), _x(2, 4, 5)], {})]
+    conv = {"stride": (1, 1), "padding": (1, 1), "dilation": (1, 1), "transposed": False,
+            "output_padding": (0, 0), "groups": 1}
+    s["convolution"] = [([_x(2, 3, 6, 6), _x(4, 3, 3, 3), _x(4)], conv), ([_x(2, 3, 6, 6), _x(4, 3, 3, 3)], conv)]
+    s["convolution_backward"] = [([_x(2, 4, 6, 6), _x(2, 3, 6, 6), _x(4, 3, 3, 3)],
+                                  dict(conv, bias_sizes=(4,), output_mask=(True, True, True))),
+                                 ([_x(2, 4, 6, 6), _x(2, 3, 6, 6), _x(4, 3, 3, 3)],
+                                  dict(conv, bias_sizes=None, output_mask=(False, True, False)))]
+    pool = {"kernel_size": (2, 2), "stride": (2, 2), "padding": (0, 0), "ceil_mode": False,
+            "count_include_pad": True, "divisor_override": None}
+    s["avg_pool2d"] = [([_x(2, 3, 6, 6)], pool)]
+    s["avg_pool2d_backward"] = [([_x(2, 3, 3, 3), _x(2, 3, 6, 6)], pool)]
+    s["reshape"] = [([x], {"shape": (2, 6)}), ([x], {"shape": (12,)})]
+    s["permute"] = [([x], {"dims": (1, 0)})]
+    s["expand"] = [([y], {"shape": (3, 4)}), ([_x(3, 1)], {"shape": (2, 3, 4)})]
+    s["slice"] = [([x], {"dim": 1, "start": 1, "end": 4, "step": 2}), ([x], {"dim": 0, "start": 0, "end": 0})]
+    s["slice_scatter"] = [([x, _x(3, 2)], {"dim": 1, "start": 1, "end": 4, "step": 2})]
+    s["cat"] = [([x, _x(3, 2)], {"dim": 1}), ([x], {"dim": 0})]
+    s["pad"] = [([x], {"pad": (1, 2), "value": 0.5}), ([x], {"pad": (0, 0, 1, 1)})]
+    s["flip"] = [([x], {"dims": (0, 1)})]
+    s["as_strided"] = [([x], {"size": (3,), "stride": (5,), "offset": 0})]
+    s["as_strided_scatter"] = [([x, _x(3)], {"size": (3,), "stride": (5,), "offset": 0})]
+    s["gather"] = [([x, i], {"dim": 1})]
+    s["scatter"] = [([torch.zeros(3, 4), i, _x(3, 2)], {"dim": 1}), ([torch.zeros(3, 4), i, 1.5], {"dim": 1})]
+    s["scatter_add"] = [([torch.zeros(3, 4), i, _x(3, 2)], {"dim": 1})]
+    s["scatter_reduce"] = [([torch.zeros(3, 4), i, _x(3, 2)], {"dim": 1, "reduce": "amax", "include_self": False})]
+    s["index"] = [([x, torch.tensor([2, 0])], {"dims": (0,)}), ([x, torch.tensor([1, 3])], {"dims": (1,)})]
+    s["index_put"] = [([x, _x(2, 4), torch.tensor([2, 0])], {"dims": (0,)}),
+                      ([x, _x(2), torch.tensor([1, 1]), torch.tensor([0, 0])], {"dims": (0, 1), "accumulate": True})]
+    s["full"] = [([], {"shape": (2, 3), "value": 1.5, "dtype": torch.float32}),
+                 ([], {"shape": (), "value": True, "dtype": torch.bool})]
+    s["iota"] = [([], {"length": 5, "start": 0, "step": 1, "dtype": torch.int64}),
+                 ([], {"length": 4, "start": 0.5, "step": 0.25, "dtype": torch.float32})]
+    s["rand"] = [([], {"shape": (2, 3), "dtype": torch.float32})]
+    s["randn"] = [([], {"shape": (4,), "dtype": torch.bfloat16})]
+    return s
+
+
+SAMPLES = _samples()
+
+
+def test_every_op_has_samples():
+    missing = sorted(set(OPS) - set(SAMPLES))
+    assert not missing, f"add samples for {missing} to tests/test_ops_table.py"
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_op_is_complete(name):
+    op = OPS[name]
+    assert op.name == name
+    assert op.category in ops.CATEGORIES
+    assert callable(op.impl) and callable(op.shape_rule)
+    assert hasattr(op, "lowering") and (op.lowering is None or callable(op.lowering))
+    assert isinstance(op.random, bool)
+    assert op.doc and isinstance(op.doc, str)
+    assert name in ops.__doc__, f"document {name} in the table of tn/ops.py's docstring"
+
+
+def _aval(a):
+    return Var(tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else Literal(a)
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_shape_rule_agrees_with_impl(name):
+    op = OPS[name]
+    for inputs, attrs in SAMPLES[name]:
+        out = op.impl(*inputs, **attrs)
+        outs = [out] if isinstance(out, torch.Tensor) else list(out)
+        rule = op.shape_rule(*[_aval(a) for a in inputs], **attrs)
+        assert [(tuple(o.shape), o.dtype) for o in outs] == [(tuple(s), d) for s, d in rule], (name, attrs)
+
+
+def test_random_flags():
+    assert {n for n, op in OPS.items() if op.random} == {"rand", "randn"}
+
+
+def test_from_aten_points_into_the_table():
+    for overload, (op, conv) in ops.FROM_ATEN.items():
+        assert OPS[op.name] is op and callable(conv)
+        assert overload in op.aten
+
+
+def test_decompositions_are_callables():
+    assert ops.DECOMPOSITIONS and all(callable(f) for f in ops.DECOMPOSITIONS.values())
+
+
+def test_get_unknown_op_raises():
+    import tn
+
+    assert ops.get("add") is OPS["add"]
+    with pytest.raises(tn.UnsupportedOpError, match="no core op named"):
+        ops.get("frobnicate")
+
+
+def test_duplicate_registration_is_refused():
+    with pytest.raises(ValueError, match="registered twice"):
+        ops.register("add", "elementwise")(lambda x, y: x + y)
