@@ -46,6 +46,22 @@ def test_cache_hits_and_misses_on_abstract_signature():
     assert f.cache_info() == CacheInfo(0, 0, 0, f.cache_info().maxsize)
 
 
+def test_autocast_is_in_the_key():
+    @tn.jit
+    def f(x, w):
+        return x @ w
+
+    x, w = torch.randn(4, 8), torch.randn(8, 3)
+    assert f(x, w).dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = f(x, w)
+        want = x @ w
+    assert got.dtype == want.dtype == torch.bfloat16
+    close(got.float(), want.float(), rtol=1.6e-2, atol=1e-2)
+    assert f.cache_info().misses == 2
+    assert f(x, w).dtype == torch.float32
+
+
 def test_cache_size_evicts_least_recently_used():
     @tn.jit(cache_size=2)
     def f(x):

@@ -12,7 +12,8 @@ Semantics worth knowing:
 * Tensors are program inputs; every other leaf (ints, floats, strings, None,
   dtypes...) is a compile-time constant and part of the cache key, as are
   arguments named in ``static_argnums``/``static_argnames`` (which must be
-  hashable). Calling with a new Python value retraces.
+  hashable). Calling with a new Python value retraces. Grad mode and
+  enabled autocast regions are in the key too.
 * An ``nn.Module`` passed as an argument (or jitted directly with
   ``tn.jit(module)``) contributes its parameters and buffers as program
   inputs: updating them in place changes results without a retrace. Module
@@ -160,6 +161,21 @@ class _TLS(threading.local):
 
 _tls = _TLS()
 _TRACE_LOCK = threading.RLock()
+
+
+_any_autocast = torch._C._is_any_autocast_enabled
+
+
+def _autocast_state() -> Tuple[bool, Tuple[Tuple[str, torch.dtype], ...]]:
+    """Grad mode and the enabled autocast regions (they change what a trace records)."""
+    on = []
+    for dev in ("cpu", "cuda", "xpu", "mps", "hpu", "xla", torch._C._get_privateuse1_backend_name()):
+        try:
+            if torch.is_autocast_enabled(dev):
+                on.append((dev, torch.get_autocast_dtype(dev)))
+        except (RuntimeError, ValueError, TypeError):  # a device type autocast does not know
+            continue
+    return (torch.is_grad_enabled(), tuple(on))
 
 
 def _log_enabled(what: str) -> bool:
@@ -393,8 +409,10 @@ class _Core:
 
     def describe(self, key: Any) -> Dict[str, str]:
         """``{label: text}`` of a cache key, for recompile messages."""
-        spec, sigs, grad = key
-        out: Dict[str, str] = {"grad mode": "enabled" if grad else "disabled"}
+        spec, sigs, mode = key
+        grad, autocast = mode if type(mode) is tuple else (mode, ())
+        out: Dict[str, str] = {"grad mode": "enabled" if grad else "disabled",
+                               "autocast": ", ".join(f"{d} {dt}" for d, dt in autocast) or "off"}
         pos = [0]
         if type(spec) is int:  # fast path key: all positional tensors
             for i in range(spec):
@@ -463,14 +481,16 @@ class _Core:
                     break
             else:  # fast path: all positional tensors
                 return ((len(args), tuple([(a.shape, a.dtype, a.device, a.requires_grad) for a in args]),
-                         torch.is_grad_enabled()), len(args), list(args))
+                         _autocast_state() if _any_autocast() else torch.is_grad_enabled()),
+                        len(args), list(args))
         spec, tensors = self.flatten(args, kwargs)
         for t in tensors:
             if not isinstance(t, Tensor):
                 raise TnError(f"tn.jit({self.name}): a module parameter or buffer is {type(t).__name__}, "
                               f"not a tensor; assign tensors (or None) to parameters and buffers")
         sigs = tuple([(t.shape, t.dtype, t.device, t.requires_grad) for t in tensors])
-        return (spec, sigs, torch.is_grad_enabled()), spec, tensors
+        mode = _autocast_state() if _any_autocast() else torch.is_grad_enabled()
+        return (spec, sigs, mode), spec, tensors
 
     def lookup(self, key: Any, spec: Any) -> Optional[_Entry]:
         """The cached entry for ``key`` (counted as a hit), or None."""
