@@ -7,7 +7,11 @@
  *  - the micro-kernel is chosen at run time: AVX-512F (8x32), AVX2+FMA (6x16), or a portable C fallback
  *    that is always compiled; bf16 tiles use AMX (TDPBF16PS, bf16 products exact, fp32 accumulation)
  *    when the CPU has it and the OS grants the tile state, else they are widened to fp32 while packing.
+ * Scratch is per thread (a pthread key: allocated on a thread's first call, freed when it exits), so
+ * callers may run tiles from several threads at once. AMX flushes bf16 denormal products to zero
+ * (DAZ/FTZ, as TDPBF16PS always does); the other paths keep them.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kernels.h"
@@ -55,22 +59,41 @@ typedef struct {
     uint16_t *bbf;   /* AMX: moving in VNNI pairs, K_pad/2 x N_pad x 2 bf16 */
 } tn_mm_scratch;
 
-static __thread tn_mm_scratch tn_mm_tls;
+static pthread_key_t tn_mm_key;
+static pthread_once_t tn_mm_key_once = PTHREAD_ONCE_INIT;
+static int tn_mm_key_ok;
 
-/* The calling thread's scratch buffers (allocated once per thread), or NULL if memory is short. */
+/* Frees one thread's scratch (the pthread key destructor: runs when the thread exits). */
+static void tn_mm_free_scratch(void *p)
+{
+    tn_mm_scratch *s = p;
+    if (!s) return;
+    free(s->a); free(s->b); free(s->abf); free(s->bbf);
+    free(s);
+}
+
+static void tn_mm_make_key(void)
+{
+    tn_mm_key_ok = pthread_key_create(&tn_mm_key, tn_mm_free_scratch) == 0;
+}
+
+/* The calling thread's scratch buffers (allocated on first use, freed at thread exit), or NULL if memory
+   is short (the caller then takes the unpacked path). */
 static tn_mm_scratch *tn_mm_get_scratch(void)
 {
-    tn_mm_scratch *s = &tn_mm_tls;
-    if (!s->a) {
-        s->a = aligned_alloc(64, sizeof(float) * TN_MM_APACK_FLOATS);
-        s->b = aligned_alloc(64, sizeof(float) * TN_MM_BPACK_FLOATS);
-        s->abf = aligned_alloc(64, sizeof(uint16_t) * 128 * 128);
-        s->bbf = aligned_alloc(64, sizeof(uint16_t) * 128 * 512);
-        if (!s->a || !s->b || !s->abf || !s->bbf) {
-            free(s->a); free(s->b); free(s->abf); free(s->bbf);
-            memset(s, 0, sizeof *s);
-            return NULL;
-        }
+    pthread_once(&tn_mm_key_once, tn_mm_make_key);
+    if (!tn_mm_key_ok) return NULL;
+    tn_mm_scratch *s = pthread_getspecific(tn_mm_key);
+    if (s) return s;
+    s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->a = aligned_alloc(64, sizeof(float) * TN_MM_APACK_FLOATS);
+    s->b = aligned_alloc(64, sizeof(float) * TN_MM_BPACK_FLOATS);
+    s->abf = aligned_alloc(64, sizeof(uint16_t) * 128 * 128);
+    s->bbf = aligned_alloc(64, sizeof(uint16_t) * 128 * 512);
+    if (!s->a || !s->b || !s->abf || !s->bbf || pthread_setspecific(tn_mm_key, s) != 0) {
+        tn_mm_free_scratch(s);
+        return NULL;
     }
     return s;
 }

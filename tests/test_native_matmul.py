@@ -179,6 +179,37 @@ def test_null_pointers_are_rejected():
     assert lib.tn_matmul_bf16(ffi.NULL, 4, ffi.NULL, 4, ffi.NULL, 4, 4, 4, 4, 0) == -1
 
 
+def test_threads_use_their_own_scratch(isa):
+    """Tiles from several threads at once (cffi releases the GIL) give the same results as one thread."""
+    import threading
+
+    K, M, N = 128, 128, 512
+    jobs = []
+    for i in range(4):
+        a = RNG.standard_normal((K, M)).astype(np.float32)
+        b = RNG.standard_normal((K, N)).astype(np.float32)
+        jobs.append((a, b, _to_bf16_bits(a), _to_bf16_bits(b), np.empty((M, N), np.float32),
+                     np.empty((M, N), np.float32)))
+    errors = []
+
+    def work(job):
+        a, b, a16, b16, out32, out16 = job
+        for _ in range(5):
+            if _run_f32(a, b, out32, K, M, N, 0) != 0 or _run_bf16(a16, b16, out16, K, M, N, 0) != 0:
+                errors.append("rc")
+
+    threads = [threading.Thread(target=work, args=(j,)) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for a, b, a16, b16, out32, out16 in jobs:
+        np.testing.assert_allclose(out32, a.astype(np.float64).T @ b, rtol=1e-5, atol=1e-4)
+        want16 = _bf16_bits_to_f32(a16).astype(np.float64).T @ _bf16_bits_to_f32(b16)
+        np.testing.assert_allclose(out16, want16, rtol=1e-5, atol=1e-4)
+
+
 def test_special_values_propagate(isa):
     K, M, N = 4, 3, 20
     a = np.ones((K, M), np.float32)
