@@ -91,6 +91,34 @@ def test_emit_matmul_with_transposed_a_and_custom_store():
     np.testing.assert_allclose(res.outputs["c"][0], A @ B, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("ta,tb", [(False, True), (True, True), (True, False)])
+@pytest.mark.parametrize("bt,m,k,n", [(1, 200, 150, 70), (1, 130, 257, 600), (3, 64, 40, 100), (2, 5, 300, 9)])
+def test_emit_matmul_transposed_operands(ta, tb, bt, m, k, n):
+    """A given as A^T and/or B given as B^T (a Linear weight) in HBM."""
+    import numpy as np
+    from tn.neuron import Program
+
+    prog = Program("mmT")
+    rng = np.random.default_rng(m + k + n)
+    A = rng.standard_normal((bt, m, k)).astype(np.float32)
+    B = rng.standard_normal((bt, k, n)).astype(np.float32)
+    if ta:
+        ah, av = prog.hbm("a", (bt, k, m)), np.ascontiguousarray(A.transpose(0, 2, 1))
+    else:
+        ah, av = prog.hbm("a", (bt, m, k)), A
+    if tb:
+        bh, bv = prog.hbm("b", (bt, n, k)), np.ascontiguousarray(B.transpose(0, 2, 1))
+    else:
+        bh, bv = prog.hbm("b", (bt, k, n)), B
+    c = prog.hbm("c", (bt, m, n), "float32", kind="output")
+    ctx = LowerCtx(prog)
+    mm.emit_matmul(ctx, None if ta else ah.view(), None if tb else bh.view(), c.view(),
+                   a_t=ah.view() if ta else None, b_t=bh.view() if tb else None)
+    assert prog._sbuf.in_use == 0 and prog._psum.in_use == 0
+    res = prog.run({"a": av, "b": bv})
+    np.testing.assert_allclose(res.outputs["c"], A @ B, rtol=1e-4, atol=1e-4)
+
+
 def test_matmul_frees_all_tiles():
     from tn.lower.testing import build_eqn_ir
     from tn.neuron import Program

@@ -89,33 +89,37 @@ def _sbuf_free(prog) -> int:
     return prog.arch.sbuf_partition_bytes - used - _RESERVE
 
 
-def emit_matmul(ctx: Any, a, b, c, *, a_t=None, store: Optional[Callable[[Any, Any], None]] = None,
+def emit_matmul(ctx: Any, a, b, c, *, a_t=None, b_t=None, store: Optional[Callable[[Any, Any], None]] = None,
                 psum_banks: Optional[int] = None) -> None:
-    """Emit ``c[i] = a[i] @ b[i]`` for every batch index ``i`` into ``ctx.prog``.
+    """Emit ``c[i] = A[i] @ B[i]`` for every batch index ``i`` into ``ctx.prog``.
 
-    ``a``: HBM view ``[Bt, M, K]`` (or None when ``a_t`` is given), ``a_t``:
-    HBM view ``[Bt, K, M]`` holding A already transposed, ``b``: ``[Bt, K,
-    N]``, ``c``: ``[Bt, M, N]`` (any dtype; the result is cast to it). Inputs
-    share one TensorE dtype (fp32, bf16, fp16). ``store(dst_view, tile)``
-    writes a finished output tile (default ``ctx.store``, which applies a
-    fused epilogue). Every SBUF/PSUM tile allocated is freed on return.
+    Operands are HBM views (of HbmTensors, any strides a DMA can read):
+    ``a`` ``[Bt, M, K]`` or, instead, ``a_t`` ``[Bt, K, M]`` (A already
+    transposed: loaded directly as the stationary operand, no TensorE
+    transposes); ``b`` ``[Bt, K, N]`` or, instead, ``b_t`` ``[Bt, N, K]``
+    (e.g. a ``Linear`` weight, transposed on chip); ``c`` ``[Bt, M, N]`` (any
+    dtype; the result is cast to it). Inputs share one TensorE dtype (fp32,
+    bf16, fp16). ``store(dst_view, tile)`` writes a finished output tile
+    (default ``ctx.store``, which applies a fused epilogue). Every SBUF/PSUM
+    tile allocated is freed on return. Raises CannotLower for other dtypes.
     """
     prog = ctx.prog
-    src = a if a_t is None else a_t
-    Bt = src.shape[0]
-    if a_t is None:
-        M, K = a.shape[1], a.shape[2]
-    else:
-        K, M = a_t.shape[1], a_t.shape[2]
-    N = b.shape[2]
-    if b.shape[0] != Bt or b.shape[1] != K or tuple(c.shape) != (Bt, M, N):
-        raise CannotLower(f"matmul shapes do not agree: A {tuple(src.shape)} (transposed={a_t is not None}), "
-                          f"B {tuple(b.shape)}, C {tuple(c.shape)}")
-    dt = src.dtype
-    if dt not in MATMUL_DTYPES or b.dtype != dt:
-        raise CannotLower(f"TensorE multiplies fp32/bf16/fp16 operands of one dtype, not {src.dtype} @ {b.dtype}")
+    if (a is None) == (a_t is None) or (b is None) == (b_t is None):
+        raise CannotLower("emit_matmul needs exactly one of a/a_t and one of b/b_t")
+    Bt = (a if a is not None else a_t).shape[0]
+    M, K = (a.shape[1], a.shape[2]) if a is not None else (a_t.shape[2], a_t.shape[1])
+    K2, N = (b.shape[1], b.shape[2]) if b is not None else (b_t.shape[2], b_t.shape[1])
+    bsrc = b if b is not None else b_t
+    asrc = a if a is not None else a_t
+    if bsrc.shape[0] != Bt or K2 != K or tuple(c.shape) != (Bt, M, N):
+        raise CannotLower(f"matmul shapes do not agree: A {tuple(asrc.shape)} (transposed={a_t is not None}), "
+                          f"B {tuple(bsrc.shape)} (transposed={b_t is not None}), C {tuple(c.shape)}")
+    dt = asrc.dtype
+    if dt not in MATMUL_DTYPES or bsrc.dtype != dt:
+        raise CannotLower(f"TensorE multiplies fp32/bf16/fp16 operands of one dtype, not {asrc.dtype} @ "
+                          f"{bsrc.dtype}")
     store = ctx.store if store is None else store
-    mm = _Matmul(prog, a, a_t, b, c, Bt, M, K, N, store, psum_banks)
+    mm = _Matmul(prog, a, a_t, b, b_t, c, Bt, M, K, N, store, psum_banks)
     bg = mm._slab_size()
     if bg:
         mm.emit_slabs(bg)
@@ -126,19 +130,20 @@ def emit_matmul(ctx: Any, a, b, c, *, a_t=None, store: Optional[Callable[[Any, A
 class _Matmul:
     """Tiling plan and emission of one (batched) matmul; see the module docstring."""
 
-    def __init__(self, prog, a, a_t, b, c, Bt, M, K, N, store, psum_banks):
+    def __init__(self, prog, a, a_t, b, b_t, c, Bt, M, K, N, store, psum_banks):
         self.prog = prog
-        self.a, self.a_t, self.b, self.c = a, a_t, b, c
+        self.a, self.a_t, self.b, self.b_t, self.c = a, a_t, b, b_t, c
         self.Bt, self.M, self.K, self.N = Bt, M, K, N
         self.store = store
         arch = prog.arch
-        self.dt = b.dtype
+        self.dt = (a if a is not None else a_t).dtype
         self.isz = isa.DTYPE_SIZES[isa.dtype_code(self.dt)]
         self.osz = isa.DTYPE_SIZES[isa.dtype_code(c.dtype)]
         self.KC = _cdiv(K, _P)
         self.MT = _cdiv(M, _P)
+        self.need_tr = a is not None or b_t is not None
         nbanks_total = arch.psum_partition_bytes // arch.psum_bank_bytes
-        self.tbanks = 0 if a_t is not None else 2
+        self.tbanks = 2 if self.need_tr else 0
         self.abanks = psum_banks or max(1, nbanks_total - self.tbanks)
         # B panel width: whole banks, >= 2 KiB contiguous per partition row when N allows
         want = max(_NB, (2048 // self.isz) // _NB * _NB)
@@ -146,6 +151,7 @@ class _Matmul:
         self.nb = _cdiv(self.ngw, _NB)              # banks per output tile row
         self.NGn = _cdiv(N, self.ngw)
         self.MG = max(1, min(self.MT, 4 // self.nb))  # row tiles sharing each B chunk
+        self.G = max(1, min(arch.psum_bank_bytes // (_P * self.isz), 8))  # transposes per PSUM bank
         self._plan(_sbuf_free(prog))
 
     # ------------------------------------------------------------------ planning
@@ -154,7 +160,7 @@ class _Matmul:
         out_b = 2 * self.ngw * self.osz
 
         def fixed(kp):
-            st = 0 if self.a_t is not None else 2 * kp * _P * isz
+            st = 2 * kp * _P * isz if self.need_tr else 0
             return st + out_b
 
         KP = KC
@@ -181,15 +187,37 @@ class _Matmul:
         else:
             self.b_resident = False
             self.SG = MG
-        # A^T buffers: one when it holds all row tiles (reused across batches is not possible), else two
         self.at_cols = min(self.M, self.SG * _P)
         rest2 = budget - fixed(KP) - (b_all if self.b_resident else 2 * KP * self.ngw * isz)
         self.at_bufs = 2 if 2 * KP * self.at_cols * isz <= rest2 else 1
 
+    # ------------------------------------------------------------------ shared pieces
+    def _transposed_in(self, count, src, kp_of, rows, dst) -> None:
+        """TensorE-transpose ``count`` blocks: block ``t`` is ``src(t)`` ``[rows, kp_of(t)]`` (SBUF); its
+        transpose ``[kp_of(t), rows]`` goes to ``dst(t0, t1, kp)[:, t - t0, :]`` (blocks ``t0..t1-1`` of
+        equal ``kp`` are evacuated by one copy per PSUM bank)."""
+        prog = self.prog
+        for g0 in range(0, count, self.G):
+            g1 = min(count, g0 + self.G)
+            tp = self.tp_ring.take()
+            for t in range(g0, g1):
+                prog.transpose(tp[:kp_of(t), t - g0, :rows], src(t))
+            r0 = g0
+            while r0 < g1:
+                kp = kp_of(r0)
+                r1 = r0 + 1
+                while r1 < g1 and kp_of(r1) == kp:
+                    r1 += 1
+                self.copy(dst(r0, r1, kp), tp[:kp, r0 - g0:r1 - g0, :rows])
+                r0 = r1
+
+    def _kp(self, kc: int) -> int:
+        return min(_P, self.K - kc * _P)
+
     # ------------------------------------------------------------------ emission
     def emit(self) -> None:
         prog = self.prog
-        isz, KP = self.isz, self.KP
+        KP = self.KP
         tiles = []
 
         def sb(shape, dtype, name):
@@ -210,10 +238,8 @@ class _Matmul:
                 nbuf = 1 if (self.NGn == 1 and self.KPn == 1) else 2
                 self.b_ring = _Ring(sb((_P, KP, self.ngw), self.dt, f"mm_b{i}") for i in range(nbuf))
             self.out_ring = _Ring(sb((_P, self.ngw), self.c.dtype, f"mm_out{i}") for i in range(2))
-            if self.a_t is None:
+            if self.need_tr:
                 self.stage_ring = _Ring(sb((_P, KP * _P), self.dt, f"mm_stage{i}") for i in range(2))
-                G = max(1, min(prog.arch.psum_bank_bytes // (_P * isz), 8))
-                self.G = min(G, KP)
                 self.tp_ring = _Ring(ps((_P, self.G, _P), self.dt, f"mm_tp{i}") for i in range(self.tbanks))
             self.acc_ring = _Ring(ps((_P, _NB), "float32", f"mm_acc{i}") for i in range(self.abanks))
             self.copy = _Copier(prog)
@@ -227,8 +253,11 @@ class _Matmul:
         """Batches per slab when each batch is one tile group (0: use the per-batch plan)."""
         if self.Bt < 2 or self.MT != 1 or self.NGn != 1 or self.KPn != 1:
             return 0
-        isz, KC, M, N = self.isz, self.KC, self.M, self.N
-        per = (0 if self.a_t is not None else self.K * isz) + KC * M * isz + KC * N * isz + N * self.osz
+        if self.b_t is not None and self.N > _P:
+            return 0
+        isz, KC, M, N, K = self.isz, self.KC, self.M, self.N, self.K
+        per = (K * isz if self.a is not None else 0) + (K * isz if self.b_t is not None else 0) + \
+            KC * M * isz + KC * N * isz + N * self.osz
         budget = _sbuf_free(self.prog)
         bg = min(self.Bt, 64, budget // (2 * per))
         return bg if bg >= 2 else 0
@@ -236,7 +265,7 @@ class _Matmul:
     def emit_slabs(self, bg: int) -> None:
         """Small batched matmuls: operands of ``bg`` batches move in one DMA each (batch on the free axis)."""
         prog = self.prog
-        isz, KC, M, N, K = self.isz, self.KC, self.M, self.N, self.K
+        KC, M, N, K = self.KC, self.M, self.N, self.K
         tiles = []
 
         def sb(shape, dtype, name):
@@ -246,47 +275,48 @@ class _Matmul:
 
         try:
             at_ring = _Ring(sb((_P, bg * KC, M), self.dt, f"mm_aT{i}") for i in range(2))
-            b_ring = _Ring(sb((_P, bg, KC, N), self.dt, f"mm_b{i}") for i in range(2))
+            b_ring = _Ring(sb((_P, bg * KC, N), self.dt, f"mm_b{i}") for i in range(2))
             o_ring = _Ring(sb((_P, bg, N), self.c.dtype, f"mm_out{i}") for i in range(2))
             nb = _cdiv(N, _NB)
             acc_ring = _Ring(prog.psum((_P, _NB), "float32", name=f"mm_acc{i}") for i in range(self.abanks))
             tiles.extend(acc_ring.tiles)
-            if self.a_t is None:
-                st_ring = _Ring(sb((_P, bg, K), self.dt, f"mm_stage{i}") for i in range(2))
-                G = max(1, min(prog.arch.psum_bank_bytes // (_P * isz), 8))
-                tp_ring = _Ring(prog.psum((_P, G, _P), self.dt, name=f"mm_tp{i}") for i in range(self.tbanks))
-                tiles.extend(tp_ring.tiles)
-            copy = _Copier(prog)
+            if self.a is not None:
+                sa_ring = _Ring(sb((_P, bg, K), self.dt, f"mm_sa{i}") for i in range(2))
+            if self.b_t is not None:
+                sb_ring = _Ring(sb((_P, bg, K), self.dt, f"mm_sb{i}") for i in range(2))
+            if self.need_tr:
+                self.tp_ring = _Ring(prog.psum((_P, self.G, _P), self.dt, name=f"mm_tp{i}")
+                                     for i in range(self.tbanks))
+                tiles.extend(self.tp_ring.tiles)
+            self.copy = copy = _Copier(prog)
+            kp_flat = lambda t: self._kp(t % KC)  # noqa: E731  (flat block index j*KC + kc)
             for b0 in range(0, self.Bt, bg):
                 g = min(bg, self.Bt - b0)
                 at = at_ring.take()
-                if self.a_t is None:
-                    st = st_ring.take()
+                if self.a is not None:
+                    st = sa_ring.take()
                     prog.dma_copy(st[:M, :g, :], self.a[b0:b0 + g].permute(1, 0, 2))
-                    pairs = [(j, kc) for j in range(g) for kc in range(KC)]
-                    for p0 in range(0, len(pairs), G):
-                        grp = pairs[p0:p0 + G]
-                        tp = tp_ring.take()
-                        for i, (j, kc) in enumerate(grp):
-                            kp = min(_P, K - kc * _P)
-                            prog.transpose(tp[:kp, i, :M], st[:M, j, kc * _P:kc * _P + kp])
-                        if K % _P == 0:
-                            copy(at[:, p0:p0 + len(grp), :], tp[:, :len(grp), :M])
-                        else:
-                            kp_last = K - (KC - 1) * _P
-                            for i, (j, kc) in enumerate(grp):
-                                kp = _P if kc < KC - 1 else kp_last
-                                # runs of full chunks could be merged; small K makes this one copy per batch
-                                copy(at[:kp, p0 + i, :], tp[:kp, i, :M])
+                    self._transposed_in(
+                        g * KC, lambda t: st[:M, t // KC, (t % KC) * _P:(t % KC) * _P + kp_flat(t)], kp_flat, M,
+                        lambda t0, t1, kp: at[:kp, t0:t1, :])
                 else:
+                    atv = at.reshape(_P, bg, KC, M)
                     for kc in range(KC):
-                        kp = min(_P, K - kc * _P)
-                        atv = at[:kp, :g * KC, :].reshape(kp, g, KC, M)
-                        prog.dma_copy(atv[:, :, kc, :], self.a_t[b0:b0 + g, kc * _P:kc * _P + kp, :].permute(1, 0, 2))
+                        kp = self._kp(kc)
+                        prog.dma_copy(atv[:kp, :g, kc, :],
+                                      self.a_t[b0:b0 + g, kc * _P:kc * _P + kp, :].permute(1, 0, 2))
                 bt = b_ring.take()
-                for kc in range(KC):
-                    kp = min(_P, K - kc * _P)
-                    prog.dma_copy(bt[:kp, :g, kc, :], self.b[b0:b0 + g, kc * _P:kc * _P + kp, :].permute(1, 0, 2))
+                if self.b_t is not None:
+                    st = sb_ring.take()
+                    prog.dma_copy(st[:N, :g, :], self.b_t[b0:b0 + g].permute(1, 0, 2))
+                    self._transposed_in(
+                        g * KC, lambda t: st[:N, t // KC, (t % KC) * _P:(t % KC) * _P + kp_flat(t)], kp_flat, N,
+                        lambda t0, t1, kp: bt[:kp, t0:t1, :])
+                else:
+                    btv = bt.reshape(_P, bg, KC, N)
+                    for kc in range(KC):
+                        kp = self._kp(kc)
+                        prog.dma_copy(btv[:kp, :g, kc, :], self.b[b0:b0 + g, kc * _P:kc * _P + kp, :].permute(1, 0, 2))
                 ot = o_ring.take()
                 for j in range(g):
                     for jb in range(nb):
@@ -294,8 +324,8 @@ class _Matmul:
                         cw = min(_NB, N - c0)
                         acc = acc_ring.take()
                         for kc in range(KC):
-                            kp = min(_P, K - kc * _P)
-                            prog.matmul(acc[:M, :cw], at[:kp, j * KC + kc, :], bt[:kp, j, kc, c0:c0 + cw],
+                            kp = self._kp(kc)
+                            prog.matmul(acc[:M, :cw], at[:kp, j * KC + kc, :], bt[:kp, j * KC + kc, c0:c0 + cw],
                                         accumulate=kc > 0, stop=kc == KC - 1)
                         copy(ot[:M, j, c0:c0 + cw], acc[:M, :cw])
                     self.store(self.c[b0 + j], ot[:M, j, :])
@@ -351,7 +381,7 @@ class _Matmul:
             src = self.a_t[bi]
             for kc in range(kc0, kc1):
                 kk = kc * _P
-                kp = min(_P, K - kk)
+                kp = self._kp(kc)
                 prog.dma_copy(at[:kp, kc - kc0, :m1 - m_base], src[kk:kk + kp, m_base:m1])
             return
         src = self.a[bi]
@@ -361,20 +391,9 @@ class _Matmul:
             st = self.stage_ring.take()
             prog.dma_copy(st[:mp, :k1 - k0], src[m0:m0 + mp, k0:k1])
             col = m0 - m_base
-            for g0 in range(kc0, kc1, self.G):
-                g1 = min(kc1, g0 + self.G)
-                tp = self.tp_ring.take()
-                for kc in range(g0, g1):
-                    kk = kc * _P
-                    kp = min(_P, K - kk)
-                    prog.transpose(tp[:kp, kc - g0, :mp], st[:mp, kk - k0:kk - k0 + kp])
-                last_partial = g1 == self.KC and K % _P != 0
-                full_end = g1 - 1 if last_partial else g1
-                if full_end > g0:
-                    self.copy(at[:, g0 - kc0:full_end - kc0, col:col + mp], tp[:, 0:full_end - g0, :mp])
-                if last_partial:
-                    kp = K - (self.KC - 1) * _P
-                    self.copy(at[:kp, g1 - 1 - kc0, col:col + mp], tp[:kp, g1 - 1 - g0, :mp])
+            self._transposed_in(
+                kc1 - kc0, lambda t: st[:mp, t * _P:t * _P + self._kp(kc0 + t)], lambda t: self._kp(kc0 + t), mp,
+                lambda t0, t1, kp: at[:kp, t0:t1, col:col + mp])
 
     def _use_b(self, bi, key):
         """The SBUF tile holding B panel ``key`` = (ng, kpanel) and its column offset; loads it (and the next one)."""
@@ -398,20 +417,32 @@ class _Matmul:
         else:
             t = self.b_ring.take()
             off = 0
+        if self.b_t is not None:
+            src = self.b_t[bi]
+            k0, k1 = kc0 * _P, min(self.K, kc1 * _P)
+            for s0 in range(0, nw, _P):
+                sp = min(_P, nw - s0)
+                st = self.stage_ring.take()
+                prog.dma_copy(st[:sp, :k1 - k0], src[n0 + s0:n0 + s0 + sp, k0:k1])
+                c0 = off + s0
+                self._transposed_in(
+                    kc1 - kc0, lambda q, st=st, sp=sp: st[:sp, q * _P:q * _P + self._kp(kc0 + q)],
+                    lambda q: self._kp(kc0 + q), sp, lambda q0, q1, kp, c0=c0, sp=sp: t[:kp, q0:q1, c0:c0 + sp])
+            return t, off
         src = self.b[bi]
         for kc in range(kc0, kc1):
             kk = kc * _P
-            kp = min(_P, self.K - kk)
+            kp = self._kp(kc)
             prog.dma_copy(t[:kp, kc - kc0, off:off + nw], src[kk:kk + kp, n0:n0 + nw])
         return t, off
 
     def _matmuls(self, at, sg0, bt, boff, mts, accs, kpn, nw, nb) -> None:
         prog = self.prog
-        K, M = self.K, self.M
+        M = self.M
         kc0 = kpn * self.KP
         kc1 = min(self.KC, kc0 + self.KP)
         for kc in range(kc0, kc1):
-            kp = min(_P, K - kc * _P)
+            kp = self._kp(kc)
             for mt in mts:
                 m0 = mt * _P
                 mp = min(_P, M - m0)
