@@ -182,10 +182,13 @@ class _HostStep:
 
 
 class _Retry(Exception):
-    def __init__(self, k: int, reason: str):
+    """Rebuild: equation ``k`` goes to the host, or (``nofuse``) is lowered without fusing from ``k``."""
+
+    def __init__(self, k: int, reason: str, nofuse: bool = False):
         super().__init__(reason)
         self.k = k
         self.reason = reason
+        self.nofuse = nofuse
 
 
 class NeuronExecutable:
@@ -210,11 +213,17 @@ class NeuronExecutable:
         self.fuse = fuse
         self.last_profile: Optional[ExecProfile] = None
         host: Dict[int, str] = {}
-        for _ in range(len(ir.eqns) + 1):
+        self._nofuse: set = set()
+        for _ in range(2 * len(ir.eqns) + 2):
             try:
                 self._build(host)
                 break
             except _Retry as r:
+                if r.nofuse:
+                    log.debug("tn.lower: fused group at equation %d not emitted (%s); lowering unfused", r.k,
+                              r.reason)
+                    self._nofuse.add(r.k)
+                    continue
                 if self.strict:
                     raise self._unsupported(ir.eqns[r.k], r.reason) from None
                 host[r.k] = r.reason
@@ -268,7 +277,7 @@ class NeuronExecutable:
             if isinstance(a, Var):
                 last_use[a] = n
 
-        groups = fusion.plan(ir, host) if self.fuse else None
+        groups = fusion.plan(ir, host, self._nofuse) if self.fuse else None
         steps: List[Any] = []
         cur: Optional[Dict[str, Any]] = None
         host_counts: Dict[str, int] = {}
@@ -329,8 +338,8 @@ class NeuronExecutable:
                 return t
 
             group = groups.get(k) if groups else None
-            if group is not None:
-                # a fused group: equations k .. group.end-1 lowered together
+            if isinstance(group, fusion.Group):
+                # a fused group: equations k .. k+len-1 lowered together
                 ins = [hbm_in(v) for v in group.inputs]
                 outs = [hbm_out(v) for v in group.outputs]
                 for e in group.eqns:
@@ -338,13 +347,49 @@ class NeuronExecutable:
                         if v not in slot_of:
                             define(v)
                 ctx.eqn = group.eqns[0]
+                ctx.store_hook = None
                 try:
                     group.lower(ctx, ins, outs)
-                except CannotLower as e:
-                    raise _Retry(k, f"fused group failed: {e}") from None
+                except (CannotLower, NeuronError) as e:
+                    raise _Retry(k, f"fused group failed: {e}", nofuse=True) from None
                 fused += len(group.eqns)
                 cur["eqns"].extend(range(k, k + len(group.eqns)))
                 k += len(group.eqns)
+                continue
+            if isinstance(group, fusion.EpilogueGroup):
+                ins = [a.value if isinstance(a, Literal) else hbm_in(a) for a in eqn.inputs]
+                outs = [hbm_out(v) for v in eqn.outputs]
+                ep_out: Dict[Var, Any] = {}
+
+                def get_out(v: Var, ep_out=ep_out) -> Any:
+                    if v not in ep_out:
+                        ep_out[v] = hbm_out(v)
+                    return ep_out[v]
+
+                ctx.eqn = eqn
+                ctx.store_hook = group.make_hook(ctx, outs[0], hbm_in, get_out)
+                try:
+                    eqn.op.lowering(ctx, eqn, ins, outs)
+                except CannotLower as e:
+                    raise _Retry(k, str(e) or "the lowering cannot handle this case") from None
+                except NeuronError as e:
+                    raise _Retry(k, f"fused epilogue failed: {e}", nofuse=True) from None
+                finally:
+                    ctx.store_hook = None
+                numel = max(1, eqn.outputs[0].numel)
+                cur["eqns"].append(k)
+                if group.covered == 0:
+                    k += 1          # the lowering never called ctx.store: lower the chain normally
+                    continue
+                if group.covered != numel:
+                    raise _Retry(k, f"epilogue covered {group.covered} of {numel} elements", nofuse=True)
+                for e in group.eqns:
+                    for v in e.outputs:
+                        if v not in slot_of:
+                            define(v)
+                fused += len(group.eqns) + 1
+                cur["eqns"].extend(range(k + 1, k + 1 + len(group.eqns)))
+                k += 1 + len(group.eqns)
                 continue
             ins = [a.value if isinstance(a, Literal) else hbm_in(a) for a in eqn.inputs]
             outs = [hbm_out(v) for v in eqn.outputs]

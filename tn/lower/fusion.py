@@ -1,36 +1,45 @@
-# Tiled elementwise execution and fusion: chains of elementwise ops (and row reductions) computed tile by tile in SBUF.
+# Tiled elementwise execution and fusion: chains of elementwise ops, row reductions and matmul/reduction epilogues in SBUF.
 """The tile engine behind every elementwise lowering, and the fusion planner.
 
-**Iteration space.** A *map group* is a list of elementwise equations (one,
-for a plain lowering) over a common broadcast shape ``S``. Every value that
-touches HBM (group inputs and outputs) gets element strides in ``S`` (0 on
-broadcast axes). Adjacent axes that are contiguous for every such value are
-merged (as PyTorch's TensorIterator does), giving ``(outer..., R, C)``: the
-outer axes are looped in Python, ``R`` is spread over the 128 partitions with
-``k`` consecutive rows per partition folded into the free axis, and ``C`` is
-tiled to the free-size budget. A tile is ``[p, k, f]``; each input is DMA'd
-with its own access pattern (stride-0 axes are loaded once and broadcast in
-SBUF by a stride-0 tile view), the equations' tile rules
-(:data:`tn.lower.elementwise.TILE_RULES`) run on SBUF tiles, and outputs are
-DMA'd back. Tiles of two consecutive iterations are kept alive (double
-buffering), so the DMA of tile ``i+1`` overlaps the compute of tile ``i``.
+**Iteration space.** A *group* is a list of equations over a common shape
+``S``: elementwise ops (one, for a plain lowering) and, in a *row group*,
+reductions over the trailing axes of ``S`` (softmax: amax, sub, exp, sum,
+div; layer/RMS norm: sum, div, sub, mul, rsqrt ...). Every value gets element
+strides in ``S`` (0 on broadcast axes; a keepdim=False reduction result is
+strided over the leading axes only). Adjacent axes that are contiguous (or
+broadcast) for every value are merged, as PyTorch's TensorIterator does,
+giving ``(outer..., R, C)``: outer axes are looped in Python, ``R`` is spread
+over the 128 partitions with ``k`` consecutive rows per partition folded into
+the free axis, and ``C`` is tiled to the free-size budget (never, in a row
+group: a row's reduced extent stays whole in SBUF). A tile is ``[p, k, f]``;
+each input is DMA'd with its own access pattern (stride-0 axes are loaded once
+and broadcast in SBUF by a stride-0 tile view), the equations' tile rules
+(:data:`tn.lower.elementwise.TILE_RULES`) and ``tensor_reduce`` run on SBUF
+tiles, and only values used after the group are DMA'd back. Tiles of two
+consecutive iterations stay allocated (double buffering), so the DMA of tile
+``i+1`` overlaps the compute of tile ``i``.
 
-**Fusion.** :func:`plan` finds runs of consecutive elementwise equations
-whose intermediates are used only inside the run and have the run's full
-shape; such a run is lowered as one map group, so intermediates never touch
-HBM (the compiler counts them in ``stats["fused_eqns"]``).
+**Epilogues.** After a matmul/conv/reduction equation, a run of elementwise
+equations of its output's shape is applied inside ``ctx.store`` (see
+:mod:`tn.lower.base`): each output tile goes through the chain on chip and
+only the chain's results are stored.
+
+:func:`plan` chooses groups and epilogues; the compiler lowers them, falls
+back to unfused lowering when a group cannot be emitted, and counts fused
+equations in ``stats["fused_eqns"]``.
 """
 from __future__ import annotations
 
+import itertools
 from collections import deque
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
 from ..ir import IR, Eqn, Literal, Var
-from .base import NEURON_DTYPES, CannotLower
+from .base import NEURON_DTYPES, CannotLower, store_tile
 
-__all__ = ["plan", "MapGroup", "lower_map", "SBUF_BUDGET", "MAX_FREE"]
+__all__ = ["plan", "Group", "EpilogueGroup", "lower_map", "SBUF_BUDGET", "MAX_FREE", "ROW_REDUCE"]
 
 #: Bytes per partition the tile engine may use for one group (both buffers).
 SBUF_BUDGET = 160 * 1024
@@ -38,6 +47,10 @@ SBUF_BUDGET = 160 * 1024
 MAX_FREE = 8192
 #: Tiles of this many consecutive iterations stay allocated (2 = double buffering).
 NBUF = 2
+#: Reductions a row group computes with tensor_reduce: op name -> reduce op.
+ROW_REDUCE = {"sum": "add", "amax": "max", "amin": "min", "prod": "multiply", "any": "logical_or"}
+#: Op categories whose lowerings write outputs through ctx.store (epilogue heads).
+EPILOGUE_HEADS = ("matmul", "conv", "reduction", "pool")
 
 
 def _contig_strides(shape: Sequence[int]) -> List[int]:
@@ -49,6 +62,15 @@ def _contig_strides(shape: Sequence[int]) -> List[int]:
     return list(reversed(st))
 
 
+def _broadcastable(shape: Sequence[int], space: Sequence[int]) -> bool:
+    if len(shape) > len(space):
+        return False
+    for n, m in zip(reversed(tuple(shape)), reversed(tuple(space))):
+        if n != 1 and n != m:
+            return False
+    return True
+
+
 def _space_strides(shape: Sequence[int], space: Sequence[int]) -> List[int]:
     """Element strides of a contiguous tensor of ``shape`` broadcast into ``space`` (0 on broadcast axes)."""
     shape = tuple(shape)
@@ -58,6 +80,12 @@ def _space_strides(shape: Sequence[int], space: Sequence[int]) -> List[int]:
     return [0 if (n == 1 and m != 1) else s for n, m, s in zip(full, space, cs)]
 
 
+def _row_strides(space: Sequence[int], r: int) -> List[int]:
+    """Strides of a keepdim=False reduction result over the last ``r`` axes of ``space``."""
+    lead = _contig_strides(space[:len(space) - r])
+    return lead + [0] * r
+
+
 def _collapse(space: Sequence[int], strides: List[List[int]]) -> Tuple[List[int], List[List[int]]]:
     """Drop size-1 axes and merge neighbours that are contiguous (or both broadcast) for every value."""
     keep = [i for i, n in enumerate(space) if n != 1]
@@ -65,8 +93,7 @@ def _collapse(space: Sequence[int], strides: List[List[int]]) -> Tuple[List[int]
     sts = [[s[i] for i in keep] for s in strides]
     i = len(dims) - 1
     while i > 0:
-        ok = all(st[i - 1] == st[i] * dims[i] for st in sts)
-        if ok:
+        if all(st[i - 1] == st[i] * dims[i] for st in sts):
             dims[i - 1] *= dims[i]
             for st in sts:
                 st[i - 1] = st[i]
@@ -80,29 +107,32 @@ def _collapse(space: Sequence[int], strides: List[List[int]]) -> Tuple[List[int]
 class _Layout:
     """How a collapsed space ``(outer..., R, C)`` is cut into tiles ``[p, k, f]``."""
 
-    def __init__(self, dims: List[int], strides: List[List[int]], max_free: int, parts: int):
+    def __init__(self, dims: List[int], strides: List[List[int]], max_free: int, parts: int, whole_c: bool):
         if not dims:
             dims = [1]
             strides = [[0] for _ in strides]
         if len(dims) == 1:
-            dims = [dims[0], 1]
-            strides = [[s[0], 0] for s in strides]
-        # few rows and long rows: treat the row axis as outer and the columns as rows (k-folded)
-        if dims[-2] < parts and dims[-1] >= 2048:
+            if whole_c:
+                dims = [1, dims[0]]
+                strides = [[0, s[0]] for s in strides]
+            else:
+                dims = [dims[0], 1]
+                strides = [[s[0], 0] for s in strides]
+        # few rows and long rows: the row axis becomes outer and the columns become (k-folded) rows
+        if not whole_c and dims[-2] < parts and dims[-1] >= 2048:
             dims = dims + [1]
             strides = [s + [0] for s in strides]
         self.outer = dims[:-2]
         self.R, self.C = dims[-2], dims[-1]
         self.strides = strides
-        R, C = self.R, self.C
-        self.f = min(C, max_free)
-        self.kmax = max(1, min(max_free // self.f, -(-R // parts)))
+        if whole_c and self.C > max_free:
+            raise CannotLower(f"a row of {self.C} elements does not fit the SBUF budget of the fused group")
+        self.f = min(self.C, max_free)
+        self.kmax = max(1, min(max_free // self.f, -(-self.R // parts)))
         self.parts = parts
 
     def tiles(self):
-        """Yield ``(outer offsets per value, r0, p, k, c0, f)``."""
-        import itertools
-
+        """Yield ``(offsets per value, number of outer axes, r0, p, k, c0, f)``."""
         outer_iter = itertools.product(*[range(n) for n in self.outer]) if self.outer else [()]
         nout = len(self.outer)
         for oidx in outer_iter:
@@ -124,26 +154,6 @@ class _Layout:
                 r0 += p * k
 
 
-class MapGroup:
-    """Consecutive elementwise equations lowered together (intermediates in SBUF only).
-
-    Attributes: ``eqns``; ``inputs`` (external Vars, loaded from HBM);
-    ``outputs`` (Vars needed after the group, stored to HBM).
-    """
-
-    def __init__(self, eqns: List[Eqn], inputs: List[Var], outputs: List[Var]):
-        self.eqns = eqns
-        self.inputs = inputs
-        self.outputs = outputs
-
-    def lower(self, ctx: Any, ins: List[Any], outs: List[Any]) -> None:
-        """Emit the group into ``ctx.prog``; ``ins``/``outs`` are the HbmTensors of inputs/outputs."""
-        lower_map(ctx, self.eqns, self.inputs, ins, self.outputs, outs)
-
-    def __repr__(self) -> str:
-        return f"<MapGroup {[e.op.name for e in self.eqns]}>"
-
-
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
@@ -159,13 +169,66 @@ def check_dtypes(eqn: Eqn) -> None:
                                   f"(int64 is DMA-only); use int32")
 
 
+def _row_reduce_r(eqn: Eqn) -> Optional[int]:
+    """``r`` if ``eqn`` is a reduction over the last ``r`` axes a row group can compute, else None."""
+    if eqn.op.name not in ROW_REDUCE:
+        return None
+    x = eqn.inputs[0]
+    if not isinstance(x, Var) or x.ndim == 0:
+        return None
+    dims = tuple(eqn.attrs.get("dims", ()))
+    r = len(dims)
+    if r == 0 or dims != tuple(range(x.ndim - r, x.ndim)):
+        return None
+    out = eqn.outputs[0]
+    if out.dtype not in (torch.float32, torch.bfloat16, torch.float16) and eqn.op.name != "any":
+        return None
+    if x.dtype not in NEURON_DTYPES or x.dtype == torch.int64 or out.dtype == torch.int64:
+        return None
+    return r
+
+
+class Group:
+    """Equations lowered together with every intermediate in SBUF (a map group or a row group).
+
+    Attributes: ``eqns``; ``inputs`` (external Vars, loaded from HBM);
+    ``outputs`` (Vars used after the group, stored to HBM); ``space`` (the
+    iteration shape); ``r`` (trailing axes reduced by the row reductions, 0
+    for a map group); ``rowvars`` (keepdim=False reduction results and values
+    computed from them only).
+    """
+
+    def __init__(self, eqns: List[Eqn], inputs: List[Var], outputs: List[Var], space: Tuple[int, ...] = None,
+                 r: int = 0, rowvars: Optional[Set[Var]] = None):
+        self.eqns = eqns
+        self.inputs = inputs
+        self.outputs = outputs
+        self.space = space
+        self.r = r
+        self.rowvars = rowvars or set()
+
+    def lower(self, ctx: Any, ins: List[Any], outs: List[Any]) -> None:
+        """Emit the group into ``ctx.prog``; ``ins``/``outs`` are the HbmTensors of inputs/outputs."""
+        lower_map(ctx, self.eqns, self.inputs, ins, self.outputs, outs, space=self.space, r=self.r,
+                  rowvars=self.rowvars)
+
+    def __repr__(self) -> str:
+        return f"<Group {[e.op.name for e in self.eqns]} space={self.space} r={self.r}>"
+
+
 def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], out_vars: List[Var],
-              out_hbm: List[Any]) -> None:
-    """Lower elementwise ``eqns`` tile by tile (see the module docstring)."""
+              out_hbm: List[Any], *, space: Optional[Tuple[int, ...]] = None, r: int = 0,
+              rowvars: Optional[Set[Var]] = None) -> None:
+    """Lower ``eqns`` (elementwise, plus trailing-axes reductions when ``r > 0``) tile by tile."""
     from ..neuron.program import HbmView
     from .elementwise import TILE_RULES
 
+    rowvars = rowvars or set()
     for e in eqns:
+        if e.op.name in ROW_REDUCE and r:
+            if _row_reduce_r(e) != r:
+                raise CannotLower(f"{e.op.name}: not a reduction over the last {r} axes")
+            continue
         if e.op.name not in TILE_RULES:
             raise CannotLower(f"{e.op.name}: no elementwise tile rule")
         check_dtypes(e)
@@ -173,58 +236,87 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
         if pre is not None:
             pre(e)
     prog = ctx.prog
-    shapes = [v.shape for v in in_vars] + [v.shape for v in out_vars]
-    for e in eqns:
-        shapes += [v.shape for v in e.outputs]
-    space = tuple(torch.broadcast_shapes(*shapes)) if shapes else ()
-    hbm_vars = list(in_vars) + list(out_vars)
-    hbm_tensors = list(in_hbm) + list(out_hbm)
-    strides = [_space_strides(v.shape, space) for v in hbm_vars]
+    all_vars: List[Var] = list(dict.fromkeys(list(in_vars) + [v for e in eqns for v in e.outputs]))
+    if space is None:
+        shapes = [v.shape for v in all_vars]
+        space = tuple(torch.broadcast_shapes(*shapes)) if shapes else ()
+    space = tuple(space)
+
+    def strides_of(v: Var) -> List[int]:
+        if v in rowvars:
+            return _row_strides(space, r)
+        if not _broadcastable(v.shape, space):
+            raise CannotLower(f"value {v.aval} does not broadcast to the group's shape {space}")
+        return _space_strides(v.shape, space)
+
     for v in out_vars:
-        if tuple(v.shape) != space:
-            raise CannotLower(f"group output {v.aval} is smaller than the group's shape {space}")
-    dims, sts = _collapse(space, strides)
-    # free-size budget from the bytes per element the group keeps per iteration
-    per_elem = sum(_itemsize(v.dtype) for v in in_vars)
-    per_elem += sum(_itemsize(v.dtype) for e in eqns for v in e.outputs) + 12
+        st = strides_of(v)
+        lead = st[:len(space) - r] if r else st
+        if any(s == 0 and n != 1 for s, n in zip(lead, space)):
+            raise CannotLower(f"group output {v.aval} is broadcast inside the group's shape {space}")
+    index = {v: i for i, v in enumerate(all_vars)}
+    dims, sts = _collapse(space, [strides_of(v) for v in all_vars])
+    if r:
+        c_red = 1
+        for n in space[len(space) - r:]:
+            c_red *= n
+        if c_red != 1 and (not dims or dims[-1] != c_red):
+            raise CannotLower(f"the reduced axes {space[len(space) - r:]} do not form one contiguous row")
+    per_elem = sum(_itemsize(v.dtype) for v in all_vars) + 12
     max_free = max(64, min(MAX_FREE, SBUF_BUDGET // (NBUF * per_elem)))
     max_free = 1 << (max_free.bit_length() - 1)
-    lay = _Layout(dims, sts, max_free, ctx.arch.partitions)
-    rules = [(TILE_RULES[e.op.name], e) for e in eqns]
-    out_index = {v: j for j, v in enumerate(out_vars)}
-    nin = len(in_vars)
+    if r and dims and dims[-1] > max_free:
+        max_free = min(MAX_FREE * 8, SBUF_BUDGET // per_elem)
+    lay = _Layout(dims, sts, max_free, ctx.arch.partitions, whole_c=bool(r))
+    in_index = [index[v] for v in in_vars]
+    out_pairs = [(index[v], t) for v, t in zip(out_vars, out_hbm)]
+    red_ops = {e.op.name for e in eqns if r and e.op.name in ROW_REDUCE}
     live: deque = deque()
     for offs, nout, r0, p, k, c0, f in lay.tiles():
         allocated = []
         env: Dict[Var, Any] = {}
-        full = (p, k, f)
-        for j, v in enumerate(in_vars):
-            st = lay.strides[j]
+
+        def tshape(i: int) -> Tuple[int, int, int]:
+            st = lay.strides[i]
+            return (p, k if st[nout] != 0 else 1, f if st[nout + 1] != 0 else 1)
+
+        for v, i, t_hbm in zip(in_vars, in_index, in_hbm):
+            st = lay.strides[i]
             sr, sc = st[nout], st[nout + 1]
-            kk = k if sr != 0 else 1
-            pp_stride = sr * k
-            ff = f if sc != 0 else 1
-            view = HbmView(hbm_tensors[j], offs[j] + r0 * sr + c0 * sc,
-                           [(p, pp_stride), (kk, sr), (ff, sc)])
-            t = prog.sbuf((p, kk, ff), NEURON_DTYPES[v.dtype])
+            shp = tshape(i)
+            view = HbmView(t_hbm, offs[i] + r0 * sr + c0 * sc, [(p, sr * k), (shp[1], sr), (shp[2], sc)])
+            t = prog.sbuf(shp, NEURON_DTYPES[v.dtype])
             allocated.append(t)
             prog.dma_copy(t, view)
-            env[v] = t.broadcast_to(full) if (kk, ff) != (k, f) else t
-        for rule, e in rules:
-            args = [a.value if isinstance(a, Literal) else env[a] for a in e.inputs]
+            env[v] = t
+        for e in eqns:
+            oshape = tshape(index[e.outputs[0]])
             outs = []
             for v in e.outputs:
-                t = prog.sbuf(full, NEURON_DTYPES[v.dtype])
+                t = prog.sbuf(oshape, NEURON_DTYPES[v.dtype])
                 allocated.append(t)
                 env[v] = t
                 outs.append(t)
-            rule(ctx, e, outs[0] if len(outs) == 1 else outs, args)
-        for v, j in out_index.items():
-            st = lay.strides[nin + j]
+            if r and e.op.name in red_ops:
+                src = env[e.inputs[0]]
+                if src.shape != (p, k, f):
+                    src = src.broadcast_to((p, k, f))
+                prog.tensor_reduce(outs[0], src, ROW_REDUCE[e.op.name], axis=-1)
+                continue
+            args = []
+            for a in e.inputs:
+                if isinstance(a, Literal):
+                    args.append(a.value)
+                else:
+                    t = env[a]
+                    args.append(t.broadcast_to(oshape) if t.shape != oshape else t)
+            TILE_RULES[e.op.name](ctx, e, outs[0] if len(outs) == 1 else outs, args)
+        for i, t_hbm in out_pairs:
+            st = lay.strides[i]
             sr, sc = st[nout], st[nout + 1]
-            view = HbmView(hbm_tensors[nin + j], offs[nin + j] + r0 * sr + c0 * sc,
-                           [(p, sr * k), (k, sr), (f, sc)])
-            prog.dma_copy(view, env[v])
+            shp = tshape(i)
+            view = HbmView(t_hbm, offs[i] + r0 * sr + c0 * sc, [(p, sr * k), (shp[1], sr), (shp[2], sc)])
+            prog.dma_copy(view, env[all_vars[i]])
         live.append(allocated)
         while len(live) > NBUF:
             for t in live.popleft():
@@ -232,6 +324,136 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
     while live:
         for t in live.popleft():
             prog.free(t)
+
+
+# --------------------------------------------------------------------------- epilogues
+
+def _map_view(dst: Any, out_shape: Sequence[int], op_strides: Sequence[int]) -> Optional[Tuple[int, list]]:
+    """The region of a value with ``op_strides`` (in the output's index space) matching the output view ``dst``.
+
+    Returns ``(element offset, [(num, stride), ...])`` or None if some axis of
+    ``dst`` cannot be expressed for that value.
+    """
+    out_shape = tuple(out_shape) or (1,)
+    op_strides = list(op_strides) or [0]
+    cs = _contig_strides(out_shape)
+    nd = len(out_shape)
+
+    def unravel(lin: int) -> List[int]:
+        idx = []
+        for c in cs:
+            idx.append(lin // c)
+            lin %= c
+        return idx
+
+    base = unravel(dst.offset)
+    off = sum(i * s for i, s in zip(base, op_strides))
+    dims = []
+    for n, s in dst.dims:
+        if n == 1 or s == 0:
+            dims.append((n, 0))
+            continue
+        d = next((j for j in range(nd) if cs[j] <= s and s % cs[j] == 0 and out_shape[j] > 1), None)
+        if d is None:
+            return None
+        c = s // cs[d]
+        if base[d] + (n - 1) * c >= out_shape[d]:
+            # spans outer axes: fine only if the value is contiguous across them
+            span_end = base[d] + (n - 1) * c
+            j = d
+            while span_end >= out_shape[j] and j > 0:
+                if op_strides[j - 1] != op_strides[j] * out_shape[j]:
+                    return None
+                span_end //= out_shape[j]
+                j -= 1
+        dims.append((n, c * op_strides[d]))
+    return off, dims
+
+
+class EpilogueGroup:
+    """Elementwise equations applied to the output tiles of ``head`` inside ``ctx.store``."""
+
+    def __init__(self, head: Eqn, eqns: List[Eqn], inputs: List[Var], outputs: List[Var]):
+        self.head = head
+        self.eqns = eqns
+        self.inputs = inputs      # external Vars of the chain (not the head's output)
+        self.outputs = outputs    # Vars stored (may include the head's output)
+        self.covered = 0
+
+    def make_hook(self, ctx: Any, head_out: Any, in_hbm: Any, out_hbm: Any):
+        """The ``ctx.store_hook`` applying this chain to tiles written into ``head_out``.
+
+        ``in_hbm(v)`` / ``out_hbm(v)`` return the HbmTensor of a chain input /
+        stored output (declared on first use).
+        """
+        from ..neuron import isa
+        from ..neuron.program import HbmTensor, HbmView
+        from .elementwise import TILE_RULES
+
+        hv = self.head.outputs[0]
+        shape = hv.shape or (1,)
+        prog = ctx.prog
+        self.covered = 0
+
+        def hook(dst: Any, tile: Any) -> bool:
+            if isinstance(dst, HbmTensor):
+                dst = dst.view()
+            if not isinstance(dst, HbmView) or dst.tensor is not head_out:
+                return False
+            if dst.dims and not all(n == 1 for n, _ in dst.dims) and dst.dims[0][1] == 0 and dst.dims[0][0] > 1:
+                return False
+            maps = {}
+            for v in self.inputs:
+                m = _map_view(dst, shape, _space_strides(v.shape, shape) if v.shape else [0] * len(shape))
+                if m is None:
+                    return False
+                maps[v] = m
+            tshape = tile.shape
+            p = tshape[0]
+            allocated = []
+            env: Dict[Var, Any] = {}
+            src = tile
+            if tile.mem == isa.MEM_PSUM and tile.dtype != NEURON_DTYPES[hv.dtype] or \
+                    tile.dtype != NEURON_DTYPES[hv.dtype]:
+                src = prog.sbuf(tshape, NEURON_DTYPES[hv.dtype])
+                allocated.append(src)
+                prog.tensor_copy(src, tile, engine="scalar" if tile.mem == isa.MEM_PSUM else "vector")
+            env[hv] = src
+            if hv in self.outputs:
+                store_tile(prog, dst, src)
+            for v, (off, dims) in maps.items():
+                # stride-0 free axes are loaded once and broadcast by a stride-0 tile view
+                lshape = (p,) + tuple(n if s != 0 else 1 for n, s in dims[1:])
+                ldims = [dims[0]] + [(n, s) if s != 0 else (1, 0) for n, s in dims[1:]]
+                t = prog.sbuf(lshape, NEURON_DTYPES[v.dtype])
+                allocated.append(t)
+                prog.dma_copy(t, HbmView(in_hbm(v), off, ldims))
+                env[v] = t.broadcast_to(tshape) if lshape != tuple(tshape) else t
+            for e in self.eqns:
+                outs = []
+                for v in e.outputs:
+                    t = prog.sbuf(tshape, NEURON_DTYPES[v.dtype])
+                    allocated.append(t)
+                    env[v] = t
+                    outs.append(t)
+                args = [a.value if isinstance(a, Literal) else env[a] for a in e.inputs]
+                TILE_RULES[e.op.name](ctx, e, outs[0] if len(outs) == 1 else outs, args)
+            for v in self.outputs:
+                if v is hv:
+                    continue
+                prog.dma_copy(HbmView(out_hbm(v), dst.offset, dst.dims), env[v])
+            for t in allocated:
+                prog.free(t)
+            n = 1
+            for d in tshape:
+                n *= d
+            self.covered += n
+            return True
+
+        return hook
+
+    def __repr__(self) -> str:
+        return f"<EpilogueGroup {self.head.op.name} -> {[e.op.name for e in self.eqns]}>"
 
 
 # --------------------------------------------------------------------------- planning
@@ -253,13 +475,75 @@ def _is_map(eqn: Eqn) -> bool:
     return True
 
 
-def plan(ir: IR, host: Dict[int, str]) -> Dict[int, Any]:
-    """Fused groups of ``ir``: first equation index -> :class:`MapGroup` (groups of 2+ equations only).
+def _group_io(ir_eqns: List[Eqn], users: Dict[Var, List[int]], outset: Set[Var], end: int,
+              exclude: Set[Var] = frozenset()) -> Tuple[List[Var], List[Var]]:
+    made: Set[Var] = set()
+    inputs: List[Var] = []
+    for ee in ir_eqns:
+        for a in ee.inputs:
+            if isinstance(a, Var) and a not in made and a not in inputs and a not in exclude:
+                inputs.append(a)
+        made.update(ee.outputs)
+    outputs = [v for ee in ir_eqns for v in ee.outputs
+               if v in outset or any(u >= end for u in users.get(v, ()))]
+    return inputs, outputs
 
-    A group is a run of consecutive elementwise equations with tile rules,
-    none forced to the host, all of one broadcast shape for their outputs;
-    values made inside and used after the run become group outputs (they
-    must have the full shape, else the run is cut there).
+
+def _grow(ir: IR, k: int, host: Dict[int, str]) -> Tuple[int, Tuple[int, ...], int, Set[Var]]:
+    """Longest run from ``k`` forming one group: returns (end, space, r, rowvars)."""
+    n = len(ir.eqns)
+    space: Optional[Tuple[int, ...]] = None
+    r = 0
+    rowvars: Set[Var] = set()
+    end = k
+    while end < n and end not in host:
+        e = ir.eqns[end]
+        rr = _row_reduce_r(e)
+        if rr is not None:
+            xs = e.inputs[0].shape
+            if e.inputs[0] in rowvars:
+                break
+            if space is None:
+                space = xs
+            elif xs != space:
+                if r or not _broadcastable(space, xs):
+                    break
+                space = xs
+            if r and rr != r:
+                break
+            r = rr
+            if not e.attrs.get("keepdim", False):
+                rowvars.add(e.outputs[0])
+            end += 1
+            continue
+        if not _is_map(e):
+            break
+        vin = [a for a in e.inputs if isinstance(a, Var)]
+        if any(a in rowvars for a in vin):
+            if not all(a in rowvars or a.numel == 1 for a in vin):
+                break
+            rowvars.update(e.outputs)
+            end += 1
+            continue
+        so = e.outputs[0].shape
+        if space is None:
+            space = so
+        elif not _broadcastable(so, space):
+            if r or not _broadcastable(space, so):
+                break
+            space = so
+        end += 1
+    return end, space, r, rowvars
+
+
+def plan(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()) -> Dict[int, Any]:
+    """Fused groups of ``ir``: first equation index -> :class:`Group` or :class:`EpilogueGroup`.
+
+    Runs of consecutive elementwise equations and trailing-axes reductions
+    (2+ equations) become :class:`Group`\\ s; a matmul/conv/reduction followed
+    by elementwise equations of its output's shape that use it becomes an
+    :class:`EpilogueGroup`. Equations forced to the host and indices in
+    ``nofuse`` never start a group.
     """
     try:
         from . import elementwise  # noqa: F401  (TILE_RULES)
@@ -276,25 +560,60 @@ def plan(ir: IR, host: Dict[int, str]) -> Dict[int, Any]:
     k = 0
     while k < n:
         e = ir.eqns[k]
-        if k in host or not _is_map(e):
+        if k in host or k in nofuse:
             k += 1
             continue
-        shape = e.outputs[0].shape
-        end = k + 1
-        while end < n and end not in host and _is_map(ir.eqns[end]) and ir.eqns[end].outputs[0].shape == shape:
-            end += 1
-        # cut the run where a value escaping the run is not of the full shape (always true here: same shapes)
+        is_head = e.op.category in EPILOGUE_HEADS and len(e.outputs) == 1 and e.op.lowering is not None
+        if is_head and _row_reduce_r(e) is not None and _grow(ir, k, host)[0] - k >= 2:
+            is_head = False  # the reduction joins a row group instead
+        if is_head:
+            hv = e.outputs[0]
+            end = k + 1
+            while end < n and end not in host and end not in nofuse and _is_map(ir.eqns[end]) and \
+                    ir.eqns[end].outputs[0].shape == hv.shape and \
+                    all(not isinstance(a, Var) or _broadcastable(a.shape, hv.shape) for a in ir.eqns[end].inputs):
+                end += 1
+            if end > k + 1 and any(a is hv for a in ir.eqns[k + 1].inputs):
+                chain = ir.eqns[k + 1:end]
+                inputs, outputs = _group_io(chain, users, outset, end, exclude={hv})
+                if hv in outset or any(u >= end for u in users.get(hv, ())):
+                    outputs = [hv] + outputs
+                groups[k] = EpilogueGroup(e, list(chain), inputs, outputs)
+                k = end
+                continue
+            k += 1
+            continue
+        end, space, r, rowvars = _grow(ir, k, host)
+        # shrink until every escaping value has the group's full (or row) shape
+        while end - k >= 2:
+            eqns = ir.eqns[k:end]
+            inputs, outputs = _group_io(eqns, users, outset, end)
+            ok = True
+            for v in outputs:
+                if v in rowvars:
+                    continue
+                st = _space_strides(v.shape, space) if _broadcastable(v.shape, space) else None
+                lead = st[:len(space) - r] if (st is not None and r) else st
+                if st is None or any(s == 0 and nn != 1 for s, nn in zip(lead, space)):
+                    ok = False
+                    break
+            if ok:
+                break
+            end -= 1
+            if r and not any(_row_reduce_r(ee) for ee in ir.eqns[k:end]):
+                end2, space, r, rowvars = _grow_prefix(ir, k, end)
+                end = end2
         if end - k >= 2:
             eqns = ir.eqns[k:end]
-            made = set()
-            inputs: List[Var] = []
-            for ee in eqns:
-                for a in ee.inputs:
-                    if isinstance(a, Var) and a not in made and a not in inputs:
-                        inputs.append(a)
-                made.update(ee.outputs)
-            outputs = [v for ee in eqns for v in ee.outputs
-                       if v in outset or any(u >= end for u in users.get(v, ()))]
-            groups[k] = MapGroup(list(eqns), inputs, outputs)
-        k = end
+            inputs, outputs = _group_io(eqns, users, outset, end)
+            groups[k] = Group(list(eqns), inputs, outputs, space, r, rowvars)
+            k = end
+        else:
+            k += 1
     return groups
+
+
+def _grow_prefix(ir: IR, k: int, end: int) -> Tuple[int, Tuple[int, ...], int, Set[Var]]:
+    """Re-derive the space of the run ``k:end`` (after shrinking it)."""
+    sub = IR(ir.inputs, ir.eqns[:end], ir.outputs, ir.consts, ir.mutations)
+    return _grow(sub, k, {})
