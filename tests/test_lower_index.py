@@ -49,3 +49,73 @@ def test_index_multi():
     x = _randn(5, 9, 4)
     check_lowering("index", x, _randint(0, 5, (6,)), _randint(0, 9, (6,)), dims=(0, 1))
     check_lowering("index", x, _randint(0, 5, (3, 1)), _randint(0, 4, (6,)), dims=(0, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_index_put_accumulate_embedding_grad(dtype):
+    check_lowering("index_put", _randn(1000, 64, dtype=dtype), _randn(300, 64, dtype=dtype),
+                   _randint(0, 1000, (300,)), dims=(0,), accumulate=True)
+
+
+def test_index_put_replace_unique():
+    idx = torch.randperm(100, generator=G)[:30] - 50  # negative indices wrap
+    check_lowering("index_put", _randn(100, 16), _randn(30, 16), idx, dims=(0,), accumulate=False)
+
+
+def test_index_put_replace_duplicates_last_wins():
+    from tn.lower.compiler import compile_ir
+    from tn.lower.testing import assert_close, build_eqn_ir
+    x, v, i = _randn(10, 3), _randn(200, 3), _randint(0, 10, (200,))
+    exe = compile_ir(build_eqn_ir("index_put", x, v, i, dims=(0,), accumulate=False), strict=True)
+    want = x.clone()
+    for e in range(200):
+        want[i[e]] = v[e]
+    assert_close(exe([x, v, i])[0], want)
+
+
+def test_index_put_multi_and_broadcast():
+    x = _randn(5, 9, 4)
+    i0, i1 = _randint(0, 5, (6,)), _randint(0, 9, (6,))
+    check_lowering("index_put", x, _randn(6, 4), i0, i1, dims=(0, 1), accumulate=True)
+    check_lowering("index_put", x, _randn(1), i0, i1, dims=(0, 1), accumulate=False)
+    check_lowering("index_put", x, _randn(5, 6, 4), _randint(0, 9, (6,)), dims=(1,), accumulate=True)
+
+
+def test_index_put_out_of_range_raises():
+    from tn.errors import TnError
+    with pytest.raises(TnError):
+        check_lowering("index_put", _randn(10, 4), _randn(1, 4), torch.tensor([10]), dims=(0,), accumulate=True)
+
+
+def _unique_idx(rows, n, m):
+    return torch.stack([torch.randperm(n, generator=G)[:m] for _ in range(rows)])
+
+
+@pytest.mark.parametrize("xshape,ishape,dim", [((5, 7), (5, 3), 1), ((130, 7), (100, 7), 0),
+                                               ((3, 4, 5), (2, 3, 5), 1)])
+def test_scatter_add(xshape, ishape, dim):
+    src = _randn(*ishape)
+    check_lowering("scatter_add", _randn(*xshape), _randint(0, xshape[dim], ishape), src, dim=dim)
+
+
+def test_scatter_unique_and_scalar():
+    check_lowering("scatter", _randn(5, 7), _unique_idx(5, 7, 3), _randn(5, 3), dim=1)
+    check_lowering("scatter", _randn(200, 10), _unique_idx(200, 10, 1), 1.0, dim=1)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce(reduce, include_self):
+    check_lowering("scatter_reduce", _randn(5, 7), _randint(0, 7, (5, 9)), _randn(5, 9), dim=1, reduce=reduce,
+                   include_self=include_self)
+
+
+def test_scatter_add_bf16():
+    check_lowering("scatter_add", _randn(5, 7, dtype=torch.bfloat16), _randint(0, 7, (5, 3)),
+                   _randn(5, 3, dtype=torch.bfloat16), dim=1)
+
+
+def test_scatter_out_of_range_raises():
+    from tn.errors import TnError
+    with pytest.raises(TnError):
+        check_lowering("scatter_add", _randn(5, 7), torch.tensor([[7]]), _randn(1, 1), dim=1)

@@ -27,6 +27,7 @@ Writes without an indirect-write DMA are computed, not scattered:
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any, List, Tuple
 
 from .base import CannotLower, lowering
@@ -271,3 +272,326 @@ def _index(ctx, eqn, ins, outs):
     idxs = [(t, dt, w, X[d], True) for t, dt, w, d in zip(ins[1:], idts, weights, dims)]
     row_gather(ctx, ins[0], x_dt, _prod(X), rin, outs[0], grid, idxs)
 
+
+
+# --------------------------------------------------------------------------- index_put (one-hot matmul)
+
+_MM_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@lowering("index_put")
+def _index_put(ctx, eqn, ins, outs):
+    """``out = x`` with rows ``x[idx...]`` replaced (last write wins) or accumulated: one-hot matmuls on TensorE."""
+    prog = ctx.prog
+    x_dt = _vars_ok(ctx, eqn)
+    xv, vv = eqn.inputs[0], eqn.inputs[1]
+    if ctx.neuron_dtype(vv.dtype) != x_dt:
+        raise CannotLower("index_put with values of another dtype than x")
+    if x_dt not in _MM_DTYPES:
+        raise CannotLower(f"index_put on {x_dt}: the one-hot matmul runs on fp32/bf16/fp16 only")
+    dims = tuple(eqn.attrs["dims"])
+    accumulate = bool(eqn.attrs.get("accumulate", False))
+    if not xv.shape or not dims:
+        raise CannotLower("index_put on a 0-d tensor or without index tensors")
+    X = tuple(xv.shape)
+    ivs = eqn.inputs[2:]
+    idts = [_index_dtype(ctx, v) for v in ivs]
+    grid, weights, rin, gshape = _index_grid(X, dims, [tuple(v.shape) for v in ivs])
+    nrows = _prod(X) // rin
+    E = _prod(gshape)
+    if 3 * nrows >= _EXACT:
+        raise CannotLower(f"index_put into {nrows} rows: row numbers beyond 2^24/3 are not exact on fp32 engines")
+    # values broadcast to the indexed shape (grid + inner)
+    vshape = tuple(vv.shape)
+    target = tuple(gshape) + tuple(X[max(dims) + 1:])
+    try:
+        _broadcast_shapes(vshape, target)
+    except CannotLower:
+        raise CannotLower(f"index_put values of shape {vshape} do not broadcast to {target}") from None
+    vst = _bcast_strides(vshape, target) if len(vshape) <= len(target) else None
+    if vst is None:
+        raise CannotLower(f"index_put values of shape {vshape} have more axes than {target}")
+    vg, vin = vst[:len(gshape)], vst[len(gshape):]
+    inner_m = _merge([(n, (s,)) for n, s in zip(X[max(dims) + 1:], vin)])
+    if len(inner_m) > 1 or (inner_m and inner_m[0][1][0] not in (0, 1)):
+        raise CannotLower("index_put values broadcast inside a row in a pattern the matmul cannot read")
+    v_in_stride = inner_m[0][1][0] if inner_m else 1
+    grid_v = [(n, st + (vg_k,)) for (n, st), vg_k in zip(grid, vg)]
+    idxs = [(t, dt, w, X[d], True) for t, dt, w, d in zip(ins[2:], idts, weights, dims)]
+    nstr = 3 + len(idxs)
+    # K-chunks of grid points (one point per partition)
+    chunks = []
+    for poff, (pc, ps), free in _parts(_merge(grid_v), nstr):
+        for toff, tax in _tiles(free, 1, nstr):
+            chunks.append((pc, ps, tuple(a + b for a, b in zip(poff, toff))))
+    nk = len(chunks)
+    nrb = -(-nrows // 128)
+    esize = 4 if x_dt == "float32" else 2
+    rc_max = max(1, min(512, (64 * 1024) // (nk * esize)))
+    nrc = -(-rin // rc_max)
+    if nk * nrb * nrc > 16384 or E > 16384:
+        raise CannotLower(f"index_put of {E} rows into {nrows} rows needs too many one-hot matmuls")
+    # row numbers (fp32, [pc, 1]) and keep masks per chunk
+    trows, keeps = [], []
+    tscr = None if accumulate else ctx.scratch((E,), "float32")
+    for k, (pc, ps, off) in enumerate(chunks):
+        flat = _row_index_tile(ctx, pc, [1], ps[1], off[1], [0], idxs, off[2:2 + len(idxs)], ps[2:2 + len(idxs)],
+                               [(1, (0,) * len(idxs))], nrows)
+        tf = prog.sbuf((pc, 1), "float32")
+        prog.tensor_copy(tf, flat)
+        prog.free(flat)
+        # the dma_gather bounds check of out-of-axis indices: gather one element per point (discarded)
+        probe = prog.sbuf((pc, 1), x_dt)
+        prog.dma_gather(probe, hview(ins[0], 0, [(nrows, rin), (1, 1)]), flat_i32(ctx, tf))
+        prog.free(probe)
+        trows.append(tf)
+        if tscr is not None:
+            prog.dma_copy(hview(tscr, off[0], [(pc, ps[0]), (1, 1)]), tf)
+    if not accumulate:
+        if E > 8192:
+            raise CannotLower("index_put (replace) with more than 8192 index points")
+        for k, (pc, ps, off) in enumerate(chunks):
+            allt = prog.sbuf((pc, E), "float32")
+            prog.dma_copy(allt, hview(tscr, 0, [(pc, 0), (E, 1)]))
+            prog.tensor_tensor(allt, allt, trows[k].broadcast_to((pc, E)), "is_equal")
+            # later grid points only: g' > off[0] + p
+            prog.affine_select(allt, allt, cmp="is_gt", base=-off[0], channel_multiplier=-ps[0] if pc > 1 else 0,
+                               pattern=[1], fill=0.0)
+            kp = prog.sbuf((pc, 1), "float32")
+            prog.tensor_reduce(kp, allt, "max")
+            prog.tensor_scalar(kp, kp, "multiply", -1.0, "add", 1.0)
+            prog.free(allt)
+            keeps.append(kp)
+    ones = prog.sbuf((128, 1), x_dt)
+    prog.memset(ones, 1.0)
+    for r0 in range(0, rin, rc_max):
+        rc = min(rc_max, rin - r0)
+        vt = []
+        for pc, ps, off in chunks:
+            t = prog.sbuf((pc, rc), x_dt)
+            prog.dma_copy(t, hview(ins[1], off[-1] + r0 * v_in_stride,
+                                   [(pc, ps[-1]), (rc, v_in_stride)]))
+            vt.append(t)
+        for rb in range(nrb):
+            mb = min(128, nrows - 128 * rb)
+            rows = prog.sbuf((128, mb), "float32")
+            prog.iota(rows, base=128 * rb, pattern=[1])
+            ps_acc = prog.psum((mb, rc), "float32")
+            hit = prog.psum((mb, 1), "float32") if not accumulate else None
+            for k, (pc, _, _) in enumerate(chunks):
+                oh = prog.sbuf((pc, mb), x_dt)
+                if accumulate:
+                    prog.tensor_scalar(oh, rows[:pc], "is_equal", trows[k])
+                else:
+                    prog.tensor_scalar(oh, rows[:pc], "is_equal", trows[k], "multiply", keeps[k])
+                prog.matmul(ps_acc, oh, vt[k], accumulate=k > 0, stop=k == nk - 1)
+                if hit is not None:
+                    prog.matmul(hit, oh, ones[:pc], accumulate=k > 0, stop=k == nk - 1)
+                prog.free(oh)
+            xt = prog.sbuf((mb, rc), x_dt)
+            prog.dma_copy(xt, hview(ins[0], 128 * rb * rin + r0, [(mb, rin), (rc, 1)]))
+            res = prog.sbuf((mb, rc), "float32")
+            if accumulate:
+                prog.tensor_tensor(res, ps_acc, xt, "add")
+            else:
+                pred = prog.sbuf((mb, 1), "float32")
+                prog.tensor_scalar(pred, hit, "is_gt", 0.5)
+                prog.tensor_copy(res, xt)
+                prog.select(res, pred.broadcast_to((mb, rc)), ps_acc, res)
+                prog.free(pred)
+            ctx.store(hview(outs[0], 128 * rb * rin + r0, [(mb, rin), (rc, 1)]), res)
+            prog.free(res)
+            prog.free(xt)
+            if hit is not None:
+                prog.free(hit)
+            prog.free(ps_acc)
+            prog.free(rows)
+        for t in vt:
+            prog.free(t)
+    prog.free(ones)
+    for t in trows + keeps:
+        prog.free(t)
+
+
+def flat_i32(ctx, tf):
+    """An int32 copy of a ``[P, 1]`` fp32 row-number tile (the DMA engine reads integer indices).
+
+    The copy is released by the next SBUF allocation cycle of the caller: it is freed right after the gather
+    reads it (the program orders the reuse after the read)."""
+    prog = ctx.prog
+    t = prog.sbuf(tuple(tf.shape), "int32")
+    prog.tensor_copy(t, tf)
+    prog.free(t)
+    return t
+
+
+# --------------------------------------------------------------------------- scatter family (masked reductions)
+
+_SCATTER_IDENTITY = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "amax": -math.inf, "amin": math.inf}
+_SCATTER_ALU = {"sum": "add", "mean": "add", "prod": "multiply", "amax": "max", "amin": "min"}
+_LINE_BUDGET = 4096
+
+
+def _scatter_common(ctx, eqn, ins, outs, mode, include_self=True):
+    """out = x, then every line (fixed coordinates off the scatter axis) recomputed as a masked reduction.
+
+    ``mode``: ``"set"`` (scatter: the last matching source wins) or a reduce name of :data:`_SCATTER_ALU`.
+    """
+    prog = ctx.prog
+    xv, iv, sv = eqn.inputs[0], eqn.inputs[1], eqn.inputs[2]
+    if hasattr(xv, "value") or hasattr(iv, "value"):
+        raise CannotLower(f"{eqn.op.name} with a literal input or index")
+    x_dt = ctx.neuron_dtype(xv.dtype)
+    if x_dt not in ("float32", "bfloat16", "float16"):
+        raise CannotLower(f"{eqn.op.name} on {x_dt}: the masked reductions compute in fp32 (float dtypes only)")
+    i_dt = _index_dtype(ctx, iv)
+    scalar_src = hasattr(sv, "value")
+    if not scalar_src and ctx.neuron_dtype(sv.dtype) != x_dt:
+        raise CannotLower(f"{eqn.op.name} with src of another dtype than x")
+    X = tuple(xv.shape) or (1,)
+    I = tuple(iv.shape) or (1,)
+    d = eqn.attrs["dim"] if xv.shape else 0
+    n, m = X[d], I[d]
+    # out = x everywhere first; the lines below overwrite their region
+    total = _prod(X)
+    copy_view(ctx, hview(outs[0], 0, [(total, 1)]), hview(ins[0], 0, [(total, 1)]))
+    if _prod(I) == 0:
+        return
+    if m > _LINE_BUDGET // 2:
+        raise CannotLower(f"{eqn.op.name} with {m} sources per line")
+    if n >= _EXACT or m >= _EXACT:
+        raise CannotLower(f"{eqn.op.name}: axis too long for exact fp32 positions")
+    jc = max(1, min(n, _LINE_BUDGET // m))
+    xs = _row_strides(X)
+    ist = _row_strides(I)
+    S = (tuple(sv.shape) or (1,)) if not scalar_src else None
+    sst = _row_strides(S) if S is not None else [0] * len(I)
+    lines = [(I[k], (xs[k], ist[k], sst[k])) for k in range(len(I)) if k != d]
+    axes = _merge(lines)
+    fb = max(1, _LINE_BUDGET // (jc * m))
+    chk_table = hview(ins[0], 0, [(total, 1), (1, 1)])
+    for poff, (pc, ps), free in _parts(axes, 3):
+        for toff, tax in _tiles(free, fb, 3):
+            if len(tax) > 2:
+                raise CannotLower(f"{eqn.op.name}: line grid needs more than 2 free axes")
+            off = tuple(a + b for a, b in zip(poff, toff))
+            T = [k for k, _ in tax]
+            L = _prod(T)
+            # indices [pc, T, m] (fp32) and their bounds check (one gather per tile; out-of-range -> error)
+            it = prog.sbuf((pc, *T, m), "int32")
+            prog.dma_copy(it, _idx_view(ins[1], i_dt, off[1], [(pc, ps[1])] + [(k, s[1]) for k, s in tax]
+                                        + [(m, ist[d])]))
+            idx = prog.sbuf((pc, L, m), "float32")
+            prog.tensor_copy(idx, it.reshape(pc, L, m))
+            prog.free(it)
+            bad = prog.sbuf((pc, L, m), "float32")
+            prog.tensor_scalar(bad, idx, "is_ge", float(n))
+            t2 = prog.sbuf((pc, L, m), "float32")
+            prog.tensor_scalar(t2, idx, "is_lt", 0.0)
+            prog.tensor_tensor(bad, bad, t2, "max")
+            prog.free(t2)
+            flag = prog.sbuf((pc, 1), "float32")
+            prog.tensor_reduce(flag, bad.reshape(pc, L * m), "max")
+            prog.free(bad)
+            fi = prog.sbuf((pc, 1), "int32")
+            prog.tensor_scalar(fi, flag, "multiply", float(total))
+            probe = prog.sbuf((pc, 1), x_dt)
+            prog.dma_gather(probe, chk_table, fi)
+            prog.free(probe)
+            prog.free(fi)
+            prog.free(flag)
+            # sources [pc, L, m]
+            src = None
+            if not scalar_src:
+                src = prog.sbuf((pc, *T, m), x_dt)
+                prog.dma_copy(src, hview(ins[2], off[2], [(pc, ps[2])] + [(k, s[2]) for k, s in tax]
+                                         + [(m, sst[d])]))
+                srcv = src.reshape(pc, L, 1, m)
+            else:
+                src = prog.sbuf((pc, 1), "float32")
+                prog.memset(src, float(sv.value), engine="vector")
+                srcv = src.reshape(pc, 1, 1, 1)
+            for j0 in range(0, n, jc):
+                jn = min(jc, n - j0)
+                shp = (pc, L, jn, m)
+                srcb = srcv.broadcast_to(shp)
+                mask = prog.sbuf(shp, "float32")
+                prog.iota(mask, base=j0, pattern=[0, 1, 0])
+                prog.tensor_tensor(mask, mask, idx.reshape(pc, L, 1, m).broadcast_to(shp), "is_equal")
+                xt = prog.sbuf((pc, *T, jn), x_dt)
+                xdims = [(pc, ps[0])] + [(k, s[0]) for k, s in tax] + [(jn, xs[d])]
+                prog.dma_copy(xt, hview(ins[0], off[0] + j0 * xs[d], xdims))
+                xf = xt.reshape(pc, L, jn)
+                res = prog.sbuf((pc, L, jn), "float32")
+                cnt = None
+                if mode == "set" or not include_self or mode == "mean":
+                    cnt = prog.sbuf((pc, L, jn), "float32")
+                    prog.tensor_reduce(cnt, mask, "add")
+                val = prog.sbuf(shp, "float32")
+                if mode == "set":
+                    # last matching source: e* = max_e (mask ? e : -1); value = sum_e (e == e*) * src
+                    prog.iota(val, base=1, pattern=[0, 0, 1])
+                    prog.tensor_tensor(val, val, mask, "multiply")            # e+1 where matching, else 0
+                    last = prog.sbuf((pc, L, jn), "float32")
+                    prog.tensor_reduce(last, val, "max")
+                    prog.iota(val, base=1, pattern=[0, 0, 1])
+                    prog.tensor_tensor(val, val, last.reshape(pc, L, jn, 1).broadcast_to(shp), "is_equal")
+                    prog.tensor_tensor(val, val, mask, "multiply")
+                    prog.tensor_tensor(mask, val, srcb, "multiply")
+                    prog.tensor_reduce(res, mask, "add")
+                    prog.free(last)
+                else:
+                    fill = prog.sbuf((pc, 1), "float32")
+                    prog.memset(fill, _SCATTER_IDENTITY[mode], engine="vector")
+                    prog.select(val, mask, srcb, fill.reshape(pc, 1, 1, 1).broadcast_to(shp))
+                    prog.free(fill)
+                    prog.tensor_reduce(res, val, _SCATTER_ALU[mode])
+                    if mode == "mean":
+                        if include_self:
+                            prog.tensor_tensor(res, res, xf, "add")
+                            prog.tensor_scalar(cnt, cnt, "add", 1.0)
+                        else:
+                            prog.tensor_scalar(cnt, cnt, "max", 1.0)  # divide by max(count, 1)
+                        prog.tensor_tensor(res, res, cnt, "divide")
+                        if not include_self:
+                            prog.tensor_reduce(cnt, mask, "add")
+                    elif include_self:
+                        prog.tensor_tensor(res, res, xf, _SCATTER_ALU[mode])
+                prog.free(val)
+                if cnt is not None and (mode == "set" or not include_self):
+                    pred = prog.sbuf((pc, L, jn), "float32")
+                    prog.tensor_scalar(pred, cnt, "is_gt", 0.5)
+                    keep = prog.sbuf((pc, L, jn), "float32")
+                    prog.tensor_copy(keep, xf)
+                    prog.select(res, pred, res, keep)
+                    prog.free(keep)
+                    prog.free(pred)
+                if cnt is not None:
+                    prog.free(cnt)
+                ctx.store(hview(outs[0], off[0] + j0 * xs[d], xdims), res.reshape(pc, *T, jn))
+                prog.free(res)
+                prog.free(xt)
+                prog.free(mask)
+            prog.free(src)
+            prog.free(idx)
+
+
+@lowering("scatter")
+def _scatter(ctx, eqn, ins, outs):
+    """``out = x`` with ``src`` written at ``index`` along ``dim`` (duplicates: the last source wins)."""
+    _scatter_common(ctx, eqn, ins, outs, "set")
+
+
+@lowering("scatter_add")
+def _scatter_add(ctx, eqn, ins, outs):
+    """``out = x`` plus ``src`` summed into ``index`` along ``dim``."""
+    _scatter_common(ctx, eqn, ins, outs, "sum")
+
+
+@lowering("scatter_reduce")
+def _scatter_reduce(ctx, eqn, ins, outs):
+    """``src`` reduced (sum/prod/mean/amax/amin) into ``index`` along ``dim``, with or without ``x``."""
+    reduce = eqn.attrs["reduce"]
+    if reduce not in _SCATTER_ALU:
+        raise CannotLower(f"scatter_reduce with reduce={reduce!r}")
+    _scatter_common(ctx, eqn, ins, outs, reduce, include_self=bool(eqn.attrs.get("include_self", True)))
