@@ -343,6 +343,7 @@ def test_jit_as_method_decorator_sees_module_parameters():
         close(m(x), want)
         m.lin.weight.mul_(-1)
         close(m(x), m.lin(x).relu())
+    assert m.forward.cache_info().misses == 1
 
 
 def test_nested_jit_is_inlined():
@@ -373,6 +374,7 @@ def test_recompile_logging_names_the_changed_argument(monkeypatch, caplog):
     assert len(msgs) == 2
     assert "first call" in msgs[0]
     assert "x: f32[4,8] cpu -> f32[5,8] cpu" in msgs[1]
+    assert "called from test_jit.py:" in msgs[1]
     assert "y:" not in msgs[1].split("signature:")[1]  # y did not change
 
 

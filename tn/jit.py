@@ -43,7 +43,9 @@ import functools
 import inspect
 import logging
 import os
+import sys
 import threading
+import types
 from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
@@ -553,11 +555,12 @@ class _Core:
 
     def _log_miss(self, key: Any) -> None:
         new = self.describe(key)
+        where = _caller()
         with self.lock:
             olds = [e.desc for e in self.cache.values() if e.desc is not None]
         if not olds:
-            log.warning("tn.jit: compiling %s (first call, cache miss %d): %s", self.name, self.misses + 1,
-                        "; ".join(f"{k}: {v}" for k, v in new.items() if not k.endswith("(structure)")))
+            log.warning("tn.jit: compiling %s (first call, cache miss %d%s): %s", self.name, self.misses + 1,
+                        where, "; ".join(f"{k}: {v}" for k, v in new.items() if not k.endswith("(structure)")))
             return
         best, best_diff = None, None
         for old in olds:
@@ -565,8 +568,8 @@ class _Core:
             if best_diff is None or len(diff) < len(best_diff):
                 best, best_diff = old, diff
         changes = "; ".join(f"{k}: {best.get(k, '(absent)')} -> {new.get(k, '(absent)')}" for k in best_diff)
-        log.warning("tn.jit: recompiling %s (cache miss %d, %d program(s) cached); versus the closest cached "
-                    "signature: %s", self.name, self.misses + 1, len(olds), changes or "no visible difference")
+        log.warning("tn.jit: recompiling %s (cache miss %d%s, %d program(s) cached); versus the closest cached "
+                    "signature: %s", self.name, self.misses + 1, where, len(olds), changes or "no visible difference")
 
     def call(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         """Run the function on ``args``/``kwargs``: cached program, or trace + compile first."""
@@ -609,6 +612,20 @@ def _shadow(module: torch.nn.Module, memo: Dict[int, torch.nn.Module]) -> torch.
     return c
 
 
+_TN_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _caller() -> str:
+    """``", called from file:line"`` of the first frame outside tn and torch, for log messages."""
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not (fn.startswith(_TN_DIR) or os.sep + "torch" + os.sep in fn):
+            return f", called from {os.path.basename(fn)}:{f.f_lineno}"
+        f = f.f_back
+    return ""
+
+
 def _reparametrize(module: torch.nn.Module, named: Dict[str, Tensor]) -> Any:
     """Context manager: ``module``'s parameters and buffers replaced by ``named`` (tied weights kept tied)."""
     from torch.nn.utils.stateless import _reparametrize_module
@@ -642,7 +659,7 @@ class JittedFunction:
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         if obj is None:
             return self
-        return functools.partial(self, obj)
+        return types.MethodType(self, obj)
 
     def cache_info(self) -> CacheInfo:
         """Hits, misses, current size and bound (``maxsize``) of the program cache."""
