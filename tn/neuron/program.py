@@ -273,10 +273,16 @@ class HbmTensor:
     dtype: str
     kind: str
 
+    def __post_init__(self):
+        n = 1
+        for d in self.shape:
+            n *= int(d)
+        self._nbytes = n * isa.DTYPE_SIZES[isa.dtype_code(self.dtype)]
+
     @property
     def nbytes(self) -> int:
         """Size in bytes."""
-        return int(np.prod(self.shape, dtype=np.int64)) * isa.DTYPE_SIZES[isa.dtype_code(self.dtype)]
+        return self._nbytes
 
     def view(self) -> "HbmView":
         """The whole tensor as a row-major view."""
@@ -527,6 +533,15 @@ class Encoded:
 
     def __len__(self):
         return int(self.records.shape[0])
+
+    def prepared(self) -> dict:
+        """Arrays and per-tensor facts the runtime needs on every run, computed once per program."""
+        prep = self.__dict__.get("_prep")
+        if prep is None:
+            from .runtime import _prepare
+
+            prep = self.__dict__["_prep"] = _prepare(self)
+        return prep
 
     def run(self, bindings=None, **kwargs):
         """Run on the software NeuronCore (see :func:`tn.neuron.runtime.run`)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -131,12 +132,22 @@ _TORCH_DTYPES = {"torch.float32": 0, "torch.bfloat16": 1, "torch.float16": 2, "t
                  "torch.uint8": 5, "torch.bool": 6}
 
 
-def _bind(t, value, keep):
+def _bind(t, value, keep, want, np_dtype):
     """Address of `value` checked against HBM tensor `t` (dtype, size, contiguity)."""
-    want = isa.dtype_code(t.dtype)
-    if hasattr(value, "data_ptr") and hasattr(value, "is_contiguous"):  # a torch tensor, duck-typed
+    if type(value) is np.ndarray:
+        if value.dtype != np_dtype:
+            hint = " (bf16 binds as uint16 bits: use tn.neuron.runtime.to_bf16)" if want == 1 else ""
+            raise NeuronError(f"HBM tensor {t.name!r} is {t.dtype} but the bound array is {value.dtype}{hint}")
+        flags = value.flags
+        if not flags.c_contiguous:
+            raise NeuronError(f"HBM tensor {t.name!r}: bound array is not C-contiguous; pass np.ascontiguousarray(a)")
+        if t.kind != "input" and not flags.writeable:
+            raise NeuronError(f"HBM tensor {t.name!r} is written by the program but the bound array is read-only")
+        nbytes = value.nbytes
+        ptr = value.__array_interface__["data"][0]
+    elif hasattr(value, "data_ptr") and hasattr(value, "is_contiguous"):  # a torch tensor, duck-typed
         code = _TORCH_DTYPES.get(str(value.dtype))
-        if str(getattr(value, "device", "cpu")) != "cpu":
+        if value.device.type != "cpu":
             raise NeuronError(f"HBM tensor {t.name!r}: bound tensor is on {value.device}; bind a CPU tensor")
         if code != want:
             raise NeuronError(f"HBM tensor {t.name!r} is {t.dtype} but the bound tensor is {value.dtype}")
@@ -145,29 +156,13 @@ def _bind(t, value, keep):
         nbytes = value.numel() * value.element_size()
         ptr = value.data_ptr()
     else:
-        if not isinstance(value, np.ndarray):
-            raise NeuronError(f"HBM tensor {t.name!r}: cannot bind a {type(value).__name__}; pass a numpy array or "
-                              f"a CPU torch tensor")
-        ok = np.dtype(isa.numpy_dtype(want))
-        if value.dtype != ok:
-            hint = " (bf16 binds as uint16 bits: use tn.neuron.runtime.to_bf16)" if want == 1 else ""
-            raise NeuronError(f"HBM tensor {t.name!r} is {t.dtype} but the bound array is {value.dtype}{hint}")
-        if not value.flags.c_contiguous:
-            raise NeuronError(f"HBM tensor {t.name!r}: bound array is not C-contiguous; pass np.ascontiguousarray(a)")
-        if t.kind != "input" and not value.flags.writeable:
-            raise NeuronError(f"HBM tensor {t.name!r} is written by the program but the bound array is read-only")
-        nbytes = value.nbytes
-        ptr = value.ctypes.data
+        raise NeuronError(f"HBM tensor {t.name!r}: cannot bind a {type(value).__name__}; pass a numpy array or "
+                          f"a CPU torch tensor")
     if nbytes != t.nbytes:
         raise NeuronError(f"HBM tensor {t.name!r} needs {t.nbytes} bytes ({t.dtype}{list(t.shape)}) but the bound "
                           f"value has {nbytes}")
     keep.append(value)
     return ptr
-
-
-def _alloc(t):
-    code = isa.dtype_code(t.dtype)
-    return np.zeros(t.shape, dtype=isa.numpy_dtype(code))
 
 
 def _with_source(e, enc):
@@ -194,12 +189,36 @@ def _matmul_flops(recs):
     return int(np.sum(2 * k * M * N))
 
 
-def _execute(enc, ptrs, sizes, execute, sbuf=None, psum=None):
-    from .._native import engine
-
+def _prepare(enc):
+    """Per-program constants of a run (see Encoded.prepared)."""
     arch = enc.arch
     n = len(enc)
-    nq = arch.num_queues
+    specs = []
+    for t in enc.hbm:
+        code = isa.dtype_code(t.dtype)
+        specs.append((t, code, np.dtype(isa.numpy_dtype(code))))
+    return {
+        "records": np.ascontiguousarray(enc.records, dtype=np.int64).reshape(n, isa.REC_WIDTH),
+        "deps": np.ascontiguousarray(enc.deps, dtype=np.int64),
+        "aux": np.ascontiguousarray(enc.aux, dtype=np.int64),
+        "limits": arch.limits_vector(),
+        "timing": arch.timing_vector(),
+        "specs": specs,
+        "index": {t.name: t.index for t in enc.hbm},
+        "sizes": np.array([t.nbytes for t in enc.hbm], dtype=np.int64),
+        "names": [arch.queue_name(q) for q in range(arch.num_queues)],
+        "flops": _matmul_flops(enc.records),
+        "queues": enc.records[:, isa.H_QUEUE].copy(),
+        "opcodes": enc.records[:, isa.H_OPCODE].copy(),
+    }
+
+
+def _execute(enc, ptrs, execute, sbuf=None, psum=None):
+    from .._native import engine
+
+    prep = enc.prepared()
+    n = len(enc)
+    nq = len(prep["names"])
     times = np.zeros((max(n, 1), 2), dtype=np.float64)
     busy = np.zeros(nq, dtype=np.float64)
     counts = np.zeros(nq, dtype=np.int64)
@@ -207,12 +226,10 @@ def _execute(enc, ptrs, sizes, execute, sbuf=None, psum=None):
     if sbuf is None:
         sbuf = np.zeros((1, 1), dtype=np.uint8)
         psum = np.zeros((1, 1), dtype=np.uint8)
-    recs = np.ascontiguousarray(enc.records, dtype=np.int64).reshape(n, isa.REC_WIDTH)
     try:
-        total = engine.run(recs, np.ascontiguousarray(enc.deps, dtype=np.int64),
-                           np.ascontiguousarray(enc.aux, dtype=np.int64), sbuf, psum,
-                           np.asarray(ptrs, dtype=np.int64), np.asarray(sizes, dtype=np.int64),
-                           arch.limits_vector(), arch.timing_vector(), times, busy, counts, hbm, execute)
+        total = engine.run(prep["records"], prep["deps"], prep["aux"], sbuf, psum,
+                           np.asarray(ptrs, dtype=np.int64), prep["sizes"],
+                           prep["limits"], prep["timing"], times, busy, counts, hbm, execute)
     except NeuronError as e:
         raise _with_source(e, enc) from None
     return total, times[:n], busy, counts, hbm
@@ -221,22 +238,21 @@ def _execute(enc, ptrs, sizes, execute, sbuf=None, psum=None):
 def simulate_timing(enc):
     """Validate the whole encoded program and model its timing without any data (returns a RunResult
     without outputs). Raises :class:`tn.NeuronError` on any rule violation."""
-    sizes = [t.nbytes for t in enc.hbm]
-    total, times, busy, counts, hbm = _execute(enc, [0] * len(sizes), sizes, 0)
+    total, times, busy, counts, hbm = _execute(enc, [0] * len(enc.hbm), 0)
     return _result(enc, total, times, busy, counts, hbm, {}, 0.0)
 
 
 def _result(enc, total, times, busy, counts, hbm, outputs, wall):
-    arch = enc.arch
-    names = [arch.queue_name(q) for q in range(arch.num_queues)]
+    prep = enc.prepared()
+    names = prep["names"]
     return RunResult(
-        name=enc.name, arch=arch, total_ns=float(total),
-        busy_ns={nm: float(b) for nm, b in zip(names, busy)},
-        counts={nm: int(c) for nm, c in zip(names, counts)},
+        name=enc.name, arch=enc.arch, total_ns=float(total),
+        busy_ns=dict(zip(names, busy.tolist())),
+        counts=dict(zip(names, counts.tolist())),
         hbm_read_bytes=int(hbm[0]), hbm_write_bytes=int(hbm[1]),
         sbuf_peak_bytes=int(enc.sbuf_peak_bytes), psum_peak_bytes=int(enc.psum_peak_bytes),
-        matmul_flops=_matmul_flops(enc.records), outputs=outputs, times=times,
-        queues=enc.records[:, isa.H_QUEUE].copy(), opcodes=enc.records[:, isa.H_OPCODE].copy(), wall_s=wall,
+        matmul_flops=prep["flops"], outputs=outputs, times=times,
+        queues=prep["queues"], opcodes=prep["opcodes"], wall_s=wall,
     )
 
 
@@ -271,8 +287,6 @@ def run(program, bindings=None, *, report: bool = True, fresh_memory: bool = Fal
     program reading memory it never wrote sees what an earlier run left, as
     on the chip).
     """
-    import time
-
     from .program import Encoded, Program
 
     enc = program.build(check=False) if isinstance(program, Program) else program
@@ -285,25 +299,24 @@ def run(program, bindings=None, *, report: bool = True, fresh_memory: bool = Fal
             raise NeuronError(f"{len(bindings)} values bound but program {enc.name!r} declares {len(enc.hbm)} HBM "
                               f"tensors")
         bindings = {t.name: v for t, v in zip(enc.hbm, bindings)}
-    unknown = set(bindings) - {t.name for t in enc.hbm}
-    if unknown:
+    if len(bindings) > len(enc.hbm) or any(k not in enc.prepared()["index"] for k in bindings):
+        unknown = set(bindings) - {t.name for t in enc.hbm}
         raise NeuronError(f"program {enc.name!r} has no HBM tensor named {sorted(unknown)}; declared: "
                           f"{[t.name for t in enc.hbm]}")
-    keep, ptrs, sizes, outputs = [], [], [], {}
-    for t in enc.hbm:
-        if t.name in bindings:
-            v = bindings[t.name]
-        elif t.kind in ("output", "scratch"):
-            v = _alloc(t)
-        else:
-            raise NeuronError(f"program {enc.name!r}: {t.kind} HBM tensor {t.name!r} ({t.dtype}{list(t.shape)}) "
-                              f"is not bound; pass it in bindings")
-        ptrs.append(_bind(t, v, keep))
-        sizes.append(t.nbytes)
+    keep, ptrs, outputs = [], [], {}
+    for t, code, np_dtype in enc.prepared()["specs"]:
+        v = bindings.get(t.name)
+        if v is None:
+            if t.kind in ("output", "scratch"):
+                v = np.zeros(t.shape, dtype=np_dtype)
+            else:
+                raise NeuronError(f"program {enc.name!r}: {t.kind} HBM tensor {t.name!r} ({t.dtype}{list(t.shape)}) "
+                                  f"is not bound; pass it in bindings")
+        ptrs.append(_bind(t, v, keep, code, np_dtype))
         outputs[t.name] = v
     sbuf, psum = _memories(enc.arch, fresh_memory)
     t0 = time.perf_counter()
-    total, times, busy, counts, hbm = _execute(enc, ptrs, sizes, 1, sbuf, psum)
+    total, times, busy, counts, hbm = _execute(enc, ptrs, 1, sbuf, psum)
     wall = time.perf_counter() - t0
     del keep
     res = _result(enc, total, times, busy, counts, hbm, outputs, wall)
