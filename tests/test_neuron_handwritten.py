@@ -121,3 +121,41 @@ def test_layer_norm_bad_args_raise():
         layer_norm(0, 128)
     with pytest.raises(tn.NeuronError, match="run_layer_norm"):
         run_layer_norm(np.ones((4, 8), np.float32), np.ones(7, np.float32), np.ones(8, np.float32))
+
+
+@pytest.fixture(autouse=False)
+def keep_torch_threads():
+    """The benches pin torch to one thread; give the rest of the session its setting back."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def _load_bench(name):
+    """Imports bench/<name>.py as a module (the bench folder is not a package)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_neuroncore_smoke(tmp_path, capsys, keep_torch_threads):
+    out = _load_bench("neuroncore").main(["--size", "512", "--ln-rows", "256", "--ln-dim", "256", "--repeats", "1",
+                                          "--json", str(tmp_path / "nc.json")])
+    import json
+
+    data = json.loads((tmp_path / "nc.json").read_text())
+    assert set(data) >= {"matmul_tensor_util", "sim_vs_numpy", "matmul_modelled_us", "layer_norm_modelled_us"}
+    assert 0 < data["matmul_tensor_util"] <= 1 and data["sim_vs_numpy"] > 0
+    assert out["size"] == 512
+    assert "TensorE util" in capsys.readouterr().out
+
+
+def test_bench_matmul_kernel_smoke(capsys, keep_torch_threads):
+    res = _load_bench("matmul_kernel").main(["--size", "512", "--repeats", "1", "--isa", "auto"])
+    assert any("tn_matmul_bf16" in k for k in res) and any("numpy" in k for k in res)
+    assert "GFLOP/s" in capsys.readouterr().out
