@@ -95,7 +95,8 @@ class _Conv:
         col = self.nb * self.rows * self.cols * self.isz if self.stacked else 0
         wts = self.G * self.CC * self.T * self.Og * self.isz
         wnat = self.Cg * self.T * self.isz
-        need = 2 * band + 2 * col + wts + wnat + 2 * _NB * _isz(out.dtype) + 4 * self.G * self.OT
+        stage = self.nb * self.bh * self.W * self.isz
+        need = 2 * band + 2 * col + 2 * stage + wts + wnat + 2 * _NB * _isz(out.dtype) + 4 * self.G * self.OT
         if need > _sbuf_free(self.prog):
             raise CannotLower(f"convolution working set ({need} bytes per partition: input band {band}, weights "
                               f"{wts}) does not fit in SBUF")
@@ -128,6 +129,8 @@ class _Conv:
                 self._load_bias()
             self.band_ring = _Ring(sb((_P, self.CC, self.nb, self.bh, self.bw), self.dt, f"cv_band{i}")
                                    for i in range(2))
+            self.stage_ring = _Ring(sb((_P, self.nb * self.bh * self.W), self.dt, f"cv_stage{i}")
+                                    for i in range(2))
             if self.stacked:
                 self.col_ring = _Ring(sb((self.Cg * self.T, self.nb, self.rows, self.cols), self.dt, f"cv_col{i}")
                                       for i in range(2))
@@ -201,15 +204,25 @@ class _Conv:
         r0, r1 = max(0, ih0), min(self.H, ih0 + bh)
         c0, c1 = max(0, iw0), min(self.W, iw0 + bw)
         padded = r0 > ih0 or r1 < ih0 + bh or c0 > iw0 or c1 < iw0 + bw
+        full_rows = c0 == iw0 and c1 - c0 == bw  # band columns are exactly whole input rows
         for cc in range(self.CC):
             ch0 = g * self.Cg + cc * _P
             cp = min(_P, self.Cg - cc * _P)
             dst = band[:cp, cc, :nb, :bh, :bw]
             if padded:
                 prog.memset(dst, 0.0)
-            if r1 > r0 and c1 > c0:
+            if r1 <= r0 or c1 <= c0:
+                continue
+            inner = band[:cp, cc, :nb, r0 - ih0:r1 - ih0, c0 - iw0:c1 - iw0]
+            if full_rows:
                 src = self.x[n0:n0 + nb, ch0:ch0 + cp, r0:r1, c0:c1].permute(1, 0, 2, 3)
-                prog.dma_copy(band[:cp, cc, :nb, r0 - ih0:r1 - ih0, c0 - iw0:c1 - iw0], src)
+                prog.dma_copy(inner, src)
+            else:
+                # whole input rows in one contiguous run per (channel, image), then a strided engine copy
+                st = self.stage_ring.take()
+                stv = st[:cp, :nb * (r1 - r0) * self.W].reshape(cp, nb, r1 - r0, self.W)
+                prog.dma_copy(stv, self.x[n0:n0 + nb, ch0:ch0 + cp, r0:r1, :].permute(1, 0, 2, 3))
+                prog.tensor_copy(inner, stv[:, :, :, c0:c1], engine="gpsimd" if cc % 2 == 0 else "vector")
         return band
 
     def _tap_view(self, band, cc, cp, nb, rows, cols, i, j):
