@@ -127,6 +127,24 @@ def _install_hooks() -> None:
     _hooks_installed = True
 
 
+class HashedTuple(tuple):
+    """A tuple that computes its hash once (module parameter names are hashed on every call)."""
+
+    def __new__(cls, items: Sequence[Any]) -> "HashedTuple":
+        self = super().__new__(cls, items)
+        self._hash = tuple.__hash__(self)
+        return self
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or tuple.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+
 class ModuleState:
     """What tn.jit reads from an ``nn.Module`` on every call, prepared once.
 
@@ -154,7 +172,7 @@ class ModuleState:
                     seen.add(id(v))
                     names.append(f"{prefix}.{k}" if prefix else k)
                     refs.append((d, k))
-        self.names = tuple(names)
+        self.names = HashedTuple(names)
         self.refs = tuple(refs)
         mods = list(module.named_modules())
         self.mods = tuple(m for _, m in mods)
