@@ -10,15 +10,21 @@ they are what ``bench/neuroncore.py`` runs.
     NKI's matmul tutorial. Schedule:
 
     * the output is cut into 128 x ``ntile`` blocks (``ntile`` = 512, one PSUM
-      bank); a *wave* is up to 4 blocks of one column block (4 m-blocks) and
-      accumulates over K in 4 PSUM banks (``accumulate`` after the first
-      K-tile, ``stop`` on the last), so one moving tile feeds 4 matmuls;
+      bank); a *wave* is a set of m-blocks of one column block, each
+      accumulating over K in its own PSUM bank (``accumulate`` after the first
+      K-tile, ``stop`` on the last). The first wave takes 8 m-blocks, so one
+      moving tile feeds 8 matmuls and the cold start is compute-bound; the
+      others take 4;
+    * the first two waves sweep K outside the blocks, so they start as soon as
+      the first K-tiles land; later waves, whose operands were loaded ahead,
+      finish one block at a time so its evacuation overlaps the next block;
     * ``aT`` stays resident in SBUF once loaded (the first pass over column
-      blocks streams it in, K-tile by K-tile, in the order TensorE needs it);
-      moving blocks live in a ring of SBUF buffers and the next block is
-      prefetched while the current one is used (double buffering);
-    * PSUM banks rotate over all 8 banks, so TensorE starts the next wave while
-      VectorE and ScalarE (alternating) evacuate finished banks to SBUF
+      blocks streams it in); moving blocks live in a ring of SBUF buffers and
+      the next one is prefetched during the last wave of the current one
+      (double buffering). Loads are throttled to about two waves ahead so the
+      shared DMA bandwidth goes to what TensorE needs next;
+    * PSUM banks rotate over all 8 banks, so TensorE starts the next block
+      while VectorE and ScalarE (alternating) evacuate finished banks to SBUF
       (casting to the output dtype) and DMA writes them to HBM;
     * loads and stores use separate DMA queues, so a store waiting for its
       evacuation never holds up a load behind it.
@@ -51,6 +57,7 @@ P = 128            # partitions; K tile and m-block height
 MAX_NTILE = 512    # moving free size: one PSUM bank of fp32
 GROUPS = 4         # PSUM banks (m-blocks) one wave accumulates into
 LOAD_QUEUES = 12   # DMA queues 0..11 load, 12..15 store
+KT_OUTER_WAVES = 1  # waves (after the first) of the first pass that also sweep K outside
 
 
 def matmul_flops(M: int, K: int, N: int) -> int:
@@ -80,7 +87,6 @@ def tiled_matmul(M: int = 2048, K: int = 2048, N: int = 2048, *, dtype: str = "b
     arch_ = prog.arch
     KT, MB, NB = K // P, M // P, N // ntile
     G = min(GROUPS, MB)
-    MG = -(-MB // G)
     esz = 2 if dtype in ("bfloat16", "bf16", "float16", "fp16") else 4
     osz = 2 if out_dtype in ("bfloat16", "bf16", "float16", "fp16") else 4
 
@@ -109,8 +115,8 @@ def tiled_matmul(M: int = 2048, K: int = 2048, N: int = 2048, *, dtype: str = "b
     n_store_q = max(1, arch_.dma_queues - LOAD_QUEUES)
     n_load_q = arch_.dma_queues - n_store_q if arch_.dma_queues > n_store_q else arch_.dma_queues
 
-    # Loads for wave w wait until wave w-1 has started on TensorE: they are issued about one wave ahead, so
-    # the shared DMA bandwidth goes to what TensorE needs next, not to data for later waves.
+    # Loads are throttled (they wait for an earlier wave to start on TensorE) so that the shared DMA bandwidth
+    # goes to what TensorE needs next, not to data for much later waves.
     throttle = []
 
     def load(dst, src):
@@ -126,13 +132,14 @@ def tiled_matmul(M: int = 2048, K: int = 2048, N: int = 2048, *, dtype: str = "b
     def load_b(nb, kt):
         load(b_sb[nb % nbuf][:, kt, :], b[kt * P:(kt + 1) * P, nb * ntile:(nb + 1) * ntile])
 
-    a_loaded = set()
+    # waves of m-blocks: the very first wave is as wide as PSUM allows (one moving tile feeds up to 8 matmuls,
+    # so the cold start is compute-bound rather than DMA-bound), the others take GROUPS blocks
+    first_w = min(MB, arch_.psum_banks)
+    waves = [list(range(first_w))] + [list(range(m, min(MB, m + G))) for m in range(first_w, MB, G)]
 
-    def load_a(kt, mg):
-        if (kt, mg) not in a_loaded:
-            a_loaded.add((kt, mg))
-            m0, m1 = mg * G * P, min(M, (mg + 1) * G * P)
-            load(a_sb[:, kt, m0:m1], aT[kt * P:(kt + 1) * P, m0:m1])
+    def load_a(kt, mbs):
+        m0, m1 = mbs[0] * P, (mbs[-1] + 1) * P
+        load(a_sb[:, kt, m0:m1], aT[kt * P:(kt + 1) * P, m0:m1])
 
     group = [0]
 
@@ -143,38 +150,43 @@ def tiled_matmul(M: int = 2048, K: int = 2048, N: int = 2048, *, dtype: str = "b
         group[0] += 1
 
     bank_i = 0
-    prev_first = None
+    firsts = []  # first matmul of every wave so far
     for nb in range(NB):
-        for mg in range(MG):
-            mbs = list(range(mg * G, min(MB, (mg + 1) * G)))
-            throttle[:] = [] if prev_first is None else [prev_first]
-            if nb + 1 < NB and mg == MG - 1:
-                for kt in range(KT):        # prefetch the next moving block (lands in the other buffer)
-                    load_b(nb + 1, kt)
+        for w, mbs in enumerate(waves):
+            # loads for this wave are issued two waves ahead (it consumes them block by block, so they must
+            # all have landed when it starts)
+            throttle[:] = firsts[-2:-1]
             wave_banks = []
             for _ in mbs:
                 wave_banks.append(banks[bank_i % len(banks)])
                 bank_i += 1
             wave_mm = []
-            if nb == 0:
-                # first pass: data arrives K-tile by K-tile, so sweep K outside and the blocks inside
+            bt = b_sb[nb % nbuf]
+            if nb == 0 and w <= KT_OUTER_WAVES:
+                # cold start: data arrives K-tile by K-tile, so sweep K outside and the blocks inside
                 for kt in range(KT):
-                    load_a(kt, mg)
-                    if mg == 0:
+                    load_a(kt, mbs)
+                    if w == 0:
                         load_b(0, kt)
                     for j, mb in enumerate(mbs):
-                        wave_mm.append(prog.matmul(wave_banks[j], a_sb[:, kt, mb * P:(mb + 1) * P],
-                                                   b_sb[0][:, kt, :], accumulate=kt > 0, stop=kt == KT - 1))
+                        wave_mm.append(prog.matmul(wave_banks[j], a_sb[:, kt, mb * P:(mb + 1) * P], bt[:, kt, :],
+                                                   accumulate=kt > 0, stop=kt == KT - 1))
                 for j, mb in enumerate(mbs):
                     evacuate(wave_banks[j], mb, nb)
             else:
-                # operands resident: finish one block at a time so its evacuation overlaps the next
+                # operands loaded a wave ahead: finish one block at a time so its evacuation overlaps the next
+                if nb == 0:
+                    for kt in range(KT):
+                        load_a(kt, mbs)
                 for j, mb in enumerate(mbs):
                     for kt in range(KT):
-                        wave_mm.append(prog.matmul(wave_banks[j], a_sb[:, kt, mb * P:(mb + 1) * P],
-                                                   b_sb[nb % nbuf][:, kt, :], accumulate=kt > 0, stop=kt == KT - 1))
+                        wave_mm.append(prog.matmul(wave_banks[j], a_sb[:, kt, mb * P:(mb + 1) * P], bt[:, kt, :],
+                                                   accumulate=kt > 0, stop=kt == KT - 1))
                     evacuate(wave_banks[j], mb, nb)
-            prev_first = wave_mm[0]
+            if nb + 1 < NB and w == len(waves) - 1:
+                for kt in range(KT):        # prefetch the next moving block (lands in the other buffer)
+                    load_b(nb + 1, kt)
+            firsts.append(wave_mm[0])
     return prog
 
 
