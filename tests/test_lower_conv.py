@@ -104,3 +104,42 @@ def test_avg_pool2d_backward(case):
 
 def test_avg_pool2d_bf16():
     check_lowering("avg_pool2d", _rand(2, 4, 8, 8, dtype=torch.bfloat16), **_pool_attrs(2, 2, 0))
+
+
+CONV_BWD_CASES = [
+    ((2, 3, 8, 8), (4, 3, 3, 3), {}),
+    ((2, 3, 8, 8), (4, 3, 3, 3), dict(padding=(1, 1))),
+    ((2, 16, 10, 9), (8, 16, 3, 3), dict(stride=(2, 2), padding=(1, 1))),
+    ((1, 20, 12, 12), (8, 5, 3, 3), dict(padding=(2, 1), dilation=(2, 1), groups=4)),
+    ((2, 8, 9, 9), (8, 1, 3, 3), dict(padding=(1, 1), groups=8)),
+    ((2, 150, 7, 7), (130, 150, 1, 1), {}),
+    ((1, 4, 5, 40), (3, 4, 2, 5), dict(stride=(1, 3), padding=(0, 2))),
+    ((2, 3, 9, 7), (4, 3, 3, 3), dict(stride=(2, 2))),
+    ((1, 2, 3, 200), (2, 2, 1, 3), dict(padding=(0, 1))),
+    ((2, 8, 30), (6, 8, 5), dict(stride=(2,), padding=(2,), dilation=(1,))),
+]
+
+
+def _conv_bwd(xs, ws, kw, mask, dtype=torch.float32, **tol):
+    nd = len(xs) - 2
+    attrs = dict(stride=(1,) * nd, padding=(0,) * nd, dilation=(1,) * nd, groups=1)
+    attrs.update(kw)
+    x, w = _rand(*xs, dtype=dtype), _rand(*ws, dtype=dtype, seed=1)
+    y = torch.ops.aten.convolution.default(x, w, None, list(attrs["stride"]), list(attrs["padding"]),
+                                           list(attrs["dilation"]), False, [0] * nd, attrs["groups"])
+    g = _rand(*y.shape, dtype=dtype, seed=2)
+    return check_lowering("convolution_backward", g, x, w, bias_sizes=(ws[0],), transposed=False,
+                          output_padding=(0,) * nd, output_mask=mask, **attrs, **tol)
+
+
+@pytest.mark.parametrize("mask", [(True, False, False), (False, True, False), (True, True, True)], ids=str)
+@pytest.mark.parametrize("case", CONV_BWD_CASES, ids=lambda c: "x{}w{}".format(c[0], c[1]))
+def test_convolution_backward(case, mask):
+    xs, ws, kw = case
+    _conv_bwd(xs, ws, kw, mask)
+
+
+def test_convolution_backward_bf16():
+    # bf16 sums of many products: compare with a tolerance scaled to the sum length
+    _conv_bwd((2, 4, 8, 8), (8, 4, 3, 3), dict(padding=(1, 1)), (True, True, True), dtype=torch.bfloat16,
+              rtol=3e-2, atol=1e-1)

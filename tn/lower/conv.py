@@ -24,8 +24,15 @@ the image on the free axis; the window sum is one ``tensor_reduce`` over a
 an indicator tile; the backward scatters ``grad / divisor`` with one
 strided VectorE add per tap.
 
-Transposed convolution, 3-d convolution and ``convolution_backward`` raise
-:class:`~tn.lower.base.CannotLower` (they run on the host, visibly).
+``convolution_backward``: the input gradient is a convolution (same engine)
+of the gradient, zero-inserted by the stride, with the flipped weights read
+in their natural layout (no transposes); the weight gradient contracts
+output pixels on the partitions (TensorE transposes of the gradient and of
+every tap's input window, one PSUM bank per group of taps accumulated over
+all pixels); the bias gradient is a VectorE reduction.
+
+Transposed and 3-d convolutions raise :class:`~tn.lower.base.CannotLower`
+(they run on the host, visibly).
 """
 from __future__ import annotations
 
@@ -65,12 +72,21 @@ def _pair(v, n=2):
 class _Conv:
     """Plan and emission of one 2-d convolution (see the module docstring)."""
 
-    def __init__(self, ctx, x, w, b, out, stride, padding, dilation, groups):
+    def __init__(self, ctx, x, w, b, out, stride, padding, dilation, groups, xdil=(1, 1), bwd_data=False):
         self.ctx = ctx
         self.prog = ctx.prog
         self.x, self.w, self.b, self.out = x, w, b, out
-        self.N, self.C, self.H, self.W = x.shape
-        self.O, self.Cg, self.kh, self.kw = w.shape
+        # x is the physical input; the logical input has (xdil - 1) zeros between its elements
+        self.N, self.C, self.Hx, self.Wx = x.shape
+        self.xh, self.xw = xdil
+        self.H, self.W = (self.Hx - 1) * self.xh + 1, (self.Wx - 1) * self.xw + 1
+        self.bwd_data = bwd_data
+        if bwd_data:
+            # w is a forward weight [O', C'/G, kh, kw]; this conv maps O' channels to C' with the taps flipped
+            o_f, cg_f, self.kh, self.kw = w.shape
+            self.O, self.Cg = cg_f * groups, o_f // groups
+        else:
+            self.O, self.Cg, self.kh, self.kw = w.shape
         _, _, self.Ho, self.Wo = out.shape
         (self.sh, self.sw), (self.ph, self.pw), (self.dh, self.dw) = stride, padding, dilation
         self.G = groups
@@ -79,7 +95,7 @@ class _Conv:
         self.dt = x.dtype
         self.isz = _isz(self.dt)
         # im2col on the partitions when every tap's channels fit at once
-        self.stacked = self.T > 1 and self.Cg * self.T <= _P
+        self.stacked = self.T > 1 and self.Cg * self.T <= _P and not bwd_data
         self.CC = 1 if self.stacked else _cdiv(self.Cg, _P)
         self.OT = _cdiv(self.Og, _P)
         # output pixel blocks: (images, rows, cols) with images*rows*cols <= 512
@@ -94,8 +110,8 @@ class _Conv:
         band = self.CC * self.nb * self.bh * self.bw * self.isz
         col = self.nb * self.rows * self.cols * self.isz if self.stacked else 0
         wts = self.G * self.CC * self.T * self.Og * self.isz
-        wnat = self.Cg * self.T * self.isz
-        stage = self.nb * self.bh * self.W * self.isz
+        wnat = max(self.Cg, self.Og) * self.T * self.isz
+        stage = self.nb * self.bh * self.Wx * self.isz
         need = 2 * band + 2 * col + 2 * stage + wts + wnat + 2 * _NB * _isz(out.dtype) + 4 * self.G * self.OT
         if need > _sbuf_free(self.prog):
             raise CannotLower(f"convolution working set ({need} bytes per partition: input band {band}, weights "
@@ -119,7 +135,7 @@ class _Conv:
             self.copy = _Copier(prog)
             kpart = self.Cg * self.T if self.stacked else _P
             self.wT = sb((kpart, self.G * self.CC, 1 if self.stacked else self.T, self.Og), self.dt, "cv_wT")
-            self.wn = sb((_P, self.Cg * self.T), self.dt, "cv_wnat")
+            self.wn = sb((_P, max(self.Cg, self.Og) * self.T), self.dt, "cv_wnat")
             self.tp_ring = _Ring(ps((_P, max(1, min(8, 2048 // (_P * self.isz))), _P), self.dt, f"cv_tp{i}")
                                  for i in range(2))
             self._load_weights()
@@ -129,7 +145,7 @@ class _Conv:
                 self._load_bias()
             self.band_ring = _Ring(sb((_P, self.CC, self.nb, self.bh, self.bw), self.dt, f"cv_band{i}")
                                    for i in range(2))
-            self.stage_ring = _Ring(sb((_P, self.nb * self.bh * self.W), self.dt, f"cv_stage{i}")
+            self.stage_ring = _Ring(sb((_P, self.nb * self.bh * self.Wx), self.dt, f"cv_stage{i}")
                                     for i in range(2))
             if self.stacked:
                 self.col_ring = _Ring(sb((self.Cg * self.T, self.nb, self.rows, self.cols), self.dt, f"cv_col{i}")
@@ -150,14 +166,26 @@ class _Conv:
         """wT[c, g*CC+cc, tap, o] = w[g*Og+o, cc*128+c, i, j] (stacked: wT[tap*Cg+c, g, 0, o])."""
         prog = self.prog
         Cg, T, Og = self.Cg, self.T, self.Og
+        if self.bwd_data:
+            # wT[k, g*CC+cc, t, m] = w[g*Cg + cc*128 + k, m, flipped tap T-1-t]: rows of w are already K-major
+            wflat = self.w.reshape(self.G * Cg, Og * T)
+            for g in range(self.G):
+                for cc in range(self.CC):
+                    k0 = g * Cg + cc * _P
+                    kp = min(_P, Cg - cc * _P)
+                    prog.dma_copy(self.wn[:kp, :Og * T], wflat[k0:k0 + kp, :])
+                    wv = self.wn[:kp, :Og * T].reshape(kp, Og, T)
+                    for t in range(T):
+                        self.copy(self.wT[:kp, g * self.CC + cc, t, :], wv[:, :, T - 1 - t])
+            return
         wflat = self.w.reshape(self.O, Cg * T)
         for g in range(self.G):
             for ot in range(self.OT):
                 o0 = ot * _P
                 op = min(_P, Og - o0)
                 wn = self.wn
-                prog.dma_copy(wn[:op, :], wflat[g * Og + o0:g * Og + o0 + op, :])
-                wv = wn[:op, :].reshape(op, Cg, T)
+                prog.dma_copy(wn[:op, :Cg * T], wflat[g * Og + o0:g * Og + o0 + op, :])
+                wv = wn[:op, :Cg * T].reshape(op, Cg, T)
                 if self.stacked:
                     tp = self.tp_ring.take()
                     prog.transpose(tp[:Cg * T, 0, :op], wv.permute(0, 2, 1))
@@ -201,26 +229,33 @@ class _Conv:
         iw0 = ow0 * self.sw - self.pw
         bh = (rows - 1) * self.sh + (self.kh - 1) * self.dh + 1
         bw = (cols - 1) * self.sw + (self.kw - 1) * self.dw + 1
-        r0, r1 = max(0, ih0), min(self.H, ih0 + bh)
-        c0, c1 = max(0, iw0), min(self.W, iw0 + bw)
-        padded = r0 > ih0 or r1 < ih0 + bh or c0 > iw0 or c1 < iw0 + bw
-        full_rows = c0 == iw0 and c1 - c0 == bw  # band columns are exactly whole input rows
+        xh, xw = self.xh, self.xw
+        # physical input rows/cols whose logical position falls inside the band
+        r0 = _cdiv(max(0, ih0), xh)
+        r1 = (min(self.H, ih0 + bh) - 1) // xh + 1
+        c0 = _cdiv(max(0, iw0), xw)
+        c1 = (min(self.W, iw0 + bw) - 1) // xw + 1
+        nr, nc = r1 - r0, c1 - c0
+        padded = (xh > 1 or xw > 1 or r0 * xh > ih0 or (r1 - 1) * xh < ih0 + bh - 1 or c0 * xw > iw0
+                  or (c1 - 1) * xw < iw0 + bw - 1)
+        full_rows = xw == 1 and xh == 1 and c0 == iw0 and nc == bw and nc == self.Wx
         for cc in range(self.CC):
             ch0 = g * self.Cg + cc * _P
             cp = min(_P, self.Cg - cc * _P)
             dst = band[:cp, cc, :nb, :bh, :bw]
             if padded:
                 prog.memset(dst, 0.0)
-            if r1 <= r0 or c1 <= c0:
+            if nr <= 0 or nc <= 0:
                 continue
-            inner = band[:cp, cc, :nb, r0 - ih0:r1 - ih0, c0 - iw0:c1 - iw0]
+            br0, bc0 = r0 * xh - ih0, c0 * xw - iw0
+            inner = band[:cp, cc, :nb, br0:br0 + (nr - 1) * xh + 1:xh, bc0:bc0 + (nc - 1) * xw + 1:xw]
             if full_rows:
-                src = self.x[n0:n0 + nb, ch0:ch0 + cp, r0:r1, c0:c1].permute(1, 0, 2, 3)
+                src = self.x[n0:n0 + nb, ch0:ch0 + cp, r0:r1, :].permute(1, 0, 2, 3)
                 prog.dma_copy(inner, src)
             else:
                 # whole input rows in one contiguous run per (channel, image), then a strided engine copy
                 st = self.stage_ring.take()
-                stv = st[:cp, :nb * (r1 - r0) * self.W].reshape(cp, nb, r1 - r0, self.W)
+                stv = st[:cp, :nb * nr * self.Wx].reshape(cp, nb, nr, self.Wx)
                 prog.dma_copy(stv, self.x[n0:n0 + nb, ch0:ch0 + cp, r0:r1, :].permute(1, 0, 2, 3))
                 prog.tensor_copy(inner, stv[:, :, :, c0:c1], engine="gpsimd" if cc % 2 == 0 else "vector")
         return band
@@ -306,10 +341,191 @@ def lower_convolution(ctx, eqn, ins, outs) -> None:
     _Conv(ctx, x, w, b, out, stride, padding, dilation, int(a["groups"])).emit()
 
 
+def _grad_bias(ctx, grad, gb) -> None:
+    """``gb[o] = sum over (n, h, w) of grad[n, o, h, w]`` (o on partitions, one reduce per chunk of images)."""
+    prog = ctx.prog
+    N, O, Ho, Wo = grad.shape
+    npx = Ho * Wo
+    nb = max(1, min(N, 8192 // npx)) if npx <= 8192 else 0
+    if nb == 0:
+        raise CannotLower(f"bias gradient over {Ho}x{Wo} images is not lowered (more than 8192 pixels per image)")
+    g3 = grad.reshape(N, O, npx)
+    gcol = gb.reshape(O, 1)
+    tiles = []
+    try:
+        ld = _Ring(prog.sbuf((_P, nb, npx), grad.dtype, name=f"cvb_g{i}") for i in range(2))
+        part = prog.sbuf((_P, 1), "float32", name="cvb_part")
+        tot = prog.sbuf((_P, 1), "float32", name="cvb_tot")
+        res = prog.sbuf((_P, 1), gb.dtype, name="cvb_res")
+        tiles.extend([*ld.tiles, part, tot, res])
+        for o0 in range(0, O, _P):
+            op = min(_P, O - o0)
+            for n0 in range(0, N, nb):
+                k = min(nb, N - n0)
+                t = ld.take()
+                prog.dma_copy(t[:op, :k, :], g3[n0:n0 + k, o0:o0 + op, :].permute(1, 0, 2))
+                dst = tot if n0 == 0 else part
+                prog.tensor_reduce(dst[:op], t[:op, :k, :], "add", axis=(1, 2))
+                if n0 > 0:
+                    prog.tensor_tensor(tot[:op], tot[:op], part[:op], "add")
+            prog.tensor_copy(res[:op], tot[:op])
+            ctx.store(gcol[o0:o0 + op, :], res[:op])
+    finally:
+        for t in reversed(tiles):
+            prog.free(t)
+
+
+def _grad_weight(ctx, grad, x, w, gw, stride, padding, dilation, groups) -> None:
+    """``gw[o, c, i, j] = sum over pixels of grad[n, o, p] * x[n, c, window(p, i, j)]`` on TensorE.
+
+    Pixels go on the partitions (K): each chunk of <= 128 output pixels of one
+    image is transposed on TensorE (grad ``[O, pix] -> [pix, O]`` and every
+    tap's input window ``[C, pix] -> [pix, C]``); one matmul per output bank
+    accumulates ``[O, taps x C]`` in PSUM over all chunks.
+    """
+    prog = ctx.prog
+    N, O, Ho, Wo = grad.shape
+    fw = _Conv(ctx, x, w, None, grad, stride, padding, dilation, groups)
+    G, Cg, Og, T = groups, fw.Cg, fw.Og, fw.T
+    isz = fw.isz
+    if Cg > _NB:
+        raise CannotLower(f"weight gradient with {Cg} input channels per group (> 512) is not lowered")
+    # pixel chunks: rows x cols of one image, <= 128 pixels
+    if Wo <= _P:
+        rr, pc = max(1, _P // Wo), Wo
+    else:
+        rr, pc = 1, _P
+    # re-plan the forward geometry for pixel chunks of one image
+    fw.nb, fw.rows, fw.cols = 1, rr, pc
+    fw.bh = (rr - 1) * fw.sh + (fw.kh - 1) * fw.dh + 1
+    fw.bw = (pc - 1) * fw.sw + (fw.kw - 1) * fw.dw + 1
+    fw.CC = _cdiv(Cg, _P)
+    tpb = max(1, _NB // Cg)                 # taps per PSUM bank
+    banks = [(t0, min(T, t0 + tpb)) for t0 in range(0, T, tpb)]
+    OT = _cdiv(Og, _P)
+    pairs = [(ot, bk) for ot in range(OT) for bk in range(len(banks))]
+    per_pass = 6
+    need = (2 * fw.CC * fw.bh * fw.bw + 2 * OT * Wo * rr + 2 * fw.bh * fw.Wx + T * Cg + Og + Cg * T) * isz + \
+        Cg * T * _isz(gw.dtype)
+    if need > _sbuf_free(prog):
+        raise CannotLower(f"weight-gradient working set ({need} bytes per partition) does not fit in SBUF")
+    gw3 = gw.reshape(G * Og, Cg, T)
+    tiles = []
+
+    def sb(shape, dtype, name):
+        t = prog.sbuf(shape, dtype, name=name)
+        tiles.append(t)
+        return t
+
+    try:
+        fw.copy = copy = _Copier(prog)
+        fw.band_ring = _Ring(sb((_P, fw.CC, 1, fw.bh, fw.bw), fw.dt, f"cvw_band{i}") for i in range(2))
+        fw.stage_ring = _Ring(sb((_P, fw.bh * fw.Wx), fw.dt, f"cvw_stage{i}") for i in range(2))
+        g_ring = _Ring(sb((_P, OT, rr * Wo), fw.dt, f"cvw_g{i}") for i in range(2))
+        gT = sb((_P, Og), fw.dt, "cvw_gT")
+        xT = sb((_P, T, Cg), fw.dt, "cvw_xT")
+        ot_t = sb((_P, Cg, T), gw.dtype, "cvw_out")
+        G_tr = max(1, min(8, prog.arch.psum_bank_bytes // (_P * isz)))
+        tp_ring = _Ring(prog.psum((_P, G_tr, _P), fw.dt, name=f"cvw_tp{i}") for i in range(2))
+        tiles.extend(tp_ring.tiles)
+        accs = [prog.psum((_P, _NB), "float32", name=f"cvw_acc{i}") for i in range(per_pass)]
+        tiles.extend(accs)
+
+        def transposes(items, npx):
+            """items: (src view [kp, npx], kp, dst view [npx, kp]); grouped per PSUM bank."""
+            for g0 in range(0, len(items), G_tr):
+                tp = tp_ring.take()
+                grp = items[g0:g0 + G_tr]
+                for q, (src, kp, _) in enumerate(grp):
+                    prog.transpose(tp[:npx, q, :kp], src)
+                for q, (_, kp, dst) in enumerate(grp):
+                    copy(dst, tp[:npx, q, :kp])
+
+        for g in range(G):
+            for p0 in range(0, len(pairs), per_pass):
+                sel = pairs[p0:p0 + per_pass]
+                chunks = [(n, oh0, ow0) for n in range(N) for oh0 in range(0, Ho, rr) for ow0 in range(0, Wo, pc)]
+                for ci, (n, oh0, ow0) in enumerate(chunks):
+                    rows = min(rr, Ho - oh0)
+                    cols = min(pc, Wo - ow0)
+                    npx = rows * cols
+                    # grad chunk [Og, pix] -> gT [pix, Og]
+                    gt = g_ring.take()
+                    items = []
+                    for ot in range(OT):
+                        o0 = ot * _P
+                        op = min(_P, Og - o0)
+                        gv = gt[:op, ot, :npx].reshape(op, rows, cols)
+                        prog.dma_copy(gv, grad[n, g * Og + o0:g * Og + o0 + op, oh0:oh0 + rows, ow0:ow0 + cols])
+                        items.append((gt[:op, ot, :npx], op, gT[:npx, o0:o0 + op]))
+                    transposes(items, npx)
+                    # input windows per tap [C, pix] -> xT [pix, tap, C]
+                    band = fw._load_band(g, n, 1, oh0, ow0, rows, cols)
+                    items = []
+                    for cc in range(fw.CC):
+                        c0 = cc * _P
+                        cp = min(_P, Cg - c0)
+                        for i in range(fw.kh):
+                            for j in range(fw.kw):
+                                v = fw._tap_view(band, cc, cp, 1, rows, cols, i, j)
+                                items.append((v, cp, xT[:npx, i * fw.kw + j, c0:c0 + cp]))
+                    transposes(items, npx)
+                    for q, (ot, bk) in enumerate(sel):
+                        o0 = ot * _P
+                        op = min(_P, Og - o0)
+                        t0, t1 = banks[bk]
+                        prog.matmul(accs[q][:op, :(t1 - t0) * Cg], gT[:npx, o0:o0 + op], xT[:npx, t0:t1, :],
+                                    accumulate=ci > 0, stop=ci == len(chunks) - 1)
+                for q, (ot, bk) in enumerate(sel):
+                    o0 = ot * _P
+                    op = min(_P, Og - o0)
+                    t0, t1 = banks[bk]
+                    acc = accs[q][:op, :(t1 - t0) * Cg].reshape(op, t1 - t0, Cg)
+                    dst = ot_t[:op, :, t0:t1]
+                    copy(dst.permute(0, 2, 1), acc)
+                    ctx.store(gw3[g * Og + o0:g * Og + o0 + op, :, t0:t1], dst)
+    finally:
+        for t in reversed(tiles):
+            prog.free(t)
+
+
 @lowering("convolution_backward")
 def lower_convolution_backward(ctx, eqn, ins, outs) -> None:
-    """Not lowered yet: raises CannotLower so the gradient runs on the host (counted)."""
-    raise CannotLower("convolution_backward is not lowered to the NeuronCore yet (runs on the host)")
+    """Gradients of a 1-d/2-d convolution: input (a convolution of the zero-inserted gradient with the flipped
+    weights), weight (pixels contracted on TensorE) and bias (a reduction), as ``output_mask`` asks."""
+    a = eqn.attrs
+    if a.get("transposed"):
+        raise CannotLower("the backward of a transposed convolution is not lowered (runs on the host)")
+    gv, xv, wv = eqn.inputs[:3]
+    nd = len(xv.shape) - 2
+    if nd not in (1, 2):
+        raise CannotLower(f"only 1-d and 2-d convolution gradients are lowered (input {tuple(xv.shape)})")
+    dt = ctx.neuron_dtype(xv.dtype)
+    if dt not in MATMUL_DTYPES or wv.dtype != xv.dtype or gv.dtype != xv.dtype:
+        raise CannotLower(f"convolution_backward on TensorE needs fp32/bf16/fp16 tensors of one dtype "
+                          f"(got {gv.dtype}, {xv.dtype}, {wv.dtype})")
+    stride, padding, dilation = _pair(a["stride"], nd), _pair(a["padding"], nd), _pair(a["dilation"], nd)
+    groups = int(a["groups"])
+    grad, x, w = ins[0].view(), ins[1].view(), ins[2].view()
+    if nd == 1:
+        grad = grad.reshape(gv.shape[0], gv.shape[1], 1, gv.shape[2])
+        x = x.reshape(xv.shape[0], xv.shape[1], 1, xv.shape[2])
+        w = w.reshape(wv.shape[0], wv.shape[1], 1, wv.shape[2])
+        stride, padding, dilation = (1,) + stride, (0,) + padding, (1,) + dilation
+    mask = tuple(a["output_mask"])
+    it = iter(outs)
+    gx = next(it) if mask[0] else None
+    gw = next(it) if mask[1] else None
+    gb = next(it) if len(mask) > 2 and mask[2] else None
+    kh, kw = w.shape[2], w.shape[3]
+    if gx is not None:
+        gxv = gx.reshape(*x.shape)
+        pad_t = tuple((k - 1) * d - p for k, d, p in zip((kh, kw), dilation, padding))
+        _Conv(ctx, grad, w, None, gxv, (1, 1), pad_t, dilation, groups, xdil=stride, bwd_data=True).emit()
+    if gw is not None:
+        _grad_weight(ctx, grad, x, w, gw.reshape(*w.shape), stride, padding, dilation, groups)
+    if gb is not None:
+        _grad_bias(ctx, grad, gb)
 
 
 # ---------------------------------------------------------------------------------------------- average pooling
