@@ -103,3 +103,11 @@ def test_full(dtype, value):
                                                      (torch.int32, 5, -1, 300), (torch.float32, 0.5, 0.25, 300)])
 def test_iota(dtype, start, step, length):
     check_lowering("iota", length=length, start=start, step=step, dtype=dtype)
+
+
+@pytest.mark.parametrize("shape,dims,dtype", [((300, 200), (1, 0), torch.float32),
+                                              ((1, 130, 3, 64), (0, 2, 3, 1), torch.bfloat16),
+                                              ((3, 130, 17), (0, 2, 1), torch.float16)])
+def test_permute_transpose_on_tensore(shape, dims, dtype):
+    res = check_lowering("permute", _rand(shape, dtype), dims=dims)
+    assert res.counts.get("TensorE", 0) > 0  # the inner axis moved: 128x128 transposes, not element DMAs

@@ -256,7 +256,61 @@ def _permute(ctx, eqn, ins, outs):
         copy_view(ctx, out, x)
         return
     src = x.view().permute(*dims)
-    copy_view(ctx, out.view(), src)
+    if not _transpose_permute(ctx, out.view(), src):
+        copy_view(ctx, out.view(), src)
+
+
+_TE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _transpose_permute(ctx: Any, dst: HbmView, src: HbmView) -> bool:
+    """A permute that moves the source's contiguous axis away from the end, as batched 2-D transposes on
+    TensorE (128x128 blocks through PSUM), so both DMA sides move contiguous runs. Returns False (nothing
+    emitted) when the plain DMA pattern is as good (the inner axis stays inner) or the dtype has no TensorE path.
+    """
+    if dst.dtype not in _TE_DTYPES:
+        return False
+    dims = _merge_joint([(n, sd, ss) for (n, sd), (_, ss) in zip(dst.dims, src.dims)])
+    if len(dims) < 2 or dims[-1][1] != 1 or dims[-1][2] == 1:
+        return False
+    ia = [i for i, d in enumerate(dims) if d[2] == 1]
+    if not ia:
+        return False
+    A, B = dims[ia[0]], dims[-1]          # A: contiguous in the source; B: contiguous in the output
+    if A[0] < 16 or B[0] < 16:
+        return False
+    batch = [d for i, d in enumerate(dims) if i not in (ia[0], len(dims) - 1)]
+    prog = ctx.prog
+    dt = dst.dtype
+    na, ta = A[0], A[1]                   # A's stride in the output
+    nb, sb = B[0], B[2]                   # B's stride in the source
+    ACH = 512                             # a-columns loaded per source tile (2 KiB runs for fp32)
+    for bidx in itertools.product(*[range(n) for n, _, _ in batch]):
+        od = dst.offset + sum(i * d[1] for i, d in zip(bidx, batch))
+        os_ = src.offset + sum(i * d[2] for i, d in zip(bidx, batch))
+        for b0 in range(0, nb, 512):
+            nbg = min(512, nb - b0)
+            for a0 in range(0, na, ACH):
+                nac = min(ACH, na - a0)
+                tiles = []
+                for k0 in range(0, nbg, 128):
+                    pb = min(128, nbg - k0)
+                    t = prog.sbuf((pb, nac), dt)
+                    prog.dma_copy(t, hview(src, os_ + (b0 + k0) * sb + a0, [(pb, sb), (nac, 1)]))
+                    tiles.append((k0, pb, t))
+                for j0 in range(0, nac, 128):
+                    pa = min(128, nac - j0)
+                    ps = prog.psum((pa, nbg), dt if dt != "float32" else "float32")
+                    for k0, pb, t in tiles:
+                        prog.transpose(ps[:, k0:k0 + pb], t[:, j0:j0 + pa])
+                    o = prog.sbuf((pa, nbg), dt)
+                    prog.tensor_copy(o, ps, engine="scalar" if (j0 // 128) % 2 else "vector")
+                    prog.free(ps)
+                    prog.dma_copy(hview(dst, od + (a0 + j0) * ta + b0, [(pa, ta), (nbg, 1)]), o)
+                    prog.free(o)
+                for _, _, t in tiles:
+                    prog.free(t)
+    return True
 
 
 @lowering("expand")
