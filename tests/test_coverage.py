@@ -1,6 +1,7 @@
 # OpInfo conformance through tn.jit: a fast subset of representative ops here, the whole op_db under -m slow.
 import importlib.util
 import pathlib
+import time
 
 import pytest
 import torch
@@ -58,9 +59,53 @@ def test_summary_and_report(capsys):
     assert "passed" in out and "b.v" in out and "UnsupportedOpError" in out
 
 
+class FakeInfo:
+    """Just enough of an OpInfo for run_op."""
+
+    def __init__(self, name, op, n=2):
+        self.name, self.variant_test_name, self.op, self.n = name, "", op, n
+
+    def sample_inputs(self, device, dtype, requires_grad=False):
+        from torch.testing._internal.opinfo.core import SampleInput
+
+        return [SampleInput(torch.randn(3, 4, dtype=dtype)) for _ in range(self.n)]
+
+
+def test_run_op_statuses(backend):
+    def busy(x):
+        t = time.process_time()
+        while time.process_time() - t < 1.0:
+            pass
+        return x + 1
+
+    def branchy(x):
+        return x * 2 if x.sum() > 0 else x
+
+    def wrong(x):
+        return x + 1 if isinstance(x, torch.Tensor) and type(x) is not torch.Tensor else x  # differs when traced
+
+    def fails_only_traced(x):
+        if type(x) is not torch.Tensor:
+            raise ValueError("boom")
+        return x
+
+    rec = cov.run_op(FakeInfo("ok", lambda x: x.exp() + 1), backend)
+    assert (rec["status"], rec["samples"]) == ("passed", 2)
+    rec = cov.run_op(FakeInfo("busy", busy), backend, timeout=0.2)
+    assert rec["status"] == "failed" and "timeout" in rec["reason"]
+    rec = cov.run_op(FakeInfo("branchy", branchy), backend)
+    assert rec["status"] == "skipped" and rec["reason"].startswith("TracingError")
+    rec = cov.run_op(FakeInfo("wrong", wrong), backend)
+    assert rec["status"] == "failed" and rec["reason"].startswith("mismatch")
+    rec = cov.run_op(FakeInfo("fails", fails_only_traced), backend)
+    assert rec["status"] == "failed" and "ValueError: boom" in rec["reason"]
+    rec = cov.run_op(FakeInfo("random", lambda x: torch.rand_like(x) + x), backend)
+    assert rec["status"] == "passed" and rec["random"]
+
+
 @pytest.mark.slow
 def test_full_opinfo_run(backend, tmp_path):
-    report = cov.run(backend, timeout=120)
+    report = cov.run(backend, timeout=60)
     assert report["total"] >= 600
     assert report["passed"] + report["failed"] + report["skipped"] == report["total"]
     for rec in report["ops"]:
