@@ -1,0 +1,266 @@
+# Bench: small models side by side — torch eager CPU, tn.jit on the software NeuronCore (host time + modelled device numbers), torch.compile.
+"""Model-level benchmark of tn.jit against torch eager and torch.compile.
+
+Usage::
+
+    python bench/models.py [--json PATH] [--repeats N] [--only NAME[,NAME...]] [--no-compile]
+
+One table, every workload measured in the same process with one CPU thread
+(``torch.set_num_threads(1)``), repeats interleaved (eager, tn.jit,
+torch.compile, eager, ...) so machine noise hits every column alike; times
+are ``min / median`` over the repeats.
+
+Columns:
+
+* ``eager ms``: torch eager on the CPU.
+* ``tn host ms``: a steady ``tn.jit`` call (backend ``neuron``): the host wall
+  time of simulating the NeuronCore program(s) plus binding and host fallbacks.
+* ``tn 1st call s``: the first ``tn.jit`` call (trace, passes, compile, one run).
+* ``device us``: modelled NeuronCore time of one call (trn2 by default).
+* ``TensorE %``: matmul FLOPs / (TensorE bf16 peak x modelled time).
+* ``HBM MB``: HBM bytes read + written by the programs.
+* ``host ops``: equations that ran on the host (no lowering): should be 0.
+* ``max err``: max |tn - eager| of the outputs (a correctness check).
+* ``compile 1st s`` / ``compile ms``: torch.compile (inductor) first call and steady calls.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import tn  # noqa: E402
+import tn.lower  # noqa: E402,F401  (registers the neuron backend)
+
+try:
+    from tabulate import tabulate
+except ImportError:  # pragma: no cover
+    tabulate = None
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+class ElementwiseChain(torch.nn.Module):
+    """Eight elementwise ops on one tensor."""
+
+    def forward(self, x):
+        y = torch.relu(x * 1.5 + 0.25)
+        y = torch.tanh(y - torch.sigmoid(x))
+        return y * x + 1.0
+
+
+class MLP(torch.nn.Module):
+    """512 -> 2048 -> 2048 -> 512 with GELU."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(512, 2048)
+        self.fc2 = torch.nn.Linear(2048, 2048)
+        self.fc3 = torch.nn.Linear(2048, 512)
+
+    def forward(self, x):
+        x = torch.nn.functional.gelu(self.fc1(x))
+        x = torch.nn.functional.gelu(self.fc2(x))
+        return self.fc3(x)
+
+
+class Attention(torch.nn.Module):
+    """softmax(q k^T / sqrt(d)) v."""
+
+    def forward(self, q, k, v):
+        s = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5)
+        return torch.softmax(s, dim=-1) @ v
+
+
+class GPT2Block(torch.nn.Module):
+    """A GPT-2 transformer block: LayerNorm, fused qkv, causal attention, MLP 4x, residuals."""
+
+    def __init__(self, d=768, heads=12):
+        super().__init__()
+        self.ln1 = torch.nn.LayerNorm(d)
+        self.ln2 = torch.nn.LayerNorm(d)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.proj = torch.nn.Linear(d, d)
+        self.fc = torch.nn.Linear(d, 4 * d)
+        self.out = torch.nn.Linear(4 * d, d)
+        self.heads = heads
+
+    def forward(self, x):
+        B, T, C = x.shape
+        h = self.heads
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q = q.view(B, T, h, C // h).transpose(1, 2)
+        k = k.view(B, T, h, C // h).transpose(1, 2)
+        v = v.view(B, T, h, C // h).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * ((C // h) ** -0.5)
+        mask = torch.tril(torch.ones(T, T, dtype=torch.bool, device=x.device))
+        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + self.proj(y)
+        return x + self.out(torch.nn.functional.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+def loop50(x):
+    """50 small ops in a Python loop (dispatch overhead dominates)."""
+    for _ in range(25):
+        x = torch.tanh(x * 1.1)
+    return x
+
+
+def workloads():
+    """(name, callable, inputs) of every workload."""
+    g = torch.Generator().manual_seed(0)
+
+    def rn(*s, dtype=torch.float32):
+        return torch.randn(*s, generator=g).to(dtype)
+
+    torch.manual_seed(0)
+    mlp = MLP().eval()
+    gpt = GPT2Block().eval()
+    mlp16 = MLP().eval().to(torch.bfloat16)
+    gpt16 = GPT2Block().eval().to(torch.bfloat16)
+    return [
+        ("elementwise 1024x1024", ElementwiseChain(), (rn(1024, 1024),)),
+        ("MLP b64 fp32", mlp, (rn(64, 512),)),
+        ("MLP b64 bf16", mlp16, (rn(64, 512, dtype=torch.bfloat16),)),
+        ("attention 8h s128 d64", Attention(), (rn(1, 8, 128, 64), rn(1, 8, 128, 64), rn(1, 8, 128, 64))),
+        ("GPT-2 block fp32", gpt, (rn(1, 128, 768),)),
+        ("GPT-2 block bf16", gpt16, (rn(1, 128, 768, dtype=torch.bfloat16),)),
+        ("50-op loop 16x16", loop50, (rn(16, 16),)),
+    ]
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+def _timed(fn, *args):
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return time.perf_counter() - t0, out
+
+
+def _stats(xs):
+    return (min(xs), statistics.median(xs)) if xs else (float("nan"), float("nan"))
+
+
+def _entry_exe(f):
+    """The NeuronExecutable of the most recent compiled signature of a tn.jit object (for host-op counts)."""
+    core = getattr(f, "_tn_core", None) or getattr(f, "_core", None)
+    try:
+        return list(core.cache.values())[-1].run
+    except Exception:
+        return None
+
+
+def measure(name, fn, inputs, repeats, use_compile):
+    """One row of the table."""
+    row = {"workload": name}
+    f = tn.jit(fn, backend="neuron")
+    with torch.no_grad():
+        ref = fn(*inputs)
+        t_first, out = _timed(f, *inputs)
+        row["tn_first_s"] = t_first
+        exe = _entry_exe(f)
+        stats = getattr(exe, "stats", {}) or {}
+        row["host_ops"] = sum(stats.get("host_ops", {}).values()) if stats else None
+        row["host_op_names"] = sorted(stats.get("host_ops", {})) if stats else []
+        row["max_err"] = float((out.float() - ref.float()).abs().max())
+        with tn.profile() as prof:
+            f(*inputs)
+        runs = prof.runs
+        total_ns = sum(r.total_ns for r in runs)
+        flops = sum(r.matmul_flops for r in runs)
+        peak = runs[0].arch.peak_flops_bf16 if runs else 1.0
+        row["device_us"] = total_ns / 1e3
+        row["tensore_pct"] = 100.0 * flops / (peak * total_ns * 1e-9) if total_ns else 0.0
+        te_busy = sum(r.busy_ns.get("TensorE", 0.0) for r in runs)
+        row["tensore_busy_pct"] = 100.0 * te_busy / total_ns if total_ns else 0.0
+        row["hbm_mb"] = sum(r.hbm_read_bytes + r.hbm_write_bytes for r in runs) / 1e6
+        row["programs"] = len(runs)
+        comp = None
+        if use_compile:
+            try:
+                torch._dynamo.reset()
+                comp = torch.compile(fn)
+                t_c, _ = _timed(comp, *inputs)
+                row["compile_first_s"] = t_c
+            except Exception as e:  # inductor unavailable (no C++ compiler ...)
+                row["compile_first_s"] = None
+                row["compile_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                comp = None
+        te, tt, tc = [], [], []
+        for _ in range(repeats):
+            te.append(_timed(fn, *inputs)[0])
+            tt.append(_timed(f, *inputs)[0])
+            if comp is not None:
+                tc.append(_timed(comp, *inputs)[0])
+        row["eager_ms"] = [x * 1e3 for x in _stats(te)]
+        row["tn_host_ms"] = [x * 1e3 for x in _stats(tt)]
+        row["compile_ms"] = [x * 1e3 for x in _stats(tc)] if tc else None
+    return row
+
+
+def _fmt_pair(p, digits=2):
+    if p is None:
+        return "n/a"
+    return f"{p[0]:.{digits}f} / {p[1]:.{digits}f}"
+
+
+def table(rows):
+    """The printed table (tabulate if available)."""
+    headers = ["workload", "eager ms", "tn host ms", "tn/eager", "tn 1st call s", "device us", "TensorE %",
+               "HBM MB", "host ops", "max err", "compile 1st s", "compile ms"]
+    body = []
+    for r in rows:
+        ratio = r["tn_host_ms"][1] / r["eager_ms"][1] if r["eager_ms"][1] else float("nan")
+        body.append([
+            r["workload"], _fmt_pair(r["eager_ms"], 3), _fmt_pair(r["tn_host_ms"], 2), f"{ratio:.1f}x",
+            f"{r['tn_first_s']:.2f}", f"{r['device_us']:.1f}", f"{r['tensore_pct']:.1f}", f"{r['hbm_mb']:.2f}",
+            r["host_ops"] if r["host_ops"] is not None else "?", f"{r['max_err']:.2e}",
+            "n/a" if r.get("compile_first_s") is None else f"{r['compile_first_s']:.2f}",
+            _fmt_pair(r.get("compile_ms"), 3),
+        ])
+    if tabulate is not None:
+        return tabulate(body, headers=headers, stralign="right")
+    return "\n".join([" | ".join(headers)] + [" | ".join(str(c) for c in b) for b in body])
+
+
+def main(argv=None):
+    """Run the benchmark and print the table (optionally write JSON)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", help="write the rows as JSON to this path")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved repeats per workload (default 5)")
+    ap.add_argument("--only", help="comma-separated substrings of workload names to run")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    rows = []
+    for name, fn, inputs in workloads():
+        if args.only and not any(s.strip().lower() in name.lower() for s in args.only.split(",")):
+            continue
+        print(f"... {name}", file=sys.stderr, flush=True)
+        rows.append(measure(name, fn, inputs, args.repeats, not args.no_compile))
+    print(f"threads: {torch.get_num_threads()}; times are min / median of {args.repeats} interleaved repeats; "
+          f"device numbers modelled on trn2")
+    print(table(rows))
+    for r in rows:
+        if r.get("host_op_names"):
+            print(f"  {r['workload']}: host fallbacks for {', '.join(r['host_op_names'])}")
+        if r.get("compile_error"):
+            print(f"  {r['workload']}: torch.compile failed: {r['compile_error']}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
