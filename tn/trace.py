@@ -151,6 +151,23 @@ def _where() -> str:
     return f"{where}: `{line}`" if line else where
 
 
+def _where_in_traceback(e: BaseException) -> str:
+    """``file:line: `code``` of the innermost user frame in ``e``'s traceback."""
+    import linecache
+
+    best = None
+    tb = e.__traceback__
+    while tb is not None:
+        if not _is_internal(tb.tb_frame.f_code):
+            best = tb
+        tb = tb.tb_next
+    if best is None:
+        return "<unknown location>"
+    fn, line = best.tb_frame.f_code.co_filename, best.tb_lineno
+    code = linecache.getline(fn, line).strip()
+    return f"{fn}:{line}: `{code}`" if code else f"{fn}:{line}"
+
+
 _ADVICE = ("Make the value static (tn.jit(..., static_argnums=/static_argnames=) or a Python "
            "constant), run this code eagerly outside tn.jit, or use tn.adaptive to let tn "
            "choose per region.")
@@ -159,35 +176,89 @@ _ADVICE = ("Make the value static (tn.jit(..., static_argnums=/static_argnames=)
 # --------------------------------------------------------------------------- traced tensors
 
 
+class _Spec:
+    """Metadata of a tensor as a meta kernel computed it: shape, strides, storage offset, dtype."""
+
+    __slots__ = ("shape", "strides", "offset", "dtype")
+
+    def __init__(self, shape: Tuple[int, ...], strides: Tuple[int, ...], offset: int, dtype: torch.dtype):
+        self.shape = shape
+        self.strides = strides
+        self.offset = offset
+        self.dtype = dtype
+
+    @staticmethod
+    def of(t: Tensor) -> "_Spec":
+        """The spec of a (meta) tensor."""
+        return _Spec(tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
+
+    @staticmethod
+    def contiguous(shape: Sequence[int], dtype: torch.dtype) -> "_Spec":
+        """A row-major spec of ``shape``."""
+        shape = tuple(int(d) for d in shape)
+        return _Spec(shape, _row_major(shape), 0, dtype)
+
+    def stride(self) -> Tuple[int, ...]:
+        """Strides (like ``Tensor.stride()``)."""
+        return self.strides
+
+    def storage_offset(self) -> int:
+        """Storage offset (like ``Tensor.storage_offset()``)."""
+        return self.offset
+
+    def dim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    def is_row_major(self) -> bool:
+        """Whether the layout is contiguous row-major with offset 0 (size-1 dims ignored)."""
+        if self.offset:
+            return False
+        expected = 1
+        for d, st in zip(reversed(self.shape), reversed(self.strides)):
+            if d != 1 and st != expected:
+                return False
+            expected *= d
+        return True
+
+
+def _row_major(shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(strides))
+
+
 class _Store:
     """The current value (a Var) of a base tensor and every view of it."""
 
-    __slots__ = ("var", "version", "meta", "input_index")
+    __slots__ = ("var", "version", "spec", "input_index")
 
-    def __init__(self, var: Var, meta: Tensor, input_index: Optional[int] = None):
+    def __init__(self, var: Var, spec: _Spec, input_index: Optional[int] = None):
         self.var = var
         self.version = 0
-        self.meta = meta
+        self.spec = spec
         self.input_index = input_index
 
 
 class TracerTensor(Tensor):
     """A tensor seen while tracing: shape, dtype and strides only, plus its IR value.
 
-    Holds a meta tensor (``_tn_meta``), the store of its base (``_tn_store``)
-    and the chain of view steps from that base (``_tn_chain``). Using one
-    after its trace ended raises :class:`tn.TracingError`.
+    Holds the store of its base (``_tn_store``), the chain of view steps from
+    that base (``_tn_chain``) and, made on demand, a meta tensor with the same
+    metadata (``_tn_meta``) for torch's meta kernels. Using one after its
+    trace ended raises :class:`tn.TracingError`.
     """
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @staticmethod
-    def __new__(cls, meta: Tensor, device: torch.device, store: _Store, chain: tuple, var: Var,
+    def __new__(cls, spec: _Spec, device: torch.device, store: _Store, chain: tuple, var: Var,
                 requires_grad: bool = False):
-        t = Tensor._make_wrapper_subclass(cls, meta.shape, strides=meta.stride(),
-                                          storage_offset=meta.storage_offset(), dtype=meta.dtype,
-                                          device=device, requires_grad=requires_grad)
-        t._tn_meta = meta
+        t = Tensor._make_wrapper_subclass(cls, spec.shape, strides=spec.strides, storage_offset=spec.offset,
+                                          dtype=spec.dtype, device=device, requires_grad=requires_grad)
+        t._tn_meta = None
         t._tn_store = store
         t._tn_chain = chain
         t._tn_var = var
@@ -205,15 +276,29 @@ class TracerTensor(Tensor):
         return f"TracerTensor({aval_str(self.shape, self.dtype)})"
 
 
+def _make_meta(t: TracerTensor) -> Tensor:
+    """A meta tensor with ``t``'s shape, strides, storage offset and dtype."""
+    shape, stride, off = tuple(t.shape), t.stride(), t.storage_offset()
+    if off == 0:
+        m = torch.empty_strided(shape, stride, dtype=t.dtype, device="meta")
+    else:
+        extent = off + 1 + sum((d - 1) * st for d, st in zip(shape, stride) if d > 0)
+        m = torch.empty((extent,), dtype=t.dtype, device="meta").as_strided(shape, stride, off)
+    t._tn_meta = m
+    return m
+
+
 def _meta(a: Any) -> Any:
-    return a._tn_meta if type(a) is TracerTensor else a
+    if type(a) is TracerTensor:
+        return a._tn_meta if a._tn_meta is not None else _make_meta(a)
+    return a
 
 
 def _metas(args: Sequence[Any]) -> List[Any]:
     out = []
     for a in args:
         if type(a) is TracerTensor:
-            out.append(a._tn_meta)
+            out.append(a._tn_meta if a._tn_meta is not None else _make_meta(a))
         elif type(a) in (list, tuple):
             out.append(type(a)(_meta(x) for x in a))
         else:
@@ -235,10 +320,64 @@ def _meta_kwargs(kwargs: Dict[str, Any], func: Any = None) -> Dict[str, Any]:
     out = {}
     for k, v in kwargs.items():
         if type(v) is TracerTensor:
-            v = v._tn_meta
+            v = _meta(v)
         out[k] = v
     if has_dev or "device" in out:
         out["device"] = "meta"
+    return out
+
+
+class _NoKey(Exception):
+    pass
+
+
+_KEY_SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
+
+
+def _key_part(a: Any) -> Any:
+    ta = type(a)
+    if ta is TracerTensor:
+        return (tuple(a.shape), a.stride(), a.storage_offset(), a.dtype)
+    if ta is list or ta is tuple:
+        return tuple(_key_part(x) for x in a)
+    if ta in _KEY_SCALARS:
+        return (ta, a)
+    raise _NoKey
+
+
+def _to_specs(out: Any) -> Any:
+    if isinstance(out, Tensor):
+        return _Spec.of(out)
+    if isinstance(out, (list, tuple)):
+        return tuple(_to_specs(o) for o in out)
+    return out
+
+
+#: (func, metadata of the arguments) -> specs of the results, filled by :func:`meta_call`.
+_META_CACHE: Dict[Any, Any] = {}
+_META_CACHE_MAX = 100_000
+
+
+def meta_call(func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    """Run ``func``'s meta kernel on the traced arguments; returns the results as specs.
+
+    Results depend only on the arguments' metadata, so they are cached: a warm
+    trace runs almost no meta kernels. Tensor results become :class:`_Spec`,
+    sequences become tuples, anything else is returned as is.
+    """
+    try:
+        key = (func, _key_part(args), _key_part(tuple(kwargs.items())) if kwargs else None)
+    except _NoKey:
+        key = None
+    if key is not None:
+        hit = _META_CACHE.get(key)
+        if hit is not None:
+            return hit
+    out = _to_specs(func(*_metas(args), **_meta_kwargs(kwargs, func)))
+    if key is not None and out is not None:
+        if len(_META_CACHE) >= _META_CACHE_MAX:
+            _META_CACHE.clear()
+        _META_CACHE[key] = out
     return out
 
 
@@ -260,6 +399,9 @@ def _describe_inputs(args: Sequence[Any], kwargs: Dict[str, Any]) -> str:
 _DATA_DEPENDENT = {
     aten._local_scalar_dense.default: "reads a traced tensor's value (.item(), bool(t), int(t), float(t), `if t:`)",
     aten.is_nonzero.default: "reads a traced tensor's value (bool(t), `if t:`)",
+    aten.item.default: "reads a traced tensor's value (.item(), or a 0-d tensor used as a Python index)",
+    torch.ops.prims.item.default: "reads a traced tensor's value (.item(), or a 0-d tensor used as a Python index)",
+    aten.allclose.default: "compares traced tensors' values (torch.allclose)",
     aten.equal.default: "compares traced tensors' values (torch.equal)",
     aten.nonzero.default: "has an output shape that depends on tensor values (nonzero)",
     aten.masked_select.default: "has an output shape that depends on tensor values (masked_select)",
@@ -397,9 +539,9 @@ class _Tracer(TorchDispatchMode):
         self.eqns.append(Eqn(op, inputs, vs, attrs, _source()))
         return vs
 
-    def new(self, meta: Tensor, var: Var) -> TracerTensor:
-        """A fresh base tensor holding ``var``."""
-        return TracerTensor(meta, self.device, _Store(var, meta), (), var)
+    def new(self, spec: _Spec, var: Var) -> TracerTensor:
+        """A fresh base tensor of metadata ``spec`` holding ``var``."""
+        return TracerTensor(spec, self.device, _Store(var, spec), (), var)
 
     def lift(self, t: Tensor) -> TracerTensor:
         """A real tensor captured by the traced code, as a program constant."""
@@ -413,8 +555,7 @@ class _Tracer(TorchDispatchMode):
         c = t.detach()
         v = Var(c.shape, c.dtype)
         self.consts.append((v, c))
-        meta = torch.empty(tuple(c.shape), dtype=c.dtype, device="meta")
-        tt = self.new(meta, v)
+        tt = self.new(_Spec.contiguous(c.shape, c.dtype), v)
         self._const_of[id(t)] = (t, tt)
         return tt
 
@@ -461,16 +602,15 @@ class _Tracer(TorchDispatchMode):
             f"-> {aval_str(shape, parent.dtype)}) writes one element several times; tn cannot trace it. "
             f"Write into a copy (.clone()) instead.")
 
-    def make_view(self, x: TracerTensor, meta: Tensor, steps: List[tuple]) -> TracerTensor:
+    def make_view(self, x: TracerTensor, meta: _Spec, steps: List[tuple]) -> TracerTensor:
         v = self.var_of(x)
         for step in steps:
             v = self.apply_step(step, v)
         return TracerTensor(meta, self.device, x._tn_store, x._tn_chain + tuple(steps), v)
 
-    def make_strided_view(self, x: TracerTensor, meta: Tensor, func: Any) -> TracerTensor:
+    def make_strided_view(self, x: TracerTensor, meta: _Spec, func: Any) -> TracerTensor:
         st = x._tn_store
-        base = st.meta
-        if not base.is_contiguous() or base.storage_offset() != 0:
+        if not st.spec.is_row_major():
             raise UnsupportedOpError(
                 f"{_where()}: tn cannot trace the view {func} of a tensor with a non-row-major layout "
                 f"(input {aval_str(x.shape, x.dtype)}); call .contiguous() first.")
@@ -536,11 +676,11 @@ def _unsupported(func: Any, args: Sequence[Any], kwargs: Dict[str, Any], why: st
         f"(outside tn.jit), use tn.adaptive, or add the op to tn.ops.")
 
 
-def _wrap_out(tr: _Tracer, meta_out: Any, vars_: List[Var]) -> Any:
+def _wrap_out(tr: _Tracer, spec_out: Any, vars_: List[Var]) -> Any:
     it = iter(vars_)
-    if isinstance(meta_out, Tensor):
-        return tr.new(meta_out, next(it))
-    return type(meta_out)(tr.new(m, next(it)) if isinstance(m, Tensor) else m for m in meta_out)
+    if type(spec_out) is _Spec:
+        return tr.new(spec_out, next(it))
+    return tuple(tr.new(m, next(it)) if type(m) is _Spec else m for m in spec_out)
 
 
 def _h_core(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
@@ -548,16 +688,16 @@ def _h_core(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any])
     r = conv(*args, **kwargs)
     if r is None:
         return _h_decompose(tr, func, args, kwargs)
-    meta_out = func(*_metas(args), **_meta_kwargs(kwargs, func))
+    spec = meta_call(func, args, kwargs)
     if r is _ops.IDENTITY:
-        return tr.new(meta_out, tr.var_of(args[0]))
+        return tr.new(spec, tr.var_of(args[0]))
     inputs, attrs = r
     atoms = [tr.atom(x) for x in inputs]
-    if isinstance(meta_out, Tensor):
-        outs = [(tuple(meta_out.shape), meta_out.dtype)]
+    if type(spec) is _Spec:
+        outs = [(spec.shape, spec.dtype)]
     else:
-        outs = [(tuple(m.shape), m.dtype) for m in meta_out if isinstance(m, Tensor)]
-    return _wrap_out(tr, meta_out, tr.emit(op, atoms, attrs, outs))
+        outs = [(m.shape, m.dtype) for m in spec if type(m) is _Spec]
+    return _wrap_out(tr, spec, tr.emit(op, atoms, attrs, outs))
 
 
 def _h_index(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
@@ -578,7 +718,7 @@ def _h_data_dependent(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[
 
 
 def _h_meta_only(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
-    return func(*_metas(args), **_meta_kwargs(kwargs, func))
+    return func(*_metas(args), **_meta_kwargs(kwargs, func))  # non-tensor results (sizes, flags)
 
 
 def _fresh(tr: _Tracer, out: Any, args: Sequence[Any]) -> Any:
@@ -587,9 +727,9 @@ def _fresh(tr: _Tracer, out: Any, args: Sequence[Any]) -> Any:
     if not ins:
         return out
     if type(out) is TracerTensor:
-        return tr.new(out._tn_meta, tr.var_of(out)) if any(out is a for a in ins) else out
+        return tr.new(_Spec.of(out), tr.var_of(out)) if any(out is a for a in ins) else out
     if isinstance(out, (list, tuple)):
-        items = [tr.new(o._tn_meta, tr.var_of(o)) if type(o) is TracerTensor and any(o is a for a in ins)
+        items = [tr.new(_Spec.of(o), tr.var_of(o)) if type(o) is TracerTensor and any(o is a for a in ins)
                  else o for o in out]
         return items if isinstance(out, list) else tuple(items)
     return out
@@ -614,7 +754,7 @@ def _h_inplace(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, An
     self_t = args[0]
     if type(self_t) is not TracerTensor:
         raise _unsupported(func, args, kwargs, "its first argument is not a traced tensor")
-    func(*_metas(args), **_meta_kwargs(kwargs, func))  # the checks eager would do (dtype, broadcast, overlap)
+    meta_call(func, args, kwargs)  # the checks eager would do (dtype, broadcast, overlap)
     functional = _functional_variant(func)
     r = tr.dispatch(functional, args, kwargs)
     new = tr.cast_to(tr.var_of(r), tuple(self_t.shape), self_t.dtype)
@@ -624,7 +764,7 @@ def _h_inplace(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, An
 
 def _h_copy_(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
     dst, src = args[0], args[1]
-    func(*_metas(args), **_meta_kwargs(kwargs, func))
+    meta_call(func, args, kwargs)
     new = tr.cast_to(tr.atom(src) if type(src) is TracerTensor else tr.var_of(tr.lift(src)),
                      tuple(dst.shape), dst.dtype)
     tr.write(dst, new)
@@ -637,9 +777,9 @@ _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 def _h_copy(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
     """Functional ``aten.copy(self, src)``: ``src`` cast to self's dtype and broadcast to its shape."""
     dst, src = args[0], args[1]
-    meta_out = func(*_metas(args), **_meta_kwargs(kwargs, func))
+    spec = meta_call(func, args, kwargs)
     new = tr.cast_to(tr.atom(src), tuple(dst.shape), dst.dtype)
-    return tr.new(meta_out, new)
+    return tr.new(spec, new)
 
 
 def _h_metadata_inplace(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
@@ -657,7 +797,7 @@ def _h_metadata_inplace(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dic
         return t
     old_shape = tuple(t.shape)
     v = tr.var_of(t)
-    meta = t._tn_meta
+    meta = _meta(t)
     func(meta, *_metas(args[1:]), **_meta_kwargs(kwargs, func))  # the meta view changes shape in place
     with torch._C._DisableTorchDispatch():  # so does the traced tensor (metadata only: CPU kernel)
         func.redispatch(_CPU_KEYS, t, *args[1:], **kwargs)
@@ -685,8 +825,7 @@ def _h_metadata_inplace(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dic
 
 def _h_clone(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
     x = args[0]
-    meta_out = func(*_metas(args), **_meta_kwargs(kwargs, func))
-    return tr.new(meta_out, tr.var_of(x))
+    return tr.new(meta_call(func, args, kwargs), tr.var_of(x))
 
 
 def _h_lift_fresh(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
@@ -697,16 +836,20 @@ def _h_view(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any])
     x = args[0]
     if type(x) is not TracerTensor:
         raise _unsupported(func, args, kwargs, "its input is not a traced tensor")
-    meta_out = func(*_metas(args), **_meta_kwargs(kwargs, func))
+    meta_out = meta_call(func, args, kwargs)
+    for m in ([meta_out] if type(meta_out) is _Spec else meta_out):
+        if m.dtype != x.dtype:
+            raise _unsupported(func, args, kwargs, "it reinterprets memory as another dtype, which tn's "
+                                                   "value-based IR cannot express")
     maker = _VIEW_STEPS.get(func)
     if maker is None:
-        if isinstance(meta_out, Tensor):
+        if type(meta_out) is _Spec:
             return tr.make_strided_view(x, meta_out, func)
-        return type(meta_out)(tr.make_strided_view(x, m, func) for m in meta_out)
-    if isinstance(meta_out, Tensor):
+        return [tr.make_strided_view(x, m, func) for m in meta_out]
+    if type(meta_out) is _Spec:
         return tr.make_view(x, meta_out, maker(x, meta_out, *args[1:], **kwargs))
     steps = maker(x, meta_out, *args[1:], **kwargs)
-    return type(meta_out)(tr.make_view(x, m, s) for m, s in zip(meta_out, steps))
+    return [tr.make_view(x, m, s) for m, s in zip(meta_out, steps)]
 
 
 # ---- view steps per aten view op: maker(x, meta_out, *args, **kwargs) -> [step, ...]
@@ -859,13 +1002,21 @@ def trace_flat(fn: Callable[..., Any], flat_tensors: Sequence[Tensor]) -> Traced
     tracers: List[TracerTensor] = []
     for i, t in enumerate(flat_tensors):
         v = Var(tuple(t.shape), t.dtype)
-        meta = torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
-        tt = TracerTensor(meta, device, _Store(v, meta, i), (), v,
+        spec = _Spec.contiguous(t.shape, t.dtype)
+        tt = TracerTensor(spec, device, _Store(v, spec, i), (), v,
                           requires_grad=bool(t.requires_grad and (t.is_floating_point() or t.is_complex())))
         in_vars.append(v)
         tracers.append(tt)
     with tracer:
-        out = fn(*tracers)
+        try:
+            out = fn(*tracers)
+        except RuntimeError as e:
+            if "data is not allocated" in str(e) or "Cannot access data pointer" in str(e):
+                raise TracingError(
+                    f"{_where_in_traceback(e)}: this line reads the values of a traced tensor in C++ "
+                    f"(for example a tensor of split points or sizes), which tracing cannot provide. "
+                    f"{_ADVICE}") from e
+            raise
     leaves, out_tree = pytree.tree_flatten(out)
     outputs: List[Var] = []
     out_leaves: List[Any] = []
