@@ -301,6 +301,45 @@ enum {
     ACT_SIN, ACT_COS, ACT_ERF
 };
 
+/* Vectorisable expf (Cephes polynomial, ~1 ulp): range reduction with the 1.5*2^23 rounding trick and
+   the exponent built in the integer domain, so GCC turns the loops below into SIMD code. Results
+   below FLT_MIN flush to 0; NaN propagates; overflow gives +inf. */
+static inline float vexpf(float x)
+{
+    const float hi = 88.7228317f, lo = -87.3365479f;
+    float xc = x > hi ? hi : (x < lo ? lo : x);
+    float k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = xc - k * 0.693359375f;
+    r = r - k * -2.12194440e-4f;
+    float p = 1.9875691500E-4f;
+    p = p * r + 1.3981999507E-3f;
+    p = p * r + 8.3334519073E-3f;
+    p = p * r + 4.1665795894E-2f;
+    p = p * r + 1.6666665459E-1f;
+    p = p * r + 5.0000001201E-1f;
+    p = p * r * r + r + 1.0f;
+    float km = k > 0.0f ? k - 1.0f : k;            /* 2^k as 2^(k-1)*2 near overflow (k = 128) */
+    int32_t e = ((int32_t)km + 127) << 23;
+    float scale;
+    memcpy(&scale, &e, 4);
+    float y = p * scale * (k > 0.0f ? 2.0f : 1.0f);
+    y = x > hi ? INFINITY : y;
+    y = x < lo ? 0.0f : y;
+    return x != x ? x : y;
+}
+
+/* Vectorisable tanhf: odd polynomial for |x| < 0.625 (Cephes), 1 - 2/(e^{2|x|}+1) beyond. */
+static inline float vtanhf(float x)
+{
+    float ax = fabsf(x);
+    float z = x * x;
+    float small = ((((-5.70498872745E-3f * z + 2.06390887954E-2f) * z - 5.37397155531E-2f) * z
+                    + 1.33314422036E-1f) * z - 3.33332819422E-1f) * z * x + x;
+    float big = 1.0f - 2.0f / (vexpf(2.0f * (ax > 44.0f ? 44.0f : ax)) + 1.0f);
+    big = x < 0.0f ? -big : big;
+    return ax < 0.625f ? small : big;
+}
+
 static int act_apply(int func, float *x, int64_t n)
 {
     int64_t i;
@@ -310,15 +349,15 @@ static int act_apply(int func, float *x, int64_t n)
     case ACT_GELU_TANH:
         for (i = 0; i < n; i++) {
             float v = x[i];
-            x[i] = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+            x[i] = 0.5f * v * (1.0f + vtanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
         }
         break;
     case ACT_GELU: for (i = 0; i < n; i++) x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.7071067811865476f)); break;
-    case ACT_SIGMOID: for (i = 0; i < n; i++) x[i] = 1.0f / (1.0f + expf(-x[i])); break;
-    case ACT_TANH: for (i = 0; i < n; i++) x[i] = tanhf(x[i]); break;
-    case ACT_EXP: for (i = 0; i < n; i++) x[i] = expf(x[i]); break;
+    case ACT_SIGMOID: for (i = 0; i < n; i++) x[i] = 1.0f / (1.0f + vexpf(-x[i])); break;
+    case ACT_TANH: for (i = 0; i < n; i++) x[i] = vtanhf(x[i]); break;
+    case ACT_EXP: for (i = 0; i < n; i++) x[i] = vexpf(x[i]); break;
     case ACT_LOG: for (i = 0; i < n; i++) x[i] = logf(x[i]); break;
-    case ACT_SILU: for (i = 0; i < n; i++) x[i] = x[i] / (1.0f + expf(-x[i])); break;
+    case ACT_SILU: for (i = 0; i < n; i++) x[i] = x[i] / (1.0f + vexpf(-x[i])); break;
     case ACT_SOFTPLUS:
         for (i = 0; i < n; i++) { float v = x[i]; x[i] = (v > 0.0f ? v : 0.0f) + log1pf(expf(-fabsf(v))); }
         break;

@@ -360,3 +360,22 @@ def test_partition_shuffle_in_place(dtype):
     out, _ = run_op(lambda p, t: (p.partition_shuffle(t["x"], t["x"], perm), p.tensor_copy(t["y"], t["x"])),
                     {"x": (x, dtype)}, {"y": ((64, 9), dtype)})
     np.testing.assert_allclose(out["y"], round_to(x, dtype)[perm])
+
+
+@pytest.mark.parametrize("func,lo,hi", [("exp", -87.0, 88.5), ("tanh", -20.0, 20.0), ("sigmoid", -80.0, 80.0),
+                                        ("silu", -80.0, 80.0), ("gelu_tanh", -10.0, 10.0)])
+def test_vectorised_transcendentals_accuracy_over_wide_ranges(func, lo, hi):
+    P, F = 128, 512
+    x = np.linspace(lo, hi, P * F).reshape(P, F).astype(np.float32)
+    x[0, :6] = [0.0, -0.0, 1e-7, -1e-7, 0.3, -0.6]
+    out, _ = run_op(lambda p, t: p.activation(t["y"], t["x"], func), {"x": (x, "float32")},
+                    {"y": ((P, F), "float32")})
+    ref = ACT_REF[func](x.astype(np.float64))
+    np.testing.assert_allclose(out["y"], ref, rtol=3e-6, atol=1e-30 if func == "exp" else 1e-7)
+
+
+def test_exp_special_values():
+    x = np.array([[np.nan, np.inf, -np.inf, 89.0, -104.0, 0.0]], np.float32)
+    out, _ = run_op(lambda p, t: p.activation(t["y"], t["x"], "exp"), {"x": (x, "float32")}, {"y": ((1, 6), "float32")})
+    y = out["y"][0]
+    assert np.isnan(y[0]) and y[1] == np.inf and y[2] == 0 and y[3] == np.inf and y[4] == 0 and abs(y[5] - 1) < 1e-7
