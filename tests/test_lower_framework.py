@@ -291,3 +291,17 @@ def test_attention_fused_matches():
     exe = compile_ir(ir)
     assert_close(exe([q, k, v])[0], attn(q, k, v), rtol=1e-4, atol=1e-5)
     assert exe.stats["fused_eqns"] >= 5
+
+
+def test_long_rows_use_per_partition_scalars_and_fused_activation_reduce():
+    """Rows >= 256: one row per partition, row statistics as [P, 1] operands, exp/square + sum on ScalarE."""
+    x = torch.randn(260, 300)
+    (sf, pf), _ = _both(lambda x: torch.softmax(x, -1), x)
+    run = pf.runs[0]
+    # no tensor_tensor for the row-broadcast ops and only the amax left as a VectorE reduce
+    from tn.neuron import isa
+    ops_used = {isa.OPCODE_NAMES[int(o)] for o in run.opcodes}
+    assert "tensor_tensor" not in ops_used
+    assert sum(1 for o in run.opcodes if int(o) == isa.OPCODES["tensor_reduce"]) == 3  # amax per row tile
+    w, b = torch.randn(300), torch.randn(300)
+    _both(lambda x, w, b: torch.nn.functional.layer_norm(x, (300,), w, b), x, w, b, rtol=1e-4, atol=1e-5)

@@ -27,7 +27,7 @@ import torch
 from ..ir import Var
 from .base import CannotLower, lowering
 
-__all__ = ["TILE_RULES", "tile_rule", "ELEMENTWISE_OPS"]
+__all__ = ["TILE_RULES", "tile_rule", "ELEMENTWISE_OPS", "ACT_FUNC_OF", "pp_scalar"]
 
 #: op name -> ``rule(ctx, eqn, out_tile, in_tiles)``.
 TILE_RULES: Dict[str, Callable[..., None]] = {}
@@ -35,12 +35,19 @@ TILE_RULES: Dict[str, Callable[..., None]] = {}
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def tile_rule(*names: str, precheck: Callable[[Any], None] = None) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Decorator: register a tile rule for the ops ``names`` (``precheck(eqn)`` may raise CannotLower)."""
+def tile_rule(*names: str, precheck: Callable[[Any], None] = None,
+              temps: int = 3) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Decorator: register a tile rule for the ops ``names``.
+
+    ``precheck(eqn)`` may raise CannotLower before anything is emitted;
+    ``temps`` is how many fp32 scratch tiles of the output's shape the rule
+    allocates at most (the tile engine budgets SBUF with it).
+    """
 
     def deco(fn: Callable[..., None]) -> Callable[..., None]:
         if precheck is not None:
             fn.precheck = precheck
+        fn.temps = temps
         for n in names:
             TILE_RULES[n] = fn
         return fn
@@ -79,21 +86,80 @@ class _Tmp:
         return False
 
 
+def _free(t) -> int:
+    n = 1
+    for d in t.shape[1:]:
+        n *= d
+    return n
+
+
+def _charge(ctx, engine: str, cycles: float) -> None:
+    """Account an instruction's modelled engine time (ns) so later choices balance ScalarE and VectorE."""
+    load = ctx.__dict__.setdefault("engine_load", {"act": 0.0, "dve": 0.0})
+    load[engine] += cycles / ctx.arch.clock_hz[engine] * 1e9
+
+
+def _cost_ns(ctx, engine: str, cycles: float) -> float:
+    return cycles / ctx.arch.clock_hz[engine] * 1e9
+
+
 def _act(ctx, out, x, func, scale=1.0, bias=None):
     ctx.prog.activation(out, x, func, scale=scale, bias=bias)
+    n = _free(out)
+    _charge(ctx, "act", (8 * n if func == "reciprocal" else max(64, n)) + 60)
+
+
+def pp_scalar(t):
+    """The ``[p, 1]`` view of a tile whose free axes are all broadcast (a per-partition scalar), else None."""
+    if not hasattr(t, "mem"):
+        return None
+    if all(st == 0 or n == 1 for n, st in t.dims):
+        return t[(slice(None),) + (slice(0, 1),) * len(t.dims)].reshape(t.shape[0], 1)
+    return None
+
+
+_AFFINE = ("add", "subtract", "multiply")
+
+
+def _affine(op, s, rev, a, b):
+    """Compose ``y = a*x + b`` with ``y op s`` (``s op y`` when rev) into new (a, b); None if not affine."""
+    if op == "multiply":
+        return a * s, b * s
+    if op == "add":
+        return a, b + s
+    if op == "subtract":
+        return (-a, s - b) if rev else (a, b - s)
+    return None
 
 
 def _ts(ctx, out, x, op0, s0, op1=None, s1=None, rev0=False, rev1=False):
-    ctx.prog.tensor_scalar(out, x, op0, float(s0), op1, None if s1 is None else float(s1), reverse0=rev0,
-                           reverse1=rev1)
+    """``out = (x op0 s0) op1 s1`` on VectorE, or as one ScalarE affine activation when that engine is less loaded.
+
+    ``s0``/``s1`` are Python numbers or per-partition ``[p, 1]`` tiles.
+    """
+    n = _free(out)
+    t0, t1 = hasattr(s0, "mem"), hasattr(s1, "mem")
+    if not t0 and not t1 and op0 in _AFFINE and (op1 is None or op1 in _AFFINE):
+        ab = _affine(op0, float(s0), rev0, 1.0, 0.0)
+        if op1 is not None and ab is not None:
+            ab = _affine(op1, float(s1), rev1, *ab)
+        load = ctx.__dict__.setdefault("engine_load", {"act": 0.0, "dve": 0.0})
+        if ab is not None and load["act"] + _cost_ns(ctx, "act", max(64, n) + 60) < \
+                load["dve"] + _cost_ns(ctx, "dve", max(64, n) + 60):
+            _act(ctx, out, x, "identity", scale=ab[0], bias=ab[1])
+            return
+    ctx.prog.tensor_scalar(out, x, op0, s0 if t0 else float(s0), op1,
+                           None if s1 is None else (s1 if t1 else float(s1)), reverse0=rev0, reverse1=rev1)
+    _charge(ctx, "dve", max(64, n) + 60)
 
 
 def _tt(ctx, out, a, b, op):
     ctx.prog.tensor_tensor(out, a, b, op)
+    _charge(ctx, "dve", max(64, 2 * _free(out)) + 60)
 
 
 def _binary(ctx, out, a, b, op, *, commutative=False):
-    """``out = a op b`` where either side may be a Python scalar."""
+    """``out = a op b`` where either side may be a Python scalar or a per-partition scalar tile."""
     sa, sb = not hasattr(a, "mem"), not hasattr(b, "mem")
     if sa and sb:
         with _Tmp(ctx, out) as tmp:
@@ -101,10 +167,42 @@ def _binary(ctx, out, a, b, op, *, commutative=False):
         return
     if sb:
         _ts(ctx, out, a, op, float(b))
-    elif sa:
+        return
+    if sa:
         _ts(ctx, out, b, op, float(a), rev0=not commutative)
+        return
+    pb, pa = pp_scalar(b), pp_scalar(a)
+    if pb is not None and pa is None:
+        if op == "multiply" and _out_is_float(out):
+            return _act_pp(ctx, out, a, scale=pb)
+        if op == "add" and _out_is_float(out):
+            return _act_pp(ctx, out, a, bias=pb)
+        _ts(ctx, out, a, op, pb)
+        return
+    if pa is not None and pb is None:
+        if op == "multiply" and _out_is_float(out):
+            return _act_pp(ctx, out, b, scale=pa)
+        if op == "add" and _out_is_float(out):
+            return _act_pp(ctx, out, b, bias=pa)
+        _ts(ctx, out, b, op, pa, rev0=not commutative)
+        return
+    _tt(ctx, out, a, b, op)
+
+
+def _out_is_float(t) -> bool:
+    return t.dtype in ("float32", "bfloat16", "float16")
+
+
+def _act_pp(ctx, out, x, scale=1.0, bias=None):
+    """``x * scale + bias`` with a per-partition scale or bias tile: ScalarE or VectorE, whichever is less loaded."""
+    n = _free(out)
+    load = ctx.__dict__.setdefault("engine_load", {"act": 0.0, "dve": 0.0})
+    if load["act"] + _cost_ns(ctx, "act", max(64, n) + 60) < load["dve"] + _cost_ns(ctx, "dve", max(64, n) + 60):
+        _act(ctx, out, x, "identity", scale=scale, bias=bias)
+    elif bias is not None:
+        _ts(ctx, out, x, "add", bias)
     else:
-        _tt(ctx, out, a, b, op)
+        _ts(ctx, out, x, "multiply", scale)
 
 
 def _is_float(v: Any) -> bool:
@@ -131,6 +229,10 @@ _ACT_UNARY = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "sin
 def _float_only(eqn):
     if not _out_float(eqn):
         raise CannotLower(f"{eqn.op.name} on {eqn.outputs[0].dtype} values is not lowered (floats only)")
+
+
+#: Elementwise ops that are exactly one ScalarE activation function (used to fuse a following row sum).
+ACT_FUNC_OF = dict(_ACT_UNARY)
 
 
 @tile_rule(*_ACT_UNARY, precheck=_float_only)
@@ -292,13 +394,13 @@ def _atan_into(ctx, tmp, out, x):
     _tt(ctx, out, t, s, "multiply")
 
 
-@tile_rule("atan", precheck=_float_only)
+@tile_rule("atan", precheck=_float_only, temps=8)
 def _atan(ctx, eqn, out, ins):
     with _Tmp(ctx, out) as tmp:
         _atan_into(ctx, tmp, out, ins[0])
 
 
-@tile_rule("asin", "acos", precheck=_float_only)
+@tile_rule("asin", "acos", precheck=_float_only, temps=10)
 def _asin_acos(ctx, eqn, out, ins):
     x = ins[0]
     with _Tmp(ctx, out) as tmp:
@@ -313,7 +415,7 @@ def _asin_acos(ctx, eqn, out, ins):
             _ts(ctx, out, r, "multiply", -1.0, "add", math.pi / 2)
 
 
-@tile_rule("atan2", precheck=_float_only)
+@tile_rule("atan2", precheck=_float_only, temps=12)
 def _atan2(ctx, eqn, out, ins):
     y, x = ins
     with _Tmp(ctx, out) as tmp:
@@ -381,7 +483,8 @@ def _round(ctx, eqn, out, ins):
     x = ins[0]
     with _Tmp(ctx, out) as tmp:
         r, small = tmp(), tmp()
-        _ts(ctx, r, x, "add", _MAGIC, "subtract", _MAGIC)
+        # two fp32 roundings are the point: keep it one VectorE instruction (not a folded affine)
+        ctx.prog.tensor_scalar(r, x, "add", _MAGIC, "subtract", _MAGIC)
         _ts(ctx, small, x, "abs_max", 0.0, "is_lt", 4194304.0)
         ctx.prog.select(out, small, r, x)
 
@@ -455,7 +558,7 @@ def _bitwise(ctx, eqn, out, ins):
     _binary(ctx, out, ins[0], ins[1], _BITWISE[eqn.op.name], commutative=True)
 
 
-@tile_rule("div")
+@tile_rule("div", temps=4)
 def _div(ctx, eqn, out, ins):
     mode = eqn.attrs.get("rounding_mode")
     a, b = ins
@@ -497,7 +600,7 @@ def _pow(ctx, eqn, out, ins):
     _binary(ctx, out, a, b, "pow")
 
 
-@tile_rule("fmod")
+@tile_rule("fmod", temps=5)
 def _fmod(ctx, eqn, out, ins):
     a, b = ins
     with _Tmp(ctx, out) as tmp:

@@ -129,6 +129,10 @@ class _Layout:
             raise CannotLower(f"a row of {self.C} elements does not fit the SBUF budget of the fused group")
         self.f = min(self.C, max_free)
         self.kmax = max(1, min(max_free // self.f, -(-self.R // parts)))
+        # values broadcast along the columns of long rows (row statistics) become per-partition scalars
+        # when each partition holds one row: a tensor_scalar/activation operand instead of a tensor_tensor
+        if self.C >= 256 and any(s[-2] != 0 and s[-1] == 0 for s in strides):
+            self.kmax = 1
         self.parts = parts
 
     def tiles(self):
@@ -262,16 +266,67 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             c_red *= n
         if c_red != 1 and (not dims or dims[-1] != c_red):
             raise CannotLower(f"the reduced axes {space[len(space) - r:]} do not form one contiguous row")
-    per_elem = sum(_itemsize(v.dtype) for v in all_vars) + 12
-    max_free = max(64, min(MAX_FREE, SBUF_BUDGET // (NBUF * per_elem)))
+    # SBUF liveness: inputs and stored outputs live for NBUF iterations (double buffering); pure
+    # intermediates are freed right after their last use inside the iteration.
+    out_set = set(out_vars)
+    last_use: Dict[Var, int] = {}
+    for j, e in enumerate(eqns):
+        for a in e.inputs:
+            if isinstance(a, Var):
+                last_use[a] = j
+    frees_after: Dict[int, List[Var]] = {}
+    live_b = peak_b = 0
+    for j, e in enumerate(eqns):
+        for v in e.outputs:
+            if v not in out_set:
+                live_b += _itemsize(v.dtype)
+        peak_b = max(peak_b, live_b)
+        for v in e.outputs:
+            if v not in out_set and last_use.get(v, j) <= j:
+                frees_after.setdefault(j, []).append(v)
+                live_b -= _itemsize(v.dtype)
+        for a in dict.fromkeys(a for a in e.inputs if isinstance(a, Var)):
+            if a not in out_set and a not in in_vars and last_use.get(a) == j and a not in e.outputs:
+                frees_after.setdefault(j, []).append(a)
+                live_b -= _itemsize(a.dtype)
+    # an activation whose only consumer... or first consumer is the next equation's row sum: one ScalarE
+    # instruction with a fused reduce (exp + sum in softmax, x*x + sum in norms)
+    act_red: Dict[int, Tuple[str, Var]] = {}
+    if r:
+        from .elementwise import ACT_FUNC_OF
+
+        for j in range(len(eqns) - 1):
+            e, nx = eqns[j], eqns[j + 1]
+            if nx.op.name != "sum" or nx.inputs[0] is not e.outputs[0] or nx.outputs[0].dtype != torch.float32:
+                continue
+            if e.outputs[0].dtype != torch.float32:
+                continue
+            xs = [a for a in e.inputs if isinstance(a, Var)]
+            if e.op.name == "mul" and len(e.inputs) == 2 and e.inputs[0] is e.inputs[1] and \
+                    isinstance(e.inputs[0], Var):
+                act_red[j] = ("square", e.inputs[0])
+            elif e.op.name in ACT_FUNC_OF and len(xs) == 1 and len(e.inputs) == 1:
+                act_red[j] = (ACT_FUNC_OF[e.op.name], xs[0])
+    temps = max([getattr(TILE_RULES.get(e.op.name), "temps", 3) for e in eqns] or [3])
+    fixed_b = sum(_itemsize(v.dtype) for v in in_vars) + sum(_itemsize(v.dtype) for v in out_vars)
+    per_elem = NBUF * fixed_b + peak_b + 4 * temps
+    max_free = max(64, min(MAX_FREE, SBUF_BUDGET // per_elem))
     max_free = 1 << (max_free.bit_length() - 1)
     if r and dims and dims[-1] > max_free:
         max_free = min(MAX_FREE * 8, SBUF_BUDGET // per_elem)
     lay = _Layout(dims, sts, max_free, ctx.arch.partitions, whole_c=bool(r))
     in_index = [index[v] for v in in_vars]
-    out_pairs = [(index[v], t) for v, t in zip(out_vars, out_hbm)]
+    out_pos = {v: j for j, v in enumerate(out_vars)}
     red_ops = {e.op.name for e in eqns if r and e.op.name in ROW_REDUCE}
     live: deque = deque()
+    nout_ = len(lay.outer)
+    hoist = set()
+    if lay.C <= lay.f and lay.R > lay.parts * lay.kmax:
+        for i in in_index:
+            st = lay.strides[i]
+            if st[nout_] == 0 and all(s == 0 for s in st[:nout_]):
+                hoist.add(i)
+    hoisted: Dict[Tuple[int, int, int], Any] = {}
     for offs, nout, r0, p, k, c0, f in lay.tiles():
         allocated = []
         env: Dict[Var, Any] = {}
@@ -284,39 +339,69 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             st = lay.strides[i]
             sr, sc = st[nout], st[nout + 1]
             shp = tshape(i)
+            if i in hoist:
+                # the same rows for every tile: loaded once into all partitions, sliced per tile
+                t = hoisted.get((i, c0, f))
+                if t is None:
+                    hp = min(lay.parts, lay.R)
+                    t = prog.sbuf((hp, 1, shp[2]), NEURON_DTYPES[v.dtype])
+                    prog.dma_copy(t, HbmView(t_hbm, offs[i] + c0 * sc, [(hp, 0), (1, 0), (shp[2], sc)]))
+                    hoisted[(i, c0, f)] = t
+                env[v] = t[:p]
+                continue
             view = HbmView(t_hbm, offs[i] + r0 * sr + c0 * sc, [(p, sr * k), (shp[1], sr), (shp[2], sc)])
             t = prog.sbuf(shp, NEURON_DTYPES[v.dtype])
             allocated.append(t)
             prog.dma_copy(t, view)
             env[v] = t
-        for e in eqns:
+        done = -1
+        for j, e in enumerate(eqns):
             oshape = tshape(index[e.outputs[0]])
             outs = []
-            for v in e.outputs:
-                t = prog.sbuf(oshape, NEURON_DTYPES[v.dtype])
-                allocated.append(t)
-                env[v] = t
-                outs.append(t)
-            if r and e.op.name in red_ops:
+            if j != done:
+                for v in e.outputs:
+                    t = prog.sbuf(oshape, NEURON_DTYPES[v.dtype])
+                    if v in out_set:
+                        allocated.append(t)
+                    env[v] = t
+                    outs.append(t)
+            if j == done:
+                pass  # computed by the previous equation's activation (fused reduce)
+            elif j in act_red and k == 1 and env[act_red[j][1]].shape == oshape:
+                # ScalarE computes the function and its row sum in one instruction
+                func, x = act_red[j]
+                nxt = eqns[j + 1].outputs[0]
+                rt = prog.sbuf(tshape(index[nxt]), NEURON_DTYPES[nxt.dtype])
+                if nxt in out_set:
+                    allocated.append(rt)
+                env[nxt] = rt
+                prog.activation(outs[0], env[x], func, reduce_op="add", reduce_out=rt)
+                done = j + 1
+            elif r and e.op.name in red_ops:
                 src = env[e.inputs[0]]
                 if src.shape != (p, k, f):
                     src = src.broadcast_to((p, k, f))
                 prog.tensor_reduce(outs[0], src, ROW_REDUCE[e.op.name], axis=-1)
-                continue
-            args = []
-            for a in e.inputs:
-                if isinstance(a, Literal):
-                    args.append(a.value)
-                else:
-                    t = env[a]
-                    args.append(t.broadcast_to(oshape) if t.shape != oshape else t)
-            TILE_RULES[e.op.name](ctx, e, outs[0] if len(outs) == 1 else outs, args)
-        for i, t_hbm in out_pairs:
-            st = lay.strides[i]
-            sr, sc = st[nout], st[nout + 1]
-            shp = tshape(i)
-            view = HbmView(t_hbm, offs[i] + r0 * sr + c0 * sc, [(p, sr * k), (shp[1], sr), (shp[2], sc)])
-            prog.dma_copy(view, env[all_vars[i]])
+            else:
+                args = []
+                for a in e.inputs:
+                    if isinstance(a, Literal):
+                        args.append(a.value)
+                    else:
+                        t = env[a]
+                        args.append(t.broadcast_to(oshape) if t.shape != oshape else t)
+                TILE_RULES[e.op.name](ctx, e, outs[0] if len(outs) == 1 else outs, args)
+            for v in e.outputs:
+                if v in out_set:
+                    i = index[v]
+                    st = lay.strides[i]
+                    sr, sc = st[nout], st[nout + 1]
+                    shp = tshape(i)
+                    view = HbmView(out_hbm[out_pos[v]], offs[i] + r0 * sr + c0 * sc,
+                                   [(p, sr * k), (shp[1], sr), (shp[2], sc)])
+                    prog.dma_copy(view, env[v])
+            for v in frees_after.get(j, ()):
+                prog.free(env.pop(v))
         live.append(allocated)
         while len(live) > NBUF:
             for t in live.popleft():
@@ -324,6 +409,8 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
     while live:
         for t in live.popleft():
             prog.free(t)
+    for t in hoisted.values():
+        prog.free(t)
 
 
 # --------------------------------------------------------------------------- epilogues
