@@ -141,3 +141,10 @@ def test_fresh_memory_starts_from_zeroed_sbuf():
     prog.dma_copy(o, t)
     res = prog.run(fresh_memory=True)
     np.testing.assert_allclose(res.outputs["o"], np.zeros((4, 4)))
+
+
+def test_listing_is_readable():
+    text = str(_linear_relu_prog().build())
+    assert "program 'linear_relu' (trn2): 6 instructions" in text
+    assert "#3    TensorE  matmul" in text and "waits [0, 1]" in text
+    assert "src=float32[64:1 | 128:64]@x@0" in text   # the transposing DMA: partition stride 1, free stride 64

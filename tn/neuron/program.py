@@ -549,6 +549,43 @@ class Encoded:
 
         return run(self, bindings, **kwargs)
 
+    def listing(self, limit: int = None) -> str:
+        """Readable text of the program, one instruction per line (queue, opcode, operands, waits)."""
+        names = {t.index: t.name for t in self.hbm}
+        lines = [f"program {self.name!r} ({self.arch.name}): {len(self)} instructions, HBM "
+                 + ", ".join(f"{t.name}: {t.dtype}{list(t.shape)} {t.kind}" for t in self.hbm)]
+        n = len(self) if limit is None else min(limit, len(self))
+        for i in range(n):
+            r = self.records[i]
+            op = isa.OPCODE_NAMES.get(int(r[isa.H_OPCODE]), f"op{int(r[isa.H_OPCODE])}")
+            slots = isa.OPERAND_NAMES.get(op, ())
+            parts = []
+            for k, nm in enumerate(slots):
+                f = r[isa.OPERAND_BASE + k * isa.OPERAND_WIDTH:isa.OPERAND_BASE + (k + 1) * isa.OPERAND_WIDTH]
+                if f[isa.O_MEM] == isa.MEM_NONE:
+                    continue
+                dims = [int(f[isa.O_NUM0 + 2 * d]) for d in range(4)]
+                strides = [int(f[isa.O_NUM0 + 2 * d + 1]) for d in range(4)]
+                free = [(n_, s_) for n_, s_ in zip(dims, strides) if n_ != 1] or [(1, 1)]
+                dt = isa.DTYPES.get(int(f[isa.O_DTYPE]), "?")
+                if f[isa.O_MEM] == isa.MEM_HBM:
+                    where = f"{names.get(int(f[isa.O_BUF]), int(f[isa.O_BUF]))}@{int(f[isa.O_OFFSET])}"
+                    pdim = f"{int(f[isa.O_PCOUNT])}:{int(f[isa.O_PSTRIDE])}"
+                else:
+                    where = f"{isa.MEM_NAMES[int(f[isa.O_MEM])]}+{int(f[isa.O_OFFSET])}"
+                    pdim = f"p{int(f[isa.O_PSTART])}..{int(f[isa.O_PSTART] + f[isa.O_PCOUNT] - 1)}"
+                shape = ",".join(f"{n_}:{s_}" for n_, s_ in free)
+                parts.append(f"{nm}={dt}[{pdim} | {shape}]@{where}")
+            d0, dn = int(r[isa.H_DEP_START]), int(r[isa.H_DEP_COUNT])
+            waits = f"  waits {self.deps[d0:d0 + dn].tolist()}" if dn else ""
+            lines.append(f"#{i:<4d} {self.arch.queue_name(int(r[isa.H_QUEUE])):8s} {op:17s} {' '.join(parts)}{waits}")
+        if n < len(self):
+            lines.append(f"... {len(self) - n} more")
+        return "\n".join(lines)
+
+    def __str__(self):
+        return self.listing(limit=200)
+
     def opcode_counts(self) -> dict:
         """Instruction count per opcode name."""
         ops, counts = np.unique(self.records[:, isa.H_OPCODE], return_counts=True)
