@@ -2,7 +2,8 @@
 """Modelled and host performance of the software NeuronCore.
 
 Runs :func:`tn.neuron.handwritten.tiled_matmul` (2048x2048x2048, bf16
-inputs, fp32 PSUM accumulation, bf16 output) and
+inputs, fp32 PSUM accumulation, bf16 output; A given transposed, the main
+row, and A as stored, transposed on TensorE) and
 :func:`tn.neuron.handwritten.layer_norm` and prints, per program: modelled
 time, modelled TFLOPS, TensorE utilisation (fraction of the trn2 bf16 peak),
 HBM bytes, the host wall time of the simulation, and numpy on the same sizes
@@ -71,10 +72,12 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     mm = tiled_matmul(n, n, n, arch=args.arch).build()
     mm_build = time.perf_counter() - t0
+    mk = tiled_matmul(n, n, n, a_layout="MK", arch=args.arch).build()
     t0 = time.perf_counter()
     ln = layer_norm(R, D, arch=args.arch).build()
     ln_build = time.perf_counter() - t0
     mm_bind = {"aT": to_bf16(np.ascontiguousarray(a.T)), "b": to_bf16(b)}
+    mk_bind = {"a": to_bf16(a), "b": mm_bind["b"]}
     ln_bind = {"x": x, "gamma": g, "beta": be}
 
     # correctness once
@@ -85,12 +88,17 @@ def main(argv=None) -> dict:
     err = float(np.max(np.abs(c - ref)) / np.max(np.abs(ref)))
     if err > 1e-2:
         raise SystemExit(f"matmul program: relative error {err:.3g} vs numpy")
+    mres = run(mk, mk_bind, report=False)
+    if not np.array_equal(mres.outputs["c"], res.outputs["c"]):
+        merr = float(np.max(np.abs((mres.outputs["c"].astype(np.uint32) << 16).view(np.float32) - c)))
+        if merr > 1e-2 * float(np.max(np.abs(ref))):
+            raise SystemExit(f"matmul program with a_layout=MK differs from the KM one by {merr:.3g}")
     lres = run(ln, ln_bind, report=False)
     lerr = float(np.max(np.abs(lres.outputs["y"] - _numpy_layer_norm(x, g, be, eps))))
     if lerr > 1e-3:
         raise SystemExit(f"layer-norm program: max error {lerr:.3g} vs numpy")
 
-    t = {k: [] for k in ("mm_sim", "mm_run", "np_mm", "ln_sim", "ln_run", "np_ln")}
+    t = {k: [] for k in ("mm_sim", "mm_run", "np_mm", "mk_sim", "mk_run", "ln_sim", "ln_run", "np_ln")}
     for _ in range(args.repeats):  # interleaved
         t0 = time.perf_counter()
         r = run(mm, mm_bind, report=False)
@@ -99,6 +107,10 @@ def main(argv=None) -> dict:
         t0 = time.perf_counter()
         a @ b
         t["np_mm"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        r3 = run(mk, mk_bind, report=False)
+        t["mk_run"].append(time.perf_counter() - t0)
+        t["mk_sim"].append(r3.wall_s)
         t0 = time.perf_counter()
         r2 = run(ln, ln_bind, report=False)
         t["ln_run"].append(time.perf_counter() - t0)
@@ -109,6 +121,7 @@ def main(argv=None) -> dict:
 
     mm_sim_min, mm_sim_med = _stats(t["mm_sim"])
     np_mm_min, np_mm_med = _stats(t["np_mm"])
+    mk_sim_min, mk_sim_med = _stats(t["mk_sim"])
     ln_sim_min, ln_sim_med = _stats(t["ln_sim"])
     np_ln_min, np_ln_med = _stats(t["np_ln"])
     mm_flops = matmul_flops(n, n, n)
@@ -119,6 +132,10 @@ def main(argv=None) -> dict:
          f"{res.tensor_utilisation:.3f}", f"{(res.hbm_read_bytes + res.hbm_write_bytes) / 2**20:.1f}",
          f"{mm_sim_med * 1e3:.1f} ({mm_sim_min * 1e3:.1f})", f"{statistics.median(t['mm_run']) * 1e3:.1f}",
          f"{np_mm_med * 1e3:.1f} ({np_mm_min * 1e3:.1f})", f"{np_mm_med / mm_sim_med:.2f}"],
+        [f"matmul, A as [M,K] (TensorE transposes)", f"{mres.total_us:.1f}", f"{mres.tflops:.1f}",
+         f"{mres.tensor_utilisation:.3f}", f"{(mres.hbm_read_bytes + mres.hbm_write_bytes) / 2**20:.1f}",
+         f"{mk_sim_med * 1e3:.1f} ({mk_sim_min * 1e3:.1f})", f"{statistics.median(t['mk_run']) * 1e3:.1f}",
+         f"{np_mm_med * 1e3:.1f} ({np_mm_min * 1e3:.1f})", f"{np_mm_med / mk_sim_med:.2f}"],
         [f"layer norm {R}x{D} fp32", f"{lres.total_us:.1f}", f"{ln_fl / (lres.total_ns * 1e-9) / 1e12:.3f}",
          f"{lres.tensor_utilisation:.3f}", f"{(lres.hbm_read_bytes + lres.hbm_write_bytes) / 2**20:.1f}",
          f"{ln_sim_med * 1e3:.1f} ({ln_sim_min * 1e3:.1f})", f"{statistics.median(t['ln_run']) * 1e3:.1f}",
@@ -130,7 +147,7 @@ def main(argv=None) -> dict:
           f"host times median (min)")
     print(tabulate(rows, headers=["program", "modelled us", "modelled TFLOPS", "TensorE util", "HBM MiB",
                                   "sim wall ms", "run() ms", "numpy ms", "numpy/sim"], tablefmt="github"))
-    print("numpy column: fp32 a @ b for the matmul, a numpy layer norm for the layer norm.")
+    print("numpy column: fp32 a @ b for the matmuls, a numpy layer norm for the layer norm.")
     util = {k: round(v, 4) for k, v in res.utilisation.items() if res.counts.get(k)}
     print(f"matmul: {len(mm)} instructions, engine busy fractions {util}, SBUF peak {res.sbuf_peak_bytes} B/partition, "
           f"PSUM peak {res.psum_peak_bytes} B/partition, build {mm_build * 1e3:.0f} ms")
@@ -151,6 +168,8 @@ def main(argv=None) -> dict:
         "sim_vs_numpy": np_mm_med / mm_sim_med,
         "sim_vs_numpy_min": np_mm_min / mm_sim_min,
         "matmul_engine_busy": util,
+        "matmul_mk_tensor_util": mres.tensor_utilisation, "matmul_mk_modelled_us": mres.total_us,
+        "matmul_mk_sim_wall_s_median": mk_sim_med,
         "layer_norm_rows": R, "layer_norm_dim": D,
         "layer_norm_modelled_us": lres.total_us,
         "layer_norm_modelled_tflops": ln_fl / (lres.total_ns * 1e-9) / 1e12,

@@ -71,13 +71,20 @@ def layer_norm_flops(rows: int, dim: int) -> int:
 
 
 def tiled_matmul(M: int = 2048, K: int = 2048, N: int = 2048, *, dtype: str = "bfloat16",
-                 out_dtype: str = "bfloat16", arch=None, name: str = None) -> Program:
-    """Program for ``c[M, N] = aT[K, M]^T @ b[K, N]`` (HBM tensors ``aT``, ``b`` inputs, ``c`` output).
+                 out_dtype: str = "bfloat16", a_layout: str = "KM", arch=None, name: str = None) -> Program:
+    """Program for ``c[M, N] = A[M, K] @ b[K, N]`` (HBM tensors ``aT`` or ``a``, ``b`` inputs, ``c`` output).
 
+    ``a_layout="KM"`` (default): the left operand is the HBM tensor ``aT``
+    [K, M] (A transposed, TensorE's stationary layout). ``a_layout="MK"``: it is
+    ``a`` [M, K] as stored, and TensorE transposes it block by block (into three
+    PSUM banks reserved for that, then copied to SBUF by VectorE/ScalarE), which
+    costs TensorE time.
     ``M`` and ``K`` must be multiples of 128; ``N`` a multiple of 512 or at
     most 512. ``dtype`` is the input dtype (``bfloat16`` or ``float32``),
     accumulation is fp32 in PSUM, ``out_dtype`` the dtype of ``c``.
     """
+    if a_layout not in ("KM", "MK"):
+        raise NeuronError(f"tiled_matmul: a_layout={a_layout!r} must be 'KM' (aT given) or 'MK' (A given)")
     if M < 1 or K < 1 or N < 1 or M % P or K % P:
         raise NeuronError(f"tiled_matmul: M={M} and K={K} must be positive multiples of {P} (pad the operands)")
     ntile = min(N, MAX_NTILE)
@@ -90,12 +97,17 @@ def tiled_matmul(M: int = 2048, K: int = 2048, N: int = 2048, *, dtype: str = "b
     esz = 2 if dtype in ("bfloat16", "bf16", "float16", "fp16") else 4
     osz = 2 if out_dtype in ("bfloat16", "bf16", "float16", "fp16") else 4
 
-    aT = prog.hbm("aT", (K, M), dtype)
+    mk = a_layout == "MK"
+    if mk:
+        a = prog.hbm("a", (M, K), dtype)
+    else:
+        aT = prog.hbm("aT", (K, M), dtype)
     b = prog.hbm("b", (K, N), dtype)
     c = prog.hbm("c", (M, N), out_dtype, kind="output")
 
-    # SBUF budget per partition: resident aT, a ring of output staging tiles, then as many moving blocks as fit
-    a_bytes = KT * M * esz
+    # SBUF budget per partition: resident aT (and, for MK, two row blocks of A), a ring of output staging
+    # tiles, then as many moving blocks as fit
+    a_bytes = KT * M * esz + (6 * arch_.psum_bank_bytes if mk else 0)  # MK: ring of A row chunks
     stage_n = 8
     stage_bytes = stage_n * ntile * osz
     blk_bytes = KT * ntile * esz
@@ -108,7 +120,11 @@ def tiled_matmul(M: int = 2048, K: int = 2048, N: int = 2048, *, dtype: str = "b
     a_sb = prog.sbuf((P, KT, M), dtype, name="aT")
     b_sb = [prog.sbuf((P, KT, ntile), dtype, name=f"b{i}") for i in range(nbuf)]
     stage = [prog.sbuf((P, ntile), out_dtype, name=f"out{i}") for i in range(stage_n)]
-    banks = [prog.psum((P, ntile), name=f"bank{i}") for i in range(arch_.psum_banks)]
+    n_tbanks = 3 if mk else 0
+    banks = [prog.psum((P, ntile), name=f"bank{i}") for i in range(arch_.psum_banks - n_tbanks)]
+    slots = arch_.psum_bank_bytes // (P * esz)  # transposed 128x128 blocks per PSUM bank
+    tbanks = [prog.psum((P, slots * P), dtype, name=f"tbank{i}") for i in range(n_tbanks)]
+    a_rows = [prog.sbuf((P, slots * P), dtype, name=f"arows{i}") for i in range(6)] if mk else []
 
     load_q = [0]
     store_q = [0]
@@ -134,12 +150,32 @@ def tiled_matmul(M: int = 2048, K: int = 2048, N: int = 2048, *, dtype: str = "b
 
     # waves of m-blocks: the very first wave is as wide as PSUM allows (one moving tile feeds up to 8 matmuls,
     # so the cold start is compute-bound rather than DMA-bound), the others take GROUPS blocks
-    first_w = min(MB, arch_.psum_banks)
+    first_w = min(MB, len(banks))
     waves = [list(range(first_w))] + [list(range(m, min(MB, m + G))) for m in range(first_w, MB, G)]
 
     def load_a(kt, mbs):
-        m0, m1 = mbs[0] * P, (mbs[-1] + 1) * P
-        load(a_sb[:, kt, m0:m1], aT[kt * P:(kt + 1) * P, m0:m1])
+        if not mk:
+            m0, m1 = mbs[0] * P, (mbs[-1] + 1) * P
+            load(a_sb[:, kt, m0:m1], aT[kt * P:(kt + 1) * P, m0:m1])
+
+    tcount = [0]
+
+    def transpose_chunk(mbs, kt0):
+        """MK layout: aT blocks (K-tiles kt0.., m-blocks ``mbs``) by TensorE transposes of A's row blocks."""
+        n = min(slots, KT - kt0)
+        for mb in mbs:
+            rows = a_rows[tcount[0] % len(a_rows)]
+            load(rows[:, :n * P], a[mb * P:(mb + 1) * P, kt0 * P:(kt0 + n) * P])
+            tb = tbanks[tcount[0] % n_tbanks]
+            for s_ in range(n):
+                prog.transpose(tb[:, s_ * P:(s_ + 1) * P], rows[:, s_ * P:(s_ + 1) * P])
+            prog.tensor_copy(a_sb[:, kt0:kt0 + n, mb * P:(mb + 1) * P], tb[:, :n * P].reshape(P, n, P),
+                             engine="vector" if tcount[0] % 2 == 0 else "scalar")
+            tcount[0] += 1
+
+    def transpose_a(mbs):
+        for kt0 in range(0, KT, slots):
+            transpose_chunk(mbs, kt0)
 
     group = [0]
 
@@ -151,8 +187,12 @@ def tiled_matmul(M: int = 2048, K: int = 2048, N: int = 2048, *, dtype: str = "b
 
     bank_i = 0
     firsts = []  # first matmul of every wave so far
+    if mk:
+        transpose_chunk(waves[0], 0)
     for nb in range(NB):
         for w, mbs in enumerate(waves):
+            # MK layout: TensorE transposes the next wave's blocks halfway through this one (first pass only)
+            half = (lambda: transpose_a(waves[w + 1])) if mk and nb == 0 and w + 1 < len(waves) else (lambda: None)
             # loads for this wave are issued two waves ahead (it consumes them block by block, so they must
             # all have landed when it starts)
             throttle[:] = firsts[-2:-1]
@@ -168,9 +208,13 @@ def tiled_matmul(M: int = 2048, K: int = 2048, N: int = 2048, *, dtype: str = "b
                     load_a(kt, mbs)
                     if w == 0:
                         load_b(0, kt)
+                        if mk and kt % slots == 0 and kt + slots < KT:
+                            transpose_chunk(mbs, kt + slots)  # one chunk ahead of the matmuls that need it
                     for j, mb in enumerate(mbs):
                         wave_mm.append(prog.matmul(wave_banks[j], a_sb[:, kt, mb * P:(mb + 1) * P], bt[:, kt, :],
                                                    accumulate=kt > 0, stop=kt == KT - 1))
+                    if kt == (KT - 1) // 2:
+                        half()
                 for j, mb in enumerate(mbs):
                     evacuate(wave_banks[j], mb, nb)
             else:
@@ -183,6 +227,8 @@ def tiled_matmul(M: int = 2048, K: int = 2048, N: int = 2048, *, dtype: str = "b
                         wave_mm.append(prog.matmul(wave_banks[j], a_sb[:, kt, mb * P:(mb + 1) * P], bt[:, kt, :],
                                                    accumulate=kt > 0, stop=kt == KT - 1))
                     evacuate(wave_banks[j], mb, nb)
+                    if j == (len(mbs) - 1) // 2:
+                        half()
             if nb + 1 < NB and w == len(waves) - 1:
                 for kt in range(KT):        # prefetch the next moving block (lands in the other buffer)
                     load_b(nb + 1, kt)
@@ -271,8 +317,8 @@ def layer_norm(rows: int, dim: int, *, dtype: str = "float32", eps: float = 1e-5
 # ---------------------------------------------------------------------- host helpers
 
 @functools.lru_cache(maxsize=16)
-def _built_matmul(M, K, N, dtype, out_dtype, arch):
-    return tiled_matmul(M, K, N, dtype=dtype, out_dtype=out_dtype, arch=arch).build()
+def _built_matmul(M, K, N, dtype, out_dtype, a_layout, arch):
+    return tiled_matmul(M, K, N, dtype=dtype, out_dtype=out_dtype, a_layout=a_layout, arch=arch).build()
 
 
 @functools.lru_cache(maxsize=16)
@@ -295,19 +341,22 @@ def _from_device_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
     return from_bf16(x) if dtype in ("bfloat16", "bf16") else np.asarray(x, dtype=np.float32)
 
 
-def run_matmul(a, b, *, dtype: str = "bfloat16", out_dtype: str = "bfloat16", arch=None):
+def run_matmul(a, b, *, dtype: str = "bfloat16", out_dtype: str = "bfloat16", a_layout: str = "KM", arch=None):
     """``a @ b`` on the software NeuronCore with :func:`tiled_matmul`; returns ``(c as float32 numpy, RunResult)``.
 
     ``a`` [M, K] and ``b`` [K, N] are numpy arrays or torch tensors; they are
-    rounded to ``dtype`` on the host and ``a`` is passed transposed.
+    rounded to ``dtype`` on the host. With ``a_layout="KM"`` the host passes
+    ``a`` transposed; with ``"MK"`` the program transposes it on TensorE.
     """
     a, b = _np(a), _np(b)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
         raise NeuronError(f"run_matmul: shapes {a.shape} @ {b.shape} do not form a matrix product")
     M, K = a.shape
     N = b.shape[1]
-    enc = _built_matmul(M, K, N, dtype, out_dtype, arch)
-    res = run(enc, {"aT": _to_device_dtype(np.ascontiguousarray(a.T), dtype), "b": _to_device_dtype(b, dtype)})
+    enc = _built_matmul(M, K, N, dtype, out_dtype, a_layout, arch)
+    left = {"aT": _to_device_dtype(np.ascontiguousarray(a.T), dtype)} if a_layout == "KM" else {
+        "a": _to_device_dtype(a, dtype)}
+    res = run(enc, {**left, "b": _to_device_dtype(b, dtype)})
     return _from_device_dtype(res.outputs["c"], out_dtype), res
 
 
