@@ -6,8 +6,9 @@ Two tables, measured side by side in one run with ``torch.set_num_threads(1)``:
 1. First call (trace + compile + run) of ``tn.jit`` vs ``torch.compile`` on
    an MLP (768 -> 3072 -> 768, batch 128) and a GPT-2 block (d=768, 12 heads,
    seq 128). Each first call runs in a fresh subprocess, so it really is the
-   first; imports and model construction are outside the timed region (the
-   time of ``import tn`` is reported separately). torch.compile gets an empty
+   first. "first call" times the call alone; "with setup" adds ``import tn``
+   + ``tn.jit(m)`` (tn warms its tracer up at import) or ``torch.compile(m)``
+   (which imports Dynamo). Model construction is outside both. torch.compile gets an empty
    Inductor/Triton cache directory per process (a cold compile, as on a
    user's first run; ``--warm-compile-cache`` keeps the user's cache).
    Goal: tn ≤ 1/20 of torch.compile.
@@ -33,30 +34,41 @@ FIRST_CALL_GOAL = 20.0  # torch.compile first call / tn.jit first call, at least
 OVERHEAD_GOAL_US = 20.0  # tn.jit cached call minus eager, at most
 
 
+def _demo_module():
+    """tn/demo.py loaded by path, without importing the tn package (its model classes need only torch)."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tn", "demo.py")
+    spec = importlib.util.spec_from_file_location("_tn_demo_models", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def _model(name: str):
     """``(module, input)`` for the first-call table, seeded."""
-    from tn.demo import MLP, GPT2Block
+    demo = _demo_module()
     torch.manual_seed(0)
     if name == "mlp":
-        return MLP(768, 3072, 768).eval(), torch.randn(128, 768)
+        return demo.MLP(768, 3072, 768).eval(), torch.randn(128, 768)
     if name == "gpt2-block":
-        return GPT2Block(768, 12, 1024).eval(), torch.randn(1, 128, 768)
+        return demo.GPT2Block(768, 12, 1024).eval(), torch.randn(1, 128, 768)
     raise SystemExit(f"unknown model {name!r}: use mlp or gpt2-block")
 
 
 def child_first_call(model: str, impl: str) -> dict:
-    """In a fresh process: time the first call of ``impl`` on ``model``."""
+    """In a fresh process: time setup (``import tn`` + ``tn.jit(m)``, or ``torch.compile(m)``) and the first call."""
     torch.set_num_threads(1)
-    t0 = time.perf_counter()
-    import tn  # noqa: F401  (imported in both cases so the tn timing excludes it fairly)
-    import_tn = time.perf_counter() - t0
     m, x = _model(model)
     with torch.no_grad():
         want = m(x)
+        t0 = time.perf_counter()
         if impl == "tn":
+            import tn
             f = tn.jit(m)
         else:
             f = torch.compile(m)
+        setup = time.perf_counter() - t0
         t0 = time.perf_counter()
         got = f(x)
         first = time.perf_counter() - t0
@@ -64,7 +76,7 @@ def child_first_call(model: str, impl: str) -> dict:
         f(x)
         second = time.perf_counter() - t0
     err = (got - want).abs().max().item()
-    return dict(first_s=first, second_s=second, import_tn_s=import_tn, max_abs_err=err)
+    return dict(first_s=first, second_s=second, setup_s=setup, max_abs_err=err)
 
 
 def first_call_table(models, impls, cold: bool = True) -> dict:
@@ -134,21 +146,22 @@ def main(argv=None) -> int:
     first = first_call_table(["mlp", "gpt2-block"], impls, cold=not a.warm_compile_cache)
     rows = []
     for model, r in first.items():
-        tn_s = r["tn"]["first_s"]
-        row = [model, f"{tn_s * 1e3:.0f} ms", f"{r['tn']['second_s'] * 1e3:.1f} ms",
-               f"{r['tn']['import_tn_s']:.2f} s"]
+        t = r["tn"]
+        row = [model, f"{t['first_s'] * 1e3:.0f} ms", f"{(t['setup_s'] + t['first_s']):.2f} s",
+               f"{t['second_s'] * 1e3:.1f} ms"]
         if "torch.compile" in r:
-            tc = r["torch.compile"]["first_s"]
-            ratio = tc / tn_s
-            r["ratio"] = ratio
-            row += [f"{tc:.2f} s", f"{r['torch.compile']['second_s'] * 1e3:.1f} ms", f"{ratio:.0f}x",
-                    "met" if ratio >= FIRST_CALL_GOAL else "MISSED"]
-        row.append(f"{r['tn']['max_abs_err']:.1e}")
+            c = r["torch.compile"]
+            r["ratio"] = c["first_s"] / t["first_s"]
+            r["ratio_with_setup"] = (c["setup_s"] + c["first_s"]) / (t["setup_s"] + t["first_s"])
+            row += [f"{c['first_s']:.2f} s", f"{(c['setup_s'] + c['first_s']):.2f} s", f"{c['second_s'] * 1e3:.1f} ms",
+                    f"{r['ratio']:.0f}x", f"{r['ratio_with_setup']:.0f}x",
+                    "met" if r["ratio"] >= FIRST_CALL_GOAL else "MISSED"]
+        row.append(f"{t['max_abs_err']:.1e}")
         rows.append(row)
-    headers = ["model", "tn.jit first call", "tn.jit 2nd call", "import tn"]
+    headers = ["model", "tn.jit first call", "tn: import tn + jit + first", "tn.jit 2nd call"]
     if "torch.compile" in impls:
-        headers += ["torch.compile first call", "torch.compile 2nd call", "compile/tn",
-                    f"goal ≥{FIRST_CALL_GOAL:.0f}x"]
+        headers += ["torch.compile first call", "compile: torch.compile() + first", "torch.compile 2nd call",
+                    "compile/tn", "with setup", f"goal ≥{FIRST_CALL_GOAL:.0f}x"]
     headers.append("tn max abs err vs eager")
     print("First call (trace + compile + run), each in a fresh process, 1 thread"
           + ("" if a.warm_compile_cache else ", torch.compile with a cold Inductor cache") + ":")
