@@ -9,6 +9,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 import tn
+import tn.passes
 from tn.ir import IR
 from tn.reference import run_ir
 from tn.trace import Static, TracerTensor, trace_flat
@@ -30,6 +31,7 @@ def check(fn, *xs, tol=None):
     """Trace ``fn``, run the IR with the reference executor, compare outputs and write-backs with eager."""
     xs = list(xs)
     tr = trace_flat(fn, xs)
+    tn.passes.verify(tr.ir)
     ir_in = [x.detach().clone() for x in xs]
     outs = run_ir(tr.ir, ir_in)
     eager_in = [x.detach().clone().requires_grad_(x.requires_grad) for x in xs]
@@ -387,6 +389,40 @@ def test_escaped_tracer_is_an_error():
 def test_non_tensor_flat_input_is_an_error():
     with pytest.raises(tn.TracingError, match="static_argnums"):
         trace_flat(lambda x, n: x * n, [torch.randn(2), 3])
+
+
+def test_gru_cell_loop_unrolls():
+    torch.manual_seed(0)
+    cell = nn.GRUCell(4, 8)
+    names = [n for n, _ in cell.named_parameters()]
+
+    def gru(xs, h, *ps):
+        for t in range(xs.shape[0]):
+            h = torch.func.functional_call(cell, dict(zip(names, ps)), (xs[t], h))
+        return h
+
+    check(gru, torch.randn(5, 3, 4), torch.randn(3, 8), *[p.detach() for p in cell.parameters()])
+
+
+def test_sgd_update_under_no_grad_is_written_back():
+    def step(x, w):
+        loss = (x @ w).pow(2).sum()
+        (g,) = torch.autograd.grad(loss, [w])
+        with torch.no_grad():
+            w.sub_(0.1 * g)
+        return loss
+
+    tr = check(step, torch.randn(3, 4), torch.randn(4, 2, requires_grad=True))
+    assert [i for i, _ in tr.ir.mutations] == [1]
+
+
+def test_foreach_inplace_matches_eager_order():
+    def f(a, b):
+        torch._foreach_add_([a, b], [b, a])
+        torch._foreach_mul_([a, b], 2.0)
+        return a - b
+
+    check(f, torch.randn(3), torch.randn(3))
 
 
 def test_random_ops_are_marked_random():

@@ -468,6 +468,8 @@ def _resolve(func: Any) -> Callable[..., Any]:
             h = _h_data_dependent
         elif func in _ops.FROM_ATEN:
             h = _h_core
+        elif func._schema.name.startswith("aten::_foreach_") and not _mutated_args(func):
+            h = _h_foreach
         elif func not in _VIEW_STEPS and torch._C._dispatch_has_kernel_for_dispatch_key(
                 func.name(), "CompositeImplicitAutograd"):
             h = _h_decompose  # e.g. aten.to, aten.reshape reached us from inside a decomposition
@@ -750,8 +752,34 @@ def _h_decompose(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, 
     return out
 
 
+def _h_foreach(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    """``_foreach_op(lists...)``: the op once per list element (scalars and single tensors broadcast)."""
+    name = func._schema.name.split("::")[-1][len("_foreach_"):]
+    packet = getattr(aten, name, None)
+    if packet is None:
+        raise _unsupported(func, args, kwargs, f"there is no aten.{name} to apply per element")
+    n = len(args[0])
+
+    def pick(a: Any, i: int) -> Any:
+        return a[i] if isinstance(a, (list, tuple)) else a
+
+    with tr:
+        return [packet(*[pick(a, i) for a in args], **{k: pick(v, i) for k, v in kwargs.items()})
+                for i in range(n)]
+
+
 def _h_inplace(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
     self_t = args[0]
+    if type(self_t) in (list, tuple) and func._schema.name.startswith("aten::_foreach_"):
+        # one in-place op per element, in order (as eager's loop does, so aliasing behaves the same)
+        packet = getattr(aten, func._schema.name.split("::")[-1][len("_foreach_"):], None)
+        if packet is None:
+            raise _unsupported(func, args, kwargs, "there is no per-element in-place aten op")
+        with tr:
+            for i in range(len(self_t)):
+                packet(*[a[i] if isinstance(a, (list, tuple)) else a for a in args],
+                       **{k: v[i] if isinstance(v, (list, tuple)) else v for k, v in kwargs.items()})
+        return None
     if type(self_t) is not TracerTensor:
         raise _unsupported(func, args, kwargs, "its first argument is not a traced tensor")
     meta_call(func, args, kwargs)  # the checks eager would do (dtype, broadcast, overlap)
