@@ -119,3 +119,17 @@ def test_scatter_out_of_range_raises():
     from tn.errors import TnError
     with pytest.raises(TnError):
         check_lowering("scatter_add", _randn(5, 7), torch.tensor([[7]]), _randn(1, 1), dim=1)
+
+
+@pytest.mark.parametrize("xshape,vshape,mshape,accumulate", [((5, 5), (5,), (5,), False), ((5, 5), (1,), (5, 5), False),
+                                                             ((300, 7), (), (300, 7), True),
+                                                             ((3, 4, 6), (6,), (3, 4), True)])
+def test_index_put_boolean_mask(xshape, vshape, mshape, accumulate):
+    mask = torch.rand(mshape, generator=G) > 0.5
+    check_lowering("index_put", _randn(*xshape), _randn(*vshape), mask, dims=(0,), accumulate=accumulate)
+
+
+def test_index_put_boolean_mask_int32():
+    mask = torch.rand(3, 4, generator=G) > 0.5
+    check_lowering("index_put", _randint(0, 9, (3, 4), torch.int32), torch.tensor(7, dtype=torch.int32), mask,
+                   dims=(0,), accumulate=False)

@@ -31,7 +31,7 @@ import math
 from typing import Any, List, Tuple
 
 from .base import CannotLower, lowering
-from .shape import FREE_BUDGET_BYTES, copy_view, hview
+from .shape import FREE_BUDGET_BYTES, copy_view, hview, split_rows
 
 __all__ = ["row_gather"]
 
@@ -287,10 +287,14 @@ def _index_put(ctx, eqn, ins, outs):
     xv, vv = eqn.inputs[0], eqn.inputs[1]
     if ctx.neuron_dtype(vv.dtype) != x_dt:
         raise CannotLower("index_put with values of another dtype than x")
-    if x_dt not in _MM_DTYPES:
-        raise CannotLower(f"index_put on {x_dt}: the one-hot matmul runs on fp32/bf16/fp16 only")
     dims = tuple(eqn.attrs["dims"])
     accumulate = bool(eqn.attrs.get("accumulate", False))
+    if len(eqn.inputs) == 3 and dims == (0,) and xv.shape and \
+            ctx.neuron_dtype(eqn.inputs[2].dtype) in ("bool", "uint8"):
+        _index_put_mask(ctx, eqn, ins, outs, accumulate)
+        return
+    if x_dt not in _MM_DTYPES:
+        raise CannotLower(f"index_put on {x_dt}: the one-hot matmul runs on fp32/bf16/fp16 only")
     if not xv.shape or not dims:
         raise CannotLower("index_put on a 0-d tensor or without index tensors")
     X = tuple(xv.shape)
@@ -595,3 +599,63 @@ def _scatter_reduce(ctx, eqn, ins, outs):
     if reduce not in _SCATTER_ALU:
         raise CannotLower(f"scatter_reduce with reduce={reduce!r}")
     _scatter_common(ctx, eqn, ins, outs, reduce, include_self=bool(eqn.attrs.get("include_self", True)))
+
+
+def _index_put_mask(ctx, eqn, ins, outs, accumulate):
+    """``x[mask] = v`` / ``x[mask] += v`` with a boolean mask over the leading axes and ``v`` broadcast over the
+    selected rows: ``select(mask, v, x)`` (or ``x + mask * v``) on VectorE, no data-dependent shapes."""
+    prog = ctx.prog
+    xv, vv, mv = eqn.inputs[0], eqn.inputs[1], eqn.inputs[2]
+    X = tuple(xv.shape)
+    M = tuple(mv.shape)
+    if X[:len(M)] != M:
+        raise CannotLower(f"index_put with a boolean mask of shape {M} on x of shape {X}")
+    inner = X[len(M):]
+    vshape = tuple(vv.shape)
+    while vshape and vshape[0] == 1 and len(vshape) > len(inner):
+        vshape = vshape[1:]
+    if len(vshape) > len(inner):
+        raise CannotLower("index_put with a boolean mask and per-row values (the row count depends on the data)")
+    try:
+        _broadcast_shapes(vshape, inner)
+    except CannotLower:
+        raise CannotLower(f"index_put values of shape {tuple(vv.shape)} do not broadcast to rows {inner}") from None
+    x_dt = ctx.neuron_dtype(xv.dtype)
+    m_dt = ctx.neuron_dtype(mv.dtype)
+    if x_dt == "int64" or (accumulate and x_dt not in _MM_DTYPES):
+        raise CannotLower(f"masked index_put on {x_dt}")
+    R, C = _prod(M), _prod(inner)
+    vst = _bcast_strides(vshape, inner) if inner else []
+    vdims = _merge([(n, (s,)) for n, s in zip(inner, vst)]) or [(1, (0,))]
+    if len(vdims) > 3:
+        raise CannotLower("masked index_put values with a complicated broadcast pattern")
+    vt = prog.sbuf((128, C), x_dt)
+    prog.dma_copy(vt.reshape(128, *[n for n, _ in vdims]) if C > 1 else vt,
+                  hview(ins[1], 0, [(128, 0)] + [(n, s[0]) for n, s in vdims]))
+    fb = max(1, (FREE_BUDGET_BYTES // 4) // max(1, C))
+    for off, rows, cols in split_rows(R):
+        for c0 in range(0, cols, fb):
+            qc = min(fb, cols - c0)
+            r0 = off + c0
+            mt = prog.sbuf((rows, qc), m_dt)
+            prog.dma_copy(mt, hview(ins[2], r0, [(rows, cols), (qc, 1)]))
+            mf = prog.sbuf((rows, qc, 1), "float32")
+            prog.tensor_scalar(mf.reshape(rows, qc), mt, "not_equal", 0.0)
+            xt = prog.sbuf((rows, qc, C), x_dt)
+            xview = [(rows, cols * C), (qc * C, 1)]
+            prog.dma_copy(xt.reshape(rows, qc * C), hview(ins[0], r0 * C, xview))
+            res = prog.sbuf((rows, qc, C), "float32")
+            vb = vt[:rows].reshape(rows, 1, C).broadcast_to((rows, qc, C))
+            mb = mf.broadcast_to((rows, qc, C))
+            if accumulate:
+                prog.tensor_tensor(res, vb, mb, "multiply")
+                prog.tensor_tensor(res, res, xt, "add")
+            else:
+                prog.tensor_copy(res, xt)
+                prog.select(res, mb, vb, res)
+            ctx.store(hview(outs[0], r0 * C, xview), res.reshape(rows, qc * C))
+            prog.free(res)
+            prog.free(xt)
+            prog.free(mf)
+            prog.free(mt)
+    prog.free(vt)
