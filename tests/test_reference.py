@@ -58,8 +58,9 @@ def test_compiled_program_runs_repeatedly_and_frees_intermediates():
         x = torch.randn(3)
         torch.testing.assert_close(run([x])[0], x + 20.0)
     # every intermediate except the output is freed right after its last use
-    freed = sum(len(step[-1]) for step in run._steps)
+    freed = sum(len(line.split(",")) for line in run.source.splitlines() if line.strip().startswith("del "))
     assert freed == 19
+    assert run.source.count("# ") == 20  # one line per equation, commented with its op
 
 
 def test_multi_output_and_input_passthrough_and_literal_output():
@@ -74,6 +75,17 @@ def test_multi_output_and_input_passthrough_and_literal_output():
     # an input returned as is comes back as a copy (the caller may write into results)
     assert out[2] is not x and torch.equal(out[2], x)
     assert isinstance(out[3], torch.Tensor) and out[3].dtype == torch.int64 and int(out[3]) == 3
+
+
+def test_nonfinite_literals_and_unused_results():
+    a = Var((3,), torch.float32)
+    m, i, dead = Var((3,), torch.float32), Var((3,), torch.float32), Var((3,), torch.float32)
+    ir = IR([a], [Eqn(ADD, [a, Literal(float("inf"))], [m]),
+                  Eqn(MUL, [a, Literal(float("nan"))], [i]),
+                  Eqn(ADD, [a, Literal(-float("inf"))], [dead])], [m, i])
+    x = torch.randn(3)
+    out = run_ir(ir, [x])
+    assert torch.isinf(out[0]).all() and torch.isnan(out[1]).all()
 
 
 def test_wrong_input_count_is_a_tn_error():

@@ -6,18 +6,30 @@ implementation. This module runs a whole program with those implementations.
 It is the test oracle for the NeuronCore compiler and, until that compiler
 exists, the default backend of :func:`tn.jit`.
 
-:func:`compile_ir` turns an IR once into a flat list of steps
-``(impl, input slots, attrs, output slots)`` over one list of value slots, so
-running a program costs one Python call per equation and nothing else.
-Constants and :class:`~tn.ir.Literal` inputs are bound into their slots at
-compile time. Intermediate values are dropped after their last use.
+:func:`compile_ir` turns an IR once into a straight-line Python function, one
+line per equation (``v7 = f3(v5, 2.0, **a3)``), with the impls, attributes
+and constants bound as globals of that function. Running a program then
+costs one Python call per equation and nothing else; intermediates are
+deleted after their last use. ``CompiledIR.source`` is the generated code,
+readable like the IR listing::
+
+    def program(flat_inputs):
+        if len(flat_inputs) != 2: _arity(flat_inputs)
+        v0, v1 = flat_inputs
+        v2 = f0(v0, v1)  # 0: add
+        v3 = f1(v2, **a1)  # 1: sum
+        del v2
+        return [v3]
 
 Mutations (:attr:`IR.mutations`) are *not* applied here: the executor returns
-the values of ``ir.outputs`` and the caller writes them back.
+the values of ``ir.outputs`` and the caller writes them back. An input or
+constant returned as an output comes back as a copy, so a caller writing into
+a result never changes its inputs or the program's constants.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+import math
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -44,145 +56,146 @@ def _eqn_line(ir: IR, index: int) -> str:
     return repr(ir.eqns[index]) if 0 <= index < len(ir.eqns) else "?"
 
 
+def _literal_source(value: Any, bind: Callable[[Any], str]) -> str:
+    """Python source for a literal value: inline when ``repr`` round-trips, else a bound global."""
+    if type(value) is bool or type(value) is int:
+        return repr(value)
+    if type(value) is float and math.isfinite(value):
+        return repr(value)
+    return bind(value)
+
+
 class CompiledIR:
     """An IR prepared for repeated execution with torch reference ops.
 
     Call it with the flat list of input tensors (``ir.inputs`` order); it
     returns the list of output values (``ir.outputs`` order).
+
+    Attributes:
+        ir: the program.
+        source: the generated Python code (one line per equation).
     """
 
-    __slots__ = ("ir", "_nslots", "_init", "_in_slots", "_steps", "_out", "_nin", "_lit_outs", "_copy_outs")
+    __slots__ = ("ir", "source", "_fn", "_line_to_eqn", "_nin")
 
     def __init__(self, ir: IR):
         self.ir = ir
-        slot_of: Dict[Var, int] = {}
-        init: List[Tuple[int, Any]] = []  # (slot, value) bound before every run
+        self._nin = len(ir.inputs)
+        names: Dict[Var, str] = {}
+        glb: Dict[str, Any] = {"_arity": self._arity_error, "_clone": torch.Tensor.clone,
+                               "_tensor": torch.tensor}
+        counter = [0]
 
-        slot_of_list: List[Any] = []
+        def bind(value: Any, prefix: str = "g") -> str:
+            name = f"{prefix}{counter[0]}"
+            counter[0] += 1
+            glb[name] = value
+            return name
 
-        def define(v: Var) -> int:
-            s = len(slot_of_list)
-            slot_of_list.append(None)
-            slot_of[v] = s
-            return s
+        def define(v: Var) -> str:
+            name = f"v{len(names)}"
+            names[v] = name
+            return name
 
-        literal_slot: Dict[Tuple[type, str, torch.dtype], int] = {}
-
-        def use(a: Any, where: str) -> int:
+        def use(a: Any, where: str) -> str:
             if isinstance(a, Literal):
-                key = (type(a.value), repr(a.value), a.dtype)
-                s = literal_slot.get(key)
-                if s is None:
-                    s = len(slot_of_list)
-                    slot_of_list.append(None)
-                    literal_slot[key] = s
-                    init.append((s, a.value))
-                return s
-            s = slot_of.get(a)
-            if s is None:
+                return _literal_source(a.value, bind)
+            name = names.get(a)
+            if name is None:
                 raise ExecutionError(
                     f"reference executor: {where} uses {a!r}, which no constant, input or "
                     f"earlier equation defines; the IR is malformed (run tn.passes.verify(ir) to locate it)")
-            return s
+            return name
 
+        bound = set()  # names of constants and inputs (returned as copies)
         for v, t in ir.consts:
-            init.append((define(v), t))
-        self._in_slots = tuple(define(v) for v in ir.inputs)
-        self._nin = len(ir.inputs)
-        n_bound = len(slot_of_list)  # slots below this hold constants and inputs
+            name = define(v)
+            glb[name] = t
+            bound.add(name)
+        in_names = [define(v) for v in ir.inputs]
+        bound.update(in_names)
 
-        raw_steps = []
-        for k, eqn in enumerate(ir.eqns):
-            impl = getattr(eqn.op, "impl", None)
+        lines = ["def program(flat_inputs):",
+                 f"    if len(flat_inputs) != {self._nin}: _arity(flat_inputs)"]
+        if in_names:
+            lines.append(f"    {', '.join(in_names)}{',' if len(in_names) == 1 else ''} = flat_inputs")
+
+        # Last use of every equation-defined variable, to delete it right after.
+        out_vars = {a for a in ir.outputs if isinstance(a, Var)}
+        last_use: Dict[Var, int] = {}
+        for k, e in enumerate(ir.eqns):
+            for a in e.inputs:
+                if isinstance(a, Var):
+                    last_use[a] = k
+        line_to_eqn: Dict[int, int] = {}
+        frees: Dict[int, List[Var]] = {}
+        for k, e in enumerate(ir.eqns):
+            for v in e.outputs:
+                if v not in out_vars:
+                    frees.setdefault(last_use.get(v, k), []).append(v)
+
+        for k, e in enumerate(ir.eqns):
+            impl = getattr(e.op, "impl", None)
             if impl is None:
                 raise ExecutionError(
-                    f"reference executor: equation {k} ({eqn.op.name}) has no reference implementation; "
+                    f"reference executor: equation {k} ({e.op.name}) has no reference implementation; "
                     f"give the op an impl in tn.ops")
-            ins = tuple(use(a, f"equation {k} ({eqn.op.name})") for a in eqn.inputs)
-            outs = tuple(define(v) for v in eqn.outputs)
-            raw_steps.append((k, impl, ins, eqn.attrs, outs))
-        out = []
-        lit_outs = []
-        copy_outs = []
-        for j, a in enumerate(ir.outputs):
+            args = [use(a, f"equation {k} ({e.op.name})") for a in e.inputs]
+            if e.attrs:
+                args.append(f"**{bind(e.attrs, 'a')}")
+            outs = [define(v) for v in e.outputs]
+            target = outs[0] if len(outs) == 1 else ", ".join(outs) + ("," if len(outs) == 1 else "")
+            if not outs:
+                target = "_"
+            line_to_eqn[len(lines) + 1] = k
+            lines.append(f"    {target} = {bind(impl, 'f')}({', '.join(args)})  # {k}: {e.op.name}")
+            dead = [names[v] for v in frees.get(k, ())]
+            if dead:
+                lines.append(f"    del {', '.join(dead)}")
+
+        results = []
+        for a in ir.outputs:
             if isinstance(a, Literal):  # a constant result: a fresh 0-d tensor per call
-                lit_outs.append((j, a.value, a.dtype))
-                out.append(0)
-            else:
-                s = use(a, "program output")
-                out.append(s)
-                if s < n_bound:  # an input or constant returned as is: hand out a copy
-                    copy_outs.append(j)
-        out = tuple(out)
-        self._lit_outs = tuple(lit_outs)
-        self._copy_outs = tuple(copy_outs)
+                results.append(f"_tensor({_literal_source(a.value, bind)}, dtype={bind(a.dtype, 'd')})")
+                continue
+            name = use(a, "program output")
+            results.append(f"_clone({name})" if name in bound else name)
+        lines.append(f"    return [{', '.join(results)}]")
+        self.source = "\n".join(lines) + "\n"
+        self._line_to_eqn = line_to_eqn
+        code = compile(self.source, f"<tn.reference program {id(self):x}>", "exec")
+        exec(code, glb)
+        self._fn = glb["program"]
 
-        # Liveness: free each equation-defined slot right after its last use,
-        # unless it is a program output. Inputs, constants and literals stay.
-        keep = set(out)
-        last_use: Dict[int, int] = {}
-        defined_by_eqn = set()
-        for k, _, ins, _, outs in raw_steps:
-            for s in ins:
-                last_use[s] = k
-            defined_by_eqn.update(outs)
-        frees: Dict[int, List[int]] = {}
-        for s, k in last_use.items():
-            if s in defined_by_eqn and s not in keep:
-                frees.setdefault(k, []).append(s)
-        # Outputs nobody uses (and that are not program outputs) are dropped at once.
-        for k, _, ins, _, outs in raw_steps:
-            for s in outs:
-                if s not in last_use and s not in keep:
-                    frees.setdefault(k, []).append(s)
+    def _arity_error(self, flat_inputs: Sequence[Any]) -> None:
+        raise ExecutionError(
+            f"reference executor: the program takes {self._nin} input tensors, got {len(flat_inputs)}; "
+            f"pass the flattened inputs in ir.inputs order")
 
-        self._steps = tuple(
-            (k, impl, ins, attrs, outs[0] if len(outs) == 1 else outs, len(outs) == 1,
-             tuple(frees.get(k, ())))
-            for k, impl, ins, attrs, outs in raw_steps
-        )
-        self._init = tuple(init)
-        self._nslots = len(slot_of_list)
-        self._out = out
+    def _failed_eqn(self, exc: BaseException) -> Optional[int]:
+        """Index of the equation whose line of generated code raised ``exc``."""
+        tb = exc.__traceback__
+        code = self._fn.__code__
+        k = None
+        while tb is not None:
+            if tb.tb_frame.f_code is code:
+                k = self._line_to_eqn.get(tb.tb_lineno, k)
+            tb = tb.tb_next
+        return k
 
     def __call__(self, flat_inputs: Sequence[Any]) -> List[Any]:
         """Run the program on ``flat_inputs``; return the outputs as a list."""
-        if len(flat_inputs) != self._nin:
-            raise ExecutionError(
-                f"reference executor: the program takes {self._nin} input tensors, got {len(flat_inputs)}; "
-                f"pass the flattened inputs in ir.inputs order")
-        env: List[Any] = [None] * self._nslots
-        for s, v in self._init:
-            env[s] = v
-        for s, v in zip(self._in_slots, flat_inputs):
-            env[s] = v
-        step = None
         try:
-            for step in self._steps:
-                _, impl, ins, attrs, outs, single, frees = step
-                r = impl(*[env[i] for i in ins], **attrs)
-                if single:
-                    if type(r) is tuple or type(r) is list:
-                        (r,) = r
-                    env[outs] = r
-                else:
-                    for s, v in zip(outs, r, strict=True):
-                        env[s] = v
-                for s in frees:
-                    env[s] = None
+            return self._fn(flat_inputs)
         except TnError:
             raise
         except Exception as e:  # any failure inside an impl: name the equation
-            k = step[0] if step is not None else -1
+            k = self._failed_eqn(e)
+            if k is None:
+                raise ExecutionError(f"reference executor: the program failed with {type(e).__name__}: {e}") from e
             raise ExecutionError(
                 f"reference executor: equation {k} `{_eqn_line(self.ir, k)}` failed with "
                 f"{type(e).__name__}: {e}") from e
-        result = [env[s] for s in self._out]
-        for j, value, dtype in self._lit_outs:
-            result[j] = torch.tensor(value, dtype=dtype)
-        for j in self._copy_outs:
-            result[j] = result[j].clone()
-        return result
 
 
 def compile_ir(ir: IR) -> Callable[[Sequence[Any]], List[Any]]:
