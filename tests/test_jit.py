@@ -149,6 +149,25 @@ def test_pytrees_in_and_out():
     close(got.parts[1]["k"], want.parts[1]["k"])
 
 
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    x: torch.Tensor
+    mask: torch.Tensor
+    scale: float = 2.0
+
+
+def test_dataclass_inputs():
+    @tn.jit
+    def f(b):
+        return (b.x * b.scale).masked_fill(b.mask, 0.0)
+
+    b = Batch(torch.randn(3, 4), torch.rand(3, 4) > 0.5)
+    close(f(b), (b.x * 2.0).masked_fill(b.mask, 0.0))
+    close(f(Batch(b.x, b.mask, 3.0)), (b.x * 3.0).masked_fill(b.mask, 0.0))
+    f(Batch(torch.randn(3, 4), b.mask))
+    assert (f.cache_info().misses, f.cache_info().hits) == (2, 1)
+
+
 def test_namedtuple_and_none_outputs():
     @tn.jit
     def f(x):
