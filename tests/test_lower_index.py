@@ -126,7 +126,8 @@ def test_scatter_out_of_range_raises():
                                                              ((3, 4, 6), (6,), (3, 4), True)])
 def test_index_put_boolean_mask(xshape, vshape, mshape, accumulate):
     mask = torch.rand(mshape, generator=G) > 0.5
-    check_lowering("index_put", _randn(*xshape), _randn(*vshape), mask, dims=(0,), accumulate=accumulate)
+    vals = torch.randn(vshape, generator=G)
+    check_lowering("index_put", _randn(*xshape), vals, mask, dims=(0,), accumulate=accumulate)
 
 
 def test_index_put_boolean_mask_int32():
