@@ -111,3 +111,10 @@ def test_iota(dtype, start, step, length):
 def test_permute_transpose_on_tensore(shape, dims, dtype):
     res = check_lowering("permute", _rand(shape, dtype), dims=dims)
     assert res.counts.get("TensorE", 0) > 0  # the inner axis moved: 128x128 transposes, not element DMAs
+
+
+@pytest.mark.parametrize("xshape,shape,dtype", [((300, 1), (300, 64), torch.float32), ((5, 1), (3, 5, 700), torch.bfloat16),
+                                                ((1,), (1000,), torch.float32), ((2, 1, 3, 1), (2, 4, 3, 16), torch.float32),
+                                                ((7, 1), (7, 9), torch.bool), ((7, 1), (7, 9), torch.int64)])
+def test_expand_inner_axis(xshape, shape, dtype):
+    check_lowering("expand", _rand(xshape, dtype), shape=shape)

@@ -31,7 +31,7 @@ import math
 from typing import Any, List, Tuple
 
 from .base import CannotLower, lowering
-from .shape import FREE_BUDGET_BYTES, copy_view, hview, split_rows
+from .shape import FREE_BUDGET_BYTES, _merge, _parts, _tiles, copy_view, hview, split_rows
 
 __all__ = ["row_gather"]
 
@@ -51,55 +51,6 @@ def _row_strides(shape):
         st.append(s)
         s *= n
     return list(reversed(st))
-
-
-def _merge(axes):
-    """Merge neighbouring axes ``(n, strides)`` that are contiguous in every stride; drop size-1 axes."""
-    out = []
-    for n, st in axes:
-        if n == 1:
-            continue
-        if out and all(p == n * s for p, s in zip(out[-1][1], st)):
-            out[-1] = (out[-1][0] * n, tuple(st))
-        else:
-            out.append((n, tuple(st)))
-    return out
-
-
-def _parts(axes, nstr):
-    """Split the grid into parts ``(offsets, partition axis, free axes)`` with <= 128 partitions."""
-    if not axes:
-        axes = [(1, (0,) * nstr)]
-    n0, s0 = axes[0]
-    rest = axes[1:]
-    if n0 <= 128:
-        return [((0,) * nstr, axes[0], rest)]
-    if rest:
-        return [(tuple(p0 * s for s in s0), (min(128, n0 - p0), s0), rest) for p0 in range(0, n0, 128)]
-    q, r = divmod(n0, 128)
-    parts = [((0,) * nstr, (128, tuple(q * s for s in s0)), [(q, s0)])]
-    if r:
-        parts.append((tuple(128 * q * s for s in s0), (r, s0), []))
-    return parts
-
-
-def _tiles(free, fb, nstr):
-    """Yield (offsets, tile axes) covering the free axes in tiles of <= fb elements and <= 4 axes."""
-    if not free:
-        yield (0,) * nstr, [(1, (0,) * nstr)]
-        return
-    for idx in range(len(free)):
-        suffix = _prod(n for n, _ in free[idx + 1:])
-        if len(free) - idx <= 4 and suffix <= fb:
-            break
-    c = max(1, min(free[idx][0], fb // suffix))
-    loops = [[tuple(i * s for s in st) for i in range(n)] for n, st in free[:idx]]
-    n, st = free[idx]
-    for combo in itertools.product(*loops):
-        base = tuple(sum(v) for v in zip(*combo)) if combo else (0,) * nstr
-        for c0 in range(0, n, c):
-            off = tuple(b + c0 * s for b, s in zip(base, st))
-            yield off, [(min(c, n - c0), st)] + free[idx + 1:]
 
 
 def _idx_view(t, dt, offset, dims):

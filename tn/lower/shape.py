@@ -136,6 +136,55 @@ def copy_view(ctx: Any, dst: Any, src: Any) -> None:
     emit(dims, dst.offset, src.offset)
 
 
+def _merge(axes):
+    """Merge neighbouring axes ``(n, strides)`` that are contiguous in every stride; drop size-1 axes."""
+    out = []
+    for n, st in axes:
+        if n == 1:
+            continue
+        if out and all(p == n * s for p, s in zip(out[-1][1], st)):
+            out[-1] = (out[-1][0] * n, tuple(st))
+        else:
+            out.append((n, tuple(st)))
+    return out
+
+
+def _parts(axes, nstr):
+    """Split the grid into parts ``(offsets, partition axis, free axes)`` with <= 128 partitions."""
+    if not axes:
+        axes = [(1, (0,) * nstr)]
+    n0, s0 = axes[0]
+    rest = axes[1:]
+    if n0 <= 128:
+        return [((0,) * nstr, axes[0], rest)]
+    if rest:
+        return [(tuple(p0 * s for s in s0), (min(128, n0 - p0), s0), rest) for p0 in range(0, n0, 128)]
+    q, r = divmod(n0, 128)
+    parts = [((0,) * nstr, (128, tuple(q * s for s in s0)), [(q, s0)])]
+    if r:
+        parts.append((tuple(128 * q * s for s in s0), (r, s0), []))
+    return parts
+
+
+def _tiles(free, fb, nstr):
+    """Yield (offsets, tile axes) covering the free axes in tiles of <= fb elements and <= 4 axes."""
+    if not free:
+        yield (0,) * nstr, [(1, (0,) * nstr)]
+        return
+    for idx in range(len(free)):
+        suffix = _prod(n for n, _ in free[idx + 1:])
+        if len(free) - idx <= 4 and suffix <= fb:
+            break
+    c = max(1, min(free[idx][0], fb // suffix))
+    loops = [[tuple(i * s for s in st) for i in range(n)] for n, st in free[:idx]]
+    n, st = free[idx]
+    for combo in itertools.product(*loops):
+        base = tuple(sum(v) for v in zip(*combo)) if combo else (0,) * nstr
+        for c0 in range(0, n, c):
+            off = tuple(b + c0 * s for b, s in zip(base, st))
+            yield off, [(min(c, n - c0), st)] + free[idx + 1:]
+
+
 def split_rows(total: int, parts: int = 128) -> List[Tuple[int, int, int]]:
     """Split ``total`` contiguous elements into ``[(offset, rows, cols)]`` blocks of ``rows <= parts`` rows."""
     out = []
@@ -327,7 +376,41 @@ def _expand(ctx, eqn, ins, outs):
         dims.append((n, s if m == n else 0))
     if not eqn.outputs[0].shape:
         dims = [(1, 0)]
-    copy_view(ctx, out.view(), hview(x, 0, dims))
+    src = hview(x, 0, dims)
+    if not _expand_inner(ctx, out.view(), src):
+        copy_view(ctx, out.view(), src)
+
+
+def _expand_inner(ctx: Any, dst: HbmView, src: HbmView) -> bool:
+    """A broadcast along the innermost axis (``[N, 1] -> [N, D]``): load the source once, widen it with a
+    stride-0 ``tensor_copy`` on VectorE, store contiguous runs (instead of a DMA with one-element runs).
+    Returns False (nothing emitted) when the plain DMA pattern is fine or the dtype is int32/int64."""
+    if dst.dtype not in ("float32", "bfloat16", "float16", "bool", "uint8"):
+        return False
+    dims = _merge_joint([(n, sd, ss) for (n, sd), (_, ss) in zip(dst.dims, src.dims)])
+    if not dims or dims[-1][1] != 1 or dims[-1][2] != 0 or dims[-1][0] < 8:
+        return False
+    ni = dims[-1][0]
+    if ni > 8192:
+        return False
+    prog = ctx.prog
+    outer = _merge([(n, (sd, ss)) for n, sd, ss in dims[:-1]])
+    esize = isa.DTYPE_SIZES[isa.dtype_code(dst.dtype)]
+    fb = max(1, (FREE_BUDGET_BYTES // esize) // ni)
+    for poff, (pc, ps), free in _parts(outer, 2):
+        for toff, tax in _tiles(free, fb, 2):
+            if len(tax) > 3:
+                return False
+            od, os_ = dst.offset + poff[0] + toff[0], src.offset + poff[1] + toff[1]
+            tshape = [n for n, _ in tax]
+            st = prog.sbuf((pc, *tshape), dst.dtype)
+            prog.dma_copy(st, hview(src, os_, [(pc, ps[1])] + [(n, s[1]) for n, s in tax]))
+            ot = prog.sbuf((pc, *tshape, ni), dst.dtype)
+            prog.tensor_copy(ot, st.reshape(pc, *tshape, 1).broadcast_to((pc, *tshape, ni)))
+            prog.dma_copy(hview(dst, od, [(pc, ps[0])] + [(n, s[0]) for n, s in tax] + [(ni, 1)]), ot)
+            prog.free(ot)
+            prog.free(st)
+    return True
 
 
 def _vshape(var: Any) -> tuple:
