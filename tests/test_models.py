@@ -410,3 +410,14 @@ def test_convnet_training_step(backend):
         close(jstep(jit_net, x, target), step(eager_net, x, target), atol=1e-5)
     for (name, a), (_, b) in zip(jit_net.state_dict().items(), eager_net.state_dict().items()):
         close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_captured_tensor_updated_in_place_is_seen(backend):
+    # constant folding must not bake values derived from a tensor the function captured
+    W = torch.randn(4, 4)
+    f = tn.jit(lambda x: x @ W.t() + W.sum(), backend=backend)
+    x = torch.randn(2, 4)
+    close(f(x), x @ W.t() + W.sum())
+    with torch.no_grad():
+        W.add_(1.0)
+    close(f(x), x @ W.t() + W.sum(), atol=1e-5)

@@ -147,12 +147,24 @@ def test_fold_leaves_failing_or_mistyped_equations_alone():
 
     bad = MiniOp("bad", boom, lambda a: [(a.shape, a.dtype)])
     liar = MiniOp("liar", lambda x: x.double(), lambda a: [(a.shape, a.dtype)])
-    ir = IR([a], [Eqn(bad, [c], [y]), Eqn(liar, [c], [w]), Eqn(ADD, [a, y], [z])], [z, w],
-            consts=[(c, torch.zeros(3))])
-    assert len(P.fold_constants(ir).eqns) == 3
+    ir = IR([a], [Eqn(FULL, [], [c], {"shape": (3,), "value": 0.0}),
+                  Eqn(bad, [c], [y]), Eqn(liar, [c], [w]), Eqn(ADD, [a, y], [z])], [z, w])
+    assert [e.op.name for e in P.fold_constants(ir).eqns] == ["bad", "liar", "add"]
     # a const whose tensor disagrees with its Var is caught by verify
     with pytest.raises(P.VerifyError, match="constant 0 is declared f32\\[5\\]"):
         P.verify(IR([a], [], [a], consts=[(f32(5), torch.zeros(3))]))
+
+
+def test_fold_never_bakes_captured_tensors():
+    # a tensor the traced function captured may be updated in place by the user later
+    a, w, wt, y = f32(3), f32(3), f32(3), f32(3)
+    captured = torch.ones(3)
+    ir = IR([a], [Eqn(NEG, [w], [wt]), Eqn(ADD, [a, wt], [y])], [y], consts=[(w, captured)])
+    out = P.optimize(ir)
+    assert [e.op.name for e in out.eqns] == ["neg", "add"]
+    x = torch.zeros(3)
+    captured.mul_(5)
+    torch.testing.assert_close(run_ir(out, [x])[0], torch.full((3,), -5.0))
 
 
 def test_verify_ssa_and_types():

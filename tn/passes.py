@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import re
+import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import torch
@@ -417,19 +418,29 @@ def simplify(ir: IR) -> IR:
 
 # --------------------------------------------------------------------------- constant folding
 
-def fold_constants(ir: IR, max_numel: Optional[int] = None) -> IR:
-    """Evaluate equations whose inputs are all constants or literals.
+#: Tensors that constant folding created. Only these (and literals) feed later
+#: folds: a tensor the traced function captured (a closure's weight, a global)
+#: may be changed in place by the user later, so results derived from it are
+#: never baked into a program.
+_FOLDED: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
 
-    Each such equation (random/side-effecting ops excepted) is run with its
-    op's reference implementation; when its outputs hold at most
-    ``max_numel`` elements in total (default :data:`FOLD_MAX_NUMEL`) and come
-    out with the declared shapes and dtypes, they become program constants and
-    the equation disappears. Folding chains: a folded result feeds later
-    folds. Equations whose implementation fails are left in place. Run
-    :func:`dce` afterwards to drop constants nobody uses any more.
+
+def fold_constants(ir: IR, max_numel: Optional[int] = None) -> IR:
+    """Evaluate equations whose inputs are all literals or folded constants.
+
+    Each such equation (random/side-effecting ops excepted; factory ops with
+    no inputs included) is run with its op's reference implementation; when
+    its outputs hold at most ``max_numel`` elements in total (default
+    :data:`FOLD_MAX_NUMEL`) and come out with the declared shapes and dtypes,
+    they become program constants and the equation disappears. Folding chains:
+    a folded result feeds later folds. Constants the traced function captured
+    (a closure's tensor, a global) are *not* folded through, since the user may
+    update them in place between calls. Equations whose implementation fails
+    are left in place. Run :func:`dce` afterwards to drop constants nobody
+    uses any more.
     """
     limit = FOLD_MAX_NUMEL if max_numel is None else max_numel
-    known: Dict[Var, torch.Tensor] = {v: t for v, t in ir.consts}
+    known: Dict[Var, torch.Tensor] = {v: t for v, t in ir.consts if t in _FOLDED}
     consts = list(ir.consts)
     kept: List[Eqn] = []
     for e in ir.eqns:
@@ -453,7 +464,8 @@ def fold_constants(ir: IR, max_numel: Optional[int] = None) -> IR:
             kept.append(e)
             continue
         for v, t in zip(e.outputs, results):
-            t = t.detach()
+            t = t.detach().contiguous()
+            _FOLDED.add(t)
             known[v] = t
             consts.append((v, t))
     return ir.replace(eqns=kept, consts=consts)
