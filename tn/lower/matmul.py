@@ -16,7 +16,10 @@ Plan (:func:`emit_matmul`, also used by :mod:`tn.lower.conv`):
   in conv) passes it as ``a_t`` and it is DMA'd straight in.
 * **B** is loaded in column panels ``[128, KC, ngw]`` (``ngw`` wide enough
   for >= 2 KiB contiguous DMA runs), one panel ahead of its use (double
-  buffering), and stays resident for every row tile that uses it.
+  buffering), and stays resident for every row tile that uses it. A caller
+  holding ``B^T`` (a ``Linear`` weight ``[N, K]`` behind a ``permute``)
+  passes it as ``b_t``: its rows are transposed on TensorE into the panel,
+  which saves the HBM round trip of a separate permute.
 * **Output tiles** ``[<=128, <=512]`` accumulate over K chunks in one PSUM
   bank each (``accumulate=True`` after the first chunk, ``stop`` on the
   last); banks rotate through a ring so evacuation overlaps the next tile's
@@ -48,6 +51,7 @@ MATMUL_DTYPES = ("float32", "bfloat16", "float16")
 _P = 128            # partitions, max K and M per instruction
 _NB = 512           # fp32 columns of one PSUM bank, max N per instruction
 _RESERVE = 8 * 1024  # SBUF bytes per partition left for others (fused epilogues' operand tiles)
+_RUN_BYTES = 2048   # B panels are at least this many bytes wide per partition (DMA efficiency)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -146,7 +150,7 @@ class _Matmul:
         self.tbanks = 2 if self.need_tr else 0
         self.abanks = psum_banks or max(1, nbanks_total - self.tbanks)
         # B panel width: whole banks, >= 2 KiB contiguous per partition row when N allows
-        want = max(_NB, (2048 // self.isz) // _NB * _NB)
+        want = max(_NB, (_RUN_BYTES // self.isz) // _NB * _NB)
         self.ngw = min(N, want)
         self.nb = _cdiv(self.ngw, _NB)              # banks per output tile row
         self.NGn = _cdiv(N, self.ngw)
