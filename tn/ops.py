@@ -1292,3 +1292,94 @@ def _where_scalars(c, x, y):
     elif y.dtype != dtype:
         y = aten._to_copy.default(y, dtype=dtype)
     return aten.where.self(c, x, y)
+
+
+@decomposition(prims.log10.default, aten.log10.default)
+def _log10(x):
+    """``log(x) / log(10)``."""
+    return aten.div.Tensor(aten.log.default(x), 2.302585092994046)
+
+
+@decomposition(prims.fmax.default, aten.fmax.default)
+def _fmax(x, y):
+    """Maximum ignoring NaN (NaN only where both are NaN)."""
+    m = aten.maximum.default(x, y)
+    return aten.where.self(aten.isnan.default(x), y, aten.where.self(aten.isnan.default(y), x, m))
+
+
+@decomposition(prims.fmin.default, aten.fmin.default)
+def _fmin(x, y):
+    """Minimum ignoring NaN (NaN only where both are NaN)."""
+    m = aten.minimum.default(x, y)
+    return aten.where.self(aten.isnan.default(x), y, aten.where.self(aten.isnan.default(y), x, m))
+
+
+@decomposition(prims.signbit.default, aten.signbit.default)
+def _signbit(x):
+    """Sign bit: ``x < 0``, or ``x`` is -0.0 (its reciprocal is -inf)."""
+    if not x.is_floating_point():
+        return aten.lt.Scalar(x, 0)
+    neg_zero = aten.logical_and.default(aten.eq.Scalar(x, 0), aten.lt.Scalar(aten.reciprocal.default(x), 0))
+    return aten.logical_or.default(aten.lt.Scalar(x, 0), neg_zero)
+
+
+@decomposition(prims.copy_to.default)
+def _copy_to(a, b):
+    """prims.copy_to: ``a.copy_(b)``."""
+    return aten.copy_.default(a, b)
+
+
+@decomposition(aten.addbmm.default)
+def _addbmm(x, b1, b2, *, beta=1, alpha=1):
+    """``beta * x + alpha * sum_i b1[i] @ b2[i]``, accumulated batch by batch as eager does."""
+    shape = list(torch.broadcast_shapes(tuple(x.shape), (b1.shape[1], b2.shape[2])))
+    out = aten.expand.default(x if beta == 1 else aten.mul.Tensor(x, beta), shape)
+    if beta == 0:
+        out = aten.full.default(shape, 0, dtype=x.dtype)
+    for i in range(b1.shape[0]):
+        p = aten.mm.default(aten.select.int(b1, 0, i), aten.select.int(b2, 0, i))
+        out = aten.add.Tensor(out, p if alpha == 1 else aten.mul.Tensor(p, alpha))
+    return out
+
+
+@decomposition(aten.copysign.Tensor, aten.copysign.Scalar)
+def _copysign(x, y):
+    """``|x|`` with the sign bit of ``y``, in the promoted floating dtype."""
+    dtype = torch.result_type(x, y)
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    if x.dtype != dtype:
+        x = aten._to_copy.default(x, dtype=dtype)
+    a = aten.abs.default(x)
+    if isinstance(y, Tensor):
+        return aten.where.self(_signbit(y), aten.neg.default(a), a)
+    import math
+
+    return aten.neg.default(a) if math.copysign(1.0, y) < 0 else a
+
+
+@decomposition(prims.uniform.default)
+def _prims_uniform(shape, *, low, high, dtype, device, stride=None, generator=None):
+    """``low + (high - low) * rand``."""
+    r = aten.rand.default(list(shape), dtype=dtype)
+    return aten.add.Tensor(aten.mul.Tensor(r, high - low), low)
+
+
+@decomposition(prims.normal.default)
+def _prims_normal(shape, *, mean, std, dtype, device, requires_grad, generator=None):
+    """``mean + std * randn``."""
+    r = aten.randn.default(list(shape), dtype=dtype)
+    return aten.add.Tensor(aten.mul.Tensor(r, std), mean)
+
+
+@decomposition(aten.masked_scatter.default)
+def _masked_scatter(x, mask, source):
+    """Fill ``x`` where ``mask`` with consecutive elements of ``source`` (a prefix sum picks them)."""
+    shape = torch.broadcast_shapes(tuple(x.shape), tuple(mask.shape))
+    m = aten.expand.default(mask, list(shape))
+    flat_m = aten.view.default(aten.clone.default(m), [-1])
+    pos = aten.sub.Tensor(aten.cumsum.default(flat_m, 0, dtype=torch.int64), 1)
+    pos = aten.clamp.default(pos, 0, max(source.numel() - 1, 0))
+    picked = aten.view.default(aten.index.Tensor(aten.view.default(aten.clone.default(source), [-1]), [pos]),
+                               list(shape))
+    return aten.where.self(m, picked, aten.expand.default(x, list(shape)))
