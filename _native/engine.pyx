@@ -562,38 +562,43 @@ cdef int check_record(int64_t i, const int64_t *rec, Ctx *c, Opnd *ops, int64_t 
 
 
 def check(rec, limits, hbm_sizes, aux=None):
-    """Validate one encoded record (1-D int64 array of REC_WIDTH) without executing it.
+    """Validate one encoded record (a sequence of REC_WIDTH ints) without executing it.
 
     ``limits`` is :meth:`Arch.limits_vector`, ``hbm_sizes`` the byte size of
     every HBM buffer. Raises :class:`tn.NeuronError` on a violation. Dependency
     and aux ranges are not checked here (the program assigns them later).
     """
-    cdef const int64_t[::1] r = np.ascontiguousarray(rec, dtype=np.int64)
     cdef const int64_t[::1] lim = np.ascontiguousarray(limits, dtype=np.int64)
-    cdef const int64_t[::1] hs = np.ascontiguousarray(hbm_sizes if len(hbm_sizes) else [0], dtype=np.int64)
+    cdef int64_t nb = len(hbm_sizes)
+    cdef const int64_t[::1] hs = np.ascontiguousarray(hbm_sizes if nb else [0], dtype=np.int64)
     cdef const int64_t[::1] ax
     cdef Opnd ops[N_OPERANDS]
     cdef Ctx c
     cdef int64_t tmp[REC_WIDTH]
-    if r.shape[0] != REC_WIDTH:
+    cdef int j
+    if len(rec) != REC_WIDTH:
         from tn.errors import NeuronError
-        raise NeuronError(f"an encoded record has {REC_WIDTH} fields, got {r.shape[0]}")
-    memcpy(tmp, &r[0], REC_WIDTH * 8)
+        raise NeuronError(f"an encoded record has {REC_WIDTH} fields, got {len(rec)}")
+    try:
+        for j in range(REC_WIDTH):
+            tmp[j] = rec[j]
+    except OverflowError:
+        from tn.errors import NeuronError
+        raise NeuronError(f"field {j} of the record ({rec[j]}) does not fit in int64; check offsets and strides") from None
     tmp[H_DEP_START] = 0
     tmp[H_DEP_COUNT] = 0
     c.sbuf = NULL
     c.psum = NULL
     c.hbm_ptr = &hs[0]
     c.hbm_size = &hs[0]
-    c.nbufs = len(hbm_sizes)
+    c.nbufs = nb
     c.lim = &lim[0]
     c.execute = 0
+    tmp[H_AUX_START] = 0
     if aux is not None and len(aux):
         ax = np.ascontiguousarray(aux, dtype=np.int64)
-        tmp[H_AUX_START] = 0
         check_record(-1, tmp, &c, ops, 0, ax.shape[0], &ax[0])
     else:
-        tmp[H_AUX_START] = 0
         check_record(-1, tmp, &c, ops, 0, tmp[H_AUX_COUNT], NULL)
     return True
 

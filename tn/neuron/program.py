@@ -51,6 +51,7 @@ give them all yourself.
 from __future__ import annotations
 
 import os
+import struct
 import sys
 from dataclasses import dataclass, field
 
@@ -593,6 +594,24 @@ class Encoded:
 
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_PACK_F64 = struct.Struct("<d")
+_UNPACK_I64 = struct.Struct("<q")
+
+
+def _f64_bits(v) -> int:
+    """int64 bit pattern of float64 v (how immediates are encoded)."""
+    return _UNPACK_I64.unpack(_PACK_F64.pack(float(v)))[0]
+
+
+_ENGINE = []
+
+
+def _engine():
+    if not _ENGINE:
+        from .._native import engine
+
+        _ENGINE.append(engine)
+    return _ENGINE[0]
 
 
 def _caller_site():
@@ -616,6 +635,7 @@ class Program:
         self.auto_deps = auto_deps
         self.record_sources = record_sources
         self._limits = self.arch.limits_vector()
+        self._hbm_sizes = np.zeros(0, dtype=np.int64)
         self._recs = []
         self._deps = []      # list of lists
         self._aux = []
@@ -642,6 +662,7 @@ class Program:
         t = HbmTensor(len(self._hbm), name, shape, isa.DTYPES[isa.dtype_code(dtype)], kind)
         self._hbm.append(t)
         self._hbm_names[name] = t
+        self._hbm_sizes = np.array([x.nbytes for x in self._hbm], dtype=np.int64)
         return t
 
     def _tile(self, alloc, mem, shape, dtype, name):
@@ -710,23 +731,20 @@ class Program:
 
     def _emit(self, opcode, queue, operands, subop=0, flags=0, imm=(), deps=(), aux=(), reads=(), writes=(),
               encoded=None):
-        rec = np.zeros(isa.REC_WIDTH, dtype=np.int64)
+        rec = [0] * isa.REC_WIDTH
         rec[isa.H_OPCODE] = isa.OPCODES[opcode]
         rec[isa.H_QUEUE] = queue
         rec[isa.H_SUBOP] = subop
         rec[isa.H_FLAGS] = flags
-        immv = np.zeros(isa.N_IMM, dtype=np.float64)
-        immv[:len(imm)] = imm
-        rec[isa.H_IMM:isa.H_IMM + isa.N_IMM] = immv.view(np.int64)
+        for j, v in enumerate(imm):
+            rec[isa.H_IMM + j] = _f64_bits(v)
         for k, v in enumerate(operands):
             enc = encoded[k] if encoded is not None and encoded[k] is not None else self._enc(v)
             base = isa.OPERAND_BASE + k * isa.OPERAND_WIDTH
             rec[base:base + isa.OPERAND_WIDTH] = enc
         rec[isa.H_AUX_COUNT] = len(aux)
-        from .._native import engine
-
         try:
-            engine.check(rec, self._limits, [t.nbytes for t in self._hbm], list(aux) if len(aux) else None)
+            _engine().check(rec, self._limits, self._hbm_sizes, aux if len(aux) else None)
         except NeuronError as e:
             raise NeuronError(f"{e} [program {self.name!r}, instruction #{len(self._recs)}]") from None
         i = len(self._recs)
@@ -741,7 +759,7 @@ class Program:
             d = int(d)
             if not 0 <= d < i:
                 raise NeuronError(f"{opcode}: explicit dependency {d} is not an earlier instruction (0..{i - 1})")
-            q = int(self._recs[d][isa.H_QUEUE])
+            q = self._recs[d][isa.H_QUEUE]
             dep_set[q] = max(dep_set.get(q, -1), d)
         dep_set.pop(queue, None)  # same queue: in-order execution already waits
         if aux is not None and len(aux):
@@ -753,28 +771,28 @@ class Program:
         return i
 
     def _regions(self, rec, k):
-        """Conservative (key, p0, p1, b0, b1) access box of operand k of an encoded record."""
+        """Conservative (key, p0, p1, b0, b1) access box of operand k of an encoded record (a list)."""
         base = isa.OPERAND_BASE + k * isa.OPERAND_WIDTH
         f = rec[base:base + isa.OPERAND_WIDTH]
-        mem, dt = int(f[isa.O_MEM]), int(f[isa.O_DTYPE])
-        es = isa.DTYPE_SIZES[dt]
+        mem = f[isa.O_MEM]
+        es = isa.DTYPE_SIZES[f[isa.O_DTYPE]]
         lo = hi = 0
-        for d in range(4):
-            n, s = int(f[isa.O_NUM0 + 2 * d]), int(f[isa.O_NUM0 + 2 * d + 1])
+        for d in range(8, 16, 2):
+            n, s = f[d], f[d + 1]
             if s >= 0:
                 hi += (n - 1) * s
             else:
                 lo += (n - 1) * s
-        off = int(f[isa.O_OFFSET])
+        off = f[isa.O_OFFSET]
         if mem == isa.MEM_HBM:
-            pc, ps = int(f[isa.O_PCOUNT]), int(f[isa.O_PSTRIDE])
+            pc, ps = f[isa.O_PCOUNT], f[isa.O_PSTRIDE]
             if ps >= 0:
                 hi += (pc - 1) * ps
             else:
                 lo += (pc - 1) * ps
-            return ("hbm", int(f[isa.O_BUF])), 0, 1, (off + lo) * es, (off + hi + 1) * es
-        p0 = int(f[isa.O_PSTART])
-        return (mem,), p0, p0 + int(f[isa.O_PCOUNT]), off + lo * es, off + (hi + 1) * es
+            return ("hbm", f[isa.O_BUF]), 0, 1, (off + lo) * es, (off + hi + 1) * es
+        p0 = f[isa.O_PSTART]
+        return (mem,), p0, p0 + f[isa.O_PCOUNT], off + lo * es, off + (hi + 1) * es
 
     def _track(self, i, queue, rec, k, write, dep_set):
         key, p0, p1, b0, b1 = self._regions(rec, k)
@@ -788,8 +806,10 @@ class Program:
                 if overlap and (write or ew) and ei != i:
                     if dep_set.get(eq, -1) < ei:
                         dep_set[eq] = ei
-                # a write that covers an older entry makes it redundant (later accesses wait on the write)
-                if write and overlap and p0 <= ep0 and ep1 <= p1 and b0 <= eb0 and eb1 <= b1 and ei != i:
+                # an entry covered by this access is redundant when this is a write (later accesses wait on
+                # the write, which waited on the entry) or a read on the same in-order queue as an older read
+                if (overlap and (write or (not ew and eq == queue)) and p0 <= ep0 and ep1 <= p1 and b0 <= eb0
+                        and eb1 <= b1 and ei != i):
                     continue
                 keep.append(ent)
             keep.append((i, queue, write, p0, p1, b0, b1))
