@@ -305,3 +305,15 @@ def test_long_rows_use_per_partition_scalars_and_fused_activation_reduce():
     assert sum(1 for o in run.opcodes if int(o) == isa.OPCODES["tensor_reduce"]) == 3  # amax per row tile
     w, b = torch.randn(300), torch.randn(300)
     _both(lambda x, w, b: torch.nn.functional.layer_norm(x, (300,), w, b), x, w, b, rtol=1e-4, atol=1e-5)
+
+
+def test_zero_size_tensors_are_folded_not_sent_to_the_chip():
+    def f(x, y):
+        return torch.exp(x) + 1, y.sum(0), y.t() @ torch.ones(0, 3), torch.softmax(x, -1)
+
+    x, y = torch.randn(2, 0, 3), torch.randn(0, 4)
+    ir = tn.make_ir(f)(x, y)
+    exe = compile_ir(ir, strict=True)
+    for g, w in zip(exe([x, y]), f(x, y)):
+        assert_close(g, w)
+    assert exe.stats["host_ops"] == {}

@@ -236,6 +236,25 @@ class NeuronExecutable:
             f"op {eqn.op.name!r} with inputs ({_avals(eqn)}){where} cannot run on the NeuronCore: {reason}. "
             f"Strict mode is on (strict=True or TN_STRICT=1); turn it off to run this op on the host")
 
+    @staticmethod
+    def _fold_empty(eqn: Eqn) -> Optional[List[torch.Tensor]]:
+        """Results of an equation whose outputs are all empty, or whose tensor inputs are all empty
+        (then the results do not depend on any data: computed once, at compile time). None otherwise."""
+        if all(v.numel == 0 for v in eqn.outputs):
+            return [torch.empty(v.shape, dtype=v.dtype) for v in eqn.outputs]
+        vins = [a for a in eqn.inputs if isinstance(a, Var)]
+        if not vins or any(a.numel != 0 for a in vins) or eqn.op.random:
+            return None
+        args = [a.value if isinstance(a, Literal) else torch.empty(a.shape, dtype=a.dtype) for a in eqn.inputs]
+        try:
+            r = eqn.op.impl(*args, **eqn.attrs)
+        except Exception:
+            return None
+        r = [r] if isinstance(r, torch.Tensor) else list(r)
+        if len(r) != len(eqn.outputs):
+            return None
+        return [t.to(v.dtype).reshape(v.shape).contiguous() for t, v in zip(r, eqn.outputs)]
+
     def _host_reason(self, eqn: Eqn) -> Optional[str]:
         if eqn.op.lowering is None:
             return "no lowering is registered for this op"
@@ -306,6 +325,16 @@ class NeuronExecutable:
         k = 0
         while k < n:
             eqn = ir.eqns[k]
+            if any(v.numel == 0 for v in eqn.outputs) or \
+                    any(isinstance(a, Var) and a.numel == 0 for a in eqn.inputs):
+                folded = self._fold_empty(eqn)
+                if folded is not None:
+                    # nothing to compute on the chip: empty results, or results of empty inputs only
+                    for v, t in zip(eqn.outputs, folded):
+                        init.append((define(v), t))
+                    k += 1
+                    continue
+                host.setdefault(k, "an operand has no elements (zero-size tensors are not sent to the chip)")
             reason = host.get(k) or self._host_reason(eqn)
             if reason is not None:
                 if self.strict:

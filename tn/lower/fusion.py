@@ -638,10 +638,13 @@ def plan(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()) -> Dict[i
         return {}
     n = len(ir.eqns)
     users: Dict[Var, List[int]] = {}
+    host = dict(host)
     for k, e in enumerate(ir.eqns):
         for a in e.inputs:
             if isinstance(a, Var):
                 users.setdefault(a, []).append(k)
+        if any(isinstance(a, Var) and a.numel == 0 for a in list(e.inputs) + list(e.outputs)):
+            host[k] = "zero-size"   # never fused (the compiler folds or runs these on the host)
     outset = {a for a in ir.outputs if isinstance(a, Var)}
     groups: Dict[int, Any] = {}
     k = 0
