@@ -32,8 +32,14 @@
 /* Largest register block over all variants; packed panels are padded to these with zeros. */
 #define TN_MM_MR_MAX 8
 #define TN_MM_NR_MAX 32
-#define TN_MM_APACK_FLOATS (TN_MM_MAX_K * (TN_MM_MAX_M + TN_MM_MR_MAX))
-#define TN_MM_BPACK_FLOATS (TN_MM_MAX_K * (TN_MM_MAX_N + TN_MM_NR_MAX))
+/* Floats between the starts of two packed panels: K x width plus 64 bytes, so that panels do not start a
+   multiple of 4 KiB apart (the packers write one row into every panel in turn: without the pad all those
+   stores fall into one L1 set and evict each other). */
+#define TN_MM_PANEL_PAD 16
+#define TN_MM_PANEL(K, width) ((int64_t)(K) * (width) + TN_MM_PANEL_PAD)
+/* Bounds for every variant (panels are at least 4 floats wide, so there are at most 160 of them). */
+#define TN_MM_APACK_FLOATS (TN_MM_MAX_K * (TN_MM_MAX_M + TN_MM_MR_MAX) + 160 * TN_MM_PANEL_PAD)
+#define TN_MM_BPACK_FLOATS (TN_MM_MAX_K * (TN_MM_MAX_N + TN_MM_NR_MAX) + 160 * TN_MM_PANEL_PAD)
 
 /* Dims inside the TensorE limits and strides at least one row wide (rows never overlap). */
 static int tn_mm_args_ok(int K, int M, int N, int64_t ss, int64_t ms, int64_t ps)
@@ -106,7 +112,7 @@ static void tn_mm_pack_a(float *ap, const void *stat, int is_bf16, int64_t ss, i
     int panels = (M + MR - 1) / MR;
     for (int p = 0; p < panels; p++) {
         int m0 = p * MR, mr = M - m0 < MR ? M - m0 : MR;
-        float *dst = ap + (int64_t)p * K * MR;
+        float *dst = ap + (int64_t)p * TN_MM_PANEL(K, MR);
         for (int k = 0; k < K; k++, dst += MR) {
             if (is_bf16) {
                 const uint16_t *src = (const uint16_t *)stat + (int64_t)k * ss + m0;
@@ -127,7 +133,7 @@ static void tn_mm_pack_b(float *bp, const void *mov, int is_bf16, int64_t ms, in
         if (is_bf16) {
             const uint16_t *src = (const uint16_t *)mov + (int64_t)k * ms;
             for (int q = 0; q < panels; q++) {
-                float *dst = bp + (int64_t)q * K * NR + (int64_t)k * NR;
+                float *dst = bp + (int64_t)q * TN_MM_PANEL(K, NR) + (int64_t)k * NR;
                 int n0 = q * NR, nr = N - n0 < NR ? N - n0 : NR;
                 for (int j = 0; j < nr; j++) dst[j] = tn_bf16_to_f32(src[n0 + j]);
                 for (int j = nr; j < NR; j++) dst[j] = 0.0f;
@@ -135,7 +141,7 @@ static void tn_mm_pack_b(float *bp, const void *mov, int is_bf16, int64_t ms, in
         } else {
             const float *src = (const float *)mov + (int64_t)k * ms;
             for (int q = 0; q < panels; q++) {
-                float *dst = bp + (int64_t)q * K * NR + (int64_t)k * NR;
+                float *dst = bp + (int64_t)q * TN_MM_PANEL(K, NR) + (int64_t)k * NR;
                 int n0 = q * NR, nr = N - n0 < NR ? N - n0 : NR;
                 memcpy(dst, src + n0, sizeof(float) * (size_t)nr);
                 for (int j = nr; j < NR; j++) dst[j] = 0.0f;
@@ -256,7 +262,7 @@ static void tn_mm_pack_a_avx512(float *ap, const void *stat, int is_bf16, int64_
             } else {
                 v = _mm256_maskz_loadu_ps(mk, (const float *)stat + (int64_t)k * ss + m0);
             }
-            _mm256_store_ps(ap + ((int64_t)p * K + k) * 8, v);
+            _mm256_store_ps(ap + (int64_t)p * TN_MM_PANEL(K, 8) + (int64_t)k * 8, v);
         }
     }
 }
@@ -283,7 +289,7 @@ static void tn_mm_pack_b_avx512(float *bp, const void *mov, int is_bf16, int64_t
                 v0 = _mm512_maskz_loadu_ps(m0, src);
                 v1 = _mm512_maskz_loadu_ps(m1, src + 16);
             }
-            float *dst = bp + ((int64_t)q * K + k) * 32;
+            float *dst = bp + (int64_t)q * TN_MM_PANEL(K, 32) + (int64_t)k * 32;
             _mm512_store_ps(dst, v0);
             _mm512_store_ps(dst + 16, v1);
         }
@@ -553,10 +559,10 @@ static void tn_mm_packed(const void *stat, int64_t ss, const void *mov, int64_t 
     int npan = (N + NR - 1) / NR, mpan = (M + MR - 1) / MR;
     for (int q = 0; q < npan; q++) {
         int n0 = q * NR, nr = N - n0 < NR ? N - n0 : NR;
-        const float *bq = s->b + (int64_t)q * K * NR;
+        const float *bq = s->b + (int64_t)q * TN_MM_PANEL(K, NR);
         for (int p = 0; p < mpan; p++) {
             int m0 = p * MR, mr = M - m0 < MR ? M - m0 : MR;
-            const float *ap = s->a + (int64_t)p * K * MR;
+            const float *ap = s->a + (int64_t)p * TN_MM_PANEL(K, MR);
             if (mr == MR && nr == NR) {
                 isa->kern(K, ap, bq, psum + (int64_t)m0 * ps + n0, ps, accumulate);
             } else {
