@@ -596,7 +596,7 @@ def _expand(e: Eqn, rule: Callable[..., Any]) -> Tuple[List[Eqn], List[Tuple[Var
     new_eqns = []
     for se in sub.eqns:
         new_eqns.append(Eqn(se.op, [mapping.get(a, a) if isinstance(a, Var) else a for a in se.inputs],
-                            se.outputs, se.attrs, se.source or e.source))
+                            se.outputs, se.attrs, e.source or se.source))
     return new_eqns, list(sub.consts), replaced
 
 
@@ -617,10 +617,10 @@ def decompose(ir: IR, names: Iterable[str], strict: bool = False, max_depth: int
         return ir
     consts = list(ir.consts)
     mapping: Dict[Var, Any] = {}
-    work: List[Tuple[Eqn, int]] = [(e, 0) for e in ir.eqns]
+    work: List[Tuple[Eqn, int]] = [(e, 0) for e in reversed(ir.eqns)]  # a stack: next equation last
     out: List[Eqn] = []
     while work:
-        e, depth = work.pop(0)
+        e, depth = work.pop()
         if any(isinstance(a, Var) and a in mapping for a in e.inputs):
             e = Eqn(e.op, [mapping.get(a, a) if isinstance(a, Var) else a for a in e.inputs],
                     e.outputs, e.attrs, e.source)
@@ -649,7 +649,7 @@ def decompose(ir: IR, names: Iterable[str], strict: bool = False, max_depth: int
             continue
         consts.extend(new_consts)
         mapping.update(replaced)
-        work[0:0] = [(ne, depth + 1) for ne in new_eqns]
+        work.extend((ne, depth + 1) for ne in reversed(new_eqns))
     outputs = [mapping.get(a, a) if isinstance(a, Var) else a for a in ir.outputs]
     return ir.replace(eqns=out, consts=consts, outputs=outputs)
 
