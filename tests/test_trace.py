@@ -356,6 +356,16 @@ def test_control_flow_on_traced_values_names_the_line(kind):
     assert "static_argnums" in msg and "eager" in msg and "tn.adaptive" in msg
 
 
+@pytest.mark.parametrize("conv", ["numpy", "tolist"])
+def test_conversion_to_python_values_is_a_tracing_error(conv):
+    def f(x):
+        return torch.tensor(getattr(x, conv)())  # conversion-line
+
+    with pytest.raises(tn.TracingError) as info:
+        trace_flat(f, [torch.randn(2)])
+    assert f"{THIS_FILE}:{_line_of(f, 'conversion-line')}" in str(info.value)
+
+
 def test_boolean_mask_indexing_is_a_tracing_error():
     with pytest.raises(tn.TracingError, match="boolean mask"):
         trace_flat(lambda x: x[x > 0], [torch.randn(5)])

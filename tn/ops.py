@@ -50,8 +50,11 @@ creation        full[shape value dtype] iota[length start step dtype]
 random          rand[shape dtype] randn[shape dtype]
 ==============  ==========================================================================
 
-Everything else (softmax, layer/batch norm, linear, mean, var, dropout,
-embedding, losses, backward ops ...) is decomposed into these by
+Unary functions stay ops rather than formulas (``asinh`` as a log/sqrt
+expression loses accuracy): the compiler maps them to ScalarE activation
+functions or runs them on the host. Everything else (softmax, layer/batch
+norm, linear, mean, var, dropout, embedding, losses, backward ops ...) is
+decomposed into these by
 :data:`DECOMPOSITIONS` or ``torch._decomp``. ``slice`` always has a
 non-negative ``start <= end`` within bounds and ``step >= 1``; ``dims`` of
 reductions are sorted and non-negative and list every reduced dimension.

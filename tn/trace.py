@@ -1039,7 +1039,12 @@ def trace_flat(fn: Callable[..., Any], flat_tensors: Sequence[Tensor]) -> Traced
         try:
             out = fn(*tracers)
         except RuntimeError as e:
-            if "data is not allocated" in str(e) or "Cannot access data pointer" in str(e):
+            msg = str(e)
+            if "not supported for tensor subclasses" in msg and (".numpy()" in msg or ".tolist()" in msg):
+                raise TracingError(
+                    f"{_where_in_traceback(e)}: this line converts a traced tensor to Python/numpy values "
+                    f"(.numpy(), .tolist(), np.asarray), which tracing cannot provide. {_ADVICE}") from e
+            if "data is not allocated" in msg or "Cannot access data pointer" in msg:
                 raise TracingError(
                     f"{_where_in_traceback(e)}: this line reads the values of a traced tensor in C++ "
                     f"(for example a tensor of split points or sizes), which tracing cannot provide. "
