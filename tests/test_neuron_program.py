@@ -148,3 +148,16 @@ def test_listing_is_readable():
     assert "program 'linear_relu' (trn2): 6 instructions" in text
     assert "#3    TensorE  matmul" in text and "waits [0, 1]" in text
     assert "src=float32[64:1 | 128:64]@x@0" in text   # the transposing DMA: partition stride 1, free stride 64
+
+
+def test_hbm_utilisation_of_a_pure_dma_program():
+    prog = Program("copy")
+    x = prog.hbm("x", (128, 8192), "float32")
+    t = prog.sbuf((128, 8192), "float32")
+    for q in range(4):
+        prog.dma_copy(t[:, q * 2048:(q + 1) * 2048], x[:, q * 2048:(q + 1) * 2048], queue=q)
+    res = prog.run({"x": np.zeros((128, 8192), np.float32)})
+    assert 0.5 < res.hbm_utilisation < 1.0
+    with tn.profile() as prof:
+        prog.run({"x": np.zeros((128, 8192), np.float32)})
+    assert 50 < prof.rows()[0]["HBM %"] < 100

@@ -76,6 +76,7 @@ class Profile:
             dma = [v for k, v in busy.items() if k.startswith("DMA")]
             row["DMA busiest %"] = 100.0 * max(dma, default=0.0) / t
             row["TFLOPS"] = flops / (t * 1e-9) / 1e12
+            row["HBM %"] = 100.0 * (row["hbm_read_MB"] + row["hbm_write_MB"]) * 1e6 / (arch.hbm_bytes_per_s * t * 1e-9)
             out.append(row)
         return out
 

@@ -496,6 +496,7 @@ class _Allocator:
         self.peak = 0
 
     def alloc(self, nbytes):
+        """Byte offset of a new range of ``nbytes`` (rounded up to the alignment) in every partition."""
         size = -(-nbytes // self.align) * self.align
         pos = 0
         for off in sorted(self.live):
@@ -512,6 +513,7 @@ class _Allocator:
         return pos
 
     def free(self, off):
+        """Release the range starting at ``off``."""
         size = self.live.pop(off, None)
         if size is None:
             raise NeuronError(f"{self.what}: tile at byte {off} is not allocated (freed twice?)")

@@ -109,6 +109,13 @@ class RunResult:
         return self.matmul_flops / (self.arch.peak_flops_bf16 * self.total_ns * 1e-9)
 
     @property
+    def hbm_utilisation(self) -> float:
+        """HBM bytes moved / (the core's HBM bandwidth x total time)."""
+        if self.total_ns <= 0:
+            return 0.0
+        return (self.hbm_read_bytes + self.hbm_write_bytes) / (self.arch.hbm_bytes_per_s * self.total_ns * 1e-9)
+
+    @property
     def tflops(self) -> float:
         """Achieved matmul TFLOP/s in modelled time."""
         return self.matmul_flops / (self.total_ns * 1e-9) / 1e12 if self.total_ns > 0 else 0.0
