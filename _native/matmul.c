@@ -36,6 +36,9 @@
    multiple of 4 KiB apart (the packers write one row into every panel in turn: without the pad all those
    stores fall into one L1 set and evict each other). */
 #define TN_MM_PANEL_PAD 16
+/* bf16 elements between two VNNI rows (k pairs) of the AMX moving operand: 2*Np plus 64 bytes, for the same
+   reason (a tile load reads 16 rows; unpadded they would be 2 KiB apart and share two L1 sets). */
+#define TN_AMX_VROW(Np) ((int64_t)(Np) * 2 + 32)
 #define TN_MM_PANEL(K, width) ((int64_t)(K) * (width) + TN_MM_PANEL_PAD)
 /* Bounds for every variant (panels are at least 4 floats wide, so there are at most 160 of them). */
 #define TN_MM_APACK_FLOATS (TN_MM_MAX_K * (TN_MM_MAX_M + TN_MM_MR_MAX) + 160 * TN_MM_PANEL_PAD)
@@ -96,7 +99,7 @@ static tn_mm_scratch *tn_mm_get_scratch(void)
     s->a = aligned_alloc(64, sizeof(float) * TN_MM_APACK_FLOATS);
     s->b = aligned_alloc(64, sizeof(float) * TN_MM_BPACK_FLOATS);
     s->abf = aligned_alloc(64, sizeof(uint16_t) * 128 * 128);
-    s->bbf = aligned_alloc(64, sizeof(uint16_t) * 128 * 512);
+    s->bbf = aligned_alloc(64, sizeof(uint16_t) * 64 * TN_AMX_VROW(512));
     if (!s->a || !s->b || !s->abf || !s->bbf || pthread_setspecific(tn_mm_key, s) != 0) {
         tn_mm_free_scratch(s);
         return NULL;
@@ -422,7 +425,8 @@ static inline void tn_tr16x16_epi32(__m512i r[16])
     }
 }
 
-/* Packs for AMX: at[m*Kp + k] = stat[k][m] (bf16, Mp x Kp), bv[(k/2)*Np*2 + n*2 + k%2] = mov[k][n]; zero padded. */
+/* Packs for AMX: at[m*Kp + k] = stat[k][m] (bf16, Mp x Kp), bv[(k/2)*TN_AMX_VROW(Np) + n*2 + k%2] = mov[k][n];
+   zero padded. */
 __attribute__((target("avx512f,avx512bw")))
 static void tn_amx_pack(uint16_t *at, uint16_t *bv, const uint16_t *stat, int64_t ss, const uint16_t *mov,
                         int64_t ms, int K, int M, int N, int Kp, int Mp, int Np)
@@ -435,7 +439,7 @@ static void tn_amx_pack(uint16_t *at, uint16_t *bv, const uint16_t *stat, int64_
         int k0 = 2 * j, k1 = 2 * j + 1;
         const uint16_t *r0 = k0 < K ? mov + (int64_t)k0 * ms : NULL;
         const uint16_t *r1 = k1 < K ? mov + (int64_t)k1 * ms : NULL;
-        uint16_t *dst = bv + (int64_t)j * Np * 2;
+        uint16_t *dst = bv + (int64_t)j * TN_AMX_VROW(Np);
         for (int n = 0; n < Np; n += 32) {
             int cnt = N - n;
             cnt = cnt < 0 ? 0 : cnt > 32 ? 32 : cnt;
@@ -479,7 +483,7 @@ static int tn_matmul_bf16_amx(const uint16_t *stat, int64_t ss, const uint16_t *
     for (int t = 0; t < 8; t++) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
     _tile_loadconfig(&cfg);
     float tmp[32 * 32] __attribute__((aligned(64)));
-    const int64_t bstride = (int64_t)Np * 4;   /* bytes between VNNI rows */
+    const int64_t bstride = TN_AMX_VROW(Np) * 2;   /* bytes between VNNI rows */
     const int64_t astride = (int64_t)Kp * 2;   /* bytes between rows of the transposed stationary */
     for (int m0 = 0; m0 < Mp; m0 += 32) {
         for (int n0 = 0; n0 < Np; n0 += 32) {
@@ -490,7 +494,7 @@ static int tn_matmul_bf16_amx(const uint16_t *stat, int64_t ss, const uint16_t *
             _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
             for (int k0 = 0; k0 < Kp; k0 += 32) {
                 const uint16_t *a0 = s->abf + (int64_t)m0 * Kp + k0;
-                const uint16_t *b0 = s->bbf + (int64_t)(k0 / 2) * Np * 2 + 2 * n0;
+                const uint16_t *b0 = s->bbf + (int64_t)(k0 / 2) * TN_AMX_VROW(Np) + 2 * n0;
                 _tile_loadd(4, a0, astride);
                 _tile_loadd(5, a0 + 16 * Kp, astride);
                 _tile_loadd(6, b0, bstride);
