@@ -793,6 +793,9 @@ def _h_inplace(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, An
 def _h_copy_(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
     dst, src = args[0], args[1]
     meta_call(func, args, kwargs)
+    if (type(src) is TracerTensor and type(dst) is TracerTensor and src._tn_store is dst._tn_store
+            and src._tn_chain == dst._tn_chain and src.dtype == dst.dtype):
+        return dst  # a region copied onto itself (``x[i] += v`` ends with x[i].copy_(x[i]))
     new = tr.cast_to(tr.atom(src) if type(src) is TracerTensor else tr.var_of(tr.lift(src)),
                      tuple(dst.shape), dst.dtype)
     tr.write(dst, new)
