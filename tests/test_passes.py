@@ -342,3 +342,9 @@ def test_optimize_on_traced_program_keeps_results():
     r, e = run_ir(out, [x]), f(x)
     for got, want in zip(r, e):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("value,expected", [("1", True), ("yes", True), ("0", False), ("", False),
+                                            (None, False), ("off", False)])
+def test_tn_verify_environment_flag(value, expected):
+    assert P.env_flag(value) is expected

@@ -46,8 +46,13 @@ __all__ = [
     "is_impure", "simplify",
 ]
 
-#: Verify after every pass of :func:`optimize` (the test suite turns it on).
-VERIFY: bool = os.environ.get("TN_VERIFY", "").strip().lower() not in ("", "0", "false", "no", "off")
+def env_flag(text: Optional[str]) -> bool:
+    """Whether an environment variable's text means "on" (anything but empty, 0, false, no, off)."""
+    return (text or "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+#: Verify after every pass of :func:`optimize` (``TN_VERIFY=1``; the test suite turns it on).
+VERIFY: bool = env_flag(os.environ.get("TN_VERIFY"))
 
 #: Constant folding only folds an equation whose outputs have at most this many
 #: elements in total, so huge tensors are never baked into a program.
