@@ -333,12 +333,22 @@ def _transpose_permute(ctx: Any, dst: HbmView, src: HbmView) -> bool:
     dt = dst.dtype
     na, ta = A[0], A[1]                   # A's stride in the output
     nb, sb = B[0], B[2]                   # B's stride in the source
-    ACH = 512                             # a-columns loaded per source tile (2 KiB runs for fp32)
+    esize = isa.DTYPE_SIZES[isa.dtype_code(dt)]
+    ACH = 4096 // esize                   # a-columns per source row load: 4 KiB runs
+    OBC = 4096 // esize                   # b-columns per output row store: 4 KiB runs
+    BANK = 2048 // esize                  # b-columns per PSUM bank (transposes keep the input dtype)
+    lag_in, lag_o, lag_ps = [], [], []   # frees delayed by one block: consecutive blocks use other buffers
+
+    def rotate(lag, new):
+        for t in lag:
+            prog.free(t)
+        lag[:] = new
+
     for bidx in itertools.product(*[range(n) for n, _, _ in batch]):
         od = dst.offset + sum(i * d[1] for i, d in zip(bidx, batch))
         os_ = src.offset + sum(i * d[2] for i, d in zip(bidx, batch))
-        for b0 in range(0, nb, 512):
-            nbg = min(512, nb - b0)
+        for b0 in range(0, nb, OBC):
+            nbg = min(OBC, nb - b0)
             for a0 in range(0, na, ACH):
                 nac = min(ACH, na - a0)
                 tiles = []
@@ -347,18 +357,22 @@ def _transpose_permute(ctx: Any, dst: HbmView, src: HbmView) -> bool:
                     t = prog.sbuf((pb, nac), dt)
                     prog.dma_copy(t, hview(src, os_ + (b0 + k0) * sb + a0, [(pb, sb), (nac, 1)]))
                     tiles.append((k0, pb, t))
+                rotate(lag_in, [t for _, _, t in tiles])
                 for j0 in range(0, nac, 128):
                     pa = min(128, nac - j0)
-                    ps = prog.psum((pa, nbg), dt if dt != "float32" else "float32")
-                    for k0, pb, t in tiles:
-                        prog.transpose(ps[:, k0:k0 + pb], t[:, j0:j0 + pa])
                     o = prog.sbuf((pa, nbg), dt)
-                    prog.tensor_copy(o, ps, engine="scalar" if (j0 // 128) % 2 else "vector")
-                    prog.free(ps)
+                    for c0 in range(0, nbg, BANK):
+                        nc = min(BANK, nbg - c0)
+                        ps = prog.psum((pa, nc), dt)
+                        for k0, pb, t in tiles:
+                            if c0 <= k0 < c0 + nc:
+                                prog.transpose(ps[:, k0 - c0:k0 - c0 + pb], t[:, j0:j0 + pa])
+                        prog.tensor_copy(o[:, c0:c0 + nc], ps, engine="scalar" if (c0 // BANK) % 2 else "vector")
+                        rotate(lag_ps, [ps])
                     prog.dma_copy(hview(dst, od + (a0 + j0) * ta + b0, [(pa, ta), (nbg, 1)]), o)
-                    prog.free(o)
-                for _, _, t in tiles:
-                    prog.free(t)
+                    rotate(lag_o, [o])
+    for lag in (lag_in, lag_o, lag_ps):
+        rotate(lag, [])
     return True
 
 
