@@ -211,6 +211,22 @@ def test_module_parameters_are_inputs_not_constants():
     assert len(ir.inputs) == 5  # 4 parameters + x
 
 
+def test_gru_module_uses_current_weights_and_is_left_untouched():
+    torch.manual_seed(0)
+    g = nn.GRU(4, 8, batch_first=True)
+    jg = tn.jit(g)
+    x = torch.randn(2, 5, 4)
+    with torch.no_grad():
+        close(jg(x)[0], g(x)[0])
+        g.weight_hh_l0.mul_(0.5)
+        out, h = jg(x)
+        want_out, want_h = g(x)
+    close(out, want_out)
+    close(h, want_h)
+    assert jg.cache_info().misses == 1
+    assert all(type(w) is nn.Parameter for w in g._flat_weights)
+
+
 def test_jitted_module_forwards_attributes():
     m = nn.Linear(3, 2)
     jm = tn.jit(m)

@@ -609,6 +609,9 @@ def _shadow(module: torch.nn.Module, memo: Dict[int, torch.nn.Module]) -> torch.
     d["_parameters"] = dict(module._parameters)
     d["_buffers"] = dict(module._buffers)
     d["_modules"] = {k: (_shadow(v, memo) if v is not None else None) for k, v in module._modules.items()}
+    for k, v in d.items():  # lists of tensors (nn.RNN's _flat_weights) are updated in place on reassignment
+        if type(v) is list:
+            d[k] = list(v)
     return c
 
 
