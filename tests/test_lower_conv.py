@@ -31,12 +31,28 @@ def _rand(*shape, dtype=torch.float32, seed=0):
     ((1, 1, 1, 1), (1, 1, 1, 1), False, 1, 0, 1, 1),
     ((1, 2, 30, 30), (3, 2, 3, 3), True, 1, 1, 1, 1),        # 900 pixels: several row blocks
     ((1, 2, 3, 600), (2, 2, 1, 3), False, 1, (0, 1), 1, 1),   # width > 512: column blocks
+    ((1, 3, 20, 20), (4, 3, 7, 7), True, 2, 3, 1, 1),        # 7x7 stem: two stacked groups of taps
+    ((2, 16, 16, 16), (8, 16, 3, 3), True, 1, 1, 1, 1),      # 16 channels: 8 taps per stacked group
+    ((1, 4, 16, 16), (4, 4, 3, 3), False, 1, 2, 2, 1),       # stacked with dilation
 ], ids=lambda c: "x{}w{}".format(c[0], c[1]))
 def test_conv2d_fp32(case):
     xs, ws, bias, stride, padding, dilation, groups = case
     x, w = _rand(*xs), _rand(*ws, seed=1)
     b = _rand(ws[0], seed=2) if bias else None
     _conv(x, w, b, stride, padding, dilation, groups)
+
+
+def test_conv_tap_stacking_is_used_for_few_channels():
+    from tn.lower.base import LowerCtx
+    from tn.lower.conv import _Conv
+    from tn.neuron import Program
+
+    prog = Program("t")
+    x, w, o = prog.hbm("x", (1, 3, 20, 20)), prog.hbm("w", (4, 3, 7, 7)), prog.hbm("o", (1, 4, 10, 10))
+    cv = _Conv(LowerCtx(prog), x.view(), w.view(), None, o.view(), (2, 2), (3, 3), (1, 1), 1)
+    assert cv.stacked and cv.TG == 2
+    x2, w2, o2 = prog.hbm("x2", (1, 256, 8, 8)), prog.hbm("w2", (4, 256, 3, 3)), prog.hbm("o2", (1, 4, 8, 8))
+    assert not _Conv(LowerCtx(prog), x2.view(), w2.view(), None, o2.view(), (1, 1), (1, 1), (1, 1), 1).stacked
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

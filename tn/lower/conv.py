@@ -12,9 +12,9 @@ channel chunks accumulate into one PSUM bank (``<= 512`` output pixels x
 ScalarE and written with ``ctx.store`` (fused epilogues apply). Padding is
 a zeroed band (GpSimd memset) whose interior is filled from HBM; a band
 holds the input rows one block of output rows needs, for several images at
-once when the images are small. When the channels of all taps fit on the
-partitions (``C * kh * kw <= 128``, e.g. the first RGB layer) the taps are
-stacked on the partitions instead (im2col by SBUF->SBUF DMA), so one matmul
+once when the images are small. When the channels are few (``C <= 32``,
+e.g. the first RGB layer) groups of ``128 // C`` taps are stacked on the
+partitions instead (im2col by SBUF->SBUF DMA of whole shifted planes), so one matmul
 per block does the whole contraction.
 
 ``avg_pool2d`` / ``avg_pool2d_backward``: ``(n, c)`` rows on the partitions,
@@ -94,9 +94,6 @@ class _Conv:
         self.T = self.kh * self.kw
         self.dt = x.dtype
         self.isz = _isz(self.dt)
-        # im2col on the partitions when every tap's channels fit at once
-        self.stacked = self.T > 1 and self.Cg * self.T <= _P and not bwd_data
-        self.CC = 1 if self.stacked else _cdiv(self.Cg, _P)
         self.OT = _cdiv(self.Og, _P)
         # output pixel blocks: (images, rows, cols) with images*rows*cols <= 512
         if self.Ho * self.Wo <= _NB:
@@ -107,8 +104,16 @@ class _Conv:
             self.nb, self.rows, self.cols = 1, 1, _NB
         self.bh = (self.rows - 1) * self.sh + (self.kh - 1) * self.dh + 1
         self.bw = (self.cols - 1) * self.sw + (self.kw - 1) * self.dw + 1
+        # (groups of) taps stacked on the partitions when few channels would leave TensorE's rows idle and the
+        # im2col DMAs cost less than the matmuls they save
+        self.tg = min(self.T, _P // self.Cg) if self.Cg <= _P else 1
+        self.TG = _cdiv(self.T, self.tg)
+        self.stacked = self.T > 1 and self.tg >= 4 and not bwd_data and self._stacking_pays()
+        if not self.stacked:
+            self.tg, self.TG = 1, self.T
+        self.CC = 1 if self.stacked else _cdiv(self.Cg, _P)
         band = self.CC * self.nb * self.bh * self.bw * self.isz
-        col = self.nb * self.rows * self.cols * self.isz if self.stacked else 0
+        col = self.TG * self.nb * self.bh * self.bw * self.isz if self.stacked else 0
         wts = self.G * self.CC * self.T * self.Og * self.isz
         wnat = max(self.Cg, self.Og) * self.T * self.isz
         stage = self.nb * self.bh * self.Wx * self.isz
@@ -116,6 +121,16 @@ class _Conv:
         if need > _sbuf_free(self.prog):
             raise CannotLower(f"convolution working set ({need} bytes per partition: input band {band}, weights "
                               f"{wts}) does not fit in SBUF")
+
+    def _stacking_pays(self) -> bool:
+        """Modelled time of one pixel block: matmuls per tap vs. stacked matmuls overlapped with im2col DMAs."""
+        arch = self.prog.arch
+        npix = self.nb * self.rows * self.cols
+        mm_ns = (max(64, npix) * (4 if self.dt == "float32" else 1) + arch.access_cycles) / arch.clock_hz["pe"] * 1e9
+        L = (self.rows - 1) * self.sh * self.bw + (self.cols - 1) * self.sw + 1
+        dma_bytes = self.T * self.Cg * self.nb * (L * self.isz + arch.dma_chunk_overhead_bytes)
+        dma_ns = dma_bytes / arch.hbm_bytes_per_s * 1e9 + arch.dma_fixed_ns * self.T / arch.dma_queues
+        return max(self.TG * mm_ns, dma_ns) < 0.8 * self.T * mm_ns
 
     def emit(self) -> None:
         prog = self.prog
@@ -133,8 +148,9 @@ class _Conv:
 
         try:
             self.copy = _Copier(prog)
-            kpart = self.Cg * self.T if self.stacked else _P
-            self.wT = sb((kpart, self.G * self.CC, 1 if self.stacked else self.T, self.Og), self.dt, "cv_wT")
+            kpart = self.Cg * self.tg if self.stacked else _P
+            self.wT = sb((kpart, self.G * (self.TG if self.stacked else self.CC), 1 if self.stacked else self.T,
+                          self.Og), self.dt, "cv_wT")
             self.wn = sb((_P, max(self.Cg, self.Og) * self.T), self.dt, "cv_wnat")
             self.tp_ring = _Ring(ps((_P, max(1, min(8, 2048 // (_P * self.isz))), _P), self.dt, f"cv_tp{i}")
                                  for i in range(2))
@@ -148,7 +164,8 @@ class _Conv:
             self.stage_ring = _Ring(sb((_P, self.nb * self.bh * self.Wx), self.dt, f"cv_stage{i}")
                                     for i in range(2))
             if self.stacked:
-                self.col_ring = _Ring(sb((self.Cg * self.T, self.nb, self.rows, self.cols), self.dt, f"cv_col{i}")
+                self.col_ring = _Ring(sb((self.Cg * self.tg, self.TG, self.nb, self.bh * self.bw), self.dt,
+                                         f"cv_col{i}")
                                       for i in range(2))
             self.out_ring = _Ring(sb((_P, _NB), self.out.dtype, f"cv_out{i}") for i in range(2))
             self.acc_ring = _Ring(ps((_P, _NB), "float32", f"cv_acc{i}") for i in range(4))
@@ -187,9 +204,12 @@ class _Conv:
                 prog.dma_copy(wn[:op, :Cg * T], wflat[g * Og + o0:g * Og + o0 + op, :])
                 wv = wn[:op, :Cg * T].reshape(op, Cg, T)
                 if self.stacked:
-                    tp = self.tp_ring.take()
-                    prog.transpose(tp[:Cg * T, 0, :op], wv.permute(0, 2, 1))
-                    self.copy(self.wT[:, g, 0, o0:o0 + op], tp[:Cg * T, 0, :op])
+                    for q in range(self.TG):
+                        t0, t1 = q * self.tg, min(T, (q + 1) * self.tg)
+                        kq = (t1 - t0) * Cg
+                        tp = self.tp_ring.take()
+                        prog.transpose(tp[:kq, 0, :op], wv.permute(0, 2, 1)[:, t0:t1, :])
+                        self.copy(self.wT[:kq, g * self.TG + q, 0, o0:o0 + op], tp[:kq, 0, :op])
                     continue
                 Gt = self.tp_ring.tiles[0].shape[1]
                 for cc in range(self.CC):
@@ -276,21 +296,31 @@ class _Conv:
         npix = nb * rows * cols
         band = self._load_band(g, n0, nb, oh0, ow0, rows, cols)
         if self.stacked:
+            # col[tap*Cg + c, n, :] = the band plane of (c, n) shifted by the tap's offset: one contiguous run per
+            # (channel, image); the matmul's moving view then picks rows sh*bw apart and columns sw apart
             col = self.col_ring.take()
-            Cg = self.Cg
+            Cg, bh, bw = self.Cg, self.bh, self.bw
+            L = (rows - 1) * self.sh * bw + (cols - 1) * self.sw + 1
+            plane = band[:Cg, 0, :nb]
             for i in range(self.kh):
                 for j in range(self.kw):
                     tap = i * self.kw + j
-                    prog.dma_copy(col[tap * Cg:(tap + 1) * Cg, :nb, :rows, :cols],
-                                  self._tap_view(band, 0, Cg, nb, rows, cols, i, j))
+                    q, tl = divmod(tap, self.tg)
+                    off = i * self.dh * bw + j * self.dw
+                    prog.dma_copy(col[tl * Cg:(tl + 1) * Cg, q, :nb, :L],
+                                  _window(plane, off, [(nb, bh * bw), (L, 1)]))
+            movs = []
+            for q in range(self.TG):
+                kq = (min(self.T, (q + 1) * self.tg) - q * self.tg) * Cg
+                movs.append((kq, _window(col[:kq, q, :nb], 0, [(nb, bh * bw), (rows, self.sh * bw), (cols, self.sw)])))
         for ot in range(self.OT):
             o0 = ot * _P
             op = min(_P, self.Og - o0)
             acc = self.acc_ring.take()
             if self.stacked:
-                K = self.Cg * self.T
-                prog.matmul(acc[:op, :npix], self.wT[:K, g, 0, o0:o0 + op], col[:K, :nb, :rows, :cols],
-                            accumulate=False, stop=True)
+                for q, (kq, mov) in enumerate(movs):
+                    prog.matmul(acc[:op, :npix], self.wT[:kq, g * self.TG + q, 0, o0:o0 + op], mov,
+                                accumulate=q > 0, stop=q == self.TG - 1)
             else:
                 steps = [(cc, i, j) for cc in range(self.CC) for i in range(self.kh) for j in range(self.kw)]
                 for s, (cc, i, j) in enumerate(steps):
