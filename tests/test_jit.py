@@ -533,6 +533,15 @@ def test_custom_backend_registry():
     assert len(seen) == 1 and isinstance(seen[0], tn.IR)
 
 
+def test_neuron_backend_is_found_by_name():
+    import importlib.util
+    if importlib.util.find_spec("tn.lower") is None:
+        pytest.skip("the NeuronCore compiler (tn.lower) has not landed")
+    f = tn.jit(lambda x, y: (x * y).sum(-1), backend="neuron")
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    close(f(x, y), (x * y).sum(-1), rtol=1e-5, atol=1e-5)
+
+
 def test_make_ir_prints_avals():
     def f(x, w):
         return (x @ w).relu()

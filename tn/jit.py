@@ -121,6 +121,9 @@ def _reference_compile(ir: IR) -> Callable[[List[Tensor]], List[Tensor]]:
 
 register_backend("reference", _reference_compile)
 
+#: Modules that register a backend when imported, looked up on first use of its name.
+_BACKEND_PROVIDERS: Dict[str, str] = {"neuron": "tn.lower"}
+
 
 def _resolve_backend(backend: Union[str, Callable, None], where: str) -> Tuple[str, _Backend]:
     if backend is None:
@@ -130,6 +133,10 @@ def _resolve_backend(backend: Union[str, Callable, None], where: str) -> Tuple[s
     if not isinstance(backend, str):
         raise TnError(f"{where}: backend must be a registered name or a compile function, got {backend!r}")
     b = _BACKENDS.get(backend)
+    if b is None and backend in _BACKEND_PROVIDERS:  # registered when its module is imported
+        import importlib
+        importlib.import_module(_BACKEND_PROVIDERS[backend])
+        b = _BACKENDS.get(backend)
     if b is None:
         raise TnError(f"{where}: unknown backend {backend!r}; registered backends: {', '.join(backends())}. "
                       f"Register one with tn.jit.register_backend(name, compile_fn)")
