@@ -178,6 +178,7 @@ def reduce_lowering(ctx: Any, x_t: Any, x_dt: str, shape, reduced, out_t: Any, a
     pacc = 128 if case == "K" else max(p[2].n for p in parts)
     pacc = min(pacc, pax0.n) if case == "K" else pacc
     tile_ax = parts[0][3][idx:]
+    lag: List[Any] = []
     for kcombo in itertools.product(*kept_loops):
         pc = pacc
         k_ch = None
@@ -226,8 +227,9 @@ def reduce_lowering(ctx: Any, x_t: Any, x_dt: str, shape, reduced, out_t: Any, a
                     _arg_chunk(prog, mode, tile, view, tdims, kax, rax, part, a_slice, acc_i[:ppc],
                                base=ioff + di_r + (0 if case == "K" else 0), cm=(pax.im if case == "R" else 0),
                                ppc=ppc, kshape=kshape)
-                prog.free(part)
-                prog.free(tile)
+                for t in lag:          # free the previous chunk's buffers now: the next load uses other memory
+                    prog.free(t)
+                lag = [part, tile]
         # finalize
         if case == "K":
             dst = hview(out_t, do_k, [(pc, pax0.os)] + (kept_tile or [(1, 1)]))
@@ -254,6 +256,8 @@ def reduce_lowering(ctx: Any, x_t: Any, x_dt: str, shape, reduced, out_t: Any, a
         if acc_i is not None:
             prog.free(acc_i)
         prog.free(acc)
+    for t in lag:
+        prog.free(t)
 
 
 def _arg_chunk(prog, mode, tile, view, tdims, kax, rax, m, acc_v, acc_i, base, cm, ppc, kshape):
