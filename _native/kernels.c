@@ -503,6 +503,19 @@ static int copy_ap_part(const tn_ap *dst, int64_t pd, const tn_ap *src, int64_t 
     return TN_OK;
 }
 
+/* A contiguous access pattern over buf with the dims of `like` (so copies between the two run row by row). */
+static tn_ap contig_like(char *buf, const tn_ap *like, int dtype, int esize)
+{
+    tn_ap a;
+    int64_t s = 1;
+    a.base = buf;
+    for (int d = 3; d >= 0; d--) { a.num[d] = like->num[d]; a.stride[d] = s; s *= like->num[d]; }
+    a.pstride = s * esize;
+    a.dtype = dtype;
+    a.esize = esize;
+    return a;
+}
+
 int tn_copy_bytes(const tn_ap *dst, const tn_ap *src, int64_t nparts)
 {
     for (int64_t p = 0; p < nparts; p++) {
@@ -718,9 +731,9 @@ int tn_partition_shuffle(const tn_ap *out, const tn_ap *in, const int64_t *perm,
         int es = in->esize;
         char *st = (char *)scratch(0, (n * nparts_out * es + 3) / 4 + 1);
         if (!st) return TN_ENOMEM;
-        tn_ap stage = {st, n * es, {1, 1, 1, n}, {0, 0, 0, 1}, in->dtype, es};
-        for (int64_t p = 0; p < nparts_out; p++) copy_ap_part(&stage, p, in, perm[p]);
-        for (int64_t p = 0; p < nparts_out; p++) copy_ap_part(out, p, &stage, p);
+        tn_ap stage_in = contig_like(st, in, in->dtype, es), stage_out = contig_like(st, out, in->dtype, es);
+        for (int64_t p = 0; p < nparts_out; p++) copy_ap_part(&stage_in, p, in, perm[p]);
+        for (int64_t p = 0; p < nparts_out; p++) copy_ap_part(out, p, &stage_out, p);
         return TN_OK;
     }
     float *all = scratch(0, n * nparts_out);
@@ -771,8 +784,8 @@ int tn_matmul_ap(const tn_ap *psum, const tn_ap *stat, const tn_ap *mov, int64_t
     if (stat->dtype == TN_BF16) { /* gather bf16 bits into contiguous scratch, stay exact */
         uint16_t *s = (uint16_t *)scratch(0, (K * M + 1) / 2 + 1), *m = (uint16_t *)scratch(1, (K * N + 1) / 2 + 1);
         if (!s || !m) return TN_ENOMEM;
-        tn_ap ds = {(char *)s, M * 2, {1, 1, 1, M}, {0, 0, 0, 1}, TN_BF16, 2};
-        tn_ap dm = {(char *)m, N * 2, {1, 1, 1, N}, {0, 0, 0, 1}, TN_BF16, 2};
+        tn_ap ds = contig_like((char *)s, stat, TN_BF16, 2);
+        tn_ap dm = contig_like((char *)m, mov, TN_BF16, 2);
         int rc = tn_copy_bytes(&ds, stat, K);
         if (!rc) rc = tn_copy_bytes(&dm, mov, K);
         if (rc) return rc;

@@ -379,3 +379,23 @@ def test_exp_special_values():
     out, _ = run_op(lambda p, t: p.activation(t["y"], t["x"], "exp"), {"x": (x, "float32")}, {"y": ((1, 6), "float32")})
     y = out["y"][0]
     assert np.isnan(y[0]) and y[1] == np.inf and y[2] == 0 and y[3] == np.inf and y[4] == 0 and abs(y[5] - 1) < 1e-7
+
+
+def test_copies_between_differently_shaped_patterns():
+    P = 32
+    x, y = rnd(P, 6, 8), rnd(P, 8)
+
+    def emit(p, t):
+        p.tensor_copy(t["a"].reshape(P, 8, 6).permute(0, 2, 1), t["x"])      # byte copy between patterns
+        p.partition_shuffle(t["b"], t["x"].reshape(P, 48), list(range(P))[::-1])
+        w = p.sbuf((P, 4, 16), "bfloat16")
+        p.tensor_copy(w[:, :, :12], t["x"].reshape(P, 4, 12))                # strided destination
+        ps = p.psum((48, 8))
+        p.matmul(ps, w[:, :, :12], t["y"])                                   # 2-axis strided stationary
+        p.tensor_copy(t["m"], ps)
+    out, _ = run_op(emit, {"x": (x, "bfloat16"), "y": (y, "bfloat16")},
+                    {"a": ((P, 8, 6), "bfloat16"), "b": ((P, 48), "bfloat16"), "m": ((48, 8), "float32")})
+    xr, yr = round_to(x, "bfloat16"), round_to(y, "bfloat16")
+    np.testing.assert_allclose(out["a"], xr.transpose(0, 2, 1), rtol=1e-7)
+    np.testing.assert_allclose(out["b"], xr.reshape(P, 48)[::-1], rtol=1e-7)
+    np.testing.assert_allclose(out["m"], xr.reshape(P, 48).T @ yr, rtol=1e-4, atol=1e-4)

@@ -940,7 +940,12 @@ class Program:
 
     def tensor_copy(self, out, src, *, engine="vector", deps=()):
         """``out = src`` with dtype conversion (e.g. PSUM fp32 -> SBUF bf16); VectorE, ScalarE or GpSimd."""
-        return self._emit("tensor_copy", self._queue(engine), [out, src], deps=deps)
+        enc = None
+        if isinstance(out, Tile) and isinstance(src, Tile) and out._dt == src._dt:
+            j = _joint_free_dims(out.dims, src.dims)   # same dtype: a byte copy, fastest over one pattern
+            if j is not None:
+                enc = [out.encode_dims(j[0]), src.encode_dims(j[1])]
+        return self._emit("tensor_copy", self._queue(engine), [out, src], deps=deps, encoded=enc)
 
     def select(self, out, pred, on_true, on_false, *, deps=()):
         """``out = pred != 0 ? on_true : on_false`` elementwise on VectorE."""
