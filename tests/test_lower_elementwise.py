@@ -147,8 +147,6 @@ def test_where_and_special_values():
 def test_not_lowered_cases_raise_in_strict_mode():
     with pytest.raises(tn.UnsupportedOpError, match="erfinv"):
         check_lowering("erfinv", torch.rand(4) - 0.5)
-    with pytest.raises(tn.UnsupportedOpError, match="int64"):
-        check_lowering("add", torch.arange(5), torch.arange(5))
     with pytest.raises(tn.UnsupportedOpError, match="float64"):
         check_lowering("exp", torch.randn(3, dtype=torch.float64))
     with pytest.raises(tn.UnsupportedOpError, match="bitwise_and"):
@@ -170,3 +168,37 @@ def test_broadcast_input_read_once_per_tile():
     b = _gen((256, 1), seed=9)
     r = check_lowering("sub", x, b)
     assert r.hbm_read_bytes == (x.numel() + b.numel()) * 4
+
+
+def test_int64_as_checked_int32_words():
+    a = torch.randint(-1000, 1000, (300, 7))
+    b = torch.randint(1, 50, (300, 7))
+    for op in ("add", "sub", "mul", "maximum", "eq", "lt", "remainder"):
+        check_lowering(op, a, b)
+    check_lowering("div", a, b, rounding_mode="floor")
+    check_lowering("div", a, b)
+    check_lowering("add", a, 5)
+    check_lowering("where", a > 0, a, b)
+    check_lowering("convert", a, dtype=torch.float32)
+    check_lowering("convert", torch.randn(30, 5) * 100, dtype=torch.int64)
+    check_lowering("neg", torch.arange(-3, 300))
+
+
+def test_int64_out_of_range_recomputed_on_host():
+    from tn.lower import compile_ir
+    from tn.lower.testing import build_eqn_ir
+
+    a = torch.randint(-1000, 1000, (200, 3))
+    b = torch.randint(-1000, 1000, (200, 3))
+    exe = compile_ir(build_eqn_ir("add", a, b))
+    assert torch.equal(exe([a, b])[0], a + b)
+    assert exe.last_profile.host_ops == {}
+    for v in (1 << 40, -(1 << 33), (1 << 24) + 1):
+        big = a.clone()
+        big[7, 1] = v
+        assert torch.equal(exe([big, b])[0], big + b)
+        assert exe.last_profile.host_ops == {"<out of range: whole call>": 1}
+    # a result out of the exact range is caught too
+    c = torch.full((200, 3), (1 << 23) + 5)
+    assert torch.equal(exe([c, c])[0], c + c)
+    assert exe.last_profile.host_ops == {"<out of range: whole call>": 1}

@@ -58,6 +58,8 @@ Fusion hooks (how lowerings cooperate with the framework)
    last axis (softmax, layer/RMS norm), with every intermediate in SBUF.
 
 ``ctx.scratch(shape, dtype)`` gives a fresh HBM temporary (spill space).
+``ctx.range_check(bad_tile)`` flags results the chip computed out of its
+exact range (the compiler then recomputes that call on the host, visibly).
 """
 from __future__ import annotations
 
@@ -115,6 +117,31 @@ class LowerCtx:
         self._nscratch = 0
         #: epilogue hook installed by the compiler for the current equation (see :meth:`store`).
         self.store_hook: Optional[Callable[[Any, Any], bool]] = None
+        #: ``[P, 1]`` fp32 accumulator of range-check failures (see :meth:`range_check`), or None.
+        self.flag_tile = None
+
+    def range_check(self, bad: Any) -> None:
+        """Record that the program's results are invalid where ``bad`` (an SBUF tile) is non-zero.
+
+        Used where the chip computes a value approximately by design, e.g.
+        int64 values carried as int32 low words and computed in fp32 (exact
+        below 2**24). The compiler turns the accumulated flag into a program
+        output; when it is set after a run, the executable recomputes that
+        call on the host (counted in the profile's ``host_ops``).
+        """
+        prog = self.prog
+        if self.flag_tile is None:
+            self.flag_tile = prog.sbuf((self.arch.partitions, 1), "float32", name="range_flag")
+            prog.memset(self.flag_tile, 0.0, engine="vector")
+        p = bad.shape[0]
+        red = prog.sbuf((p, 1), "float32")
+        axes = tuple(range(1, len(bad.shape)))
+        if axes:
+            prog.tensor_reduce(red, bad, "max", axis=axes)
+        else:
+            prog.tensor_copy(red, bad)
+        prog.tensor_tensor(self.flag_tile[:p], self.flag_tile[:p], red, "max")
+        prog.free(red)
 
     def scratch(self, shape, dtype) -> Any:
         """A fresh HBM temporary of ``shape`` (``()`` becomes ``(1,)``) and ``dtype`` (torch dtype or name)."""

@@ -157,14 +157,15 @@ class ExecProfile:
 class _ProgStep:
     """One built program: its encoding and which value slots bind to which HBM tensors."""
 
-    __slots__ = ("enc", "ins", "outs", "eqns")
+    __slots__ = ("enc", "ins", "outs", "eqns", "flag")
 
     def __init__(self, enc: Any, ins: List[Tuple[int, int]], outs: List[Tuple[int, int, tuple, torch.dtype]],
-                 eqns: List[int]):
+                 eqns: List[int], flag: Optional[int] = None):
         self.enc = enc
         self.ins = ins      # (hbm index, slot)
         self.outs = outs    # (hbm index, slot, shape, dtype)
         self.eqns = eqns
+        self.flag = flag    # hbm index of the range-check flag output, or None
 
 
 class _HostStep:
@@ -313,13 +314,27 @@ class NeuronExecutable:
                 if last_use.get(v, -1) >= end:
                     t.kind = "output"
                     outs.append((t.index, slot_of[v], v.shape, v.dtype))
+            flag = None
+            ctx = cur["ctx"]
+            if ctx.flag_tile is not None:
+                # range-check flag: max over partitions -> one int32 output
+                ft = prog.hbm("_range_flag", (1,), "int32", kind="output")
+                one = prog.sbuf((1, 1), "float32")
+                prog.partition_reduce(one, ctx.flag_tile, "max")
+                oi = prog.sbuf((1, 1), "int32")
+                prog.tensor_copy(oi, one)
+                prog.dma_copy(ft.view().reshape(1, 1), oi)
+                for t in (oi, one, ctx.flag_tile):
+                    prog.free(t)
+                ctx.flag_tile = None
+                flag = ft.index
             try:
                 enc = prog.build(check=True)
             except NeuronError as e:
                 raise TnError(f"tn.lower: program {prog.name!r} (equations {cur['eqns']}) failed validation: {e}. "
                               f"This is a bug of a lowering") from e
             instructions += len(enc)
-            steps.append(_ProgStep(enc, cur["ins"], outs, cur["eqns"]))
+            steps.append(_ProgStep(enc, cur["ins"], outs, cur["eqns"], flag))
             cur = None
 
         k = 0
@@ -510,7 +525,13 @@ class NeuronExecutable:
                     t = torch.empty(shape, dtype=dtype)
                     env[s] = t
                     binds[hbm[idx].name] = t
+                flag = None
+                if st.flag is not None:
+                    flag = torch.zeros(1, dtype=torch.int32)
+                    binds[hbm[st.flag].name] = flag
                 runs.append(run(st.enc, binds))
+                if flag is not None and int(flag[0]) != 0:
+                    return self._recompute_on_host(tensors, runs)
             else:
                 args = [env[v] if is_s else v for is_s, v in st.ins]
                 try:
@@ -531,6 +552,21 @@ class NeuronExecutable:
         for j, value, dtype in self._lit_outs:
             result[j] = torch.tensor(value, dtype=dtype)
         self.last_profile = ExecProfile(runs, self._host_counts)
+        return result
+
+    def _recompute_on_host(self, tensors: Sequence[torch.Tensor], runs: list) -> List[Any]:
+        """A program flagged a value outside the chip's exact range: this call runs on the host instead."""
+        from ..reference import run_ir
+
+        if not getattr(self, "_warned_range", False):
+            self._warned_range = True
+            log.warning("tn.lower: a NeuronCore program computed values outside its exact range (int64 values "
+                        "beyond 2**24); this call (and any later one that does so) is recomputed on the host")
+        host = dict(self._host_counts)
+        host["<out of range: whole call>"] = host.get("<out of range: whole call>", 0) + 1
+        result = run_ir(self.ir, [t.detach().cpu() if t.requires_grad or t.device.type != "cpu" else t
+                                  for t in tensors])
+        self.last_profile = ExecProfile(runs, host)
         return result
 
     def __repr__(self) -> str:

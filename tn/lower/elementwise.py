@@ -655,4 +655,4 @@ def _lower_elementwise(ctx, eqn, ins, outs):
     seen: Dict[Var, Any] = {}
     for v, t in zip(in_vars, in_hbm):
         seen.setdefault(v, t)
-    lower_map(ctx, [eqn], list(seen), list(seen.values()), list(eqn.outputs), outs)
+    lower_map(ctx, [eqn], list(seen), list(seen.values()), list(eqn.outputs), outs, allow_int64=True)

@@ -162,13 +162,17 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def check_dtypes(eqn: Eqn) -> None:
-    """CannotLower unless every Var of ``eqn`` has an engine dtype (int64 only moves by DMA)."""
+def check_dtypes(eqn: Eqn, allow_int64: bool = False) -> None:
+    """CannotLower unless every Var of ``eqn`` has an engine dtype.
+
+    int64 only moves by DMA: with ``allow_int64`` the tile engine carries
+    int64 values as their int32 low words, range-checked (see :func:`lower_map`).
+    """
     for a in list(eqn.inputs) + list(eqn.outputs):
         if isinstance(a, Var):
             if a.dtype not in NEURON_DTYPES:
                 raise CannotLower(f"{eqn.op.name}: dtype {a.dtype} has no NeuronCore equivalent")
-            if a.dtype == torch.int64:
+            if a.dtype == torch.int64 and not allow_int64:
                 raise CannotLower(f"{eqn.op.name}: int64 values cannot be computed on the NeuronCore engines "
                                   f"(int64 is DMA-only); use int32")
 
@@ -222,8 +226,15 @@ class Group:
 
 def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], out_vars: List[Var],
               out_hbm: List[Any], *, space: Optional[Tuple[int, ...]] = None, r: int = 0,
-              rowvars: Optional[Set[Var]] = None) -> None:
-    """Lower ``eqns`` (elementwise, plus trailing-axes reductions when ``r > 0``) tile by tile."""
+              rowvars: Optional[Set[Var]] = None, allow_int64: bool = False) -> None:
+    """Lower ``eqns`` (elementwise, plus trailing-axes reductions when ``r > 0``) tile by tile.
+
+    With ``allow_int64`` an int64 input is loaded as its int32 low words
+    (strided DMA of the word pairs) and checked: its high word must be the
+    sign extension and ``|value| < 2**24`` (exact in the engines' fp32), an
+    int64 output is stored as (value, sign) word pairs and checked likewise;
+    a failed check sets the program's range flag (:meth:`LowerCtx.range_check`).
+    """
     from ..neuron.program import HbmView
     from .elementwise import TILE_RULES
 
@@ -235,7 +246,7 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             continue
         if e.op.name not in TILE_RULES:
             raise CannotLower(f"{e.op.name}: no elementwise tile rule")
-        check_dtypes(e)
+        check_dtypes(e, allow_int64)
         pre = getattr(TILE_RULES[e.op.name], "precheck", None)
         if pre is not None:
             pre(e)
@@ -324,7 +335,7 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
     if lay.C <= lay.f and lay.R > lay.parts * lay.kmax:
         for i in in_index:
             st = lay.strides[i]
-            if st[nout_] == 0 and all(s == 0 for s in st[:nout_]):
+            if st[nout_] == 0 and all(s == 0 for s in st[:nout_]) and in_vars[in_index.index(i)].dtype != torch.int64:
                 hoist.add(i)
     hoisted: Dict[Tuple[int, int, int], Any] = {}
     for offs, nout, r0, p, k, c0, f in lay.tiles():
@@ -344,15 +355,18 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
                 t = hoisted.get((i, c0, f))
                 if t is None:
                     hp = min(lay.parts, lay.R)
-                    t = prog.sbuf((hp, 1, shp[2]), NEURON_DTYPES[v.dtype])
+                    t = prog.sbuf((hp, 1, shp[2]), _tdt(v))
                     prog.dma_copy(t, HbmView(t_hbm, offs[i] + c0 * sc, [(hp, 0), (1, 0), (shp[2], sc)]))
                     hoisted[(i, c0, f)] = t
                 env[v] = t[:p]
                 continue
-            view = HbmView(t_hbm, offs[i] + r0 * sr + c0 * sc, [(p, sr * k), (shp[1], sr), (shp[2], sc)])
-            t = prog.sbuf(shp, NEURON_DTYPES[v.dtype])
+            dims3 = [(p, sr * k), (shp[1], sr), (shp[2], sc)]
+            t = prog.sbuf(shp, _tdt(v))
             allocated.append(t)
-            prog.dma_copy(t, view)
+            if v.dtype == torch.int64:
+                _load_i64(ctx, t, t_hbm, offs[i] + r0 * sr + c0 * sc, dims3)
+            else:
+                prog.dma_copy(t, HbmView(t_hbm, offs[i] + r0 * sr + c0 * sc, dims3))
             env[v] = t
         done = -1
         for j, e in enumerate(eqns):
@@ -360,7 +374,7 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             outs = []
             if j != done:
                 for v in e.outputs:
-                    t = prog.sbuf(oshape, NEURON_DTYPES[v.dtype])
+                    t = prog.sbuf(oshape, _tdt(v))
                     if v in out_set:
                         allocated.append(t)
                     env[v] = t
@@ -397,9 +411,11 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
                     st = lay.strides[i]
                     sr, sc = st[nout], st[nout + 1]
                     shp = tshape(i)
-                    view = HbmView(out_hbm[out_pos[v]], offs[i] + r0 * sr + c0 * sc,
-                                   [(p, sr * k), (shp[1], sr), (shp[2], sc)])
-                    prog.dma_copy(view, env[v])
+                    dims3 = [(p, sr * k), (shp[1], sr), (shp[2], sc)]
+                    if v.dtype == torch.int64:
+                        _store_i64(ctx, out_hbm[out_pos[v]], offs[i] + r0 * sr + c0 * sc, dims3, env[v])
+                    else:
+                        prog.dma_copy(HbmView(out_hbm[out_pos[v]], offs[i] + r0 * sr + c0 * sc, dims3), env[v])
             for v in frees_after.get(j, ()):
                 prog.free(env.pop(v))
         live.append(allocated)
@@ -411,6 +427,55 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             prog.free(t)
     for t in hoisted.values():
         prog.free(t)
+
+
+def _tdt(v: Var) -> str:
+    """SBUF tile dtype of a value (int64 values are carried as int32)."""
+    return "int32" if v.dtype == torch.int64 else NEURON_DTYPES[v.dtype]
+
+
+_EXACT = float(1 << 24)
+
+
+def _word_view(t_hbm: Any, off: int, dims: list, word: int) -> Any:
+    """The int32 low (word 0) or high (word 1) words of an int64 HBM region (offset/dims in int64 elements)."""
+    from ..neuron import isa
+    from ..neuron.program import HbmView
+
+    v = HbmView(t_hbm, 2 * off + word, [(n, 2 * s) for n, s in dims])
+    v._dt = isa.dtype_code("int32")  # reinterpret the int64 words (the engine bounds-checks bytes)
+    return v
+
+
+def _load_i64(ctx: Any, t: Any, t_hbm: Any, off: int, dims: list) -> None:
+    """Load int64 values into the int32 tile ``t`` (low words) and range-check them."""
+    prog = ctx.prog
+    prog.dma_copy(t, _word_view(t_hbm, off, dims, 0))
+    hi = prog.sbuf(t.shape, "int32")
+    prog.dma_copy(hi, _word_view(t_hbm, off, dims, 1))
+    sign = prog.sbuf(t.shape, "float32")
+    prog.tensor_scalar(sign, t, "is_lt", 0.0, "multiply", -1.0)     # expected high word
+    prog.tensor_tensor(sign, hi, sign, "not_equal")
+    big = prog.sbuf(t.shape, "float32")
+    prog.tensor_scalar(big, t, "abs_max", 0.0, "is_ge", _EXACT)
+    prog.tensor_tensor(sign, sign, big, "max")
+    ctx.range_check(sign)
+    for x in (big, sign, hi):
+        prog.free(x)
+
+
+def _store_i64(ctx: Any, t_hbm: Any, off: int, dims: list, t: Any) -> None:
+    """Store the int32 tile ``t`` as int64 (value, sign) word pairs, range-checking the values."""
+    prog = ctx.prog
+    prog.dma_copy(_word_view(t_hbm, off, dims, 0), t)
+    hi = prog.sbuf(t.shape, "int32")
+    prog.tensor_scalar(hi, t, "is_lt", 0.0, "multiply", -1.0)
+    prog.dma_copy(_word_view(t_hbm, off, dims, 1), hi)
+    big = prog.sbuf(t.shape, "float32")
+    prog.tensor_scalar(big, t, "abs_max", 0.0, "is_ge", _EXACT)
+    ctx.range_check(big)
+    prog.free(big)
+    prog.free(hi)
 
 
 # --------------------------------------------------------------------------- epilogues
