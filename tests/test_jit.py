@@ -138,15 +138,19 @@ def test_pytrees_in_and_out():
         s = p.a + p.b
         return Out(total=s + d["w"] * items[0], parts=[s, {"k": items[1].exp()}], note=d["tag"])
 
-    p = Pair(torch.randn(3), torch.randn(3))
-    d = {"w": torch.randn(3), "tag": "hello"}
-    items = [torch.randn(3), torch.randn(2)]
-    got = tn.jit(f)(p, d, items)
-    want = f(p, d, items)
-    assert isinstance(got, Out) and got.note == "hello"
-    close(got.total, want.total)
-    close(got.parts[0], want.parts[0])
-    close(got.parts[1]["k"], want.parts[1]["k"])
+    jf = tn.jit(f)
+    for _ in range(2):  # new values, same signature: the second call is a hit (all tensors are inputs)
+        p = Pair(torch.randn(3), torch.randn(3))
+        d = {"w": torch.randn(3), "tag": "hello"}
+        items = [torch.randn(3), torch.randn(2)]
+        got = jf(p, d, items)
+        want = f(p, d, items)
+        assert isinstance(got, Out) and got.note == "hello"
+        close(got.total, want.total)
+        close(got.parts[0], want.parts[0])
+        close(got.parts[1]["k"], want.parts[1]["k"])
+    assert (jf.cache_info().misses, jf.cache_info().hits) == (1, 1)
+    assert len(tn.make_ir(f)(p, d, items).inputs) == 5
 
 
 @dataclasses.dataclass(frozen=True)

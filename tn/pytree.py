@@ -213,7 +213,7 @@ def flatten(x: Any, tensors: List[Tensor]) -> Any:
         return (MODULE, x, st.names, tuple([m.training for m in st.mods]))
     if t not in _pytree.SUPPORTED_NODES and dataclasses.is_dataclass(x) and not isinstance(x, type):
         register_dataclass_type(t)
-    if t in _pytree.SUPPORTED_NODES:
+    if not _pytree.tree_is_leaf(x):  # registered nodes, NamedTuples, torch.return_types
         leaves, spec = _pytree.tree_flatten(x)
         return (NODE, spec, tuple([flatten(e, tensors) for e in leaves]))
     return (LEAF, t, x)
@@ -301,8 +301,21 @@ def describe(spec: Any, sigs: Sequence[Tuple[Any, ...]], label: str, out: Dict[s
             describe(TENSOR, sigs, f"{label}.{n}", out, pos)
     elif tag == NODE:
         out[label + " (structure)"] = _short(str(spec[1]).replace("\n", " "), 80)
-        for i, c in enumerate(spec[2]):
-            describe(c, sigs, f"{label}<leaf {i}>", out, pos)
+        for path, c in zip(_leaf_paths(spec), spec[2]):
+            describe(c, sigs, label + path, out, pos)
+
+
+def _leaf_paths(spec: Any) -> List[str]:
+    """Key paths (``.field``, ``[0]``, ``['k']``) of a NODE spec's leaves, for messages."""
+    n = len(spec[2])
+    try:
+        dummy = _pytree.tree_unflatten(list(range(n)), spec[1])
+        paths = [_pytree.keystr(p) for p, _ in _pytree.tree_flatten_with_path(dummy)[0]]
+        if len(paths) == n:
+            return paths
+    except Exception:  # a node type whose constructor rejects placeholder leaves
+        pass
+    return [f"<leaf {i}>" for i in range(n)]
 
 
 def find_unhashable(spec: Any, label: str) -> Tuple[str, Any] | None:
@@ -317,8 +330,9 @@ def find_unhashable(spec: Any, label: str) -> Tuple[str, Any] | None:
             return label, spec[2]
         return None
     if tag == SEQ or tag == NODE:
-        for i, c in enumerate(spec[2]):
-            r = find_unhashable(c, f"{label}[{i}]" if tag == SEQ else f"{label}<leaf {i}>")
+        paths = [f"[{i}]" for i in range(len(spec[2]))] if tag == SEQ else _leaf_paths(spec)
+        for path, c in zip(paths, spec[2]):
+            r = find_unhashable(c, label + path)
             if r:
                 return r
     if tag == DICT:
