@@ -159,3 +159,26 @@ def test_convolution_backward_bf16():
     # bf16 sums of many products: compare with a tolerance scaled to the sum length
     _conv_bwd((2, 4, 8, 8), (8, 4, 3, 3), dict(padding=(1, 1)), (True, True, True), dtype=torch.bfloat16,
               rtol=3e-2, atol=1e-1)
+
+
+def test_small_convnet_train_step_runs_natively(monkeypatch):
+    """Forward and gradients of a small ConvNet through tn.jit on the neuron backend, strict (no host fallback)."""
+    import tn
+    import tn.lower  # noqa: F401  (registers the backend)
+
+    monkeypatch.setenv("TN_STRICT", "1")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.AvgPool2d(2),
+        torch.nn.Conv2d(8, 16, 3, stride=2, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+        torch.nn.Linear(16 * 4 * 4, 10))
+    x = torch.randn(4, 3, 16, 16)
+
+    def step(net, x):
+        out = net(x)
+        return (out,) + tuple(torch.autograd.grad(out.square().mean(), list(net.parameters())))
+
+    got = tn.jit(step, backend="neuron")(net, x)
+    want = step(net, x)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
