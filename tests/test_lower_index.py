@@ -134,3 +134,12 @@ def test_index_put_boolean_mask_int32():
     mask = torch.rand(3, 4, generator=G) > 0.5
     check_lowering("index_put", _randint(0, 9, (3, 4), torch.int32), torch.tensor(7, dtype=torch.int32), mask,
                    dims=(0,), accumulate=False)
+
+
+@pytest.mark.slow
+def test_big_embedding_and_grad():
+    table = _randn(50257, 768)
+    idx = _randint(0, 50257, (4, 128))
+    check_lowering("index", table, idx, dims=(0,))
+    check_lowering("index_put", _randn(8192, 256), _randn(512, 256), _randint(0, 8192, (512,)), dims=(0,),
+                   accumulate=True, rtol=1e-4, atol=1e-4)

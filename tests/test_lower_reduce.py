@@ -85,3 +85,16 @@ def test_int_sum_falls_back():
     from tn.errors import UnsupportedOpError
     with pytest.raises(UnsupportedOpError):
         check_lowering("sum", torch.arange(10, dtype=torch.int32).reshape(2, 5), dims=(1,), keepdim=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape,dims", [((4096, 1024), (1,)), ((8192, 768), (0,)), ((1 << 20,), (0,))])
+def test_big_sums(shape, dims):
+    check_lowering("sum", _randn(shape), dims=dims, keepdim=False, rtol=1e-4, atol=1e-3)
+    check_lowering("amax", _randn(shape), dims=dims, keepdim=False)
+
+
+@pytest.mark.slow
+def test_big_argmax_and_cumsum():
+    check_lowering("argmax", _randn((512, 4096)), dim=1)
+    check_lowering("cumsum", _randn((2048, 256)), dim=0, rtol=1e-4, atol=1e-3)

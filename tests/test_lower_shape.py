@@ -118,3 +118,18 @@ def test_permute_transpose_on_tensore(shape, dims, dtype):
                                                 ((7, 1), (7, 9), torch.bool), ((7, 1), (7, 9), torch.int64)])
 def test_expand_inner_axis(xshape, shape, dtype):
     check_lowering("expand", _rand(xshape, dtype), shape=shape)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_big_weight_transpose(dtype):
+    res = check_lowering("permute", _rand((2304, 768), dtype), dims=(1, 0))
+    assert res.counts.get("TensorE", 0) > 0
+
+
+@pytest.mark.slow
+def test_big_cat_pad_slice():
+    x = _rand((1024, 1024), torch.float32)
+    check_lowering("cat", x, _rand((1024, 512), torch.float32, 1), dim=1)
+    check_lowering("pad", x, pad=(3, 5, 2, 0), value=0.5)
+    check_lowering("slice", x, dim=0, start=1, end=1000, step=3)
