@@ -187,6 +187,26 @@ def test_inplace_through_chains_of_views():
     check(f, torch.randn(4, 4))
 
 
+def test_strided_views_of_permuted_layouts():
+    def f(x):
+        y = x.t() * 2  # a result whose memory order is x's, not row-major
+        y[0] = 1.0
+        y.diagonal().zero_()
+        return y, x.unfold(1, 2, 1).sum(-1)
+
+    check(f, torch.randn(3, 4))
+
+
+def test_out_variants_and_inplace_index_ops_on_inputs():
+    def f(a, b, out, x, i):
+        torch.add(a, b, out=out)
+        x.index_put_((i,), b[:3], accumulate=True)
+        return out * 1
+
+    tr = check(f, torch.randn(3), torch.randn(3), torch.randn(3), torch.randn(5), torch.tensor([0, 0, 3]))
+    assert sorted(i for i, _ in tr.ir.mutations) == [2, 3]
+
+
 def test_inplace_on_intermediate_is_not_a_mutation():
     def f(x):
         y = x * 1
@@ -381,6 +401,11 @@ def test_unsupported_op_names_op_and_shapes():
 def test_write_into_broadcast_view_is_unsupported():
     with pytest.raises(tn.UnsupportedOpError, match="broadcast view"):
         trace_flat(lambda x: x.expand(3, 3).add_(1), [torch.randn(3)])
+
+
+def test_inplace_shape_change_of_an_input_is_unsupported():
+    with pytest.raises(tn.UnsupportedOpError, match="shape of an input"):
+        trace_flat(lambda x: x.unsqueeze_(0), [torch.randn(3)])
 
 
 def test_escaped_tracer_is_an_error():

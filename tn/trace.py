@@ -259,6 +259,7 @@ class TracerTensor(Tensor):
         t = Tensor._make_wrapper_subclass(cls, spec.shape, strides=spec.strides, storage_offset=spec.offset,
                                           dtype=spec.dtype, device=device, requires_grad=requires_grad)
         t._tn_meta = None
+        t._tn_input = False
         t._tn_store = store
         t._tn_chain = chain
         t._tn_var = var
@@ -611,15 +612,30 @@ class _Tracer(TorchDispatchMode):
         return TracerTensor(meta, self.device, x._tn_store, x._tn_chain + tuple(steps), v)
 
     def make_strided_view(self, x: TracerTensor, meta: _Spec, func: Any) -> TracerTensor:
+        """A view no explicit rule covers (diagonal, unfold ...): ``as_strided`` of the base.
+
+        The view's strides address the base's memory; if the base is a dense
+        permutation of row-major (e.g. the result of ``x.t() * 2``), the base
+        is first permuted into memory order.
+        """
         st = x._tn_store
-        if not st.spec.is_row_major():
-            raise UnsupportedOpError(
-                f"{_where()}: tn cannot trace the view {func} of a tensor with a non-row-major layout "
-                f"(input {aval_str(x.shape, x.dtype)}); call .contiguous() first.")
-        step = (OPS["as_strided"], {"size": tuple(meta.shape), "stride": tuple(meta.stride()),
-                                    "offset": int(meta.storage_offset())}, tuple(meta.shape))
-        v = self.apply_step(step, st.var)
-        return TracerTensor(meta, self.device, st, (step,), v)
+        base = st.spec
+        steps: List[tuple] = []
+        if not base.is_row_major():
+            perm = sorted(range(len(base.shape)), key=lambda d: -base.strides[d])
+            mem = _Spec(tuple(base.shape[d] for d in perm), tuple(base.strides[d] for d in perm), base.offset,
+                        base.dtype)
+            if not mem.is_row_major():
+                raise UnsupportedOpError(
+                    f"{_where()}: tn cannot trace the view {func} of a tensor whose layout is not dense "
+                    f"(input {aval_str(x.shape, x.dtype)}); call .contiguous() first.")
+            steps += _permute_dims(perm, tuple(base.shape))
+        steps.append((OPS["as_strided"], {"size": tuple(meta.shape), "stride": tuple(meta.stride()),
+                                          "offset": int(meta.storage_offset())}, tuple(meta.shape)))
+        v = st.var
+        for step in steps:
+            v = self.apply_step(step, v)
+        return TracerTensor(meta, self.device, st, tuple(steps), v)
 
     def write(self, t: TracerTensor, new: Var) -> None:
         """Functionalised in-place update: ``t`` (and its base and views) now hold ``new``."""
@@ -826,6 +842,11 @@ def _h_metadata_inplace(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dic
             f"instead (e.g. torch.empty(new_shape) or `x = x.reshape(...)`).")
     if name == "detach_":
         return t
+    if t._tn_input:
+        raise UnsupportedOpError(
+            f"{_where()}: {func} changes the shape of an input tensor in place (inputs "
+            f"{_describe_inputs(args, kwargs)}); a compiled program can update an input's values but "
+            f"not its shape. Use the out-of-place form, e.g. `x = x.{name[:-1]}(...)`.")
     old_shape = tuple(t.shape)
     v = tr.var_of(t)
     meta = _meta(t)
@@ -1036,6 +1057,7 @@ def trace_flat(fn: Callable[..., Any], flat_tensors: Sequence[Tensor]) -> Traced
         spec = _Spec.contiguous(t.shape, t.dtype)
         tt = TracerTensor(spec, device, _Store(v, spec, i), (), v,
                           requires_grad=bool(t.requires_grad and (t.is_floating_point() or t.is_complex())))
+        tt._tn_input = True
         in_vars.append(v)
         tracers.append(tt)
     with tracer:
