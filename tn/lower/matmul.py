@@ -43,7 +43,7 @@ from typing import Any, Callable, Optional
 from ..neuron import isa
 from .base import CannotLower, lowering
 
-__all__ = ["emit_matmul", "MATMUL_DTYPES"]
+__all__ = ["emit_matmul", "lower_matmul", "lower_matmul_transposed", "transposed_source", "MATMUL_DTYPES"]
 
 #: NeuronCore dtypes TensorE multiplies.
 MATMUL_DTYPES = ("float32", "bfloat16", "float16")
@@ -474,9 +474,8 @@ def _as3(t, lead: int, r: int, cdim: int):
     return t.reshape(lead, r, cdim)
 
 
-@lowering("matmul")
-def lower_matmul(ctx, eqn, ins, outs) -> None:
-    """``[..., M, K] @ [..., K, N]`` (equal batch dims) on TensorE; see the module docstring."""
+def _check_matmul_eqn(ctx, eqn):
+    """(lead, M, K, N) of a matmul equation, or CannotLower naming what is unsupported."""
     av, bv = eqn.inputs
     if not hasattr(av, "shape") or not hasattr(bv, "shape"):
         raise CannotLower("matmul of a Python scalar")
@@ -495,7 +494,61 @@ def lower_matmul(ctx, eqn, ins, outs) -> None:
     lead = 1
     for s in av.shape[:-2]:
         lead *= int(s)
-    a = _as3(ins[0], lead, M, K)
-    b = _as3(ins[1], lead, K, N)
-    c = _as3(outs[0], lead, M, N)
-    emit_matmul(ctx, a, b, c)
+    return lead, int(M), int(K), int(N)
+
+
+@lowering("matmul")
+def lower_matmul(ctx, eqn, ins, outs) -> None:
+    """``[..., M, K] @ [..., K, N]`` (equal batch dims) on TensorE; see the module docstring."""
+    lead, M, K, N = _check_matmul_eqn(ctx, eqn)
+    emit_matmul(ctx, _as3(ins[0], lead, M, K), _as3(ins[1], lead, K, N), _as3(outs[0], lead, M, N))
+
+
+def transposed_source(var, producer: Callable[[Any], Any]):
+    """The tensor whose last two axes ``var`` swaps, or None.
+
+    ``var`` (a matmul operand ``[..., R, C]``) matches when it is
+    ``permute(X)`` with dims ``(0, .., n-3, n-1, n-2)``, possibly followed
+    by a ``reshape`` that only regroups the leading (batch) axes; ``X`` then
+    holds ``var`` transposed (``[..., C, R]``, same batch order).
+    ``producer(v)`` returns the equation defining ``v`` (None for program
+    inputs). A fusion planner uses this to lower ``permute -> matmul`` as one
+    :func:`lower_matmul_transposed` (the permute is then not materialised).
+    """
+    e = producer(var)
+    if e is not None and e.op.name == "reshape":
+        src = e.inputs[0]
+        if not hasattr(src, "shape") or len(src.shape) < 2 or tuple(src.shape[-2:]) != tuple(var.shape[-2:]):
+            return None
+        e = producer(src)
+    if e is None or e.op.name != "permute":
+        return None
+    dims = tuple(e.attrs["dims"])
+    n = len(dims)
+    if n < 2 or dims != tuple(range(n - 2)) + (n - 1, n - 2):
+        return None
+    x = e.inputs[0]
+    rows = 1
+    for d in x.shape[:-2]:
+        rows *= int(d)
+    want = 1
+    for d in var.shape[:-2]:
+        want *= int(d)
+    return x if rows == want else None
+
+
+def lower_matmul_transposed(ctx, eqn, ins, outs, a_t=None, b_t=None) -> None:
+    """Lower matmul ``eqn`` reading transposed sources instead of its operands.
+
+    ``a_t``: HbmTensor ``[..., K, M]`` holding operand A transposed (then
+    ``ins[0]`` is not read and may be None); ``b_t``: HbmTensor ``[..., N, K]``
+    holding B transposed (``ins[1]`` not read). Typically the inputs of the
+    ``permute`` equations found by :func:`transposed_source`. Output and
+    epilogue handling are as in the plain lowering.
+    """
+    lead, M, K, N = _check_matmul_eqn(ctx, eqn)
+    a = None if a_t is not None else _as3(ins[0], lead, M, K)
+    b = None if b_t is not None else _as3(ins[1], lead, K, N)
+    emit_matmul(ctx, a, b, _as3(outs[0], lead, M, N),
+                a_t=None if a_t is None else _as3(a_t, lead, K, M),
+                b_t=None if b_t is None else _as3(b_t, lead, N, K))
