@@ -292,13 +292,13 @@ def _index_put(ctx, eqn, ins, outs):
     for k, (pc, ps, off) in enumerate(chunks):
         flat = _row_index_tile(ctx, pc, [1], ps[1], off[1], [0], idxs, off[2:2 + len(idxs)], ps[2:2 + len(idxs)],
                                [(1, (0,) * len(idxs))], nrows)
+        # the dma_gather bounds check of out-of-axis indices: gather one element per point (discarded)
+        probe = prog.sbuf((pc, 1), x_dt)
+        prog.dma_gather(probe, hview(ins[0], 0, [(nrows, rin), (1, 1)]), flat)
+        prog.free(probe)
         tf = prog.sbuf((pc, 1), "float32")
         prog.tensor_copy(tf, flat)
         prog.free(flat)
-        # the dma_gather bounds check of out-of-axis indices: gather one element per point (discarded)
-        probe = prog.sbuf((pc, 1), x_dt)
-        prog.dma_gather(probe, hview(ins[0], 0, [(nrows, rin), (1, 1)]), flat_i32(ctx, tf))
-        prog.free(probe)
         trows.append(tf)
         if tscr is not None:
             prog.dma_copy(hview(tscr, off[0], [(pc, ps[0]), (1, 1)]), tf)
@@ -366,18 +366,6 @@ def _index_put(ctx, eqn, ins, outs):
     prog.free(ones)
     for t in trows + keeps:
         prog.free(t)
-
-
-def flat_i32(ctx, tf):
-    """An int32 copy of a ``[P, 1]`` fp32 row-number tile (the DMA engine reads integer indices).
-
-    The copy is released by the next SBUF allocation cycle of the caller: it is freed right after the gather
-    reads it (the program orders the reuse after the read)."""
-    prog = ctx.prog
-    t = prog.sbuf(tuple(tf.shape), "int32")
-    prog.tensor_copy(t, tf)
-    prog.free(t)
-    return t
 
 
 # --------------------------------------------------------------------------- scatter family (masked reductions)
