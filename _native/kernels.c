@@ -12,6 +12,14 @@
 
 int tn_abi_version(void) { return 2; }
 
+/* Hot loops get an AVX2 clone (no FMA: same rounding as the default) next to the portable SSE2 default, chosen by the
+   dynamic loader at load time (GCC target_clones on x86-64 Linux); elsewhere only the portable code is built. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && !defined(TN_NO_CLONES)
+#define TN_HOT __attribute__((target_clones("avx2", "default")))
+#else
+#define TN_HOT
+#endif
+
 /* ------------------------------------------------------------------ conversions */
 
 static inline float bits_f32(uint32_t x) { float f; memcpy(&f, &x, 4); return f; }
@@ -80,7 +88,7 @@ static inline int64_t sat_i64(float v)
 /* ------------------------------------------------------------------ row load/store */
 
 /* dst[i] = (float) src[i*stride] for a row of n elements of `dtype`. */
-static void load_row(float *dst, const char *src, int dtype, int64_t stride, int64_t n)
+TN_HOT static void load_row(float *dst, const char *src, int dtype, int64_t stride, int64_t n)
 {
     switch (dtype) {
     case TN_F32:
@@ -109,7 +117,7 @@ static void load_row(float *dst, const char *src, int dtype, int64_t stride, int
 }
 
 /* dst[i*stride] = convert(src[i]) for a row of n elements of `dtype`. */
-static void store_row(char *dst, int dtype, int64_t stride, const float *src, int64_t n)
+TN_HOT static void store_row(char *dst, int dtype, int64_t stride, const float *src, int64_t n)
 {
     switch (dtype) {
     case TN_F32:
@@ -217,7 +225,7 @@ static inline float pymodf(float x, float y)
 }
 
 /* o[i] = x[i] op y[i]; o may alias x or y. */
-static int alu(int op, float *o, const float *x, const float *y, int64_t n)
+TN_HOT static int alu(int op, float *o, const float *x, const float *y, int64_t n)
 {
     int64_t i;
     switch (op) {
@@ -340,7 +348,7 @@ static inline float vtanhf(float x)
     return ax < 0.625f ? small : big;
 }
 
-static int act_apply(int func, float *x, int64_t n)
+TN_HOT static int act_apply(int func, float *x, int64_t n)
 {
     int64_t i;
     switch (func) {
@@ -393,7 +401,7 @@ static int reduce_init(int op, float *init)
 }
 
 /* Fold x[0..n) into acc with op (NaN propagates through max/min as in torch). */
-static float reduce_row(int op, float acc, const float *x, int64_t n)
+TN_HOT static float reduce_row(int op, float acc, const float *x, int64_t n)
 {
     int64_t i;
     switch (op) {
