@@ -103,6 +103,20 @@ def test_run_op_statuses(backend):
     assert rec["status"] == "passed" and rec["random"]
 
 
+def test_bench_catches_a_wrong_backend():
+    import tn
+    from tn.reference import compile_ir
+
+    def off_by_a_little(ir):
+        run = compile_ir(ir)
+        return lambda xs: [o + 1e-3 if o.is_floating_point() else o for o in run(xs)]
+
+    tn.jit.register_backend("test-coverage-wrong", off_by_a_little)
+    for name in ("add", "matmul", "sum"):
+        rec = cov.run_op(_INFOS[name], "test-coverage-wrong", max_samples=4)
+        assert rec["status"] == "failed" and rec["reason"].startswith("mismatch"), rec
+
+
 @pytest.mark.slow
 def test_full_opinfo_run(backend, tmp_path):
     report = cov.run(backend, timeout=60)
