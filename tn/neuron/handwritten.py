@@ -55,7 +55,7 @@ __all__ = ["tiled_matmul", "layer_norm", "run_matmul", "run_layer_norm", "matmul
 
 P = 128            # partitions; K tile and m-block height
 MAX_NTILE = 512    # moving free size: one PSUM bank of fp32
-GROUPS = 4         # PSUM banks (m-blocks) one wave accumulates into
+GROUPS = 4         # m-blocks (PSUM banks) of a wave after the first
 LOAD_QUEUES = 12   # DMA queues 0..11 load, 12..15 store
 KT_OUTER_WAVES = 1  # waves (after the first) of the first pass that also sweep K outside
 
@@ -105,9 +105,9 @@ def tiled_matmul(M: int = 2048, K: int = 2048, N: int = 2048, *, dtype: str = "b
     b = prog.hbm("b", (K, N), dtype)
     c = prog.hbm("c", (M, N), out_dtype, kind="output")
 
-    # SBUF budget per partition: resident aT (and, for MK, two row blocks of A), a ring of output staging
-    # tiles, then as many moving blocks as fit
-    a_bytes = KT * M * esz + (6 * arch_.psum_bank_bytes if mk else 0)  # MK: ring of A row chunks
+    # SBUF budget per partition: resident aT (and, for MK, a ring of six A row chunks of one PSUM bank each),
+    # a ring of output staging tiles, then as many moving blocks as fit
+    a_bytes = KT * M * esz + (6 * arch_.psum_bank_bytes if mk else 0)
     stage_n = 8
     stage_bytes = stage_n * ntile * osz
     blk_bytes = KT * ntile * esz
