@@ -592,6 +592,17 @@ def test_error_numpy_array_argument():
         f(np.ones(3))
 
 
+def test_error_object_hiding_tensors():
+    class Holder:
+        def __init__(self):
+            self.name = "h"
+            self.layers = [{"bias": torch.randn(2)}]
+
+    f = tn.jit(lambda x, h: x + h.layers[0]["bias"])
+    with pytest.raises(tn.TnError, match=r"type .*Holder holds a tensor \(at layers\[0\]\['bias'\]\).*dataclass"):
+        f(torch.randn(2), Holder())
+
+
 def test_error_not_callable_and_bad_options():
     with pytest.raises(tn.TnError, match="expected a function or an nn.Module"):
         tn.jit(42)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.utils._pytree as _pytree
@@ -216,7 +216,41 @@ def flatten(x: Any, tensors: List[Tensor]) -> Any:
     if not _pytree.tree_is_leaf(x):  # registered nodes, NamedTuples, torch.return_types
         leaves, spec = _pytree.tree_flatten(x)
         return (NODE, spec, tuple([flatten(e, tensors) for e in leaves]))
+    if getattr(x, "__dict__", None):
+        where = _tensor_inside(x.__dict__, 0)
+        if where is not None:
+            raise TnError(
+                f"tn.jit: an argument of type {t.__qualname__} holds a tensor (at {where}), but tn.jit only sees "
+                f"tensors inside pytrees: this one would be baked into the program as a constant and go stale. "
+                f"Make the type a dataclass, register it with torch.utils._pytree.register_pytree_node, or pass "
+                f"the tensors as arguments")
     return (LEAF, t, x)
+
+
+def _tensor_inside(d: Any, depth: int, attrs: bool = True) -> Optional[str]:
+    """Path (``bias``, ``layers[0].keys``) of a tensor within a few levels of an object's attribute
+    dict ``d`` (through dicts, lists, tuples and plain objects), or None."""
+    if depth > 3:
+        return None
+    if isinstance(d, dict):
+        items = [(f".{k}" if attrs else f"[{k!r}]", v) for k, v in d.items()]
+    elif isinstance(d, (list, tuple)):
+        items = [(f"[{i}]", v) for i, v in enumerate(d[:64])]
+    else:
+        return None
+    for k, v in items:
+        if isinstance(v, Tensor):
+            r: Optional[str] = ""
+        elif isinstance(v, (dict, list, tuple)):
+            r = _tensor_inside(v, depth + 1, attrs=False)
+        elif type(v) not in _SCALAR_TYPES and not isinstance(v, torch.nn.Module) and getattr(v, "__dict__", None):
+            r = _tensor_inside(v.__dict__, depth + 1, attrs=True)
+        else:
+            r = None
+        if r is not None:
+            path = k + r
+            return path[1:] if depth == 0 and path.startswith(".") else path
+    return None
 
 
 def unflatten(spec: Any, it: Iterator[Tensor], modules: List[Tuple[torch.nn.Module, Dict[str, Tensor]]],
