@@ -161,3 +161,18 @@ def test_hbm_utilisation_of_a_pure_dma_program():
     with tn.profile() as prof:
         prog.run({"x": np.zeros((128, 8192), np.float32)})
     assert 50 < prof.rows()[0]["HBM %"] < 100
+
+
+def test_raw_address_binding():
+    prog = Program("raw")
+    x = prog.hbm("x", (4, 4), "float32")
+    y = prog.hbm("y", (4, 4), "float32", kind="output")
+    t = prog.sbuf((4, 4))
+    prog.dma_copy(t, x)
+    prog.dma_copy(y, t)
+    xs = np.arange(16, dtype=np.float32).reshape(4, 4)
+    ys = np.zeros((4, 4), np.float32)
+    prog.run({"x": (xs.ctypes.data, xs.nbytes), "y": (ys.ctypes.data, ys.nbytes)})
+    np.testing.assert_allclose(ys, xs)
+    with pytest.raises(tn.NeuronError, match="needs 64 bytes"):
+        prog.run({"x": (xs.ctypes.data, 32)})

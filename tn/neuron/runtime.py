@@ -135,6 +135,10 @@ class RunResult:
         }
 
 
+#: torch device types whose tensors live in host memory the engine can address (tn's neuron device
+#: allocates its storage on the host, registered as PrivateUse1 renamed to "neuron").
+_HOST_DEVICES = ("cpu", "neuron", "privateuseone")
+
 _TORCH_DTYPES = {"torch.float32": 0, "torch.bfloat16": 1, "torch.float16": 2, "torch.int32": 3, "torch.int64": 4,
                  "torch.uint8": 5, "torch.bool": 6}
 
@@ -154,17 +158,22 @@ def _bind(t, value, keep, want, np_dtype):
         ptr = value.__array_interface__["data"][0]
     elif hasattr(value, "data_ptr") and hasattr(value, "is_contiguous"):  # a torch tensor, duck-typed
         code = _TORCH_DTYPES.get(str(value.dtype))
-        if value.device.type != "cpu":
-            raise NeuronError(f"HBM tensor {t.name!r}: bound tensor is on {value.device}; bind a CPU tensor")
+        if value.device.type not in _HOST_DEVICES:
+            raise NeuronError(f"HBM tensor {t.name!r}: bound tensor is on {value.device}; bind a CPU (or neuron "
+                              f"device) tensor")
         if code != want:
             raise NeuronError(f"HBM tensor {t.name!r} is {t.dtype} but the bound tensor is {value.dtype}")
         if not value.is_contiguous():
             raise NeuronError(f"HBM tensor {t.name!r}: bound tensor is not contiguous; pass .contiguous()")
         nbytes = value.numel() * value.element_size()
         ptr = value.data_ptr()
+    elif isinstance(value, tuple) and len(value) == 2 and all(isinstance(x, int) for x in value):
+        ptr, nbytes = value  # raw (address, nbytes): the caller keeps the memory alive during the run
+        if ptr <= 0:
+            raise NeuronError(f"HBM tensor {t.name!r}: raw binding has a null address")
     else:
-        raise NeuronError(f"HBM tensor {t.name!r}: cannot bind a {type(value).__name__}; pass a numpy array or "
-                          f"a CPU torch tensor")
+        raise NeuronError(f"HBM tensor {t.name!r}: cannot bind a {type(value).__name__}; pass a numpy array, "
+                          f"a CPU torch tensor or an (address, nbytes) tuple")
     if nbytes != t.nbytes:
         raise NeuronError(f"HBM tensor {t.name!r} needs {t.nbytes} bytes ({t.dtype}{list(t.shape)}) but the bound "
                           f"value has {nbytes}")
@@ -285,8 +294,9 @@ def _memories(arch, fresh):
 def run(program, bindings=None, *, report: bool = True, fresh_memory: bool = False) -> RunResult:
     """Run a :class:`~tn.neuron.program.Program` or :class:`~tn.neuron.program.Encoded` program.
 
-    ``bindings``: dict HBM-tensor name -> numpy array / CPU torch tensor (or a
-    list in declaration order). Inputs must be bound; unbound outputs and
+    ``bindings``: dict HBM-tensor name -> numpy array, CPU (or neuron-device)
+    torch tensor or raw ``(address, nbytes)`` tuple (or a list in declaration
+    order). Inputs must be bound; unbound outputs and
     scratch tensors are allocated (zeros) and returned in ``outputs``. Bound
     arrays are used in place: outputs written by the program appear in them.
     ``report``: notify active profilers (``tn.profile``). ``fresh_memory``:
