@@ -210,6 +210,46 @@ def test_threads_use_their_own_scratch(isa):
         np.testing.assert_allclose(out16, want16, rtol=1e-5, atol=1e-4)
 
 
+def test_random_shapes_stay_inside_their_buffers(isa):
+    """Random dims and strides, operands and PSUM embedded in guarded buffers: results right, guards untouched."""
+    rng = np.random.default_rng(99)
+    for _ in range(12):
+        K, M, N = int(rng.integers(1, 129)), int(rng.integers(1, 129)), int(rng.integers(1, 513))
+        ss, ms, ps = M + int(rng.integers(0, 40)), N + int(rng.integers(0, 40)), N + int(rng.integers(0, 40))
+        acc = int(rng.integers(0, 2))
+        guard = 64
+        sbuf = np.full(guard * 2 + K * ss, 9.0, np.float32)
+        mbuf = np.full(guard * 2 + K * ms, 9.0, np.float32)
+        pbuf = np.full(guard * 2 + M * ps, 7.0, np.float32)
+        stat = sbuf[guard:guard + K * ss].reshape(K, ss)[:, :M]
+        mov = mbuf[guard:guard + K * ms].reshape(K, ms)[:, :N]
+        psum = pbuf[guard:guard + M * ps].reshape(M, ps)[:, :N]
+        stat[:] = rng.standard_normal((K, M))
+        mov[:] = rng.standard_normal((K, N))
+        before = psum.copy()
+        assert _run_f32(stat, mov, psum, K, M, N, acc) == 0
+        want = stat.astype(np.float64).T @ mov + (before if acc else 0)
+        np.testing.assert_allclose(psum, want, rtol=1e-5, atol=1e-4)
+        rest = pbuf.copy()
+        rest[guard:guard + M * ps].reshape(M, ps)[:, :N] = 7.0
+        assert np.all(rest == 7.0), "kernel wrote outside psum[M, N]"
+        # the same through the bf16 entry point, on bf16 copies of the operands
+        s16 = np.full(guard * 2 + K * ss, 0x4110, np.uint16)
+        m16 = np.full(guard * 2 + K * ms, 0x4110, np.uint16)
+        st16 = s16[guard:guard + K * ss].reshape(K, ss)[:, :M]
+        mv16 = m16[guard:guard + K * ms].reshape(K, ms)[:, :N]
+        st16[:] = _to_bf16_bits(np.ascontiguousarray(stat))
+        mv16[:] = _to_bf16_bits(np.ascontiguousarray(mov))
+        pbuf[:] = 7.0
+        assert _run_bf16(st16, mv16, psum, K, M, N, 0) == 0
+        want16 = _bf16_bits_to_f32(np.ascontiguousarray(st16)).astype(np.float64).T @ _bf16_bits_to_f32(
+            np.ascontiguousarray(mv16))
+        np.testing.assert_allclose(psum, want16, rtol=1e-5, atol=1e-4)
+        rest = pbuf.copy()
+        rest[guard:guard + M * ps].reshape(M, ps)[:, :N] = 7.0
+        assert np.all(rest == 7.0), "bf16 kernel wrote outside psum[M, N]"
+
+
 def test_special_values_propagate(isa):
     K, M, N = 4, 3, 20
     a = np.ones((K, M), np.float32)
