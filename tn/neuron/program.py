@@ -91,9 +91,7 @@ def _index_dims(dims, idx, what):
     for (num, stride), ix in zip(dims, idx):
         if isinstance(ix, slice):
             start, stop, step = ix.indices(num)
-            if step <= 0:
-                raise NeuronError(f"{what}: negative or zero slice steps are not supported (got {step})")
-            n = max(0, (stop - start + step - 1) // step)
+            n = len(range(start, stop, step))   # negative steps become negative strides
             if n == 0:
                 raise NeuronError(f"{what}: slice {ix} selects no elements of an axis of size {num}")
             off += start * stride
