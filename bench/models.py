@@ -52,6 +52,7 @@ class ElementwiseChain(torch.nn.Module):
     """Eight elementwise ops on one tensor."""
 
     def forward(self, x):
+        """The chain."""
         y = torch.relu(x * 1.5 + 0.25)
         y = torch.tanh(y - torch.sigmoid(x))
         return y * x + 1.0
@@ -67,6 +68,7 @@ class MLP(torch.nn.Module):
         self.fc3 = torch.nn.Linear(2048, 512)
 
     def forward(self, x):
+        """Three Linear layers."""
         x = torch.nn.functional.gelu(self.fc1(x))
         x = torch.nn.functional.gelu(self.fc2(x))
         return self.fc3(x)
@@ -76,6 +78,7 @@ class Attention(torch.nn.Module):
     """softmax(q k^T / sqrt(d)) v."""
 
     def forward(self, q, k, v):
+        """Attention of q over k, v."""
         s = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5)
         return torch.softmax(s, dim=-1) @ v
 
@@ -94,6 +97,7 @@ class GPT2Block(torch.nn.Module):
         self.heads = heads
 
     def forward(self, x):
+        """Pre-norm attention then MLP, with residuals."""
         B, T, C = x.shape
         h = self.heads
         q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
@@ -120,6 +124,7 @@ def workloads():
     g = torch.Generator().manual_seed(0)
 
     def rn(*s, dtype=torch.float32):
+        """Seeded normal tensor."""
         return torch.randn(*s, generator=g).to(dtype)
 
     torch.manual_seed(0)

@@ -113,6 +113,7 @@ def copy_view(ctx: Any, dst: Any, src: Any) -> None:
         dims = [(1, 1, 1)]
 
     def emit(dd, od, os_):
+        """DMAs for joint dims ``dd`` at element offsets ``od`` (dst) and ``os_`` (src)."""
         rest = dd[1:]
         if len(dd) <= 4 and _prod(n for n, _, _ in dd) <= LIM_NUM:
             prog.dma_copy(hview(dst, od, [(1, 0)] + [(n, a) for n, a, _ in dd]),
@@ -340,6 +341,7 @@ def _transpose_permute(ctx: Any, dst: HbmView, src: HbmView) -> bool:
     lag_in, lag_o, lag_ps = [], [], []   # frees delayed by one block: consecutive blocks use other buffers
 
     def rotate(lag, new):
+        """Free the buffers held in ``lag`` and hold ``new`` instead."""
         for t in lag:
             prog.free(t)
         lag[:] = new
