@@ -97,6 +97,11 @@ def test_profile_collects_runs_and_writes_trace(tmp_path):
     assert len(prof.runs) == 2
     text = prof.table(print_it=False)
     assert "linear_relu" in text and "TensorE" in text
+    by_op = prof.opcode_rows()
+    assert {(r["engine"], r["opcode"]) for r in by_op} == {("TensorE", "matmul"), ("ScalarE", "activation"),
+                                                            ("DMA", "dma_copy")}
+    assert next(r for r in by_op if r["opcode"] == "dma_copy")["count"] == 8
+    assert "matmul" in prof.table(print_it=False, by="opcode")
     path = prof.save_trace(tmp_path / "t.json")
     data = json.load(open(path))
     names = {e["args"]["name"] for e in data["traceEvents"] if e.get("name") == "thread_name"}

@@ -80,10 +80,45 @@ class Profile:
             out.append(row)
         return out
 
-    def table(self, tablefmt: str = "simple", print_it: bool = True) -> str:
-        """A tabulate summary of the collected runs (printed unless ``print_it=False``); returns the text."""
+    def opcode_rows(self) -> list[dict]:
+        """One dict per (engine/queue kind, opcode): instruction count and busy time over all runs."""
+        import numpy as np
+
+        from .neuron.isa import OPCODE_NAMES
+
+        agg = {}
+        for r in self.runs:
+            dur = (r.times[:, 1] - r.times[:, 0]) if len(r.times) else np.zeros(0)
+            for q, o, d in zip(r.queues.tolist(), r.opcodes.tolist(), dur.tolist()):
+                eng = r.arch.queue_name(q) if q < NUM_ENGINES else "DMA"
+                key = (eng, OPCODE_NAMES.get(o, str(o)))
+                a = agg.setdefault(key, [0, 0.0])
+                a[0] += 1
+                a[1] += d
+        total = sum(v[1] for v in agg.values()) or 1.0
+        rows = [{"engine": e, "opcode": o, "count": c, "busy_us": b / 1e3, "avg_ns": b / c, "share %": 100 * b / total}
+                for (e, o), (c, b) in agg.items()]
+        return sorted(rows, key=lambda row: -row["busy_us"])
+
+    def table(self, tablefmt: str = "simple", print_it: bool = True, by: str = "program") -> str:
+        """A tabulate summary of the collected runs (printed unless ``print_it=False``); returns the text.
+
+        ``by="program"`` (default): one row per program; ``by="opcode"``: busy
+        time per engine and opcode over all runs.
+        """
         from tabulate import tabulate
 
+        if by == "opcode":
+            rows = self.opcode_rows()
+            text = tabulate(rows, headers="keys", tablefmt=tablefmt, floatfmt=".3g") if rows else \
+                "tn.profile: no NeuronCore programs ran inside the block"
+            if print_it:
+                print(text)
+            return text
+        if by != "program":
+            from .errors import TnError
+
+            raise TnError(f"profile.table(by={by!r}): use 'program' or 'opcode'")
         rows = self.rows()
         if not rows:
             text = "tn.profile: no NeuronCore programs ran inside the block"
