@@ -487,6 +487,23 @@ def test_keyword_order_does_not_retrace():
     assert (f.cache_info().misses, f.cache_info().hits) == (1, 1)
 
 
+def test_results_carry_no_autograd_history_and_training_uses_autograd_grad():
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 1)
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    assert not tn.jit(lin)(x).requires_grad
+
+    def step(model, x, y):
+        loss = ((model(x) - y) ** 2).mean()
+        return loss, torch.autograd.grad(loss, list(model.parameters()))
+
+    loss, grads = tn.jit(step)(lin, x, y)
+    want_loss, want_grads = step(lin, x, y)
+    close(loss, want_loss.detach())
+    for g, w in zip(grads, want_grads):
+        close(g, w)
+
+
 def test_results_come_back_on_the_inputs_device():
     f = tn.jit(lambda x: (x + 1, x.sum()))
     a, b = f(torch.randn(3))

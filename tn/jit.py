@@ -26,8 +26,10 @@ Semantics worth knowing:
 * The program runs where the backend runs (host CPU for ``"reference"``);
   inputs on another device are copied to the host and results come back on
   the inputs' device.
-* Results do not carry autograd history into the caller: to train, call
-  ``torch.autograd.grad`` inside the jitted function.
+* Programs run without autograd on every backend: results never carry
+  autograd history (``requires_grad=False``). To train, call
+  ``torch.autograd.grad`` inside the jitted function: its IR then holds the
+  forward and the backward.
 * A jitted function called while another one is being traced is inlined.
 
 Environment: ``TN_BACKEND`` picks the default backend, ``TN_LOG=recompiles``
@@ -195,6 +197,10 @@ def _log_enabled(what: str) -> bool:
     return what in flags or "all" in flags
 
 
+_grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
+
+
 class _Entry:
     """One compiled program and how to turn its outputs into the user's result."""
 
@@ -218,11 +224,18 @@ class _Entry:
 
     def __call__(self, tensors: List[Tensor]) -> Any:
         host = self.host
-        if host is None:
-            outs = self.run(tensors)
-        else:
-            outs = self.run([t.to("cpu") for t in tensors])
-            outs = [o.to(host) if isinstance(o, Tensor) else o for o in outs]
+        grad = _grad_enabled()
+        if grad:  # programs run without autograd, on every backend alike
+            _set_grad_enabled(False)
+        try:
+            if host is None:
+                outs = self.run(tensors)
+            else:
+                outs = self.run([t.to("cpu") for t in tensors])
+                outs = [o.to(host) if isinstance(o, Tensor) else o for o in outs]
+        finally:
+            if grad:
+                _set_grad_enabled(True)
         if self.mutations:
             with torch.no_grad():
                 for i, o in self.mutations:
