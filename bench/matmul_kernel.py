@@ -127,6 +127,7 @@ def main(argv=None) -> dict:
             tm = TiledMatmul(a, b, dtype)
 
             def run(tm=tm, isa=isa):
+                """All tiles with this code path forced."""
                 lib.tn_matmul_set_isa(isa.encode())
                 return tm.run()
             variants.append((f"tn_matmul_{dtype} [{isa} -> {resolved}]", run))

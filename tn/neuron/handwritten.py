@@ -136,16 +136,19 @@ def tiled_matmul(M: int = 2048, K: int = 2048, N: int = 2048, *, dtype: str = "b
     throttle = []
 
     def load(dst, src):
+        """A load on the next load queue, throttled."""
         q = load_q[0] % n_load_q
         load_q[0] += 1
         return prog.dma_copy(dst, src, queue=q, deps=throttle)
 
     def store(dst, src):
+        """A store on the next store queue."""
         q = (n_load_q + store_q[0] % n_store_q) % arch_.dma_queues
         store_q[0] += 1
         return prog.dma_copy(dst, src, queue=q)
 
     def load_b(nb, kt):
+        """Moving block nb, K-tile kt, into its ring buffer."""
         load(b_sb[nb % nbuf][:, kt, :], b[kt * P:(kt + 1) * P, nb * ntile:(nb + 1) * ntile])
 
     # waves of m-blocks: the very first wave is as wide as PSUM allows (one moving tile feeds up to 8 matmuls,
@@ -154,6 +157,7 @@ def tiled_matmul(M: int = 2048, K: int = 2048, N: int = 2048, *, dtype: str = "b
     waves = [list(range(first_w))] + [list(range(m, min(MB, m + G))) for m in range(first_w, MB, G)]
 
     def load_a(kt, mbs):
+        """KM layout: aT K-tile kt for m-blocks ``mbs`` (MK builds aT by transposes instead)."""
         if not mk:
             m0, m1 = mbs[0] * P, (mbs[-1] + 1) * P
             load(a_sb[:, kt, m0:m1], aT[kt * P:(kt + 1) * P, m0:m1])
@@ -174,12 +178,14 @@ def tiled_matmul(M: int = 2048, K: int = 2048, N: int = 2048, *, dtype: str = "b
             tcount[0] += 1
 
     def transpose_a(mbs):
+        """MK layout: every K-tile of aT for m-blocks ``mbs``."""
         for kt0 in range(0, KT, slots):
             transpose_chunk(mbs, kt0)
 
     group = [0]
 
     def evacuate(bank, mb, nb):
+        """Finished bank -> SBUF (output dtype; VectorE and ScalarE in turn) -> HBM block (mb, nb)."""
         st = stage[group[0] % stage_n]
         prog.tensor_copy(st, bank, engine="vector" if group[0] % 2 == 0 else "scalar")
         store(c[mb * P:(mb + 1) * P, nb * ntile:(nb + 1) * ntile], st)
