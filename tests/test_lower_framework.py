@@ -317,3 +317,25 @@ def test_zero_size_tensors_are_folded_not_sent_to_the_chip():
     for g, w in zip(exe([x, y]), f(x, y)):
         assert_close(g, w)
     assert exe.stats["host_ops"] == {}
+
+
+def test_linear_weight_permute_is_not_materialised():
+    pytest.importorskip("tn.lower.matmul")
+    from tn.lower import matmul
+
+    if not hasattr(matmul, "lower_matmul_transposed"):
+        pytest.skip("tn.lower.matmul has no lower_matmul_transposed yet")
+    lin = torch.nn.Linear(256, 384)
+    x = torch.randn(64, 256)
+    with torch.no_grad():
+        ir = tn.make_ir(lambda x: lin(x))(x)
+        want = lin(x)
+    assert "permute" in ir.op_counts()
+    fused = compile_ir(ir, strict=True)
+    plain = compile_ir(ir, strict=True, fuse=False)
+    for exe in (fused, plain):
+        assert_close(exe([x])[0], want, rtol=1e-4, atol=1e-4)
+    # the weight is read once, never written back transposed
+    wbytes = 256 * 384 * 4
+    assert plain.last_profile.hbm_write_bytes - fused.last_profile.hbm_write_bytes >= wbytes
+    assert fused.last_profile.hbm_read_bytes < plain.last_profile.hbm_read_bytes

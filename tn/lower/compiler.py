@@ -238,6 +238,76 @@ class NeuronExecutable:
             f"Strict mode is on (strict=True or TN_STRICT=1); turn it off to run this op on the host")
 
     @staticmethod
+    def _lower_one(ctx: LowerCtx, k: int, eqn: Eqn, ins: list, outs: list, trans: Dict[int, Any], hbm_in: Any) -> None:
+        """Call ``eqn``'s lowering (a matmul reading transposed sources when planned so)."""
+        t = trans.get(k)
+        if t is None:
+            eqn.op.lowering(ctx, eqn, ins, outs)
+            return
+        from . import matmul
+
+        a_t, b_t = t
+        matmul.lower_matmul_transposed(ctx, eqn, ins, outs, a_t=None if a_t is None else hbm_in(a_t),
+                                       b_t=None if b_t is None else hbm_in(b_t))
+
+    def _plan_transposed(self, host: Dict[int, str]) -> Tuple[set, Dict[int, Any]]:
+        """Matmuls whose operand is a permute of the last two axes used only there: read the source
+        transposed (``tn.lower.matmul.lower_matmul_transposed``) and skip the permute (and reshape)."""
+        try:
+            from . import matmul
+        except ImportError:
+            return set(), {}
+        find = getattr(matmul, "transposed_source", None)
+        if find is None or not hasattr(matmul, "lower_matmul_transposed"):
+            return set(), {}
+        ir = self.ir
+        producer: Dict[Var, int] = {}
+        users: Dict[Var, List[int]] = {}
+        for k, e in enumerate(ir.eqns):
+            for v in e.outputs:
+                producer[v] = k
+            for a in e.inputs:
+                if isinstance(a, Var):
+                    users.setdefault(a, []).append(k)
+        outset = {a for a in ir.outputs if isinstance(a, Var)}
+        elide: set = set()
+        trans: Dict[int, Any] = {}
+        for k, e in enumerate(ir.eqns):
+            if e.op.name != "matmul" or k in host or e.op.lowering is None or k in self._nofuse:
+                continue
+            srcs: List[Any] = [None, None]
+            chains: List[List[int]] = []
+            for i in (0, 1):
+                v = e.inputs[i]
+                if not isinstance(v, Var) or v.numel == 0:
+                    continue
+                try:
+                    x = find(v, lambda u: ir.eqns[producer[u]] if u in producer else None)
+                except Exception:
+                    x = None
+                if x is None or not isinstance(x, Var) or x.numel == 0:
+                    continue
+                chain = []
+                u = v
+                ok = True
+                while u is not x:
+                    j = producer.get(u)
+                    if j is None or j in host or u in outset or set(users.get(u, ())) != {chain[-1] if chain else k}:
+                        ok = False
+                        break
+                    chain.append(j)
+                    u = ir.eqns[j].inputs[0]
+                if ok and chain:
+                    srcs[i] = x
+                    chains.append(chain)
+            if srcs[0] is None and srcs[1] is None:
+                continue
+            trans[k] = (srcs[0], srcs[1])
+            for c in chains:
+                elide.update(c)
+        return elide, trans
+
+    @staticmethod
     def _fold_empty(eqn: Eqn) -> Optional[List[torch.Tensor]]:
         """Results of an equation whose outputs are all empty, or whose tensor inputs are all empty
         (then the results do not depend on any data: computed once, at compile time). None otherwise."""
@@ -298,6 +368,7 @@ class NeuronExecutable:
                 last_use[a] = n
 
         groups = fusion.plan(ir, host, self._nofuse) if self.fuse else None
+        elide, trans = self._plan_transposed(host) if self.fuse else (set(), {})
         steps: List[Any] = []
         cur: Optional[Dict[str, Any]] = None
         host_counts: Dict[str, int] = {}
@@ -340,6 +411,11 @@ class NeuronExecutable:
         k = 0
         while k < n:
             eqn = ir.eqns[k]
+            if k in elide:
+                # a permute read directly (transposed) by the matmul that consumes it: not materialised
+                fused += 1
+                k += 1
+                continue
             if any(v.numel == 0 for v in eqn.outputs) or \
                     any(isinstance(a, Var) and a.numel == 0 for a in eqn.inputs):
                 folded = self._fold_empty(eqn)
@@ -401,7 +477,8 @@ class NeuronExecutable:
                 k += len(group.eqns)
                 continue
             if isinstance(group, fusion.EpilogueGroup):
-                ins = [a.value if isinstance(a, Literal) else hbm_in(a) for a in eqn.inputs]
+                ins = [a.value if isinstance(a, Literal) else (None if k in trans and trans[k][i] is not None else hbm_in(a))
+                       for i, a in enumerate(eqn.inputs)]
                 outs = [hbm_out(v) for v in eqn.outputs]
                 ep_out: Dict[Var, Any] = {}
 
@@ -413,13 +490,14 @@ class NeuronExecutable:
                 ctx.eqn = eqn
                 ctx.store_hook = group.make_hook(ctx, outs[0], hbm_in, get_out)
                 try:
-                    eqn.op.lowering(ctx, eqn, ins, outs)
+                    self._lower_one(ctx, k, eqn, ins, outs, trans, hbm_in)
                 except CannotLower as e:
                     raise _Retry(k, str(e) or "the lowering cannot handle this case") from None
                 except NeuronError as e:
                     raise _Retry(k, f"fused epilogue failed: {e}", nofuse=True) from None
                 finally:
                     ctx.store_hook = None
+                    group.finish(prog)
                 numel = max(1, eqn.outputs[0].numel)
                 cur["eqns"].append(k)
                 if group.covered == 0:
@@ -435,12 +513,13 @@ class NeuronExecutable:
                 cur["eqns"].extend(range(k + 1, k + 1 + len(group.eqns)))
                 k += 1 + len(group.eqns)
                 continue
-            ins = [a.value if isinstance(a, Literal) else hbm_in(a) for a in eqn.inputs]
+            ins = [a.value if isinstance(a, Literal) else (None if k in trans and trans[k][i] is not None else hbm_in(a))
+                       for i, a in enumerate(eqn.inputs)]
             outs = [hbm_out(v) for v in eqn.outputs]
             ctx.eqn = eqn
             ctx.store_hook = None
             try:
-                eqn.op.lowering(ctx, eqn, ins, outs)
+                self._lower_one(ctx, k, eqn, ins, outs, trans, hbm_in)
             except CannotLower as e:
                 raise _Retry(k, str(e) or "the lowering cannot handle this case") from None
             except NeuronError as e:

@@ -49,6 +49,8 @@ MAX_FREE = 8192
 NBUF = 2
 #: Reductions a row group computes with tensor_reduce: op name -> reduce op.
 ROW_REDUCE = {"sum": "add", "amax": "max", "amin": "min", "prod": "multiply", "any": "logical_or"}
+#: Bytes per partition an epilogue may keep loaded across output tiles (row-invariant operands: biases).
+EPILOGUE_CACHE_BYTES = 16 * 1024
 #: Op categories whose lowerings write outputs through ctx.store (epilogue heads).
 EPILOGUE_HEADS = ("matmul", "conv", "reduction", "pool")
 
@@ -156,6 +158,13 @@ class _Layout:
                     yield offs, nout, r0, p, k, c0, f
                     c0 += f
                 r0 += p * k
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -531,6 +540,15 @@ class EpilogueGroup:
         self.inputs = inputs      # external Vars of the chain (not the head's output)
         self.outputs = outputs    # Vars stored (may include the head's output)
         self.covered = 0
+        self._cache: Dict[Any, Any] = {}
+        self._cached_bytes = 0
+
+    def finish(self, prog: Any) -> None:
+        """Free the operand tiles kept across tiles of the head lowering (call after it returns)."""
+        for t in self._cache.values():
+            prog.free(t)
+        self._cache.clear()
+        self._cached_bytes = 0
 
     def make_hook(self, ctx: Any, head_out: Any, in_hbm: Any, out_hbm: Any):
         """The ``ctx.store_hook`` applying this chain to tiles written into ``head_out``.
@@ -577,9 +595,18 @@ class EpilogueGroup:
                 # stride-0 free axes are loaded once and broadcast by a stride-0 tile view
                 lshape = (p,) + tuple(n if s != 0 else 1 for n, s in dims[1:])
                 ldims = [dims[0]] + [(n, s) if s != 0 else (1, 0) for n, s in dims[1:]]
-                t = prog.sbuf(lshape, NEURON_DTYPES[v.dtype])
-                allocated.append(t)
-                prog.dma_copy(t, HbmView(in_hbm(v), off, ldims))
+                key = (v, off, tuple(ldims))
+                t = self._cache.get(key)
+                if t is None:
+                    t = prog.sbuf(lshape, NEURON_DTYPES[v.dtype])
+                    nbytes = t.itemsize * max(1, _numel(lshape[1:]))
+                    if ldims[0][1] == 0 and self._cached_bytes + nbytes <= EPILOGUE_CACHE_BYTES:
+                        # the same for every row tile (a bias): loaded once for the whole head lowering
+                        self._cache[key] = t
+                        self._cached_bytes += nbytes
+                    else:
+                        allocated.append(t)
+                    prog.dma_copy(t, HbmView(in_hbm(v), off, ldims))
                 env[v] = t.broadcast_to(tshape) if lshape != tuple(tshape) else t
             for e in self.eqns:
                 outs = []
