@@ -638,3 +638,23 @@ def test_tracing_error_propagates_unchanged():
 
     with pytest.raises(tn.TracingError):
         f(torch.randn(3))
+
+
+# ---------------------------------------------------------------- the demo
+
+def test_demo_passes_and_fails_loudly(monkeypatch, capsys):
+    import tn.demo as demo
+
+    small = [demo.Case("tiny mlp", demo.MLP(8, 16, 4).eval(), (torch.randn(2, 8),))]
+    monkeypatch.setattr(demo, "cases", lambda: small)
+    assert demo.main([]) == 0
+    out = capsys.readouterr().out
+    assert "tn.make_ir(MLP)(f32[2,8])" in out and "ok" in out
+
+    def wrong(ir):
+        from tn.reference import run_ir
+        return lambda flat: [o + 1 for o in run_ir(ir, flat)]
+
+    register_backend("test-wrong", wrong)
+    assert demo.main(["--no-ir", "--backend", "test-wrong"]) == 1
+    assert "FAIL" in capsys.readouterr().out
