@@ -1,4 +1,4 @@
-# IR-to-IR passes (DCE, CSE, constant folding, decomposition) and the verifier that checks SSA and types after each.
+# IR-to-IR passes (DCE, CSE, simplification, constant folding, decomposition) and the verifier run after each.
 """Passes over :class:`tn.ir.IR`.
 
 Every pass takes an IR and returns a new IR; the input is never modified
@@ -43,8 +43,9 @@ from .ir import IR, Eqn, Literal, Var, aval_str
 __all__ = [
     "VerifyError", "VERIFY", "FOLD_MAX_NUMEL", "verify", "dce", "cse", "fold_constants",
     "decompose", "register_decomposition", "DECOMPOSE_RULES", "optimize", "PIPELINE",
-    "is_impure", "simplify",
+    "is_impure", "simplify", "env_flag",
 ]
+
 
 def env_flag(text: Optional[str]) -> bool:
     """Whether an environment variable's text means "on" (anything but empty, 0, false, no, off)."""
