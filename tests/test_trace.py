@@ -257,6 +257,54 @@ def test_requires_grad_of_inputs_is_respected():
     check(f, torch.randn(3), torch.randn(3, requires_grad=True))
 
 
+def test_double_backward():
+    def hvp(x, w):
+        (g,) = torch.autograd.grad(torch.tanh(x @ w).sum(), [w], create_graph=True)
+        return torch.autograd.grad((g * g).sum(), [w])
+
+    check(hvp, torch.randn(3, 4), torch.randn(4, 2, requires_grad=True), tol=dict(rtol=1e-4, atol=1e-5))
+
+
+def test_backward_and_inplace_sgd_step_write_back_parameters():
+    def step(x, w):
+        loss = (x @ w).pow(2).mean()
+        loss.backward()
+        with torch.no_grad():
+            w -= 0.1 * w.grad
+        return loss
+
+    tr = check(step, torch.randn(3, 4), torch.randn(4, 2, requires_grad=True))
+    assert [i for i, _ in tr.ir.mutations] == [1]
+
+
+def test_autocast_region_is_traced_in_bf16():
+    def f(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return x @ w
+
+    tr = check(f, torch.randn(3, 4), torch.randn(4, 5), tol=TOL[torch.bfloat16])
+    assert "bf16[3,5]" in str(tr.ir)
+
+
+def test_concurrent_traces_in_threads_are_independent():
+    import threading
+
+    fns = [lambda x: x.exp().sum(0), lambda x: (x @ x.t()).relu()]
+    expected = [str(trace_flat(f, [torch.randn(4, 4)]).ir) for f in fns]
+    seen = [set(), set()]
+
+    def work(k):
+        for _ in range(10):
+            seen[k % 2].add(str(trace_flat(fns[k % 2], [torch.randn(4, 4)]).ir))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == [{expected[0]}, {expected[1]}]
+
+
 def test_training_step_of_a_convnet():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64, 3))
