@@ -506,11 +506,12 @@ class _Core:
                          _autocast_state() if _any_autocast() else torch.is_grad_enabled()),
                         len(args), list(args))
         spec, tensors = self.flatten(args, kwargs)
-        for t in tensors:
-            if not isinstance(t, Tensor):
-                raise TnError(f"tn.jit({self.name}): a module parameter or buffer is {type(t).__name__}, "
-                              f"not a tensor; assign tensors (or None) to parameters and buffers")
-        sigs = tuple([(t.shape, t.dtype, t.device, t.requires_grad) for t in tensors])
+        try:
+            sigs = tuple([(t.shape, t.dtype, t.device, t.requires_grad) for t in tensors])
+        except AttributeError:  # only module parameters/buffers can be non-tensors here
+            bad = next(t for t in tensors if not isinstance(t, Tensor))
+            raise TnError(f"tn.jit({self.name}): a module parameter or buffer is a {type(bad).__name__}, "
+                          f"not a tensor; assign tensors (or None) to parameters and buffers") from None
         mode = _autocast_state() if _any_autocast() else torch.is_grad_enabled()
         return (spec, sigs, mode), spec, tensors
 
