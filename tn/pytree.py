@@ -41,7 +41,8 @@ from .errors import TnError
 __all__ = [
     "TENSOR", "SEQ", "DICT", "LEAF", "STATIC", "MODULE", "NODE",
     "flatten", "unflatten", "describe", "register_dataclasses_in",
-    "module_state", "tensor_sig", "sig_str", "find_unhashable",
+    "module_state", "tensor_sig", "sig_str", "find_unhashable", "register_dataclass_type",
+    "HashedTuple", "ModuleState",
 ]
 
 TENSOR, SEQ, DICT, LEAF, STATIC, MODULE, NODE = 0, 1, 2, 3, 4, 5, 6
