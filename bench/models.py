@@ -225,6 +225,9 @@ def table(rows):
                "HBM MB", "host ops", "max err", "compile 1st s", "compile ms"]
     body = []
     for r in rows:
+        if "error" in r:
+            body.append([r["workload"], "failed: " + r["error"]] + [""] * (len(headers) - 2))
+            continue
         ratio = r["tn_host_ms"][1] / r["eager_ms"][1] if r["eager_ms"][1] else float("nan")
         body.append([
             r["workload"], _fmt_pair(r["eager_ms"], 3), _fmt_pair(r["tn_host_ms"], 2), f"{ratio:.1f}x",
@@ -252,7 +255,10 @@ def main(argv=None):
         if args.only and not any(s.strip().lower() in name.lower() for s in args.only.split(",")):
             continue
         print(f"... {name}", file=sys.stderr, flush=True)
-        rows.append(measure(name, fn, inputs, args.repeats, not args.no_compile))
+        try:
+            rows.append(measure(name, fn, inputs, args.repeats, not args.no_compile))
+        except Exception as e:  # one broken workload must not hide the others
+            rows.append({"workload": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"})
     print(f"threads: {torch.get_num_threads()}; times are min / median of {args.repeats} interleaved repeats; "
           f"device numbers modelled on trn2")
     print(table(rows))
