@@ -131,6 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
     ap.add_argument("--repeats", type=int, default=30, help="interleaved repeats of the cached-call loop")
     ap.add_argument("--inner", type=int, default=1000, help="calls per timed loop")
+    ap.add_argument("--no-first-call", action="store_true", help="only the cached-call table")
     ap.add_argument("--skip-compile", action="store_true", help="leave torch.compile out (quick check)")
     ap.add_argument("--warm-compile-cache", action="store_true",
                     help="let torch.compile use the user's on-disk Inductor cache (default: a cold, empty one)")
@@ -143,7 +144,7 @@ def main(argv=None) -> int:
     from tabulate import tabulate
     torch.set_num_threads(1)
     impls = ["tn"] + ([] if a.skip_compile else ["torch.compile"])
-    first = first_call_table(["mlp", "gpt2-block"], impls, cold=not a.warm_compile_cache)
+    first = {} if a.no_first_call else first_call_table(["mlp", "gpt2-block"], impls, cold=not a.warm_compile_cache)
     rows = []
     for model, r in first.items():
         t = r["tn"]
@@ -163,9 +164,10 @@ def main(argv=None) -> int:
         headers += ["torch.compile first call", "compile: torch.compile() + first", "torch.compile 2nd call",
                     "compile/tn", "with setup", f"goal ≥{FIRST_CALL_GOAL:.0f}x"]
     headers.append("tn max abs err vs eager")
-    print("First call (trace + compile + run), each in a fresh process, 1 thread"
-          + ("" if a.warm_compile_cache else ", torch.compile with a cold Inductor cache") + ":")
-    print(tabulate(rows, headers=headers, disable_numparse=True))
+    if first:
+        print("First call (trace + compile + run), each in a fresh process, 1 thread"
+              + ("" if a.warm_compile_cache else ", torch.compile with a cold Inductor cache") + ":")
+        print(tabulate(rows, headers=headers, disable_numparse=True))
 
     cached = cached_call_table(a.repeats, a.inner, not a.skip_compile)
     eager = cached["eager"]
