@@ -19,7 +19,9 @@ Per aten op, in this order:
    the base through the inverse of the view chain (``slice_scatter`` ...);
    an input whose value changed is returned as an extra output listed in
    :attr:`IR.mutations`;
-4. ops in :data:`tn.ops.FROM_ATEN` are recorded as core ops;
+4. ops in :data:`tn.ops.FROM_ATEN` are recorded as core ops (output shapes
+   from torch's meta kernels, cached by the arguments' metadata, so a warm
+   trace runs almost none);
 5. everything else is decomposed (:data:`tn.ops.DECOMPOSITIONS`, then
    ``torch._decomp.decomposition_table``, then the op's own
    CompositeImplicit decomposition) or raises :class:`tn.UnsupportedOpError`
@@ -527,6 +529,7 @@ class _Tracer(TorchDispatchMode):
         return v
 
     def atom(self, x: Any) -> Any:
+        """The IR input for ``x``: a traced tensor's current Var or a Literal for a Python scalar."""
         if type(x) is TracerTensor:
             return self.var_of(x)
         if isinstance(x, Tensor):
@@ -563,6 +566,7 @@ class _Tracer(TorchDispatchMode):
         return tt
 
     def lift_args(self, args: Sequence[Any]) -> Sequence[Any]:
+        """``args`` with every real tensor (also inside lists) replaced by its constant tracer."""
         out = None
         for i, a in enumerate(args):
             ta = type(a)
@@ -583,10 +587,12 @@ class _Tracer(TorchDispatchMode):
     # ---- view steps: (op, attrs, out_shape)
 
     def apply_step(self, step: tuple, v: Var) -> Var:
+        """Emit one view step ``(op, attrs, out_shape)`` on ``v``."""
         op, attrs, shape = step
         return self.emit(op, [v], attrs, [(shape, v.dtype)])[0]
 
     def inverse_step(self, step: tuple, parent: Var, new: Var) -> Var:
+        """The new value of ``parent`` after its view ``step`` was overwritten with ``new``."""
         op, attrs, shape = step
         name = op.name
         if name == "reshape":
@@ -606,6 +612,7 @@ class _Tracer(TorchDispatchMode):
             f"Write into a copy (.clone()) instead.")
 
     def make_view(self, x: TracerTensor, meta: _Spec, steps: List[tuple]) -> TracerTensor:
+        """A view of ``x`` (same store), ``steps`` further down its chain."""
         v = self.var_of(x)
         for step in steps:
             v = self.apply_step(step, v)
