@@ -213,6 +213,13 @@ def test_mlp_module(backend):
     close(jm(x), model(x), atol=1e-5)
 
 
+def test_mlp_bf16(backend):
+    torch.manual_seed(0)
+    model = MLP().to(torch.bfloat16).eval()
+    x = torch.randn(8, 16, dtype=torch.bfloat16)
+    close(tn.jit(model, backend=backend)(x), model(x), dtype=torch.bfloat16)
+
+
 def causal_attention(x, w_qkv, w_out, n_heads):
     B, T, C = x.shape
     q, k, v = (x @ w_qkv).split(C, dim=2)
@@ -239,6 +246,12 @@ def test_sdpa_causal(backend):
           backend=backend, atol=1e-5)
 
 
+def _block_out(m, h):
+    """Hidden states out of a transformers block (a tuple in some versions, a tensor in others)."""
+    out = m(h)
+    return out[0] if isinstance(out, tuple) else out
+
+
 def test_gpt2_block(backend):
     transformers = pytest.importorskip("transformers")
     from transformers.models.gpt2.modeling_gpt2 import GPT2Block
@@ -250,11 +263,7 @@ def test_gpt2_block(backend):
     block = GPT2Block(cfg, layer_idx=0).eval()
     x = torch.randn(2, 10, 64)
 
-    def f(m, h):
-        out = m(h)
-        return out[0] if isinstance(out, tuple) else out
-
-    check(f, block, x, backend=backend, atol=1e-4)
+    check(_block_out, block, x, backend=backend, atol=1e-4)
 
 
 def test_gru_cell_unrolled(backend):
@@ -335,6 +344,18 @@ def test_training_step_inplace_sgd_on_module(backend):
         close(jstep(jit_model, x, y), step(eager_model, x, y), atol=1e-5)
     for pj, pe in zip(jit_model.parameters(), eager_model.parameters()):
         close(pj, pe, atol=1e-5)
+
+
+def test_gpt2_block_bf16(backend):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=64, n_head=4, n_layer=1, n_positions=32)
+    cfg._attn_implementation = "eager"
+    block = GPT2Block(cfg, layer_idx=0).to(torch.bfloat16).eval()
+    x = torch.randn(2, 10, 64, dtype=torch.bfloat16)
+    check(_block_out, block, x, backend=backend, dtype=torch.bfloat16, atol=3e-2, rtol=3e-2)
 
 
 def test_gpt2_block_grads(backend):
