@@ -658,3 +658,29 @@ def test_demo_passes_and_fails_loudly(monkeypatch, capsys):
     register_backend("test-wrong", wrong)
     assert demo.main(["--no-ir", "--backend", "test-wrong"]) == 1
     assert "FAIL" in capsys.readouterr().out
+
+
+@tn.jit
+def _module_level_jitted(x):
+    return x + 1
+
+
+def test_copy_and_pickle():
+    import pickle
+
+    torch.manual_seed(0)
+    m = nn.Linear(3, 2)
+    jm = tn.jit(m, cache_size=5)
+    x = torch.randn(4, 3)
+    jm(x)
+    jc = copy.deepcopy(jm)
+    assert isinstance(jc, type(jm)) and jc.module is not m and jc.cache_info().maxsize == 5
+    with torch.no_grad():
+        jc.weight.zero_()
+        close(jc(x), jc.bias.expand(4, 2))
+        close(jm(x), m(x))
+    jp = pickle.loads(pickle.dumps(jm))
+    with torch.no_grad():
+        close(jp(x), m(x))
+    assert copy.deepcopy(_module_level_jitted) is _module_level_jitted
+    assert pickle.loads(pickle.dumps(_module_level_jitted)) is _module_level_jitted

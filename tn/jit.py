@@ -670,6 +670,16 @@ class JittedFunction:
         self._core = _Core(fn, static_argnums, static_argnames, backend, cache_size, "tn.jit")
         functools.update_wrapper(self, fn)
 
+    def __copy__(self) -> "JittedFunction":
+        return self
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "JittedFunction":
+        return self  # like a function: shared, with its cache
+
+    def __reduce__(self) -> Any:
+        # like a function: pickled by reference to its module-level name
+        return self.__qualname__
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _tls.depth:  # called while tracing another jitted function: inline
             return self._core.fn(*args, **kwargs)
@@ -720,7 +730,7 @@ class JittedModule:
     ``nn.Module``: register the original module as a child, not the wrapper.
     """
 
-    _own = frozenset({"_tn_core", "_tn_module"})
+    _own = frozenset({"_tn_core", "_tn_module", "_tn_options"})
 
     def __init__(self, module: torch.nn.Module, static_argnums: Any = (), static_argnames: Any = (),
                  backend: Any = None, cache_size: Optional[int] = DEFAULT_CACHE_SIZE):
@@ -741,6 +751,19 @@ class JittedModule:
         core.fn = _call_module
         core.name = f"{type(module).__name__} module"
         object.__setattr__(self, "_tn_core", core)
+        object.__setattr__(self, "_tn_options", (static_argnums, static_argnames, backend, cache_size))
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "JittedModule":
+        """A jitted deep copy of the module, same options, empty cache."""
+        return JittedModule(copy.deepcopy(self._tn_module, memo), *self._tn_options)
+
+    def __copy__(self) -> "JittedModule":
+        """A new wrapper of the same module, same options, empty cache."""
+        return JittedModule(self._tn_module, *self._tn_options)
+
+    def __reduce__(self) -> Any:
+        # pickles as "tn.jit(module, options)"; the compiled programs are not pickled
+        return (JittedModule, (self._tn_module, *self._tn_options))
 
     @property
     def module(self) -> torch.nn.Module:
