@@ -41,7 +41,7 @@ import math
 from typing import Any, List, NamedTuple
 
 from .base import CannotLower, lowering
-from .shape import FREE_BUDGET_BYTES, hview, store_int
+from .shape import FREE_BUDGET_BYTES, hview, load_checked_int, store_int
 
 __all__ = ["REDUCE_ALU", "reduce_lowering"]
 
@@ -152,12 +152,13 @@ def _sum_opts(combo):
 
 
 def reduce_lowering(ctx: Any, x_t: Any, x_dt: str, shape, reduced, out_t: Any, alu: str, mode: str = "reduce",
-                    out_int: bool = False) -> None:
+                    out_int: bool = False, int_bound: float = None) -> None:
     """Emit a reduction of ``x_t`` (contiguous, ``shape``) over the axes ``reduced`` into ``out_t``.
 
     ``alu``: VectorE reduce op (add, multiply, max, min, logical_or); ``mode``: ``"reduce"``, ``"argmax"``
     or ``"argmin"`` (then ``reduced`` is every axis for a flat index, or one axis); ``out_int``: write
-    through :func:`tn.lower.shape.store_int` (int64 outputs).
+    through :func:`tn.lower.shape.store_int` (int64 outputs); ``int_bound``: integer inputs (int32, or int64 by
+    their low words) are range-checked against it (:func:`tn.lower.shape.load_checked_int`).
     """
     prog = ctx.prog
     arg = mode != "reduce"
@@ -169,6 +170,8 @@ def reduce_lowering(ctx: Any, x_t: Any, x_dt: str, shape, reduced, out_t: Any, a
     case, parts = _parts(axes)
     esize = 4 if x_dt in ("float32", "int32") else (2 if x_dt in ("bfloat16", "float16") else 1)
     fb = max(1, min(FREE_BUDGET_BYTES // max(esize, 4), 8192))
+    if int_bound is not None:
+        fb = max(1, fb // 2)  # the range check needs three more tiles of the same shape
     idx, c = _plan(parts[0][3], fb)
     kept_loops = _loops(parts[0][3], idx, c, red=False)
     pax0 = parts[0][2]
@@ -209,9 +212,12 @@ def reduce_lowering(ctx: Any, x_t: Any, x_dt: str, shape, reduced, out_t: Any, a
                 tdims = [(ch if (i == 0 and ch is not None) else a.n, a.xs, a.im, a.red)
                          for i, a in enumerate(free[idx:])]
                 tshape = [n for n, _, _, _ in tdims]
-                tile = prog.sbuf((ppc, *tshape), x_dt)
+                tile = prog.sbuf((ppc, *tshape), "int32" if x_dt == "int64" else x_dt)
                 src = hview(x_t, xoff + dx_k + dx_r, [(ppc, pax.xs)] + [(n, s) for n, s, _, _ in tdims])
-                prog.dma_copy(tile, src)
+                if int_bound is not None:
+                    load_checked_int(ctx, tile, src, int_bound)
+                else:
+                    prog.dma_copy(tile, src)
                 kax = [1 + i for i, t in enumerate(tdims) if not t[3]]
                 rax = [1 + i for i, t in enumerate(tdims) if t[3]]
                 view = tile.permute(0, *kax, *rax)
@@ -303,31 +309,32 @@ def _reduce(ctx, eqn, ins, outs):
     out_dt = ctx.neuron_dtype(ov.dtype)
     shape = tuple(xv.shape) or (1,)
     dims = tuple(eqn.attrs.get("dims", ())) if xv.shape else (0,)
-    if x_dt == "int64":
-        raise CannotLower(f"{name} of int64: no engine computes on int64")
     count = _prod(shape[d] for d in dims)
-    if name in ("sum", "prod") and out_dt not in ("float32", "bfloat16", "float16"):
-        if name == "prod" or x_dt not in ("bool", "uint8") or count * 255 >= _EXACT:
-            raise CannotLower(f"integer {name} of {x_dt} into {out_dt} may not be exact on the fp32 engines")
-    if name in ("sum", "prod") and out_dt in ("float32", "bfloat16", "float16") and \
-            x_dt not in ("float32", "bfloat16", "float16"):
-        raise CannotLower(f"{name} of {x_dt} into {out_dt}")
+    is_int = x_dt in ("int32", "int64")
+    if name == "prod" and (is_int or x_dt in ("bool", "uint8")) and out_dt not in ("float32", "bfloat16", "float16"):
+        raise CannotLower(f"integer prod of {x_dt}: products overflow the exact fp32 range")
+    if name == "sum" and x_dt in ("bool", "uint8") and count * 255 >= _EXACT:
+        raise CannotLower(f"sum of {count} {x_dt} values may not be exact on the fp32 engines")
+    bound = None
+    if is_int:  # exact in fp32 only below 2**24: range-checked, a flagged call reruns on the host
+        bound = float(_EXACT // max(1, count)) if name == "sum" else float(_EXACT)
+        if bound < 1:
+            raise CannotLower(f"sum over {count} integers cannot stay below 2**24")
     reduce_lowering(ctx, ins[0], x_dt, shape, dims, outs[0], REDUCE_ALU[name],
-                    out_int=(out_dt == "int64"))
+                    out_int=(out_dt == "int64"), int_bound=bound)
 
 
 @lowering("argmax", "argmin")
 def _argreduce(ctx, eqn, ins, outs):
     """Index of the first max/min along ``dim`` (or of the flattened input), as int64."""
     x_dt = _in_dtype(ctx, eqn)
-    if x_dt == "int64":
-        raise CannotLower(f"{eqn.op.name} of int64: no engine computes on int64")
     xv = eqn.inputs[0]
     shape = tuple(xv.shape) or (1,)
     dim = eqn.attrs.get("dim")
     dims = tuple(range(len(shape))) if (dim is None or not xv.shape) else (dim,)
     reduce_lowering(ctx, ins[0], x_dt, shape, dims, outs[0], "max", mode=eqn.op.name,
-                    out_int=ctx.neuron_dtype(eqn.outputs[0].dtype) == "int64")
+                    out_int=ctx.neuron_dtype(eqn.outputs[0].dtype) == "int64",
+                    int_bound=float(_EXACT) if x_dt in ("int32", "int64") else None)
 
 
 @lowering("cumsum")
@@ -340,8 +347,9 @@ def _cumsum(ctx, eqn, ins, outs):
     shape = tuple(xv.shape) or (1,)
     d = eqn.attrs["dim"] if xv.shape else 0
     n = shape[d]
-    if x_dt in ("int32", "int64") or (x_dt in ("bool", "uint8") and n * 255 >= _EXACT):
-        raise CannotLower(f"cumsum of {x_dt} may not be exact on the fp32 engines")
+    if x_dt in ("bool", "uint8") and n * 255 >= _EXACT:
+        raise CannotLower(f"cumsum of {n} {x_dt} values may not be exact on the fp32 engines")
+    bound = float(_EXACT // n) if x_dt in ("int32", "int64") else None  # range-checked; flagged calls rerun on host
     if out_dt not in ("float32", "bfloat16", "float16", "int64", "int32"):
         raise CannotLower(f"cumsum into {out_dt}")
     if x_dt not in ("float32", "bfloat16", "float16") and out_dt in ("float32", "bfloat16", "float16"):
@@ -374,8 +382,12 @@ def _cumsum(ctx, eqn, ins, outs):
         blocks = []
         for b in range(nblk):
             pb = min(128, n - 128 * b)
-            raw = prog.sbuf((pb, *[t[0] for t in tdims]), x_dt)
-            prog.dma_copy(raw, hview(ins[0], dx + 128 * b * sd, [(pb, sd)] + tdims))
+            raw = prog.sbuf((pb, *[t[0] for t in tdims]), "int32" if x_dt == "int64" else x_dt)
+            src = hview(ins[0], dx + 128 * b * sd, [(pb, sd)] + tdims)
+            if bound is not None:
+                load_checked_int(ctx, raw, src, bound)
+            else:
+                prog.dma_copy(raw, src)
             if x_dt != mm_dt:
                 t = prog.sbuf((pb, nfree), mm_dt)
                 prog.tensor_copy(t, raw.reshape(pb, nfree))

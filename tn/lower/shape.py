@@ -28,8 +28,8 @@ from ..neuron import isa
 from ..neuron.program import HbmTensor, HbmView
 from .base import CannotLower, lowering
 
-__all__ = ["hview", "as_i32_pairs", "copy_view", "fill_view", "split_rows", "store_int", "FREE_BUDGET_BYTES",
-           "LIM_NUM"]
+__all__ = ["hview", "as_i32_pairs", "copy_view", "fill_view", "split_rows", "store_int", "load_checked_int",
+           "FREE_BUDGET_BYTES", "LIM_NUM"]
 
 #: Largest size of one DMA axis / one DMA's free size (elements), as the engine checks it.
 LIM_NUM = 1 << 24
@@ -272,6 +272,46 @@ def store_int(ctx: Any, dst: Any, tile: Any, nonneg: bool = False) -> None:
     d = as_i32_pairs(dst)
     prog.dma_copy(d, pair)
     prog.free(pair)
+
+
+def load_checked_int(ctx: Any, tile: Any, src: HbmView, bound: float) -> None:
+    """DMA integer values into the int32/fp32 SBUF ``tile`` and flag (``ctx.range_check``) any value the fp32
+    engines would not compute exactly: ``|v| >= bound`` (at most 2**24), or, for an int64 ``src``, a value
+    outside int32 (its high word is not the low word's sign). int64 values are read by their low words."""
+    prog = ctx.prog
+    if src.dtype == "int64" and len(_merge_joint([(n, 2 * st) for n, st in src.dims[1:]] + [(2, 1)])) > 4:
+        # too many axes for one DMA with the word axis: load the words with two strided DMAs
+        words = [(n, 2 * st) for n, st in src.dims]
+        lo = prog.sbuf(tuple(tile.shape), "int32")
+        hi = prog.sbuf(tuple(tile.shape), "int32")
+        prog.dma_copy(lo, hview(src.tensor, 2 * src.offset, words, dtype="int32"))
+        prog.dma_copy(hi, hview(src.tensor, 2 * src.offset + 1, words, dtype="int32"))
+        sign = prog.sbuf(tuple(tile.shape), "float32")
+        prog.tensor_scalar(sign, lo, "is_lt", 0.0, "multiply", -1.0)
+        prog.tensor_tensor(sign, hi, sign, "not_equal")
+        ctx.range_check(sign)
+        prog.tensor_copy(tile, lo)
+        for t in (sign, hi, lo):
+            prog.free(t)
+    elif src.dtype == "int64":
+        shape = tuple(tile.shape)
+        ax = (slice(None),) * len(shape)
+        pair = prog.sbuf(shape + (2,), "int32")       # both words in one contiguous DMA, split on chip
+        prog.dma_copy(pair, as_i32_pairs(src))
+        lo, hi = pair[ax + (0,)], pair[ax + (1,)]
+        sign = prog.sbuf(shape, "float32")
+        prog.tensor_scalar(sign, lo, "is_lt", 0.0, "multiply", -1.0)
+        prog.tensor_tensor(sign, hi, sign, "not_equal")
+        ctx.range_check(sign)
+        prog.free(sign)
+        prog.tensor_copy(tile, lo)
+        prog.free(pair)
+    else:
+        prog.dma_copy(tile, src)
+    big = prog.sbuf(tuple(tile.shape), "float32")
+    prog.tensor_scalar(big, tile, "abs_max", 0.0, "is_ge", float(min(bound, 1 << 24)))
+    ctx.range_check(big)
+    prog.free(big)
 
 
 def _dt(ctx: Any, var: Any) -> str:
