@@ -43,6 +43,8 @@ def _samples():
     s["argmax"] = [([x], {"dim": 1}), ([x], {})]
     s["argmin"] = [([x], {"dim": 0, "keepdim": True})]
     s["cumsum"] = [([x], {"dim": 1}), ([torch.arange(4)], {"dim": 0, "dtype": torch.float32})]
+    s["sort"] = [([x], {"dim": 1}), ([x], {"dim": 0, "descending": True, "stable": True})]
+    s["topk"] = [([x], {"k": 2, "dim": 1}), ([x], {"k": 1, "dim": 0, "largest": False})]
     s["matmul"] = [([x, _x(4, 5)], {}), ([_x(2, 3, 4), _x(2, 4, 5)], {})]
     conv = {"stride": (1, 1), "padding": (1, 1), "dilation": (1, 1), "transposed": False,
             "output_padding": (0, 0), "groups": 1}

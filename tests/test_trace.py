@@ -441,9 +441,13 @@ def test_boolean_mask_indexing_is_a_tracing_error():
 
 def test_unsupported_op_names_op_and_shapes():
     with pytest.raises(tn.UnsupportedOpError) as info:
-        trace_flat(lambda x: torch.sort(x).values, [torch.randn(2, 7)])
+        trace_flat(lambda x: torch.linalg.qr(x).Q, [torch.randn(2, 7)])
     msg = str(info.value)
-    assert "aten.sort" in msg and "f32[2,7]" in msg and THIS_FILE in msg
+    assert "aten.linalg_qr" in msg and "f32[2,7]" in msg and THIS_FILE in msg
+
+
+def test_sort_and_topk():
+    check(lambda x: (x.sort(1), x.topk(2, dim=0), x.argsort(1, descending=True)), torch.randn(4, 5))
 
 
 def test_write_into_broadcast_view_is_unsupported():

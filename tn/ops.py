@@ -37,6 +37,7 @@ elementwise     unary: neg abs exp exp2 expm1 log log2 log1p sqrt rsqrt reciproc
 reduction       sum[dims keepdim dtype] prod[dims keepdim dtype] amax[dims keepdim]
                 amin[dims keepdim] argmax[dim keepdim] argmin[dim keepdim] any[dims keepdim]
 scan            cumsum[dim dtype]
+sort            sort[dim descending stable] topk[k dim largest sorted] (values, int64 indices)
 matmul          matmul (``[..., M, K] @ [..., K, N]``, equal batch dims: aten mm and bmm)
 conv            convolution[stride padding dilation transposed output_padding groups]
                 convolution_backward[... output_mask]
@@ -80,7 +81,7 @@ aten = torch.ops.aten
 Tensor = torch.Tensor
 
 #: Category names the compiler may rely on.
-CATEGORIES = ("elementwise", "reduction", "scan", "matmul", "conv", "pool", "shape", "index",
+CATEGORIES = ("elementwise", "reduction", "scan", "sort", "matmul", "conv", "pool", "shape", "index",
               "creation", "random")
 
 
@@ -542,6 +543,33 @@ def _cumsum_conv(x, dim, *, dtype=None):
     if dtype is not None:
         attrs["dtype"] = dtype
     return [x], attrs
+
+
+@register("sort", "sort")
+def sort(x: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> Tuple[Tensor, Tensor]:
+    """(values, indices) of ``x`` sorted along ``dim``."""
+    return tuple(aten.sort.stable(x, stable=stable, dim=dim, descending=descending))
+
+
+@from_aten(sort, aten.sort.default)
+def _sort_conv(x, dim=-1, descending=False):
+    return [x], {"dim": _dim(dim, _ndim(x)), "descending": bool(descending), "stable": False}
+
+
+@from_aten(sort, aten.sort.stable)
+def _sort_stable_conv(x, *, stable=None, dim=-1, descending=False):
+    return [x], {"dim": _dim(dim, _ndim(x)), "descending": bool(descending), "stable": bool(stable)}
+
+
+@register("topk", "sort")
+def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Tuple[Tensor, Tensor]:
+    """(values, indices) of the ``k`` largest (or smallest) elements along ``dim``."""
+    return tuple(aten.topk.default(x, k, dim, largest, sorted))
+
+
+@from_aten(topk, aten.topk.default)
+def _topk_conv(x, k, dim=-1, largest=True, sorted=True):
+    return [x], {"k": int(k), "dim": _dim(dim, _ndim(x)), "largest": bool(largest), "sorted": bool(sorted)}
 
 
 # --------------------------------------------------------------------------- matmul, conv, pool
