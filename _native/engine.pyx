@@ -708,6 +708,53 @@ cdef double cost_cycles(int64_t op, int64_t sub, Opnd *ops, double access):
     return c + access
 
 
+cdef int exec_one(int64_t op, int64_t sub, int64_t flags, Opnd *ops, double *imm, const int64_t *auxp,
+                  const int64_t *rec, int64_t *bad) noexcept nogil:
+    """Call the C kernel of one validated instruction; returns the kernel's code (0 = ok)."""
+    cdef int rc = 0
+    if op == OP_DMA_COPY:
+        rc = tn_copy_bytes(&ops[0].ap, &ops[1].ap, ops[0].pcount)
+    elif op == OP_DMA_GATHER:
+        rc = tn_gather_rows(&ops[0].ap, &ops[1].ap, ops[1].pcount, &ops[2].ap, ops[0].pcount, bad)
+    elif op == OP_MATMUL:
+        rc = tn_matmul_ap(&ops[0].ap, &ops[1].ap, &ops[2].ap, ops[1].pcount, flags & FLAG_ACCUMULATE)
+    elif op == OP_TRANSPOSE:
+        rc = tn_transpose(&ops[0].ap, &ops[1].ap, ops[1].pcount)
+    elif op == OP_ACTIVATION:
+        rc = tn_activation(<int>(sub & 255), &ops[0].ap, &ops[1].ap,
+                           &ops[2].ap if ops[2].present else NULL, imm[1],
+                           &ops[3].ap if ops[3].present else NULL, imm[0],
+                           <int>(sub >> 8), &ops[4].ap if ops[4].present else NULL, ops[0].pcount)
+    elif op == OP_TENSOR_TENSOR:
+        rc = tn_tensor_tensor(<int>sub, &ops[0].ap, &ops[1].ap, &ops[2].ap, ops[0].pcount)
+    elif op == OP_TENSOR_SCALAR:
+        rc = tn_tensor_scalar(&ops[0].ap, &ops[1].ap, <int>(sub & 255),
+                              &ops[2].ap if ops[2].present else NULL, imm[0], <int>(sub >> 8),
+                              &ops[3].ap if ops[3].present else NULL, imm[1], <int>flags,
+                              ops[0].pcount)
+    elif op == OP_TENSOR_REDUCE:
+        rc = tn_tensor_reduce(<int>sub, &ops[0].ap, &ops[1].ap, <int>imm[0], ops[0].pcount)
+    elif op == OP_TENSOR_COPY:
+        rc = tn_tensor_copy(&ops[0].ap, &ops[1].ap, ops[0].pcount)
+    elif op == OP_SELECT:
+        rc = tn_select(&ops[0].ap, &ops[1].ap, &ops[2].ap, &ops[3].ap, ops[0].pcount)
+    elif op == OP_BN_STATS:
+        rc = tn_bn_stats(&ops[0].ap, &ops[1].ap, ops[0].pcount)
+    elif op == OP_BN_AGGR:
+        rc = tn_bn_aggr(&ops[0].ap, &ops[1].ap, ops[0].pcount)
+    elif op == OP_IOTA:
+        rc = tn_iota(&ops[0].ap, imm, ops[0].pcount)
+    elif op == OP_AFFINE_SELECT:
+        rc = tn_affine_select(<int>sub, &ops[0].ap, &ops[1].ap, imm, imm[6], ops[0].pcount)
+    elif op == OP_MEMSET:
+        rc = tn_memset(&ops[0].ap, imm[0], ops[0].pcount)
+    elif op == OP_PARTITION_REDUCE:
+        rc = tn_partition_reduce(<int>sub, &ops[0].ap, &ops[1].ap, ops[0].pcount, ops[1].pcount)
+    elif op == OP_PARTITION_SHUFFLE:
+        rc = tn_partition_shuffle(&ops[0].ap, &ops[1].ap, auxp + rec[H_AUX_START], ops[0].pcount)
+    return rc
+
+
 # ---------------------------------------------------------------- the run
 
 def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] aux,
@@ -841,52 +888,17 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
                     live_p1[b] = ops[0].pstart + ops[0].pcount
                     live_b0[b] = ops[0].lo_byte
                     live_b1[b] = ops[0].hi_byte
-            # ---- execute
+            # ---- execute (large instructions release the GIL so other Python threads can run)
             rc = 0
             if execute:
-                if op == OP_DMA_COPY:
-                    rc = tn_copy_bytes(&ops[0].ap, &ops[1].ap, ops[0].pcount)
-                elif op == OP_DMA_GATHER:
-                    rc = tn_gather_rows(&ops[0].ap, &ops[1].ap, ops[1].pcount, &ops[2].ap, ops[0].pcount, bad)
-                    if rc == -2:
-                        _fail(i, rec, 2, f"index {bad[1]} in partition {bad[0]} is outside the table's "
-                              f"{ops[1].pcount} rows")
-                elif op == OP_MATMUL:
-                    rc = tn_matmul_ap(&ops[0].ap, &ops[1].ap, &ops[2].ap, ops[1].pcount, flags & FLAG_ACCUMULATE)
-                elif op == OP_TRANSPOSE:
-                    rc = tn_transpose(&ops[0].ap, &ops[1].ap, ops[1].pcount)
-                elif op == OP_ACTIVATION:
-                    rc = tn_activation(<int>(sub & 255), &ops[0].ap, &ops[1].ap,
-                                       &ops[2].ap if ops[2].present else NULL, imm[1],
-                                       &ops[3].ap if ops[3].present else NULL, imm[0],
-                                       <int>(sub >> 8), &ops[4].ap if ops[4].present else NULL, ops[0].pcount)
-                elif op == OP_TENSOR_TENSOR:
-                    rc = tn_tensor_tensor(<int>sub, &ops[0].ap, &ops[1].ap, &ops[2].ap, ops[0].pcount)
-                elif op == OP_TENSOR_SCALAR:
-                    rc = tn_tensor_scalar(&ops[0].ap, &ops[1].ap, <int>(sub & 255),
-                                          &ops[2].ap if ops[2].present else NULL, imm[0], <int>(sub >> 8),
-                                          &ops[3].ap if ops[3].present else NULL, imm[1], <int>flags,
-                                          ops[0].pcount)
-                elif op == OP_TENSOR_REDUCE:
-                    rc = tn_tensor_reduce(<int>sub, &ops[0].ap, &ops[1].ap, <int>imm[0], ops[0].pcount)
-                elif op == OP_TENSOR_COPY:
-                    rc = tn_tensor_copy(&ops[0].ap, &ops[1].ap, ops[0].pcount)
-                elif op == OP_SELECT:
-                    rc = tn_select(&ops[0].ap, &ops[1].ap, &ops[2].ap, &ops[3].ap, ops[0].pcount)
-                elif op == OP_BN_STATS:
-                    rc = tn_bn_stats(&ops[0].ap, &ops[1].ap, ops[0].pcount)
-                elif op == OP_BN_AGGR:
-                    rc = tn_bn_aggr(&ops[0].ap, &ops[1].ap, ops[0].pcount)
-                elif op == OP_IOTA:
-                    rc = tn_iota(&ops[0].ap, imm, ops[0].pcount)
-                elif op == OP_AFFINE_SELECT:
-                    rc = tn_affine_select(<int>sub, &ops[0].ap, &ops[1].ap, imm, imm[6], ops[0].pcount)
-                elif op == OP_MEMSET:
-                    rc = tn_memset(&ops[0].ap, imm[0], ops[0].pcount)
-                elif op == OP_PARTITION_REDUCE:
-                    rc = tn_partition_reduce(<int>sub, &ops[0].ap, &ops[1].ap, ops[0].pcount, ops[1].pcount)
-                elif op == OP_PARTITION_SHUFFLE:
-                    rc = tn_partition_shuffle(&ops[0].ap, &ops[1].ap, auxp + rec[H_AUX_START], ops[0].pcount)
+                if ops[0].nbytes >= 65536:
+                    with nogil:
+                        rc = exec_one(op, sub, flags, ops, imm, auxp, rec, bad)
+                else:
+                    rc = exec_one(op, sub, flags, ops, imm, auxp, rec, bad)
+                if rc == -2 and op == OP_DMA_GATHER:
+                    _fail(i, rec, 2, f"index {bad[1]} in partition {bad[0]} is outside the table's "
+                          f"{ops[1].pcount} rows")
                 if rc == -3:
                     raise MemoryError(f"instruction #{i}: the engine ran out of scratch memory")
                 if rc != 0:
