@@ -156,6 +156,7 @@ class _Matmul:
         self.NGn = _cdiv(N, self.ngw)
         self.MG = max(1, min(self.MT, 4 // self.nb))  # row tiles sharing each B chunk
         self.G = max(1, min(arch.psum_bank_bytes // (_P * self.isz), 8))  # transposes per PSUM bank
+        self.nstage = 2 * self.MG + 1   # staged row blocks: the current group's, the next group's, one spare
         self._plan(_sbuf_free(prog))
 
     # ------------------------------------------------------------------ planning
@@ -164,7 +165,7 @@ class _Matmul:
         out_b = 2 * self.ngw * self.osz
 
         def fixed(kp):
-            st = 2 * kp * _P * isz if self.need_tr else 0
+            st = self.nstage * kp * _P * isz if self.need_tr else 0
             return st + out_b
 
         KP = KC
@@ -215,6 +216,16 @@ class _Matmul:
                 self.copy(dst(r0, r1, kp), tp[:kp, r0 - g0:r1 - g0, :rows])
                 r0 = r1
 
+    def _stage_rows(self, src, r0, rp, k0, k1):
+        """DMA rows ``src[r0:r0+rp, k0:k1]`` into the next staging tile, one DMA per PSUM bank of transposes
+        (so the first transposes start before the whole row block has arrived)."""
+        st = self.stage_ring.take()
+        step = self.G * _P
+        for c0 in range(k0, k1, step):
+            c1 = min(k1, c0 + step)
+            self.prog.dma_copy(st[:rp, c0 - k0:c1 - k0], src[r0:r0 + rp, c0:c1])
+        return st
+
     def _kp(self, kc: int) -> int:
         return min(_P, self.K - kc * _P)
 
@@ -243,7 +254,7 @@ class _Matmul:
                 self.b_ring = _Ring(sb((_P, KP, self.ngw), self.dt, f"mm_b{i}") for i in range(nbuf))
             self.out_ring = _Ring(sb((_P, self.ngw), self.c.dtype, f"mm_out{i}") for i in range(2))
             if self.need_tr:
-                self.stage_ring = _Ring(sb((_P, KP * _P), self.dt, f"mm_stage{i}") for i in range(2))
+                self.stage_ring = _Ring(sb((_P, KP * _P), self.dt, f"mm_stage{i}") for i in range(self.nstage))
                 self.tp_ring = _Ring(ps((_P, self.G, _P), self.dt, f"mm_tp{i}") for i in range(self.tbanks))
             self.acc_ring = _Ring(ps((_P, _NB), "float32", f"mm_acc{i}") for i in range(self.abanks))
             self.copy = _Copier(prog)
@@ -339,74 +350,110 @@ class _Matmul:
 
     def _emit_batch(self, bi: int) -> None:
         MT, SG, MG, KPn = self.MT, self.SG, self.MG, self.KPn
-        # the B keys in order of use: (ng, kpanel), consecutive duplicates removed, for one-ahead prefetch
-        seq = []
-        for sg0 in range(0, MT, SG):
-            for ng in range(self.NGn):
-                for mg0 in range(sg0, min(MT, sg0 + SG), MG):
-                    for kpn in range(KPn):
-                        key = (ng, kpn)
-                        if not seq or seq[-1] != key:
-                            seq.append(key)
-        self._bseq = seq
-        self._bpos = -1
-        self._bloaded = {}
-        at_key = None
-        at = None
+        groups = []   # (sg0, sg_tiles, ng, mts) in emission order
         for sg0 in range(0, MT, SG):
             sg_tiles = list(range(sg0, min(MT, sg0 + SG)))
             for ng in range(self.NGn):
                 for mg0 in range(sg0, sg_tiles[-1] + 1, MG):
-                    mts = list(range(mg0, min(sg_tiles[-1] + 1, mg0 + MG)))
-                    n0 = ng * self.ngw
-                    nw = min(self.ngw, self.N - n0)
-                    nb = _cdiv(nw, _NB)
-                    accs = {(mt, j): self.acc_ring.take() for mt in mts for j in range(nb)}
-                    for kpn in range(KPn):
-                        if at_key != (sg0, kpn):
-                            at = self.at_ring.take()
-                            self._load_at(bi, at, sg_tiles, kpn)
-                            at_key = (sg0, kpn)
-                        bt, boff = self._use_b(bi, (ng, kpn))
-                        self._matmuls(at, sg0, bt, boff, mts, accs, kpn, nw, nb)
-                    for mt in mts:
-                        self._evacuate(bi, mt, n0, nw, nb, accs)
+                    groups.append((sg0, sg_tiles, ng, list(range(mg0, min(sg_tiles[-1] + 1, mg0 + MG)))))
+        # the B keys in order of use: (ng, kpanel), consecutive duplicates removed, for one-ahead prefetch
+        seq = []
+        for _, _, ng, _ in groups:
+            for kpn in range(KPn):
+                if not seq or seq[-1] != (ng, kpn):
+                    seq.append((ng, kpn))
+        self._bseq = seq
+        self._bpos = -1
+        self._bloaded = {}
+        self._at_key = None
+        self._staged = {}
+        for gi, (sg0, sg_tiles, ng, mts) in enumerate(groups):
+            n0 = ng * self.ngw
+            nw = min(self.ngw, self.N - n0)
+            nb = _cdiv(nw, _NB)
+            accs = {(mt, j): self.acc_ring.take() for mt in mts for j in range(nb)}
+            for kpn in range(KPn):
+                at = self._at_for(bi, sg0, sg_tiles, kpn, mts)
+                bt, boff = self._use_b(bi, (ng, kpn))
+                # DMA priority follows program order: next group's A rows, then the next B panel
+                if gi + 1 < len(groups) and kpn == KPn - 1:
+                    nxt = groups[gi + 1]
+                    self._prefetch_rows(bi, nxt[0], nxt[3], 0 if KPn > 1 else kpn)
+                self._prefetch_b(bi)
+                self._matmuls(at, sg0, bt, boff, mts, accs, kpn, nw, nb)
+            for mt in mts:
+                self._evacuate(bi, mt, n0, nw, nb, accs)
 
-    def _load_at(self, bi, at, sg_tiles, kpn) -> None:
-        """Fill ``at[:, :, cols]`` with A^T for the row tiles ``sg_tiles`` and K panel ``kpn``."""
-        prog = self.prog
-        K, M = self.K, self.M
+    def _at_for(self, bi, sg0, sg_tiles, kpn, mts):
+        """The A^T buffer of supergroup ``sg0`` / K panel ``kpn``, with the row tiles ``mts`` filled."""
+        key = (sg0, kpn)
+        if self._at_key != key:
+            self._at = self.at_ring.take()
+            self._at_key = key
+            self._filled = set()
+            if self.a_t is not None:
+                self._load_at_t(bi, self._at, sg_tiles, kpn)
+                self._filled = set(sg_tiles)
+        for mt in mts:
+            if mt not in self._filled:
+                self._fill_at(bi, self._at, sg0, mt, kpn)
+                self._filled.add(mt)
+        return self._at
+
+    def _k_range(self, kpn):
         kc0 = kpn * self.KP
         kc1 = min(self.KC, kc0 + self.KP)
-        k0, k1 = kc0 * _P, min(K, kc1 * _P)
-        m_base = sg_tiles[0] * _P
-        if self.a_t is not None:
-            m1 = min(M, (sg_tiles[-1] + 1) * _P)
-            src = self.a_t[bi]
-            for kc in range(kc0, kc1):
-                kk = kc * _P
-                kp = self._kp(kc)
-                prog.dma_copy(at[:kp, kc - kc0, :m1 - m_base], src[kk:kk + kp, m_base:m1])
+        return kc0, kc1, kc0 * _P, min(self.K, kc1 * _P)
+
+    def _prefetch_rows(self, bi, sg0, mts, kpn) -> None:
+        """Start the DMAs of A's rows for the next group early (their transposes come later, in order)."""
+        if self.a is None:
             return
-        src = self.a[bi]
-        for mt in sg_tiles:
+        for mt in mts:
+            key = (sg0, kpn, mt)
+            if key in self._staged or (self._at_key == (sg0, kpn) and mt in self._filled):
+                continue
+            _, _, k0, k1 = self._k_range(kpn)
             m0 = mt * _P
-            mp = min(_P, M - m0)
-            st = self.stage_ring.take()
-            prog.dma_copy(st[:mp, :k1 - k0], src[m0:m0 + mp, k0:k1])
-            col = m0 - m_base
-            self._transposed_in(
-                kc1 - kc0, lambda t: st[:mp, t * _P:t * _P + self._kp(kc0 + t)], lambda t: self._kp(kc0 + t), mp,
-                lambda t0, t1, kp: at[:kp, t0:t1, col:col + mp])
+            self._staged[key] = self._stage_rows(self.a[bi], m0, min(_P, self.M - m0), k0, k1)
+
+    def _load_at_t(self, bi, at, sg_tiles, kpn) -> None:
+        """A^T given in HBM: DMA the supergroup's columns of every K chunk of the panel."""
+        kc0, kc1, _, _ = self._k_range(kpn)
+        m_base = sg_tiles[0] * _P
+        m1 = min(self.M, (sg_tiles[-1] + 1) * _P)
+        src = self.a_t[bi]
+        for kc in range(kc0, kc1):
+            kk = kc * _P
+            kp = self._kp(kc)
+            self.prog.dma_copy(at[:kp, kc - kc0, :m1 - m_base], src[kk:kk + kp, m_base:m1])
+
+    def _fill_at(self, bi, at, sg0, mt, kpn) -> None:
+        """A^T of row tile ``mt`` (K panel ``kpn``) into ``at``: staged rows, TensorE transposes, one copy per bank."""
+        kc0, kc1, k0, k1 = self._k_range(kpn)
+        m0 = mt * _P
+        mp = min(_P, self.M - m0)
+        st = self._staged.pop((sg0, kpn, mt), None)
+        if st is None:
+            st = self._stage_rows(self.a[bi], m0, mp, k0, k1)
+        col = m0 - sg0 * _P
+        self._transposed_in(
+            kc1 - kc0, lambda t: st[:mp, t * _P:t * _P + self._kp(kc0 + t)], lambda t: self._kp(kc0 + t), mp,
+            lambda t0, t1, kp: at[:kp, t0:t1, col:col + mp])
 
     def _use_b(self, bi, key):
-        """The SBUF tile holding B panel ``key`` = (ng, kpanel) and its column offset; loads it (and the next one)."""
+        """The SBUF tile holding B panel ``key`` = (ng, kpanel) and its column offset (loaded if needed)."""
         if self._bpos < 0 or self._bseq[self._bpos] != key:
             self._bpos += 1
-        for pos in (self._bpos, self._bpos + 1):
-            if pos < len(self._bseq) and pos not in self._bloaded:
-                self._bloaded[pos] = self._load_b(bi, self._bseq[pos])
+        if self._bpos not in self._bloaded:
+            self._bloaded[self._bpos] = self._load_b(bi, self._bseq[self._bpos])
         return self._bloaded[self._bpos]
+
+    def _prefetch_b(self, bi) -> None:
+        """Start loading the B panel used after the current one (double buffering)."""
+        pos = self._bpos + 1
+        if pos < len(self._bseq) and pos not in self._bloaded:
+            self._bloaded[pos] = self._load_b(bi, self._bseq[pos])
 
     def _load_b(self, bi, key):
         ng, kpn = key
@@ -426,8 +473,7 @@ class _Matmul:
             k0, k1 = kc0 * _P, min(self.K, kc1 * _P)
             for s0 in range(0, nw, _P):
                 sp = min(_P, nw - s0)
-                st = self.stage_ring.take()
-                prog.dma_copy(st[:sp, :k1 - k0], src[n0 + s0:n0 + s0 + sp, k0:k1])
+                st = self._stage_rows(src, n0 + s0, sp, k0, k1)
                 c0 = off + s0
                 self._transposed_in(
                     kc1 - kc0, lambda q, st=st, sp=sp: st[:sp, q * _P:q * _P + self._kp(kc0 + q)],
