@@ -18,3 +18,18 @@ def test_subpackages_map_into_tn():
 def test_errors_share_a_base():
     for err in (tn.TracingError, tn.UnsupportedOpError, tn.NeuronError):
         assert issubclass(err, tn.TnError)
+
+
+def test_every_subpackage_is_installed_by_a_plain_pip_install():
+    """pyproject lists packages explicitly (adaptive/ and _native/ are mapped): a new tn/ subpackage must be listed."""
+    import pathlib
+    import tomllib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {
+        "tn" + "".join("." + part for part in init.parent.relative_to(root / "tn").parts)
+        for init in (root / "tn").rglob("__init__.py")
+    }
+    missing = on_disk - listed
+    assert not missing, f"add {sorted(missing)} to [tool.setuptools] packages in pyproject.toml"
