@@ -240,6 +240,10 @@ def test_jitted_module_forwards_attributes():
     assert jm.train() is jm and m.training
     jm.new_attr = 5
     assert m.new_attr == 5
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        close(jm.forward(x), m(x))
+    assert jm.cache_info().misses == 1
 
 
 def test_module_training_flag_and_structure_are_in_the_key():

@@ -775,6 +775,10 @@ class JittedModule:
             return self._tn_module(*args, **kwargs)
         return self._tn_core.call(args, kwargs)
 
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The jitted call (as ``self(...)``), so code calling ``.forward`` is compiled too."""
+        return self(*args, **kwargs)
+
     def cache_info(self) -> CacheInfo:
         """Hits, misses, current size and bound (``maxsize``) of the program cache."""
         return self._tn_core.cache_info()
