@@ -725,8 +725,8 @@ class JittedModule:
     Calling it runs the compiled program with the module's current parameters
     and buffers as inputs. Every other attribute (``parameters()``,
     ``state_dict()``, submodules, ``weight``...) is the wrapped module's;
-    setting an attribute sets it on the module. ``train()``/``eval()``/``to()``
-    return the wrapper. The wrapped module is ``.module``. It is not itself an
+    setting an attribute sets it on the module. ``forward`` is the jitted
+    call; ``train()``/``eval()``/``to()`` return the wrapper. The wrapped module is ``.module``. It is not itself an
     ``nn.Module``: register the original module as a child, not the wrapper.
     """
 
