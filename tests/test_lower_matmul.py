@@ -212,3 +212,23 @@ def test_permute_matmul_fused_through_transposed_sources(case):
     res = prog.run({f"in{i}": t.contiguous() for i, t in enumerate(args)})
     want = f(*args).reshape(mm_eqn.outputs[0].shape)
     np.testing.assert_allclose(res.outputs["out"], want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_large_matmul_with_long_fused_epilogue():
+    """A large bf16 matmul that fills SBUF still leaves room for a long fused epilogue (bias, gelu, residual)."""
+    import tn
+    import tn.passes
+    from tn.lower.compiler import compile_ir
+
+    def f(x, w, b, r, s):
+        return torch.nn.functional.gelu(x @ w + b) * s + r
+
+    bf = torch.bfloat16
+    x, w = _mats(512, 2048, 2048, bf)
+    b, r, s = torch.randn(2048, dtype=bf), torch.randn(512, 2048, dtype=bf), torch.randn(512, 1, dtype=bf)
+    ir = tn.passes.optimize(tn.make_ir(f)(x, w, b, r, s))
+    exe = compile_ir(ir, strict=True)
+    (got,) = exe([x, w, b, r, s])
+    want = f(x.float(), w.float(), b.float(), r.float(), s.float())
+    torch.testing.assert_close(got.float(), want, rtol=3e-2, atol=3e-1)

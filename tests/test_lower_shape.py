@@ -5,13 +5,15 @@ import torch
 pytest.importorskip("tn.lower.testing")
 from tn.lower.testing import check_lowering  # noqa: E402
 
-DTYPES = [torch.float32, torch.bfloat16, torch.int32, torch.int64, torch.bool]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.uint8, torch.bool]
 
 
 def _rand(shape, dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
     if dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype == torch.uint8:
+        return torch.randint(0, 256, shape, generator=g).to(dtype)
     if not dtype.is_floating_point:
         return torch.randint(-1000, 1000, shape, generator=g).to(dtype)
     return torch.randn(shape, generator=g).to(dtype)

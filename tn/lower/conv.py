@@ -118,7 +118,7 @@ class _Conv:
         wnat = max(self.Cg, self.Og) * self.T * self.isz
         stage = self.nb * self.bh * self.Wx * self.isz
         need = 2 * band + 2 * col + 2 * stage + wts + wnat + 2 * _NB * _isz(out.dtype) + 4 * self.G * self.OT
-        if need > _sbuf_free(self.prog):
+        if need > _sbuf_free(self.prog, ctx):
             raise CannotLower(f"convolution working set ({need} bytes per partition: input band {band}, weights "
                               f"{wts}) does not fit in SBUF")
 
@@ -437,7 +437,7 @@ def _grad_weight(ctx, grad, x, w, gw, stride, padding, dilation, groups) -> None
     per_pass = 6
     need = (2 * fw.CC * fw.bh * fw.bw + 2 * OT * Wo * rr + 2 * fw.bh * fw.Wx + T * Cg + Og + Cg * T) * isz + \
         Cg * T * _isz(gw.dtype)
-    if need > _sbuf_free(prog):
+    if need > _sbuf_free(prog, ctx):
         raise CannotLower(f"weight-gradient working set ({need} bytes per partition) does not fit in SBUF")
     gw3 = gw.reshape(G * Og, Cg, T)
     tiles = []
@@ -588,7 +588,7 @@ class _Pool:
         elif self.cip and not ext:
             self.const_div = float(self.kh * self.kw)
         need = 4 * (2 * self.Hq * self.Wq + 3 * self.Ho * self.Wo) + 4 * self.H * self.W
-        if need > _sbuf_free(self.prog):
+        if need > _sbuf_free(self.prog, ctx):
             raise CannotLower(f"avg_pool2d of {self.H}x{self.W} planes needs {need} bytes per partition of SBUF; "
                               f"too large for one plane per partition")
 

@@ -50,7 +50,8 @@ MATMUL_DTYPES = ("float32", "bfloat16", "float16")
 
 _P = 128            # partitions, max K and M per instruction
 _NB = 512           # fp32 columns of one PSUM bank, max N per instruction
-_RESERVE = 8 * 1024  # SBUF bytes per partition left for others (fused epilogues' operand tiles)
+_RESERVE = 8 * 1024          # SBUF bytes per partition left free for others
+_RESERVE_FUSED = 48 * 1024    # ... when a fused epilogue (ctx.store_hook) allocates its operand/chain tiles per store
 _RUN_BYTES = 2048   # B panels are at least this many bytes wide per partition (DMA efficiency)
 
 
@@ -87,10 +88,12 @@ class _Copier:
             self.prog.activation(out, src, "identity")
 
 
-def _sbuf_free(prog) -> int:
+def _sbuf_free(prog, ctx=None) -> int:
+    """SBUF bytes per partition a lowering may allocate now (leaving room for a fused epilogue's tiles)."""
     alloc = getattr(prog, "_sbuf", None)
     used = alloc.in_use if alloc is not None else 0
-    return prog.arch.sbuf_partition_bytes - used - _RESERVE
+    fused = ctx is not None and getattr(ctx, "store_hook", None) is not None
+    return prog.arch.sbuf_partition_bytes - used - (_RESERVE_FUSED if fused else _RESERVE)
 
 
 def emit_matmul(ctx: Any, a, b, c, *, a_t=None, b_t=None, store: Optional[Callable[[Any, Any], None]] = None,
@@ -123,7 +126,7 @@ def emit_matmul(ctx: Any, a, b, c, *, a_t=None, b_t=None, store: Optional[Callab
         raise CannotLower(f"TensorE multiplies fp32/bf16/fp16 operands of one dtype, not {asrc.dtype} @ "
                           f"{bsrc.dtype}")
     store = ctx.store if store is None else store
-    mm = _Matmul(prog, a, a_t, b, b_t, c, Bt, M, K, N, store, psum_banks)
+    mm = _Matmul(prog, a, a_t, b, b_t, c, Bt, M, K, N, store, psum_banks, _sbuf_free(prog, ctx))
     bg = mm._slab_size()
     if bg:
         mm.emit_slabs(bg)
@@ -134,7 +137,7 @@ def emit_matmul(ctx: Any, a, b, c, *, a_t=None, b_t=None, store: Optional[Callab
 class _Matmul:
     """Tiling plan and emission of one (batched) matmul; see the module docstring."""
 
-    def __init__(self, prog, a, a_t, b, b_t, c, Bt, M, K, N, store, psum_banks):
+    def __init__(self, prog, a, a_t, b, b_t, c, Bt, M, K, N, store, psum_banks, budget):
         self.prog = prog
         self.a, self.a_t, self.b, self.b_t, self.c = a, a_t, b, b_t, c
         self.Bt, self.M, self.K, self.N = Bt, M, K, N
@@ -157,7 +160,8 @@ class _Matmul:
         self.MG = max(1, min(self.MT, 4 // self.nb))  # row tiles sharing each B chunk
         self.G = max(1, min(arch.psum_bank_bytes // (_P * self.isz), 8))  # transposes per PSUM bank
         self.nstage = 2 * self.MG + 1   # staged row blocks: the current group's, the next group's, one spare
-        self._plan(_sbuf_free(prog))
+        self.budget = budget
+        self._plan(budget)
 
     # ------------------------------------------------------------------ planning
     def _plan(self, budget: int) -> None:
@@ -273,7 +277,7 @@ class _Matmul:
         isz, KC, M, N, K = self.isz, self.KC, self.M, self.N, self.K
         per = (K * isz if self.a is not None else 0) + (K * isz if self.b_t is not None else 0) + \
             KC * M * isz + KC * N * isz + N * self.osz
-        budget = _sbuf_free(self.prog)
+        budget = self.budget
         bg = min(self.Bt, 64, budget // (2 * per))
         return bg if bg >= 2 else 0
 
