@@ -434,6 +434,17 @@ def test_conversion_to_python_values_is_a_tracing_error(conv):
     assert f"{THIS_FILE}:{_line_of(f, 'conversion-line')}" in str(info.value)
 
 
+def test_masked_assignment_becomes_where():
+    def f(x, m):
+        y = x.clone()
+        y[y > 0] = 0.0
+        y[m] = 5
+        return y
+
+    tr = check(f, torch.randn(3, 4), torch.tensor([True, False, True]))
+    assert "index_put" not in tr.ir.op_counts() and tr.ir.op_counts()["where"] == 2
+
+
 def test_boolean_mask_indexing_is_a_tracing_error():
     with pytest.raises(tn.TracingError, match="boolean mask"):
         trace_flat(lambda x: x[x > 0], [torch.randn(5)])

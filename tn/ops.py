@@ -880,8 +880,17 @@ def index_put(x: Tensor, values: Tensor, *idx: Tensor, dims: Tuple[int, ...], ac
     return aten.index_put.default(x, _index_list(idx, dims), values, accumulate)
 
 
+def _is_mask_fill(x, indices, values, accumulate) -> bool:
+    """``x[mask] = scalar``: one boolean index over the leading dims and a one-element value."""
+    return (not accumulate and len(indices) == 1 and indices[0] is not None
+            and indices[0].dtype == torch.bool and values.numel() == 1
+            and tuple(indices[0].shape) == tuple(x.shape[:indices[0].dim()]))
+
+
 @from_aten(index_put, aten.index_put.default, aten._unsafe_index_put.default)
 def _index_put_conv(x, indices, values, accumulate=False):
+    if _is_mask_fill(x, indices, values, accumulate):
+        return None  # becomes a where (see _index_put_mask)
     dims = tuple(i for i, t in enumerate(indices) if t is not None)
     attrs: Dict[str, Any] = {"dims": dims}
     if accumulate:
@@ -1414,3 +1423,14 @@ def _masked_scatter(x, mask, source):
     picked = aten.view.default(aten.index.Tensor(aten.view.default(aten.clone.default(source), [-1]), [pos]),
                                list(shape))
     return aten.where.self(m, picked, aten.expand.default(x, list(shape)))
+
+
+@decomposition(aten.index_put.default, aten._unsafe_index_put.default)
+def _index_put_mask(x, indices, values, accumulate=False):
+    """``x[mask] = v`` with a one-element ``v``: ``where(mask, v, x)`` (no data-dependent indexing)."""
+    mask = indices[0]
+    mask = aten.view.default(mask, list(mask.shape) + [1] * (x.dim() - mask.dim()))
+    v = aten.view.default(values, [])
+    if v.dtype != x.dtype:
+        v = aten._to_copy.default(v, dtype=x.dtype)
+    return aten.where.self(mask, v, x)
