@@ -229,9 +229,21 @@ def _prepare(enc):
     }
 
 
-def _execute(enc, ptrs, execute, sbuf=None, psum=None):
-    from .._native import engine
+_LAZY = {}
 
+
+def _lazy():
+    """Modules imported on first use (the native engine; program.py imports this module)."""
+    if not _LAZY:
+        from .._native import engine
+        from .program import Encoded, Program
+
+        _LAZY.update(engine=engine, Encoded=Encoded, Program=Program)
+    return _LAZY
+
+
+def _execute(enc, ptrs, execute, sbuf=None, psum=None):
+    engine = _lazy()["engine"]
     prep = enc.prepared()
     n = len(enc)
     nq = len(prep["names"])
@@ -304,8 +316,8 @@ def run(program, bindings=None, *, report: bool = True, fresh_memory: bool = Fal
     program reading memory it never wrote sees what an earlier run left, as
     on the chip).
     """
-    from .program import Encoded, Program
-
+    lz = _lazy()
+    Encoded, Program = lz["Encoded"], lz["Program"]
     enc = program.build(check=False) if isinstance(program, Program) else program
     if not isinstance(enc, Encoded):
         raise NeuronError(f"run() needs a Program or an Encoded program, not {type(program).__name__}")
