@@ -336,6 +336,23 @@ def run(backend: str = "reference", names: Optional[Sequence[str]] = None, limit
     return summarize(records)
 
 
+#: Modules that register a jit backend when imported.
+BACKEND_MODULES = {"neuron": "tn.lower"}
+
+
+def ensure_backend(name: str) -> None:
+    """Import the module that registers backend ``name`` if it is not registered yet;
+    exits with a message naming the registered backends if it still is not."""
+    import importlib
+
+    from tn.jit import backends
+
+    if name not in backends() and name in BACKEND_MODULES:
+        importlib.import_module(BACKEND_MODULES[name])
+    if name not in backends():
+        raise SystemExit(f"coverage.py: unknown jit backend {name!r}; registered: {', '.join(backends())}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -351,6 +368,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--verbose", "-v", action="store_true", help="print one line per op as it runs")
     ns = parser.parse_args(argv)
     torch.set_num_threads(1)
+    ensure_backend(ns.backend)
     names = [n.strip() for n in ns.ops.split(",") if n.strip()] if ns.ops else None
     report = run(ns.backend, names, ns.limit, ns.max_samples, ns.timeout, ns.verbose)
     report["mode"], report["backend"] = ns.mode, ns.backend
