@@ -214,3 +214,12 @@ def test_explicit_deps_and_malformed_records():
     with pytest.raises(tn.NeuronError, match="runs on ScalarE only"):
         engine.check(rec[0], enc.arch.limits_vector(), [])
     assert i0 == 0
+
+
+def test_trn1_has_the_smaller_sbuf():
+    p = Program("t1", arch="trn1")
+    p.sbuf((128, 190 * 1024 // 4))
+    with pytest.raises(tn.NeuronError, match="SBUF is full.*196608 bytes per partition"):
+        p.sbuf((128, 4 * 1024 // 4))
+    with pytest.raises(tn.NeuronError, match="unknown NeuronCore architecture 'trn9'"):
+        Program("x", arch="trn9")
