@@ -129,3 +129,8 @@ def test_integer_sum_out_of_exact_range_reruns_on_host():
         exe = compile_ir(build_eqn_ir("sum", x, dims=(1,), keepdim=False), strict=False)
         assert torch.equal(exe([x])[0], x.sum(1))
         assert sum(exe.last_profile.host_ops.values()) == 1
+
+
+@pytest.mark.parametrize("name", ["sum", "amax", "prod"])
+def test_empty_dims_follow_aten(name):
+    check_lowering(name, _randn((3, 4)), dims=(), keepdim=False)

@@ -309,6 +309,8 @@ def _reduce(ctx, eqn, ins, outs):
     out_dt = ctx.neuron_dtype(ov.dtype)
     shape = tuple(xv.shape) or (1,)
     dims = tuple(eqn.attrs.get("dims", ())) if xv.shape else (0,)
+    if not dims and tuple(ov.shape) != tuple(xv.shape):  # aten: an empty dim list reduces every axis
+        dims = tuple(range(len(shape)))
     count = _prod(shape[d] for d in dims)
     is_int = x_dt in ("int32", "int64")
     if name == "prod" and (is_int or x_dt in ("bool", "uint8")) and out_dt not in ("float32", "bfloat16", "float16"):
