@@ -38,11 +38,16 @@ Worked example: ``y = relu(x @ w + b)`` for ``x`` 128x64, ``w`` 64x256::
     res.outputs["y"], res.total_us, res.utilisation["TensorE"]
 
 Views. ``Tile`` (SBUF/PSUM) and ``HbmView`` support numpy-style basic
-indexing (ints, slices with steps), ``reshape``, ``permute`` / ``.T``,
-``broadcast_to`` (stride 0) and ``bitcast``-free dtype rules. For a tile, axis
-0 is the partition axis; for an HBM view, axis 0 becomes the partition axis
-of the DMA and the remaining axes (at most 4 after merging contiguous ones)
-the free axes.
+indexing (ints, slices with positive or negative steps), no-copy
+``reshape``, ``permute`` (``.T`` for HBM views) and ``broadcast_to`` (stride
+0). For a tile, axis 0 is the partition axis and stays first; for an HBM
+view, axis 0 becomes the partition axis of the DMA and the remaining axes (at
+most 4 after merging contiguous ones) the free axes. Views never change the
+dtype: DMA copies need the same dtype on both sides, casts are
+``tensor_copy``/``activation`` outputs.
+
+Printing an :class:`Encoded` program (``print(prog.build())``) lists every
+instruction with its queue, operand patterns and semaphore waits.
 
 Explicit ordering: every emit method returns the instruction's index; pass
 ``deps=[...]`` to add waits, or build with ``Program(auto_deps=False)`` and
