@@ -119,6 +119,20 @@ def test_gather_scatter_index(backend):
     check(f, x, idx, src, rows, torch.randn(3, 4), backend=backend, rtol=1e-5, atol=1e-5)
 
 
+def test_scatter_reduce_index_put_and_friends(backend):
+    def f(x, idx, src, rows, vals, cols, newcols):
+        y = x.clone()
+        y[:, cols] = newcols
+        return (x.scatter_reduce(1, idx, src, "amax"), x.scatter_reduce(1, idx, src, "mean", include_self=False),
+                x.index_put((rows,), vals, accumulate=True), x.masked_scatter(x > 0, torch.arange(20.0)),
+                y, x.unfold(1, 2, 1), F.one_hot(idx, 4), x.tril(), x.triu(1), x[None, ..., cols], x[-1, -2:],
+                x.topk(2, 1), x.sort(1, descending=True))
+
+    x = torch.randn(5, 4)
+    check(f, x, torch.randint(0, 4, (5, 3)), torch.randn(5, 3), torch.tensor([0, 0, 2]), torch.randn(3, 4),
+          torch.tensor([1, 3]), torch.randn(5, 2), backend=backend)
+
+
 def test_index_put_inplace(backend):
     def f(x, rows, v):
         x[rows] = v
