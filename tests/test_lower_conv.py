@@ -77,12 +77,41 @@ def test_small_convnet_layers():
     assert r1.matmul_flops > 0 and r1.counts["TensorE"] > 0
 
 
-def test_conv_transposed_falls_back():
-    from tn.errors import UnsupportedOpError
+@pytest.mark.parametrize("case", [
+    # (x shape, w shape [Cin, Cout/g, kh, kw], bias, stride, padding, output_padding, dilation, groups)
+    ((2, 4, 5, 5), (4, 3, 3, 3), True, 1, 0, 0, 1, 1),
+    ((2, 4, 5, 6), (4, 3, 3, 3), False, 2, 1, 1, 1, 1),
+    ((1, 6, 4, 4), (6, 2, 2, 2), True, 2, 0, 0, 1, 3),
+    ((1, 3, 7, 5), (3, 5, 3, 2), True, (2, 3), (1, 0), (1, 2), (2, 1), 1),
+    ((2, 8, 12), (8, 4, 4), True, 2, 1, 0, 1, 1),
+], ids=lambda c: "x{}w{}".format(c[0], c[1]))
+def test_conv_transposed(case):
+    xs, ws, bias, stride, padding, opad, dilation, groups = case
+    nd = len(xs) - 2
+    t = lambda v: (v,) * nd if isinstance(v, int) else tuple(v)  # noqa: E731
+    x, w = _rand(*xs), _rand(*ws, seed=1)
+    ins = (x, w, _rand(ws[1] * groups, seed=2)) if bias else (x, w)
+    check_lowering("convolution", *ins, stride=t(stride), padding=t(padding), dilation=t(dilation), transposed=True,
+                   output_padding=t(opad), groups=groups)
 
-    with pytest.raises(UnsupportedOpError, match="transposed"):
-        check_lowering("convolution", _rand(1, 2, 4, 4), _rand(2, 3, 3, 3), stride=(1, 1), padding=(0, 0),
-                       dilation=(1, 1), transposed=True, output_padding=(0, 0), groups=1)
+
+@pytest.mark.parametrize("mask", [(True, False, False), (False, True, False), (True, True, True)], ids=str)
+@pytest.mark.parametrize("case", [
+    ((2, 4, 5, 6), (4, 3, 3, 3), 2, 1, 1, 1, 1),
+    ((1, 6, 4, 4), (6, 2, 2, 2), 2, 0, 0, 1, 3),
+    ((1, 3, 7, 5), (3, 5, 3, 2), (2, 3), (1, 0), (1, 2), (2, 1), 1),
+], ids=lambda c: "x{}w{}".format(c[0], c[1]))
+def test_conv_transposed_backward(case, mask):
+    xs, ws, stride, padding, opad, dilation, groups = case
+    nd = len(xs) - 2
+    t = lambda v: (v,) * nd if isinstance(v, int) else tuple(v)  # noqa: E731
+    attrs = dict(stride=t(stride), padding=t(padding), dilation=t(dilation), transposed=True,
+                 output_padding=t(opad), groups=groups)
+    x, w = _rand(*xs), _rand(*ws, seed=1)
+    y = torch.ops.aten.convolution.default(x, w, None, list(attrs["stride"]), list(attrs["padding"]),
+                                           list(attrs["dilation"]), True, list(attrs["output_padding"]), groups)
+    check_lowering("convolution_backward", _rand(*y.shape, seed=3), x, w, bias_sizes=(ws[1] * groups,),
+                   output_mask=mask, **attrs)
 
 
 def _pool_attrs(k, s, p, ceil_mode=False, cip=True, div=None):

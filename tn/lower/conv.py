@@ -31,8 +31,11 @@ output pixels on the partitions (TensorE transposes of the gradient and of
 every tap's input window, one PSUM bank per group of taps accumulated over
 all pixels); the bias gradient is a VectorE reduction.
 
-Transposed and 3-d convolutions raise :class:`~tn.lower.base.CannotLower`
-(they run on the host, visibly).
+A transposed convolution is lowered as that input gradient (plus bias), and
+its backward as the forward convolution (input gradient) and the forward
+weight gradient with the output gradient and input swapped. 3-d
+convolutions raise :class:`~tn.lower.base.CannotLower` (they run on the
+host, visibly).
 """
 from __future__ import annotations
 
@@ -133,6 +136,7 @@ class _Conv:
         return max(self.TG * mm_ns, dma_ns) < 0.8 * self.T * mm_ns
 
     def emit(self) -> None:
+        """Load weights (and bias), then emit every block of output pixels; frees every tile it allocated."""
         prog = self.prog
         tiles = []
 
@@ -342,10 +346,9 @@ class _Conv:
 
 @lowering("convolution")
 def lower_convolution(ctx, eqn, ins, outs) -> None:
-    """1-d/2-d convolution with stride, padding, dilation, groups and bias (direct method on TensorE)."""
+    """1-d/2-d convolution, plain or transposed, with stride, padding, dilation, groups, output padding and bias
+    (direct method on TensorE)."""
     a = eqn.attrs
-    if a.get("transposed"):
-        raise CannotLower("transposed convolution is not lowered (runs on the host)")
     xv, wv = eqn.inputs[0], eqn.inputs[1]
     nd = len(xv.shape) - 2
     if nd not in (1, 2):
@@ -368,6 +371,13 @@ def lower_convolution(ctx, eqn, ins, outs) -> None:
     else:
         x, w, out = x.view(), w.view(), out.view()
     b = ins[2].view() if has_bias else None
+    if a.get("transposed"):
+        # a transposed convolution is the input gradient of the forward convolution with the same weight:
+        # the input zero-inserted by the stride, padded by d*(k-1)-p, convolved with the flipped taps
+        kh, kw = w.shape[2], w.shape[3]
+        pad_t = tuple((k - 1) * d - p for k, d, p in zip((kh, kw), dilation, padding))
+        _Conv(ctx, x, w, b, out, (1, 1), pad_t, dilation, int(a["groups"]), xdil=stride, bwd_data=True).emit()
+        return
     _Conv(ctx, x, w, b, out, stride, padding, dilation, int(a["groups"])).emit()
 
 
@@ -524,8 +534,6 @@ def lower_convolution_backward(ctx, eqn, ins, outs) -> None:
     """Gradients of a 1-d/2-d convolution: input (a convolution of the zero-inserted gradient with the flipped
     weights), weight (pixels contracted on TensorE) and bias (a reduction), as ``output_mask`` asks."""
     a = eqn.attrs
-    if a.get("transposed"):
-        raise CannotLower("the backward of a transposed convolution is not lowered (runs on the host)")
     gv, xv, wv = eqn.inputs[:3]
     nd = len(xv.shape) - 2
     if nd not in (1, 2):
@@ -548,6 +556,17 @@ def lower_convolution_backward(ctx, eqn, ins, outs) -> None:
     gw = next(it) if mask[1] else None
     gb = next(it) if len(mask) > 2 and mask[2] else None
     kh, kw = w.shape[2], w.shape[3]
+    if a.get("transposed"):
+        # y = conv_transpose(x, w) is the adjoint of z -> conv(z, w): its input gradient is that forward
+        # convolution of the output gradient, its weight gradient the forward weight gradient with the roles of
+        # the output gradient and the input swapped
+        if gx is not None:
+            _Conv(ctx, grad, w, None, gx.reshape(*x.shape), stride, padding, dilation, groups).emit()
+        if gw is not None:
+            _grad_weight(ctx, x, grad, w, gw.reshape(*w.shape), stride, padding, dilation, groups)
+        if gb is not None:
+            _grad_bias(ctx, grad, gb)
+        return
     if gx is not None:
         gxv = gx.reshape(*x.shape)
         pad_t = tuple((k - 1) * d - p for k, d, p in zip((kh, kw), dilation, padding))
