@@ -159,8 +159,8 @@ def test_large_tiles_use_all_partitions():
     # one read and one write of the tensor, no more
     assert r.hbm_read_bytes == x.numel() * 4
     assert r.hbm_write_bytes == x.numel() * 4
-    # few, large instructions: every compute instruction covers 128 partitions
-    assert r.counts["ScalarE"] <= 4
+    # few, large instructions (128 partitions x >= 512 elements), enough of them to pipeline DMA and compute
+    assert r.counts["ScalarE"] <= 8
 
 
 def test_broadcast_input_read_once_per_tile():

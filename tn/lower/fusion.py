@@ -31,7 +31,6 @@ equations in ``stats["fused_eqns"]``.
 from __future__ import annotations
 
 import itertools
-from collections import deque
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
@@ -45,6 +44,10 @@ __all__ = ["plan", "Group", "EpilogueGroup", "lower_map", "SBUF_BUDGET", "MAX_FR
 SBUF_BUDGET = 160 * 1024
 #: Largest free size (elements per partition) of one tile.
 MAX_FREE = 8192
+#: Groups big enough are cut into at least this many tiles (engines overlap across tiles).
+PIPELINE_TILES = 8
+#: ... but tiles keep at least this many elements per partition (DMA and instruction overheads).
+MIN_FREE = 512
 #: Tiles of this many consecutive iterations stay allocated (2 = double buffering).
 NBUF = 2
 #: Reductions a row group computes with tensor_reduce: op name -> reduce op.
@@ -286,26 +289,48 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             c_red *= n
         if c_red != 1 and (not dims or dims[-1] != c_red):
             raise CannotLower(f"the reduced axes {space[len(space) - r:]} do not form one contiguous row")
+    # Affine folding: x*c, x+c, x-c, c-x, x/c (fp32, one Var and one number) are not computed on their
+    # own when every consumer in the group is another such op or a ScalarE function: the consumer runs
+    # one activation func(x * scale + bias) from the root value (relu(x*1.5+0.25) is one instruction).
+    out_set = set(out_vars)
+    users_in: Dict[Var, List[int]] = {}
+    for j, e in enumerate(eqns):
+        for a in e.inputs:
+            if isinstance(a, Var):
+                users_in.setdefault(a, []).append(j)
+    lazy: Dict[Var, Tuple[Var, float, float]] = {}
+    for j, e in enumerate(eqns):
+        aff = _affine_of(e)
+        v = e.outputs[0]
+        if aff is None or v in out_set or not users_in.get(v):
+            continue
+        if all(_affine_of(eqns[u]) is not None or _consumer_func(eqns[u]) is not None for u in users_in[v]):
+            u0, a0, b0 = aff
+            root, A, B = lazy.get(u0, (u0, 1.0, 0.0))
+            lazy[v] = (root, a0 * A, a0 * B + b0)
+
+    def resolve(a: Var) -> Tuple[Var, float, float]:
+        return lazy.get(a, (a, 1.0, 0.0))
+
     # SBUF liveness: inputs and stored outputs live for NBUF iterations (double buffering); pure
     # intermediates are freed right after their last use inside the iteration.
-    out_set = set(out_vars)
     last_use: Dict[Var, int] = {}
     for j, e in enumerate(eqns):
         for a in e.inputs:
             if isinstance(a, Var):
-                last_use[a] = j
+                last_use[resolve(a)[0]] = j
     frees_after: Dict[int, List[Var]] = {}
     live_b = peak_b = 0
     for j, e in enumerate(eqns):
         for v in e.outputs:
-            if v not in out_set:
+            if v not in out_set and v not in lazy:
                 live_b += _itemsize(v.dtype)
         peak_b = max(peak_b, live_b)
         for v in e.outputs:
-            if v not in out_set and last_use.get(v, j) <= j:
+            if v not in out_set and v not in lazy and last_use.get(v, j) <= j:
                 frees_after.setdefault(j, []).append(v)
                 live_b -= _itemsize(v.dtype)
-        for a in dict.fromkeys(a for a in e.inputs if isinstance(a, Var)):
+        for a in dict.fromkeys(resolve(a)[0] for a in e.inputs if isinstance(a, Var)):
             if a not in out_set and a not in in_vars and last_use.get(a) == j and a not in e.outputs:
                 frees_after.setdefault(j, []).append(a)
                 live_b -= _itemsize(a.dtype)
@@ -331,6 +356,11 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
     fixed_b = sum(_itemsize(v.dtype) for v in in_vars) + sum(_itemsize(v.dtype) for v in out_vars)
     per_elem = NBUF * fixed_b + peak_b + 4 * temps
     max_free = max(64, min(MAX_FREE, SBUF_BUDGET // per_elem))
+    # software pipelining: with several engines in the chain, aim at >= PIPELINE_TILES tiles (the
+    # engines then work on different tiles at once), but keep >= MIN_FREE elements per partition
+    per_part = -(-_numel(space) // ctx.arch.partitions)
+    if len(eqns) > 1 or per_part > 4 * MIN_FREE:
+        max_free = max(min(max_free, MIN_FREE), min(max_free, per_part // PIPELINE_TILES))
     max_free = 1 << (max_free.bit_length() - 1)
     if r and dims and dims[-1] > max_free:
         max_free = min(MAX_FREE * 8, SBUF_BUDGET // per_elem)
@@ -338,7 +368,6 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
     in_index = [index[v] for v in in_vars]
     out_pos = {v: j for j, v in enumerate(out_vars)}
     red_ops = {e.op.name for e in eqns if r and e.op.name in ROW_REDUCE}
-    live: deque = deque()
     nout_ = len(lay.outer)
     hoist = set()
     if lay.C <= lay.f and lay.R > lay.parts * lay.kmax:
@@ -347,7 +376,21 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             if st[nout_] == 0 and all(s == 0 for s in st[:nout_]) and in_vars[in_index.index(i)].dtype != torch.int64:
                 hoist.add(i)
     hoisted: Dict[Tuple[int, int, int], Any] = {}
-    for offs, nout, r0, p, k, c0, f in lay.tiles():
+    # inputs and stored outputs get NBUF ring buffers allocated once (never recycled by the
+    # intermediates freed inside an iteration), so the DMA of the next tile overlaps this tile's compute
+    rings: Dict[Var, List[Any]] = {}
+    pmax = min(lay.parts, lay.R)
+
+    def ring(v: Var, i: int, shp: Tuple[int, int, int], it: int) -> Any:
+        bufs = rings.get(v)
+        if bufs is None:
+            st = lay.strides[i]
+            full = (pmax, lay.kmax if st[nout_] != 0 else 1, lay.f if st[nout_ + 1] != 0 else 1)
+            bufs = rings[v] = [prog.sbuf(full, _tdt(v)) for _ in range(NBUF)]
+        b = bufs[it % NBUF]
+        return b if tuple(b.shape) == tuple(shp) else b[:shp[0], :shp[1], :shp[2]]
+
+    for it, (offs, nout, r0, p, k, c0, f) in enumerate(lay.tiles()):
         allocated = []
         env: Dict[Var, Any] = {}
 
@@ -370,8 +413,7 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
                 env[v] = t[:p]
                 continue
             dims3 = [(p, sr * k), (shp[1], sr), (shp[2], sc)]
-            t = prog.sbuf(shp, _tdt(v))
-            allocated.append(t)
+            t = ring(v, i, shp, it)
             if v.dtype == torch.int64:
                 _load_i64(ctx, t, t_hbm, offs[i] + r0 * sr + c0 * sc, dims3)
             else:
@@ -379,13 +421,13 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             env[v] = t
         done = -1
         for j, e in enumerate(eqns):
+            if e.outputs[0] in lazy:
+                continue        # folded into its consumers
             oshape = tshape(index[e.outputs[0]])
             outs = []
             if j != done:
                 for v in e.outputs:
-                    t = prog.sbuf(oshape, _tdt(v))
-                    if v in out_set:
-                        allocated.append(t)
+                    t = ring(v, index[v], oshape, it) if v in out_set else prog.sbuf(oshape, _tdt(v))
                     env[v] = t
                     outs.append(t)
             if j == done:
@@ -393,13 +435,28 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             elif j in act_red and k == 1 and env[act_red[j][1]].shape == oshape:
                 # ScalarE computes the function and its row sum in one instruction
                 func, x = act_red[j]
+                x, sa, sb = resolve(x)
                 nxt = eqns[j + 1].outputs[0]
-                rt = prog.sbuf(tshape(index[nxt]), NEURON_DTYPES[nxt.dtype])
-                if nxt in out_set:
-                    allocated.append(rt)
+                rshape = tshape(index[nxt])
+                rt = ring(nxt, index[nxt], rshape, it) if nxt in out_set else prog.sbuf(rshape, _tdt(nxt))
                 env[nxt] = rt
-                prog.activation(outs[0], env[x], func, reduce_op="add", reduce_out=rt)
+                prog.activation(outs[0], env[x], func, scale=sa, bias=sb, reduce_op="add", reduce_out=rt)
                 done = j + 1
+            elif any(isinstance(a, Var) and a in lazy for a in e.inputs) or \
+                    (_affine_of(e) is not None and _affine_of(e)[0] in lazy):
+                # consumer of a folded affine value: one activation from the root
+                aff = _affine_of(e)
+                if aff is not None:
+                    u0, a0, b0 = aff
+                    root, A, B = resolve(u0)
+                    func, sa, sb = "identity", a0 * A, a0 * B + b0
+                else:
+                    u = next(a for a in e.inputs if isinstance(a, Var))
+                    root, sa, sb = resolve(u)
+                    func = _consumer_func(e)
+                src = env[root]
+                prog.activation(outs[0], src.broadcast_to(oshape) if src.shape != oshape else src, func,
+                                scale=sa, bias=sb)
             elif r and e.op.name in red_ops:
                 src = env[e.inputs[0]]
                 if src.shape != (p, k, f):
@@ -427,15 +484,58 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
                         prog.dma_copy(HbmView(out_hbm[out_pos[v]], offs[i] + r0 * sr + c0 * sc, dims3), env[v])
             for v in frees_after.get(j, ()):
                 prog.free(env.pop(v))
-        live.append(allocated)
-        while len(live) > NBUF:
-            for t in live.popleft():
-                prog.free(t)
-    while live:
-        for t in live.popleft():
+        for t in allocated:
+            prog.free(t)
+    for bufs in rings.values():
+        for t in bufs:
             prog.free(t)
     for t in hoisted.values():
         prog.free(t)
+
+
+def _affine_of(e: Eqn) -> Optional[Tuple[Var, float, float]]:
+    """``(x, a, b)`` when ``e`` computes ``a*x + b`` in fp32 from one Var ``x`` and a number, else None."""
+    name = e.op.name
+    if name not in ("mul", "add", "sub", "div") or len(e.inputs) != 2 or e.attrs.get("rounding_mode"):
+        return None
+    if e.outputs[0].dtype != torch.float32:
+        return None
+    x, y = e.inputs
+    if isinstance(x, Var) and isinstance(y, Literal):
+        u, c, left = x, y.value, False
+    elif isinstance(x, Literal) and isinstance(y, Var):
+        u, c, left = y, x.value, True
+    else:
+        return None
+    if isinstance(c, bool) or not isinstance(c, (int, float)) or u.dtype != torch.float32:
+        return None
+    c = float(c)
+    if name == "mul":
+        return u, c, 0.0
+    if name == "add":
+        return u, 1.0, c
+    if name == "sub":
+        return (u, -1.0, c) if left else (u, 1.0, -c)
+    if left or c == 0.0:
+        return None
+    return u, 1.0 / c, 0.0
+
+
+def _consumer_func(e: Eqn) -> Optional[str]:
+    """The ScalarE function computing ``e`` from its single fp32 Var input, or None."""
+    from .elementwise import ACT_FUNC_OF
+
+    vins = [a for a in e.inputs if isinstance(a, Var)]
+    if len(vins) != 1 or len(e.inputs) != 1 or e.outputs[0].dtype != torch.float32:
+        return None
+    name = e.op.name
+    if name in ACT_FUNC_OF:
+        return ACT_FUNC_OF[name]
+    if name in ("relu", "abs", "sign"):
+        return name
+    if name == "gelu":
+        return "gelu_tanh" if e.attrs.get("approximate", "none") == "tanh" else "gelu"
+    return None
 
 
 def _tdt(v: Var) -> str:
