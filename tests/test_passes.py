@@ -348,3 +348,33 @@ def test_optimize_on_traced_program_keeps_results():
                                             (None, False), ("off", False)])
 def test_tn_verify_environment_flag(value, expected):
     assert P.env_flag(value) is expected
+
+
+MAXD = MiniOp("max_dim", lambda a, dim: tuple(torch.max(a, dim)),
+              lambda a, dim: [((a.shape[0],), a.dtype), ((a.shape[0],), torch.int64)])
+
+
+def test_cse_merges_multi_output_equations():
+    a = f32(4, 5)
+    m1, i1, m2, i2 = f32(4), Var((4,), torch.int64), f32(4), Var((4,), torch.int64)
+    ir = IR([a], [Eqn(MAXD, [a], [m1, i1], {"dim": 1}), Eqn(MAXD, [a], [m2, i2], {"dim": 1})], [m1, i2, m2])
+    out = P.dce(P.cse(ir))
+    P.verify(out)
+    assert len(out.eqns) == 1 and out.outputs == [m1, i1, m1]
+
+
+def test_optimize_is_idempotent_on_a_traced_model():
+    import torch.nn as nn
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 4)).eval()
+    x = torch.randn(3, 8)
+    params = list(model.parameters())
+    names = [n for n, _ in model.named_parameters()]
+
+    def f(*ts):
+        return torch.func.functional_call(model, dict(zip(names, ts[:-1])), (ts[-1],))
+
+    once = P.optimize(_traced(f, *params, x), verify_each=True)
+    twice = P.optimize(once, verify_each=True)
+    assert once.op_counts() == twice.op_counts()
+    torch.testing.assert_close(run_ir(twice, params + [x])[0], model(x), rtol=1e-5, atol=1e-5)
