@@ -339,3 +339,24 @@ def test_linear_weight_permute_is_not_materialised():
     wbytes = 256 * 384 * 4
     assert plain.last_profile.hbm_write_bytes - fused.last_profile.hbm_write_bytes >= wbytes
     assert fused.last_profile.hbm_read_bytes < plain.last_profile.hbm_read_bytes
+
+
+def test_affine_folding_into_activations():
+    def f(x):
+        a = torch.relu(x * 1.5 + 0.25)          # one ScalarE activation
+        b = torch.exp((2.0 - x) / 4.0)          # one ScalarE activation
+        c = (x * 3.0) * x                       # x*3 feeds a tensor_tensor: computed on its own
+        return a + b + c, torch.sigmoid(-x + 1)
+
+    x = torch.randn(300, 50)
+    ir = tn.make_ir(f)(x)
+    exe = compile_ir(ir, strict=True)
+    for g, w in zip(exe([x]), f(x)):
+        assert_close(g, w)
+    run = exe.last_profile.runs[0]
+    from tn.neuron import isa
+    n_act = sum(1 for o in run.opcodes if int(o) == isa.OPCODES["activation"])
+    n_compute = sum(1 for o in run.opcodes if int(o) != isa.OPCODES["dma_copy"])
+    tiles = sum(1 for o in run.opcodes if int(o) == isa.OPCODES["dma_copy"]) // 3   # 1 load + 2 stores per tile
+    # relu, exp, sigmoid as activations; x*3, the product and the two adds: 7 compute ops per tile
+    assert n_compute == 7 * tiles and n_act >= 3 * tiles

@@ -494,8 +494,11 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
 
 
 def _affine_of(e: Eqn) -> Optional[Tuple[Var, float, float]]:
-    """``(x, a, b)`` when ``e`` computes ``a*x + b`` in fp32 from one Var ``x`` and a number, else None."""
+    """``(x, a, b)`` when ``e`` computes ``a*x + b`` in fp32 from one Var ``x`` (and a number), else None."""
     name = e.op.name
+    if name == "neg" and isinstance(e.inputs[0], Var) and e.inputs[0].dtype == torch.float32 and \
+            e.outputs[0].dtype == torch.float32:
+        return e.inputs[0], -1.0, 0.0
     if name not in ("mul", "add", "sub", "div") or len(e.inputs) != 2 or e.attrs.get("rounding_mode"):
         return None
     if e.outputs[0].dtype != torch.float32:
