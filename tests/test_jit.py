@@ -567,6 +567,25 @@ def test_neuron_backend_is_found_by_name():
     close(f(x, y), (x * y).sum(-1), rtol=1e-5, atol=1e-5)
 
 
+def test_default_backend_from_environment(monkeypatch):
+    from tn.jit import DEFAULT_BACKEND
+    assert tn.jit.default_backend() == DEFAULT_BACKEND or "TN_BACKEND" in __import__("os").environ
+    used = []
+
+    def compile_fn(ir):
+        used.append(ir)
+        from tn.reference import compile_ir
+        return compile_ir(ir)
+
+    register_backend("test-env", compile_fn)
+    monkeypatch.setenv("TN_BACKEND", "test-env")
+    assert tn.jit.default_backend() == "test-env"
+    f = tn.jit(lambda x: x.abs())
+    x = torch.randn(3)
+    close(f(x), x.abs())
+    assert len(used) == 1
+
+
 def test_make_ir_prints_avals():
     def f(x, w):
         return (x @ w).relu()
