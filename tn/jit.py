@@ -19,7 +19,11 @@ Semantics worth knowing:
   inputs: updating them in place changes results without a retrace. Module
   structure (parameter names, submodules' training flags) is in the key;
   other Python attributes read by ``forward`` are baked in at trace time
-  (call ``cache_clear()`` after changing them).
+  (call ``cache_clear()`` after changing them). The key holds the module
+  itself (by identity). Tracing runs on a structural copy whose parameters
+  are tracer tensors, so the user's module is never modified meanwhile.
+* An argument object that is not a pytree but holds tensors in its
+  attributes is an error (they would be baked in as constants).
 * In-place updates of inputs and buffers (``x.add_(1)``, BatchNorm running
   statistics in train mode) are written back after the call
   (:attr:`tn.ir.IR.mutations`), so callers see what eager PyTorch does.
