@@ -631,6 +631,8 @@ class NeuronExecutable:
         for j, value, dtype in self._lit_outs:
             result[j] = torch.tensor(value, dtype=dtype)
         self.last_profile = ExecProfile(runs, self._host_counts)
+        if self._host_counts:
+            _note_host_ops(self._host_counts)
         return result
 
     def _recompute_on_host(self, tensors: Sequence[torch.Tensor], runs: list) -> List[Any]:
@@ -646,12 +648,23 @@ class NeuronExecutable:
         result = run_ir(self.ir, [t.detach().cpu() if t.requires_grad or t.device.type != "cpu" else t
                                   for t in tensors])
         self.last_profile = ExecProfile(runs, host)
+        _note_host_ops({"<out of range: whole call>": 1})
         return result
 
     def __repr__(self) -> str:
         s = self.stats
         return (f"<NeuronExecutable {s['programs']} program(s), {s['instructions']} instructions, "
                 f"host ops {s['host_ops']}>")
+
+
+def _note_host_ops(counts: Dict[str, int]) -> None:
+    """Tell active ``tn.profile()`` blocks about host fallbacks (when tn.profile offers ``note_host_op``)."""
+    import importlib
+
+    note = getattr(importlib.import_module("tn.profile"), "note_host_op", None)
+    if note is not None:
+        for name, n in counts.items():
+            note(name, n)
 
 
 def compile_ir(ir: IR, *, arch: Any = None, strict: Optional[bool] = None, debug: bool = False,
