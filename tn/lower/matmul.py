@@ -52,7 +52,8 @@ _P = 128            # partitions, max K and M per instruction
 _NB = 512           # fp32 columns of one PSUM bank, max N per instruction
 _RESERVE = 8 * 1024          # SBUF bytes per partition left free for others
 _RESERVE_FUSED = 48 * 1024    # ... when a fused epilogue (ctx.store_hook) allocates its operand/chain tiles per store
-_RUN_BYTES = 2048   # B panels are at least this many bytes wide per partition (DMA efficiency)
+_RUN_BYTES = 2048   # B panels are at least this many bytes wide per partition (DMA efficiency) ...
+_RUN_BYTES_FEW_ROWS = 4096  # ... and this many when A has <= 2 row tiles (B streams once: longer runs win)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -153,7 +154,8 @@ class _Matmul:
         self.tbanks = 2 if self.need_tr else 0
         self.abanks = psum_banks or max(1, nbanks_total - self.tbanks)
         # B panel width: whole banks, >= 2 KiB contiguous per partition row when N allows
-        want = max(_NB, (_RUN_BYTES // self.isz) // _NB * _NB)
+        run = _RUN_BYTES_FEW_ROWS if self.MT <= 2 else _RUN_BYTES
+        want = max(_NB, (run // self.isz) // _NB * _NB)
         self.ngw = min(N, want)
         self.nb = _cdiv(self.ngw, _NB)              # banks per output tile row
         self.NGn = _cdiv(N, self.ngw)
@@ -235,6 +237,7 @@ class _Matmul:
 
     # ------------------------------------------------------------------ emission
     def emit(self) -> None:
+        """Allocate the rings of tiles, emit every batch, free everything."""
         prog = self.prog
         KP = self.KP
         tiles = []
