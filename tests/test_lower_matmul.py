@@ -169,9 +169,10 @@ def test_matmul_epilogue_through_compiler():
         assert prof.hbm_write_bytes == 130 * 600 * 4
 
 
-@pytest.mark.parametrize("case", ["linear", "attention_scores", "a_transposed"])
+@pytest.mark.parametrize("case", ["linear", "attention_scores", "a_transposed", "head_split_k", "batch2_heads"])
 def test_permute_matmul_fused_through_transposed_sources(case):
-    """transposed_source finds the permute behind a matmul operand; lower_matmul_transposed reads its source."""
+    """transposed_source finds the permute behind a matmul operand; lower_matmul_transposed reads its source
+    through a permuted HBM view."""
     import numpy as np
     import tn
     from tn.neuron import Program
@@ -184,10 +185,20 @@ def test_permute_matmul_fused_through_transposed_sources(case):
         def f(q, k):
             return q @ k.transpose(-1, -2)
         args = (torch.randn(1, 4, 128, 64), torch.randn(1, 4, 128, 64))
-    else:
+    elif case == "a_transposed":
         def f(a, b):
             return a.transpose(-1, -2) @ b
         args = (torch.randn(3, 40, 20), torch.randn(3, 40, 30))
+    elif case == "head_split_k":
+        # GPT-2 style: k [B=1, S, H, D] -> permute(0, 2, 3, 1) = k^T per head
+        def f(q, k):
+            return q @ k.permute(0, 2, 3, 1)
+        args = (torch.randn(1, 4, 96, 32), torch.randn(1, 96, 4, 32))
+    else:
+        # two batch axes that do not merge into one strided axis
+        def f(q, k):
+            return q @ k.permute(0, 2, 3, 1)
+        args = (torch.randn(2, 3, 50, 16), torch.randn(2, 50, 3, 16))
     ir = tn.make_ir(f)(*args)
     prod = {v: e for e in ir.eqns for v in e.outputs}
     mm_eqn = next(e for e in ir.eqns if e.op.name == "matmul")
@@ -195,18 +206,16 @@ def test_permute_matmul_fused_through_transposed_sources(case):
     assert any(s is not None for s in srcs)
     prog = Program("fused")
     ctx = LowerCtx(prog)
-    pos = {v: i for i, v in enumerate(ir.inputs)}
-    hbm = {}
-    for v, t in zip(ir.inputs, args):
-        hbm[v] = prog.hbm(f"in{pos[v]}", tuple(t.shape), "float32")
+    hbm = {v: prog.hbm(f"in{i}", tuple(t.shape), "float32") for i, (v, t) in enumerate(zip(ir.inputs, args))}
     t_kw = {}
     ins = [None, None]
     for j, (v, src) in enumerate(zip(mm_eqn.inputs, srcs)):
-        if src is not None:
-            t_kw["a_t" if j == 0 else "b_t"] = hbm[src]
+        if src is not None and src[0] in hbm:
+            t_kw["a_t" if j == 0 else "b_t"] = hbm[src[0]].permute(*src[1])
         else:
             # a reshape of a program input needs no copy: the lowering views it as [lead, M, K]
             ins[j] = hbm[v] if v in hbm else hbm[prod[v].inputs[0]]
+    assert t_kw
     out = prog.hbm("out", mm_eqn.outputs[0].shape, "float32", kind="output")
     mm.lower_matmul_transposed(ctx, mm_eqn, ins, [out], **t_kw)
     res = prog.run({f"in{i}": t.contiguous() for i, t in enumerate(args)})

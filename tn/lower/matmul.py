@@ -275,6 +275,8 @@ class _Matmul:
         """Batches per slab when each batch is one tile group (0: use the per-batch plan)."""
         if self.Bt < 2 or self.MT != 1 or self.NGn != 1 or self.KPn != 1:
             return 0
+        if any(isinstance(v, _BatchView) for v in (self.a, self.a_t, self.b, self.b_t, self.c)):
+            return 0
         if self.b_t is not None and self.N > _P:
             return 0
         isz, KC, M, N, K = self.isz, self.KC, self.M, self.N, self.K
@@ -522,9 +524,40 @@ class _Matmul:
         self.store(self.c[bi, m0:m0 + mp, n0:n0 + nw], ot[:mp, :nw])
 
 
+class _BatchView:
+    """A ``[lead, r, c]`` operand whose batch axes cannot merge into one strided axis (e.g. a permuted view):
+    indexing with a flat batch index gives the 2-D view of that batch."""
+
+    def __init__(self, view, lead: int, r: int, cdim: int):
+        self.view = view
+        self.bshape = tuple(view.shape[:-2])
+        self.shape = (lead, r, cdim)
+        self.dtype = view.dtype
+
+    def __getitem__(self, idx):
+        if not isinstance(idx, tuple):
+            idx = (idx,)
+        bi = idx[0]
+        if not isinstance(bi, int):
+            raise CannotLower("a batch of operands with unmergeable batch axes is indexed one batch at a time")
+        multi = []
+        for n in reversed(self.bshape):
+            multi.append(bi % n)
+            bi //= n
+        return self.view[tuple(reversed(multi)) + tuple(idx[1:])]
+
+
 def _as3(t, lead: int, r: int, cdim: int):
-    """HBM tensor ``t`` of shape ``[..., r, cdim]`` as a ``[lead, r, cdim]`` view."""
-    return t.reshape(lead, r, cdim)
+    """HBM tensor or view ``t`` of shape ``[..., r, cdim]`` as a ``[lead, r, cdim]`` batch of 2-D views."""
+    from ..errors import NeuronError
+
+    try:
+        return t.reshape(lead, r, cdim)
+    except NeuronError:
+        v = t.view() if hasattr(t, "index") and hasattr(t, "kind") else t
+        if tuple(v.shape[-2:]) != (r, cdim):
+            raise CannotLower(f"matmul operand view {tuple(v.shape)} cannot be read as [{lead}, {r}, {cdim}]") from None
+        return _BatchView(v, lead, r, cdim)
 
 
 def _check_matmul_eqn(ctx, eqn):
@@ -558,15 +591,19 @@ def lower_matmul(ctx, eqn, ins, outs) -> None:
 
 
 def transposed_source(var, producer: Callable[[Any], Any]):
-    """The tensor whose last two axes ``var`` swaps, or None.
+    """``(X, dims)`` such that ``X.permute(dims)`` is matmul operand ``var`` with its last two axes swapped, or None.
 
-    ``var`` (a matmul operand ``[..., R, C]``) matches when it is
-    ``permute(X)`` with dims ``(0, .., n-3, n-1, n-2)``, possibly followed
-    by a ``reshape`` that only regroups the leading (batch) axes; ``X`` then
-    holds ``var`` transposed (``[..., C, R]``, same batch order).
-    ``producer(v)`` returns the equation defining ``v`` (None for program
-    inputs). A fusion planner uses this to lower ``permute -> matmul`` as one
-    :func:`lower_matmul_transposed` (the permute is then not materialised).
+    ``var`` (``[..., R, C]``) matches when it is ``permute(X, p)`` whose last
+    two output axes come from two input axes (any batch order, e.g. the
+    ``k.transpose`` of attention after a head split), possibly followed by a
+    ``reshape`` that only regroups the leading (batch) axes. Then
+    ``X.permute(dims)`` (``dims`` = ``p`` with its last two entries swapped)
+    is ``[..., C, R]``: the operand transposed, batch axes in ``var``'s
+    order. ``producer(v)`` returns the equation defining ``v`` (None for
+    program inputs). A fusion planner uses this to lower ``permute -> matmul``
+    as one :func:`lower_matmul_transposed` reading ``X`` through that view
+    (no materialised permute, no TensorE transposes for an operand that is
+    already K-major).
     """
     e = producer(var)
     if e is not None and e.op.name == "reshape":
@@ -576,28 +613,31 @@ def transposed_source(var, producer: Callable[[Any], Any]):
         e = producer(src)
     if e is None or e.op.name != "permute":
         return None
-    dims = tuple(e.attrs["dims"])
+    dims = tuple(int(d) for d in e.attrs["dims"])
     n = len(dims)
-    if n < 2 or dims != tuple(range(n - 2)) + (n - 1, n - 2):
+    if n < 2:
         return None
     x = e.inputs[0]
     rows = 1
-    for d in x.shape[:-2]:
-        rows *= int(d)
+    for d in dims[:-2]:
+        rows *= int(x.shape[d])
     want = 1
     for d in var.shape[:-2]:
         want *= int(d)
-    return x if rows == want else None
+    if rows != want:
+        return None
+    return x, dims[:-2] + (dims[-1], dims[-2])
 
 
 def lower_matmul_transposed(ctx, eqn, ins, outs, a_t=None, b_t=None) -> None:
     """Lower matmul ``eqn`` reading transposed sources instead of its operands.
 
-    ``a_t``: HbmTensor ``[..., K, M]`` holding operand A transposed (then
-    ``ins[0]`` is not read and may be None); ``b_t``: HbmTensor ``[..., N, K]``
-    holding B transposed (``ins[1]`` not read). Typically the inputs of the
-    ``permute`` equations found by :func:`transposed_source`. Output and
-    epilogue handling are as in the plain lowering.
+    ``a_t``: HbmTensor or HBM view ``[..., K, M]`` holding operand A
+    transposed (then ``ins[0]`` is not read and may be None); ``b_t``:
+    ``[..., N, K]`` holding B transposed (``ins[1]`` not read). With
+    :func:`transposed_source` ``(X, dims)``: pass ``hbm_of(X).permute(*dims)``.
+    Leading axes may be any batch axes with the operand's total batch size.
+    Output and epilogue handling are as in the plain lowering.
     """
     lead, M, K, N = _check_matmul_eqn(ctx, eqn)
     a = None if a_t is not None else _as3(ins[0], lead, M, K)
