@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..neuron import Tile, isa
+from ..neuron import HbmTensor, Tile, isa
 from .base import CannotLower, lowering
 from .matmul import MATMUL_DTYPES, _Copier, _Ring, _sbuf_free
 
@@ -62,6 +62,11 @@ def _isz(dtype: str) -> int:
 def _window(t: Tile, offset_elems: int, dims) -> Tile:
     """A view of tile ``t`` starting ``offset_elems`` into its free axis with the given (num, stride) dims."""
     return Tile(t.mem, t.pstart, t.pcount, t.offset + offset_elems * t.itemsize, t.dtype, dims, t.name)
+
+
+def _view(t):
+    """An HbmTensor as its row-major view (views pass through)."""
+    return t.view() if isinstance(t, HbmTensor) else t
 
 
 def _pair(v, n=2):
@@ -369,8 +374,8 @@ def lower_convolution(ctx, eqn, ins, outs) -> None:
         out = out.reshape(outv.shape[0], outv.shape[1], 1, outv.shape[2])
         stride, padding, dilation = (1,) + stride, (0,) + padding, (1,) + dilation
     else:
-        x, w, out = x.view(), w.view(), out.view()
-    b = ins[2].view() if has_bias else None
+        x, w, out = _view(x), _view(w), _view(out)
+    b = _view(ins[2]) if has_bias else None
     if a.get("transposed"):
         # a transposed convolution is the input gradient of the forward convolution with the same weight:
         # the input zero-inserted by the stride, padded by d*(k-1)-p, convolved with the flipped taps
@@ -544,7 +549,7 @@ def lower_convolution_backward(ctx, eqn, ins, outs) -> None:
                           f"(got {gv.dtype}, {xv.dtype}, {wv.dtype})")
     stride, padding, dilation = _pair(a["stride"], nd), _pair(a["padding"], nd), _pair(a["dilation"], nd)
     groups = int(a["groups"])
-    grad, x, w = ins[0].view(), ins[1].view(), ins[2].view()
+    grad, x, w = _view(ins[0]), _view(ins[1]), _view(ins[2])
     if nd == 1:
         grad = grad.reshape(gv.shape[0], gv.shape[1], 1, gv.shape[2])
         x = x.reshape(xv.shape[0], xv.shape[1], 1, xv.shape[2])

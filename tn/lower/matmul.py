@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from ..neuron import isa
+from ..neuron import HbmTensor, isa
 from .base import CannotLower, lowering
 
 __all__ = ["emit_matmul", "lower_matmul", "lower_matmul_transposed", "transposed_source", "MATMUL_DTYPES"]
@@ -554,7 +554,7 @@ def _as3(t, lead: int, r: int, cdim: int):
     try:
         return t.reshape(lead, r, cdim)
     except NeuronError:
-        v = t.view() if hasattr(t, "index") and hasattr(t, "kind") else t
+        v = t.view() if isinstance(t, HbmTensor) else t
         if tuple(v.shape[-2:]) != (r, cdim):
             raise CannotLower(f"matmul operand view {tuple(v.shape)} cannot be read as [{lead}, {r}, {cdim}]") from None
         return _BatchView(v, lead, r, cdim)
