@@ -134,3 +134,27 @@ def test_integer_sum_out_of_exact_range_reruns_on_host():
 @pytest.mark.parametrize("name", ["sum", "amax", "prod"])
 def test_empty_dims_follow_aten(name):
     check_lowering(name, _randn((3, 4)), dims=(), keepdim=False)
+
+
+@pytest.mark.parametrize("shape,dim,descending,dtype", [((5, 10, 5), 1, False, torch.float32),
+                                                        ((300,), 0, True, torch.float32),
+                                                        ((3, 200), 1, True, torch.bfloat16)])
+def test_sort(shape, dim, descending, dtype):
+    check_lowering("sort", _randn(shape, dtype), dim=dim, descending=descending, stable=True)
+
+
+def test_sort_ties_are_stable():
+    x = torch.randint(0, 4, (7, 20), generator=torch.Generator().manual_seed(8)).float()
+    check_lowering("sort", x, dim=1, descending=False, stable=True)
+    check_lowering("sort", x, dim=1, descending=True, stable=True)
+
+
+@pytest.mark.parametrize("shape,k,dim,largest", [((5, 10, 5), 3, 1, True), ((4, 1000), 5, 1, False),
+                                                 ((130,), 130, 0, True)])
+def test_topk(shape, k, dim, largest):
+    check_lowering("topk", _randn(shape), k=k, dim=dim, largest=largest, sorted=True)
+
+
+@pytest.mark.slow
+def test_sort_long_line():
+    check_lowering("sort", _randn((8000,)), dim=0, descending=False, stable=True)

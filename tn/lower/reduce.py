@@ -415,3 +415,115 @@ def _cumsum(ctx, eqn, ins, outs):
     prog.free(tri)
     prog.free(ones)
 
+
+
+# --------------------------------------------------------------------------- sort / topk (ranks by comparison)
+
+
+def _sort_lines(ctx, eqn, x_t, x_dt, shape, d, descending, k, out_v, out_i):
+    """Sort every line of ``x_t`` along axis ``d`` (stable), writing the first ``k`` values and indices.
+
+    Per line: the line is broadcast to all partitions; each element's rank (elements before it in the
+    order, ties broken by index) comes from one compare + one masked compare + a reduce per 128 elements;
+    the ranks go through HBM scratch to be broadcast in turn, and output slot ``r`` selects the element
+    whose rank is ``r`` (``select`` + ``add`` reduce, exact for any value but NaN).
+    """
+    prog = ctx.prog
+    n = shape[d]
+    st = _row_strides(shape)
+    sd = st[d]
+    others = [i for i in range(len(shape)) if i != d]
+    ost = _row_strides(tuple(k if i == d else shape[i] for i in range(len(shape))))
+    if 5 * n * 4 > ctx.arch.sbuf_partition_bytes - 24 * 1024:
+        raise CannotLower(f"sort/topk of lines of {n} elements: five [128, {n}] fp32 tiles do not fit in SBUF")
+    if n >= _EXACT:
+        raise CannotLower("sort/topk: ranks beyond 2**24 are not exact on the fp32 engines")
+    row = prog.sbuf((128, n), x_dt)
+    rf = prog.sbuf((128, n), "float32")
+    ids = prog.sbuf((128, n), "float32")
+    prog.iota(ids, pattern=[1])
+    zero = prog.sbuf((128, 1), "float32")
+    prog.memset(zero, 0.0, engine="vector")
+    ranks = ctx.scratch((n,), "float32")
+    rk = prog.sbuf((128, n), "float32")
+    cmp_op = "is_gt" if descending else "is_lt"
+    for li in itertools.product(*[range(shape[i]) for i in others]):
+        xoff = sum(i * st[a] for i, a in zip(li, others))
+        ooff = sum(i * ost[a] for i, a in zip(li, others))
+        prog.dma_copy(row, hview(x_t, xoff, [(128, 0), (n, sd)]))
+        prog.tensor_copy(rf, row)
+        for c0 in range(0, n, 128):
+            pc = min(128, n - c0)
+            xc = prog.sbuf((pc, 1), x_dt)       # x[c0 + p] on partition p
+            prog.dma_copy(xc, hview(x_t, xoff + c0 * sd, [(pc, sd), (1, 1)]))
+            xcf = prog.sbuf((pc, 1), "float32")
+            prog.tensor_copy(xcf, xc)
+            lt = prog.sbuf((pc, n), "float32")
+            eq = prog.sbuf((pc, n), "float32")
+            prog.tensor_scalar(lt, rf[:pc], cmp_op, xcf)
+            prog.tensor_scalar(eq, rf[:pc], "is_equal", xcf)
+            prog.affine_select(eq, eq, cmp="is_gt", base=c0, channel_multiplier=1, pattern=[-1], fill=0.0)
+            prog.tensor_tensor(lt, lt, eq, "add")
+            r = prog.sbuf((pc, 1), "float32")
+            prog.tensor_reduce(r, lt, "add")
+            prog.dma_copy(hview(ranks, c0, [(pc, 1), (1, 1)]), r)
+            for t in (r, eq, lt, xcf, xc):
+                prog.free(t)
+        prog.dma_copy(rk, hview(ranks, 0, [(128, 0), (n, 1)]))
+        for r0 in range(0, k, 128):
+            pc = min(128, k - r0)
+            want = prog.sbuf((pc, 1), "float32")
+            prog.iota(want, base=r0, channel_multiplier=1)
+            m = prog.sbuf((pc, n), "float32")
+            sel = prog.sbuf((pc, n), "float32")
+            prog.tensor_scalar(m, rk[:pc], "is_equal", want)
+            zb = zero[:pc].broadcast_to((pc, n))
+            prog.select(sel, m, rf[:pc], zb)
+            v = prog.sbuf((pc, 1), "float32")
+            prog.tensor_reduce(v, sel, "add")
+            ctx.store(hview(out_v, ooff + r0 * ost[d], [(pc, ost[d]), (1, 1)]), v)
+            prog.select(sel, m, ids[:pc], zb)
+            ix = prog.sbuf((pc, 1), "float32")
+            prog.tensor_reduce(ix, sel, "add")
+            store_int(ctx, hview(out_i, ooff + r0 * ost[d], [(pc, ost[d]), (1, 1)]), ix, nonneg=True)
+            for t in (ix, v, sel, m, want):
+                prog.free(t)
+    for t in (rk, zero, ids, rf, row):
+        prog.free(t)
+
+
+def _sortable(ctx, eqn) -> str:
+    x_dt = _in_dtype(ctx, eqn)
+    if x_dt not in ("float32", "bfloat16", "float16"):
+        raise CannotLower(f"{eqn.op.name} of {x_dt}: the comparison sort runs on float values")
+    if ctx.neuron_dtype(eqn.outputs[1].dtype) != "int64":
+        raise CannotLower(f"{eqn.op.name} with {eqn.outputs[1].dtype} indices")
+    return x_dt
+
+
+@lowering("sort")
+def _sort(ctx, eqn, ins, outs):
+    """Stable sort along ``dim`` (values and int64 indices) by per-element ranks (NaN not ordered)."""
+    x_dt = _sortable(ctx, eqn)
+    xv = eqn.inputs[0]
+    shape = tuple(xv.shape) or (1,)
+    d = eqn.attrs.get("dim", -1) if xv.shape else 0
+    d = d % len(shape)
+    _sort_lines(ctx, eqn, ins[0], x_dt, shape, d, bool(eqn.attrs.get("descending", False)), shape[d],
+                outs[0], outs[1])
+
+
+@lowering("topk")
+def _topk(ctx, eqn, ins, outs):
+    """The ``k`` largest (smallest) elements along ``dim`` in sorted order, with their int64 indices."""
+    x_dt = _sortable(ctx, eqn)
+    xv = eqn.inputs[0]
+    shape = tuple(xv.shape) or (1,)
+    d = eqn.attrs.get("dim", -1) if xv.shape else 0
+    d = d % len(shape)
+    k = int(eqn.attrs["k"])
+    if k == 0:
+        return
+    if not eqn.attrs.get("sorted", True):
+        raise CannotLower("topk with sorted=False (torch's order of the unsorted result is not specified)")
+    _sort_lines(ctx, eqn, ins[0], x_dt, shape, d, bool(eqn.attrs.get("largest", True)), k, outs[0], outs[1])
