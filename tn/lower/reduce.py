@@ -1,4 +1,4 @@
-# Lowerings of the reductions (sum, prod, amax, amin, any, argmax, argmin) and the scan (cumsum) onto VectorE/GpSimd/TensorE.
+# Lowerings of the reductions (sum, prod, amax, amin, any, argmax, argmin), the scan (cumsum) and sort/topk onto VectorE/GpSimd/TensorE.
 """Reductions and scans on the NeuronCore.
 
 Layout. The input's axes (merged where contiguous) are split into *kept*
@@ -30,9 +30,16 @@ in torch (NaN is not treated specially).
 upper-triangular ones matrix (built with ``affine_select``), accumulated in
 fp32 PSUM.
 
-Integer arithmetic happens in fp32 on the engines, so integer sums are only
-lowered for bool/uint8 inputs small enough to stay exact; other integer sums
-and products raise :class:`CannotLower` (host fallback).
+``sort``/``topk`` rank every element of a line by comparisons against the
+line broadcast to all partitions (ties broken by index: a stable sort), then
+output slot ``r`` selects the element of rank ``r``; O(n^2) VectorE work per
+line of n, lines up to ~8K elements.
+
+Integer arithmetic happens in fp32 on the engines: int32/int64 inputs are
+range-checked on chip (values, and for sums ``count * max|v|``, below 2**24;
+int64 values must fit int32) through ``ctx.range_check``, so a call whose data
+is out of range reruns on the host; integer products raise
+:class:`CannotLower` (host fallback).
 """
 from __future__ import annotations
 
