@@ -471,6 +471,24 @@ def test_inplace_shape_change_of_an_input_is_unsupported():
         trace_flat(lambda x: x.unsqueeze_(0), [torch.randn(3)])
 
 
+def test_writing_into_a_captured_tensor_is_unsupported():
+    state = torch.zeros(3)
+
+    def f(x):
+        state.add_(x)
+        return x
+
+    with pytest.raises(tn.UnsupportedOpError, match="did not receive as an argument"):
+        trace_flat(f, [torch.randn(3)])
+
+    def g(x):  # a tensor made inside the function may be written freely
+        t = torch.tensor([1.0, 2.0, 3.0])
+        t.mul_(x)
+        return t
+
+    check(g, torch.randn(3))
+
+
 def test_escaped_tracer_is_an_error():
     kept = []
 

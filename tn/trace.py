@@ -235,13 +235,14 @@ def _row_major(shape: Tuple[int, ...]) -> Tuple[int, ...]:
 class _Store:
     """The current value (a Var) of a base tensor and every view of it."""
 
-    __slots__ = ("var", "version", "spec", "input_index")
+    __slots__ = ("var", "version", "spec", "input_index", "captured")
 
     def __init__(self, var: Var, spec: _Spec, input_index: Optional[int] = None):
         self.var = var
         self.version = 0
         self.spec = spec
         self.input_index = input_index
+        self.captured = False  # a real tensor from outside the traced function (not writable)
 
 
 class TracerTensor(Tensor):
@@ -562,6 +563,7 @@ class _Tracer(TorchDispatchMode):
         v = Var(c.shape, c.dtype)
         self.consts.append((v, c))
         tt = self.new(_Spec.contiguous(c.shape, c.dtype), v)
+        tt._tn_store.captured = True
         self._const_of[id(t)] = (t, tt)
         return tt
 
@@ -647,6 +649,12 @@ class _Tracer(TorchDispatchMode):
     def write(self, t: TracerTensor, new: Var) -> None:
         """Functionalised in-place update: ``t`` (and its base and views) now hold ``new``."""
         st = t._tn_store
+        if st.captured:
+            raise UnsupportedOpError(
+                f"{_where()}: the traced function writes in place into a tensor "
+                f"{aval_str(st.spec.shape, st.spec.dtype)} it did not receive as an argument (a global, "
+                f"a closure variable or a module attribute); a compiled program can only write back its "
+                f"inputs. Pass the tensor as an argument (module buffers are arguments under tn.jit).")
         chain = t._tn_chain
         written = new
         if chain:
@@ -888,7 +896,11 @@ def _h_clone(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]
 
 
 def _h_lift_fresh(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
-    return args[0]
+    """``torch.tensor([...])`` inside the traced code: a fresh constant, free to be written to."""
+    t = args[0]
+    if type(t) is TracerTensor:
+        t._tn_store.captured = False
+    return t
 
 
 def _h_view(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
