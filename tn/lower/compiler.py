@@ -246,9 +246,14 @@ class NeuronExecutable:
             return
         from . import matmul
 
-        a_t, b_t = t
-        matmul.lower_matmul_transposed(ctx, eqn, ins, outs, a_t=None if a_t is None else hbm_in(a_t),
-                                       b_t=None if b_t is None else hbm_in(b_t))
+        def view(src: Any) -> Any:
+            if src is None:
+                return None
+            x, dims = src
+            t = hbm_in(x)
+            return t if dims is None or tuple(dims) == tuple(range(len(dims))) else t.permute(*dims)
+
+        matmul.lower_matmul_transposed(ctx, eqn, ins, outs, a_t=view(t[0]), b_t=view(t[1]))
 
     def _plan_transposed(self, host: Dict[int, str]) -> Tuple[set, Dict[int, Any]]:
         """Matmuls whose operand is a permute of the last two axes used only there: read the source
@@ -282,10 +287,16 @@ class NeuronExecutable:
                 if not isinstance(v, Var) or v.numel == 0:
                     continue
                 try:
-                    x = find(v, lambda u: ir.eqns[producer[u]] if u in producer else None)
+                    found = find(v, lambda u: ir.eqns[producer[u]] if u in producer else None)
                 except Exception:
-                    x = None
+                    found = None
+                # (X, dims): the operand transposed is X.permute(dims); a bare X means dims = identity
+                x, dims = found if isinstance(found, tuple) else (found, None)
                 if x is None or not isinstance(x, Var) or x.numel == 0:
+                    continue
+                if dims is not None and len(dims) and int(dims[-1]) != x.ndim - 1 and x.shape[-1] != 1:
+                    # the transposed view would be read element by element (innermost axis strided):
+                    # materialising the permute once is cheaper
                     continue
                 chain = []
                 u = v
@@ -298,7 +309,7 @@ class NeuronExecutable:
                     chain.append(j)
                     u = ir.eqns[j].inputs[0]
                 if ok and chain:
-                    srcs[i] = x
+                    srcs[i] = (x, dims)
                     chains.append(chain)
             if srcs[0] is None and srcs[1] is None:
                 continue

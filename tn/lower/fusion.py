@@ -67,7 +67,28 @@ def _contig_strides(shape: Sequence[int]) -> List[int]:
     return list(reversed(st))
 
 
+def _squeezed(shape: Sequence[int]) -> Tuple[int, ...]:
+    return tuple(int(d) for d in shape if d != 1)
+
+
+def _strip(shape: Sequence[int], space: Sequence[int]) -> Tuple[int, ...]:
+    """``shape`` without the leading size-1 axes it has beyond ``space``'s rank."""
+    shape = tuple(shape)
+    while len(shape) > len(space) and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
+def is_alias_reshape(e: Eqn) -> bool:
+    """A reshape that only adds or removes size-1 axes: same elements in the same places (no data moves)."""
+    if e.op.name != "reshape" or not isinstance(e.inputs[0], Var):
+        return False
+    x, y = e.inputs[0], e.outputs[0]
+    return x.dtype == y.dtype and _squeezed(x.shape) == _squeezed(y.shape)
+
+
 def _broadcastable(shape: Sequence[int], space: Sequence[int]) -> bool:
+    shape = _strip(shape, space)
     if len(shape) > len(space):
         return False
     for n, m in zip(reversed(tuple(shape)), reversed(tuple(space))):
@@ -78,7 +99,7 @@ def _broadcastable(shape: Sequence[int], space: Sequence[int]) -> bool:
 
 def _space_strides(shape: Sequence[int], space: Sequence[int]) -> List[int]:
     """Element strides of a contiguous tensor of ``shape`` broadcast into ``space`` (0 on broadcast axes)."""
-    shape = tuple(shape)
+    shape = _strip(shape, space)
     pad = len(space) - len(shape)
     full = (1,) * pad + shape
     cs = _contig_strides(full)
@@ -256,6 +277,8 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             if _row_reduce_r(e) != r:
                 raise CannotLower(f"{e.op.name}: not a reduction over the last {r} axes")
             continue
+        if is_alias_reshape(e):
+            continue
         if e.op.name not in TILE_RULES:
             raise CannotLower(f"{e.op.name}: no elementwise tile rule")
         check_dtypes(e, allow_int64)
@@ -298,9 +321,16 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
         for a in e.inputs:
             if isinstance(a, Var):
                 users_in.setdefault(a, []).append(j)
+    alias: Dict[Var, Var] = {}
+    for e in eqns:
+        if is_alias_reshape(e):
+            x = e.inputs[0]
+            alias[e.outputs[0]] = alias.get(x, x)
     lazy: Dict[Var, Tuple[Var, float, float]] = {}
     for j, e in enumerate(eqns):
         aff = _affine_of(e)
+        if aff is not None:
+            aff = (alias.get(aff[0], aff[0]), aff[1], aff[2])
         v = e.outputs[0]
         if aff is None or v in out_set or not users_in.get(v):
             continue
@@ -310,6 +340,7 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             lazy[v] = (root, a0 * A, a0 * B + b0)
 
     def resolve(a: Var) -> Tuple[Var, float, float]:
+        a = alias.get(a, a)
         return lazy.get(a, (a, 1.0, 0.0))
 
     # SBUF liveness: inputs and stored outputs live for NBUF iterations (double buffering); pure
@@ -323,11 +354,11 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
     live_b = peak_b = 0
     for j, e in enumerate(eqns):
         for v in e.outputs:
-            if v not in out_set and v not in lazy:
+            if v not in out_set and v not in lazy and v not in alias:
                 live_b += _itemsize(v.dtype)
         peak_b = max(peak_b, live_b)
         for v in e.outputs:
-            if v not in out_set and v not in lazy and last_use.get(v, j) <= j:
+            if v not in out_set and v not in lazy and v not in alias and last_use.get(v, j) <= j:
                 frees_after.setdefault(j, []).append(v)
                 live_b -= _itemsize(v.dtype)
         for a in dict.fromkeys(resolve(a)[0] for a in e.inputs if isinstance(a, Var)):
@@ -425,13 +456,17 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
                 continue        # folded into its consumers
             oshape = tshape(index[e.outputs[0]])
             outs = []
-            if j != done:
+            if e.outputs[0] in alias:
+                # a reshape that only adds/removes size-1 axes: the same tile
+                src = env[alias[e.outputs[0]]]
+                env[e.outputs[0]] = src.broadcast_to(oshape) if src.shape != oshape else src
+            elif j != done:
                 for v in e.outputs:
                     t = ring(v, index[v], oshape, it) if v in out_set else prog.sbuf(oshape, _tdt(v))
                     env[v] = t
                     outs.append(t)
-            if j == done:
-                pass  # computed by the previous equation's activation (fused reduce)
+            if j == done or e.outputs[0] in alias:
+                pass  # computed by the previous equation's activation (fused reduce), or an alias
             elif j in act_red and k == 1 and env[act_red[j][1]].shape == oshape:
                 # ScalarE computes the function and its row sum in one instruction
                 func, x = act_red[j]
@@ -712,6 +747,9 @@ class EpilogueGroup:
                     prog.dma_copy(t, HbmView(in_hbm(v), off, ldims))
                 env[v] = t.broadcast_to(tshape) if lshape != tuple(tshape) else t
             for e in self.eqns:
+                if is_alias_reshape(e):
+                    env[e.outputs[0]] = env[e.inputs[0]]
+                    continue
                 outs = []
                 for v in e.outputs:
                     t = prog.sbuf(tshape, NEURON_DTYPES[v.dtype])
@@ -743,6 +781,8 @@ class EpilogueGroup:
 def _is_map(eqn: Eqn) -> bool:
     from .elementwise import TILE_RULES
 
+    if is_alias_reshape(eqn):
+        return eqn.outputs[0].dtype in NEURON_DTYPES and eqn.outputs[0].dtype != torch.int64
     if eqn.op.category != "elementwise" or eqn.op.name not in TILE_RULES:
         return False
     for a in list(eqn.inputs) + list(eqn.outputs):
@@ -855,7 +895,7 @@ def plan(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()) -> Dict[i
             hv = e.outputs[0]
             end = k + 1
             while end < n and end not in host and end not in nofuse and _is_map(ir.eqns[end]) and \
-                    ir.eqns[end].outputs[0].shape == hv.shape and \
+                    _squeezed(ir.eqns[end].outputs[0].shape) == _squeezed(hv.shape) and \
                     all(not isinstance(a, Var) or _broadcastable(a.shape, hv.shape) for a in ir.eqns[end].inputs):
                 end += 1
             if end > k + 1 and any(a is hv for a in ir.eqns[k + 1].inputs):
