@@ -129,8 +129,8 @@ def main(argv=None) -> int:
     """Run both tables, print them (tabulate) and optionally write JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
-    ap.add_argument("--repeats", type=int, default=30, help="interleaved repeats of the cached-call loop")
-    ap.add_argument("--inner", type=int, default=1000, help="calls per timed loop")
+    ap.add_argument("--repeats", type=int, default=60, help="interleaved repeats of the cached-call loop")
+    ap.add_argument("--inner", type=int, default=300, help="calls per timed loop")
     ap.add_argument("--no-first-call", action="store_true", help="only the cached-call table")
     ap.add_argument("--skip-compile", action="store_true", help="leave torch.compile out (quick check)")
     ap.add_argument("--warm-compile-cache", action="store_true",
