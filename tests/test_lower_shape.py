@@ -115,8 +115,10 @@ def test_permute_transpose_on_tensore(shape, dims, dtype):
     assert res.counts.get("TensorE", 0) > 0  # the inner axis moved: 128x128 transposes, not element DMAs
 
 
-@pytest.mark.parametrize("xshape,shape,dtype", [((300, 1), (300, 64), torch.float32), ((5, 1), (3, 5, 700), torch.bfloat16),
-                                                ((1,), (1000,), torch.float32), ((2, 1, 3, 1), (2, 4, 3, 16), torch.float32),
+@pytest.mark.parametrize("xshape,shape,dtype", [((300, 1), (300, 64), torch.float32),
+                                                ((5, 1), (3, 5, 700), torch.bfloat16),
+                                                ((1,), (1000,), torch.float32),
+                                                ((2, 1, 3, 1), (2, 4, 3, 16), torch.float32),
                                                 ((7, 1), (7, 9), torch.bool), ((7, 1), (7, 9), torch.int64)])
 def test_expand_inner_axis(xshape, shape, dtype):
     check_lowering("expand", _rand(xshape, dtype), shape=shape)
@@ -135,3 +137,9 @@ def test_big_cat_pad_slice():
     check_lowering("cat", x, _rand((1024, 512), torch.float32, 1), dim=1)
     check_lowering("pad", x, pad=(3, 5, 2, 0), value=0.5)
     check_lowering("slice", x, dim=0, start=1, end=1000, step=3)
+
+
+def test_cat_promotes_dtypes():
+    check_lowering("cat", _rand((3, 5), torch.float32), _rand((3, 2), torch.int32, 1),
+                   _rand((3, 4), torch.bfloat16, 2), dim=1)
+    check_lowering("cat", _rand((300, 2), torch.bool), _rand((200, 2), torch.float16, 1), dim=0)

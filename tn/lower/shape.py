@@ -29,7 +29,7 @@ from ..neuron.program import HbmTensor, HbmView
 from .base import CannotLower, lowering
 
 __all__ = ["hview", "as_i32_pairs", "copy_view", "fill_view", "split_rows", "store_int", "load_checked_int",
-           "FREE_BUDGET_BYTES", "LIM_NUM"]
+           "cast_copy", "FREE_BUDGET_BYTES", "LIM_NUM"]
 
 #: Largest size of one DMA axis / one DMA's free size (elements), as the engine checks it.
 LIM_NUM = 1 << 24
@@ -532,15 +532,41 @@ def _cat(ctx, eqn, ins, outs):
     _check_vars(ctx, eqn)
     dim = eqn.attrs["dim"]
     out = _real_view(outs[0], eqn.outputs[0])
+    odt = ctx.neuron_dtype(eqn.outputs[0].dtype)
+    for t, v in zip(ins, eqn.inputs):
+        if not isinstance(t, HbmTensor):
+            raise CannotLower("cat of a literal input")
+        idt = ctx.neuron_dtype(v.dtype)
+        if idt != odt and "int64" in (idt, odt):
+            raise CannotLower(f"cat promoting {idt} to {odt}: no engine converts int64")
     pos = 0
     for t, v in zip(ins, eqn.inputs):
-        if isinstance(t, HbmTensor) and len(v.shape) == len(eqn.outputs[0].shape):
+        if len(v.shape) == len(eqn.outputs[0].shape):
             k = v.shape[dim]
             if k:
-                copy_view(ctx, _slab(out, dim, pos, k), _real_view(t, v))
+                if ctx.neuron_dtype(v.dtype) != odt:
+                    cast_copy(ctx, _slab(out, dim, pos, k), _real_view(t, v))
+                else:
+                    copy_view(ctx, _slab(out, dim, pos, k), _real_view(t, v))
             pos += k
-        elif not isinstance(t, HbmTensor):
-            raise CannotLower("cat of a literal input")
+
+
+def cast_copy(ctx: Any, dst: HbmView, src: HbmView) -> None:
+    """Copy ``src`` into ``dst`` (same shape, different dtypes, neither int64) through SBUF with a
+    ``tensor_copy`` cast on VectorE."""
+    prog = ctx.prog
+    axes = _merge([(n, (sd, ss)) for (n, sd), (_, ss) in zip(dst.dims, src.dims)])
+    fb = max(1, FREE_BUDGET_BYTES // 4)
+    for poff, (pc, ps), free in _parts(axes, 2):
+        for toff, tax in _tiles(free, fb, 2):
+            tshape = [n for n, _ in tax]
+            a = prog.sbuf((pc, *tshape), src.dtype)
+            prog.dma_copy(a, hview(src, src.offset + poff[1] + toff[1], [(pc, ps[1])] + [(n, st[1]) for n, st in tax]))
+            b = prog.sbuf((pc, *tshape), dst.dtype)
+            prog.tensor_copy(b, a)
+            prog.dma_copy(hview(dst, dst.offset + poff[0] + toff[0], [(pc, ps[0])] + [(n, st[0]) for n, st in tax]), b)
+            prog.free(b)
+            prog.free(a)
 
 
 @lowering("pad")
