@@ -34,6 +34,7 @@ def _rand(*shape, dtype=torch.float32, seed=0):
     ((1, 3, 20, 20), (4, 3, 7, 7), True, 2, 3, 1, 1),        # 7x7 stem: two stacked groups of taps
     ((2, 16, 16, 16), (8, 16, 3, 3), True, 1, 1, 1, 1),      # 16 channels: 8 taps per stacked group
     ((1, 4, 16, 16), (4, 4, 3, 3), False, 1, 2, 2, 1),       # stacked with dilation
+    ((1, 40, 5, 5), (300, 20, 3, 3), True, 1, 1, 1, 2),      # 2 groups of 150 output channels (2 tiles each)
 ], ids=lambda c: "x{}w{}".format(c[0], c[1]))
 def test_conv2d_fp32(case):
     xs, ws, bias, stride, padding, dilation, groups = case
@@ -61,6 +62,29 @@ def test_conv2d_low_precision(dtype):
     _conv(x, w, b, padding=1)
     x2, w2 = _rand(2, 8, 8, 8, dtype=dtype), _rand(16, 8, 3, 3, dtype=dtype, seed=3)
     _conv(x2, w2, None, stride=2, padding=1)
+
+
+def test_conv_streams_weights_that_do_not_fit():
+    """1024 -> 1024 channels 3x3 fp32: 36 MiB of weights are streamed in chunks of output channels."""
+    from tn.lower.base import LowerCtx
+    from tn.lower.conv import _Conv
+    from tn.neuron import Program
+
+    prog = Program("t")
+    x, w, o = prog.hbm("x", (1, 1024, 4, 4)), prog.hbm("w", (1024, 1024, 3, 3)), prog.hbm("o", (1, 1024, 4, 4))
+    cv = _Conv(LowerCtx(prog), x.view(), w.view(), None, o.view(), (1, 1), (1, 1), (1, 1), 1)
+    assert cv.ocw < 1024 and cv.ocw % 128 == 0
+    # a smaller case through the whole lowering with the chunk forced small
+    import tn.lower.conv as conv_mod
+    old = conv_mod._sbuf_free
+    try:
+        conv_mod._sbuf_free = lambda prog, ctx=None: 36 * 1024
+        p2 = Program("t2")
+        x2, w2, o2 = p2.hbm("x", (1, 130, 6, 6)), p2.hbm("w", (300, 130, 3, 3)), p2.hbm("o", (1, 300, 6, 6))
+        assert _Conv(LowerCtx(p2), x2.view(), w2.view(), None, o2.view(), (1, 1), (1, 1), (1, 1), 1).ocw == 128
+        _conv(_rand(1, 130, 6, 6), _rand(300, 130, 3, 3, seed=1), _rand(300, seed=2), padding=1, atol=1e-4)
+    finally:
+        conv_mod._sbuf_free = old
 
 
 def test_conv1d():

@@ -122,13 +122,24 @@ class _Conv:
         self.CC = 1 if self.stacked else _cdiv(self.Cg, _P)
         band = self.CC * self.nb * self.bh * self.bw * self.isz
         col = self.TG * self.nb * self.bh * self.bw * self.isz if self.stacked else 0
-        wts = self.G * self.CC * self.T * self.Og * self.isz
         wnat = max(self.Cg, self.Og) * self.T * self.isz
         stage = self.nb * self.bh * self.Wx * self.isz
-        need = 2 * band + 2 * col + 2 * stage + wts + wnat + 2 * _NB * _isz(out.dtype) + 4 * self.G * self.OT
-        if need > _sbuf_free(self.prog, ctx):
-            raise CannotLower(f"convolution working set ({need} bytes per partition: input band {band}, weights "
-                              f"{wts}) does not fit in SBUF")
+        rest = 2 * band + 2 * col + 2 * stage + wnat + 2 * _NB * _isz(out.dtype) + 4 * self.G * self.OT
+        # weights of one group: [K rows, CC (or tap groups), taps (or 1), output channels]; when they do not
+        # fit next to the bands they are streamed in chunks of output channels (bands are re-read per chunk)
+        self.wslots = self.TG if self.stacked else self.CC
+        self.wtaps = 1 if self.stacked else self.T
+        per_o = self.wslots * self.wtaps * self.isz
+        free = _sbuf_free(self.prog, ctx) - rest
+        if per_o * self.Og <= free:
+            self.ocw = self.Og
+        else:
+            self.ocw = (free // (2 * per_o)) // _P * _P
+        self.wbufs = 1 if (self.ocw == self.Og and self.G == 1) else 2
+        if self.ocw < min(_P, self.Og):
+            raise CannotLower(f"convolution working set does not fit in SBUF (input band {band} bytes per "
+                              f"partition, weights {per_o * min(_P, self.Og)} per 128 output channels, "
+                              f"{free + rest} bytes free)")
 
     def _stacking_pays(self) -> bool:
         """Modelled time of one pixel block: matmuls per tap vs. stacked matmuls overlapped with im2col DMAs."""
@@ -158,12 +169,11 @@ class _Conv:
         try:
             self.copy = _Copier(prog)
             kpart = self.Cg * self.tg if self.stacked else _P
-            self.wT = sb((kpart, self.G * (self.TG if self.stacked else self.CC), 1 if self.stacked else self.T,
-                          self.Og), self.dt, "cv_wT")
+            w_ring = _Ring(sb((kpart, self.wslots, self.wtaps, self.ocw), self.dt, f"cv_wT{i}")
+                           for i in range(self.wbufs))
             self.wn = sb((_P, max(self.Cg, self.Og) * self.T), self.dt, "cv_wnat")
             self.tp_ring = _Ring(ps((_P, max(1, min(8, 2048 // (_P * self.isz))), _P), self.dt, f"cv_tp{i}")
                                  for i in range(2))
-            self._load_weights()
             self.bias = None
             if self.b is not None:
                 self.bias = sb((_P, self.G * self.OT), "float32", "cv_bias")
@@ -179,57 +189,61 @@ class _Conv:
             self.out_ring = _Ring(sb((_P, _NB), self.out.dtype, f"cv_out{i}") for i in range(2))
             self.acc_ring = _Ring(ps((_P, _NB), "float32", f"cv_acc{i}") for i in range(4))
             for g in range(self.G):
-                for n0 in range(0, self.N, self.nb):
-                    for oh0 in range(0, self.Ho, self.rows):
-                        for ow0 in range(0, self.Wo, self.cols):
-                            self._block(g, n0, oh0, ow0)
+                for oc0 in range(0, self.Og, self.ocw):
+                    oc1 = min(self.Og, oc0 + self.ocw)
+                    wT = w_ring.take()
+                    self._load_weights(g, oc0, oc1, wT)
+                    for n0 in range(0, self.N, self.nb):
+                        for oh0 in range(0, self.Ho, self.rows):
+                            for ow0 in range(0, self.Wo, self.cols):
+                                self._block(g, n0, oh0, ow0, oc0, oc1, wT)
         finally:
             for t in reversed(tiles):
                 prog.free(t)
 
     # -------------------------------------------------------------- weights and bias
-    def _load_weights(self) -> None:
-        """wT[c, g*CC+cc, tap, o] = w[g*Og+o, cc*128+c, i, j] (stacked: wT[tap*Cg+c, g, 0, o])."""
+    def _load_weights(self, g, oc0, oc1, wT) -> None:
+        """Weights of group ``g``, output channels ``oc0..oc1``, as stationary operands in ``wT``:
+        ``wT[c, cc, tap, o - oc0] = w[g*Og + o, cc*128 + c, i, j]`` (stacked: ``wT[tap*Cg + c, q, 0, o - oc0]``
+        for tap group ``q``; backward-data: the flipped taps of ``w`` read K-major, no transposes)."""
         prog = self.prog
         Cg, T, Og = self.Cg, self.T, self.Og
         if self.bwd_data:
-            # wT[k, g*CC+cc, t, m] = w[g*Cg + cc*128 + k, m, flipped tap T-1-t]: rows of w are already K-major
+            # wT[k, cc, t, m] = w[g*Cg + cc*128 + k, m, flipped tap T-1-t]: rows of w are already K-major
             wflat = self.w.reshape(self.G * Cg, Og * T)
-            for g in range(self.G):
-                for cc in range(self.CC):
-                    k0 = g * Cg + cc * _P
-                    kp = min(_P, Cg - cc * _P)
-                    prog.dma_copy(self.wn[:kp, :Og * T], wflat[k0:k0 + kp, :])
-                    wv = self.wn[:kp, :Og * T].reshape(kp, Og, T)
-                    for t in range(T):
-                        self.copy(self.wT[:kp, g * self.CC + cc, t, :], wv[:, :, T - 1 - t])
+            for cc in range(self.CC):
+                k0 = g * Cg + cc * _P
+                kp = min(_P, Cg - cc * _P)
+                prog.dma_copy(self.wn[:kp, :Og * T], wflat[k0:k0 + kp, :])
+                wv = self.wn[:kp, :Og * T].reshape(kp, Og, T)
+                for t in range(T):
+                    self.copy(wT[:kp, cc, t, :oc1 - oc0], wv[:, oc0:oc1, T - 1 - t])
             return
         wflat = self.w.reshape(self.O, Cg * T)
-        for g in range(self.G):
-            for ot in range(self.OT):
-                o0 = ot * _P
-                op = min(_P, Og - o0)
-                wn = self.wn
-                prog.dma_copy(wn[:op, :Cg * T], wflat[g * Og + o0:g * Og + o0 + op, :])
-                wv = wn[:op, :Cg * T].reshape(op, Cg, T)
-                if self.stacked:
-                    for q in range(self.TG):
-                        t0, t1 = q * self.tg, min(T, (q + 1) * self.tg)
-                        kq = (t1 - t0) * Cg
-                        tp = self.tp_ring.take()
-                        prog.transpose(tp[:kq, 0, :op], wv.permute(0, 2, 1)[:, t0:t1, :])
-                        self.copy(self.wT[:kq, g * self.TG + q, 0, o0:o0 + op], tp[:kq, 0, :op])
-                    continue
-                Gt = self.tp_ring.tiles[0].shape[1]
-                for cc in range(self.CC):
-                    c0 = cc * _P
-                    cp = min(_P, Cg - c0)
-                    for t0 in range(0, T, Gt):
-                        t1 = min(T, t0 + Gt)
-                        tp = self.tp_ring.take()
-                        for tap in range(t0, t1):
-                            prog.transpose(tp[:cp, tap - t0, :op], wv[:, c0:c0 + cp, tap])
-                        self.copy(self.wT[:cp, g * self.CC + cc, t0:t1, o0:o0 + op], tp[:cp, :t1 - t0, :op])
+        for o0 in range(oc0, oc1, _P):
+            op = min(_P, oc1 - o0)
+            d0 = o0 - oc0
+            wn = self.wn
+            prog.dma_copy(wn[:op, :Cg * T], wflat[g * Og + o0:g * Og + o0 + op, :])
+            wv = wn[:op, :Cg * T].reshape(op, Cg, T)
+            if self.stacked:
+                for q in range(self.TG):
+                    t0, t1 = q * self.tg, min(T, (q + 1) * self.tg)
+                    kq = (t1 - t0) * Cg
+                    tp = self.tp_ring.take()
+                    prog.transpose(tp[:kq, 0, :op], wv.permute(0, 2, 1)[:, t0:t1, :])
+                    self.copy(wT[:kq, q, 0, d0:d0 + op], tp[:kq, 0, :op])
+                continue
+            Gt = self.tp_ring.tiles[0].shape[1]
+            for cc in range(self.CC):
+                c0 = cc * _P
+                cp = min(_P, Cg - c0)
+                for t0 in range(0, T, Gt):
+                    t1 = min(T, t0 + Gt)
+                    tp = self.tp_ring.take()
+                    for tap in range(t0, t1):
+                        prog.transpose(tp[:cp, tap - t0, :op], wv[:, c0:c0 + cp, tap])
+                    self.copy(wT[:cp, cc, t0:t1, d0:d0 + op], tp[:cp, :t1 - t0, :op])
 
     def _load_bias(self) -> None:
         prog = self.prog
@@ -297,7 +311,7 @@ class _Conv:
         dims = [(nb, bh * bw), (rows, self.sh * bw), (cols, self.sw)]
         return _window(v, off, dims)
 
-    def _block(self, g, n0, oh0, ow0) -> None:
+    def _block(self, g, n0, oh0, ow0, oc0, oc1, wT) -> None:
         prog = self.prog
         nb = min(self.nb, self.N - n0)
         rows = min(self.rows, self.Ho - oh0)
@@ -322,19 +336,20 @@ class _Conv:
             for q in range(self.TG):
                 kq = (min(self.T, (q + 1) * self.tg) - q * self.tg) * Cg
                 movs.append((kq, _window(col[:kq, q, :nb], 0, [(nb, bh * bw), (rows, self.sh * bw), (cols, self.sw)])))
-        for ot in range(self.OT):
-            o0 = ot * _P
-            op = min(_P, self.Og - o0)
+        for o0 in range(oc0, oc1, _P):
+            ot = o0 // _P
+            op = min(_P, oc1 - o0)
+            d0 = o0 - oc0
             acc = self.acc_ring.take()
             if self.stacked:
                 for q, (kq, mov) in enumerate(movs):
-                    prog.matmul(acc[:op, :npix], self.wT[:kq, g * self.TG + q, 0, o0:o0 + op], mov,
+                    prog.matmul(acc[:op, :npix], wT[:kq, q, 0, d0:d0 + op], mov,
                                 accumulate=q > 0, stop=q == self.TG - 1)
             else:
                 steps = [(cc, i, j) for cc in range(self.CC) for i in range(self.kh) for j in range(self.kw)]
                 for s, (cc, i, j) in enumerate(steps):
                     cp = min(_P, self.Cg - cc * _P)
-                    prog.matmul(acc[:op, :npix], self.wT[:cp, g * self.CC + cc, i * self.kw + j, o0:o0 + op],
+                    prog.matmul(acc[:op, :npix], wT[:cp, cc, i * self.kw + j, d0:d0 + op],
                                 self._tap_view(band, cc, cp, nb, rows, cols, i, j),
                                 accumulate=s > 0, stop=s == len(steps) - 1)
             ot_t = self.out_ring.take()
@@ -343,10 +358,10 @@ class _Conv:
                 prog.activation(ot_t[:op, :npix], acc[:op, :npix], "identity", bias=self.bias[:op, k:k + 1])
             else:
                 self.copy(ot_t[:op, :npix], acc[:op, :npix])
-            oc0 = g * self.Og + o0
+            ch0 = g * self.Og + o0
             blk = ot_t[:op, :npix].reshape(op, nb, rows, cols)
             for jn in range(nb):
-                self.ctx.store(self.out[n0 + jn, oc0:oc0 + op, oh0:oh0 + rows, ow0:ow0 + cols], blk[:, jn])
+                self.ctx.store(self.out[n0 + jn, ch0:ch0 + op, oh0:oh0 + rows, ow0:ow0 + cols], blk[:, jn])
 
 
 @lowering("convolution")
