@@ -360,3 +360,19 @@ def test_affine_folding_into_activations():
     tiles = sum(1 for o in run.opcodes if int(o) == isa.OPCODES["dma_copy"]) // 3   # 1 load + 2 stores per tile
     # relu, exp, sigmoid as activations; x*3, the product and the two adds: 7 compute ops per tile
     assert n_compute == 7 * tiles and n_act >= 3 * tiles
+
+
+def test_unit_axis_reshapes_do_not_break_fusion():
+    x, w, b = torch.randn(128, 64), torch.randn(64, 256), torch.randn(256)
+
+    def f(x, w, b):
+        y = (x @ w + b).reshape(1, 128, 256)          # a size-1 axis added: same bytes
+        return torch.tanh(y * 0.5) * y
+
+    ir = tn.make_ir(f)(x, w, b)
+    assert "reshape" in ir.op_counts()
+    exe = compile_ir(ir, strict=True)
+    assert_close(exe([x, w, b])[0], f(x, w, b), rtol=1e-4, atol=1e-4)
+    assert exe.stats["fused_eqns"] == len(ir.eqns)
+    # only the final result is written
+    assert exe.last_profile.hbm_write_bytes == 128 * 256 * 4
