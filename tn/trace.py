@@ -514,6 +514,8 @@ class _Tracer(TorchDispatchMode):
         self.eqns: List[Eqn] = []
         self.consts: List[Tuple[Var, Tensor]] = []
         self._const_of: Dict[int, Tuple[Tensor, "TracerTensor"]] = {}
+        self._depth = 0  # nesting of __torch_dispatch__ (decompositions re-enter it)
+        self._src: Optional[str] = None  # user file:line of the current top-level op, found lazily
 
     # ---- values
 
@@ -543,7 +545,12 @@ class _Tracer(TorchDispatchMode):
              outs: Sequence[Tuple[Tuple[int, ...], torch.dtype]]) -> List[Var]:
         """Append ``outs = op[attrs](*inputs)``; returns the new Vars."""
         vs = [Var(s, d) for s, d in outs]
-        self.eqns.append(Eqn(op, inputs, vs, attrs, _source()))
+        src = self._src
+        if src is None:
+            src = _source()
+            if self._depth:
+                self._src = src
+        self.eqns.append(Eqn(op, inputs, vs, attrs, src))
         return vs
 
     def new(self, spec: _Spec, var: Var) -> TracerTensor:
@@ -689,7 +696,13 @@ class _Tracer(TorchDispatchMode):
         h = _HANDLERS.get(func)
         if h is None:
             h = _resolve(func)
-        return h(self, func, args, kwargs)
+        if self._depth == 0:
+            self._src = None
+        self._depth += 1
+        try:
+            return h(self, func, args, kwargs)
+        finally:
+            self._depth -= 1
 
     def dispatch(self, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
         """Handle ``func`` as if torch dispatched it here (no autograd on the way)."""
