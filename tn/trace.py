@@ -31,6 +31,15 @@ Tensors that ``fn`` creates without traced inputs (``torch.ones(T, T)``,
 ``torch.arange``) are traced factory ops; real tensors it captures
 (``torch.tensor([...])``, globals) become :attr:`IR.consts`.
 
+Limits (each a clear :class:`tn.TnError`, never a silent difference):
+shape changes of an *input* in place (``x.unsqueeze_(0)``), writes into
+tensors captured from outside ``fn`` (they cannot be written back), writes
+into broadcast views, bit reinterpretation (``view(dtype)``, complex views),
+and ops whose output shape depends on values (``x[mask]``, ``nonzero``).
+``p.grad`` set by ``loss.backward()`` inside ``fn`` is usable inside ``fn``
+(e.g. by an in-place SGD step, which is written back) but is not itself an
+output.
+
 The first trace in a process would cost ~1.2 s (torch's meta kernels import
 sympy and torch._dynamo on first use); ``import tn`` ends by calling
 :func:`warm_up`, which pays it up front (see there why not in a thread).
