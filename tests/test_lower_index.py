@@ -143,3 +143,9 @@ def test_big_embedding_and_grad():
     check_lowering("index", table, idx, dims=(0,))
     check_lowering("index_put", _randn(8192, 256), _randn(512, 256), _randint(0, 8192, (512,)), dims=(0,),
                    accumulate=True, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_lm_loss_gather_on_a_large_table():
+    # 512 x 50257 logits: row numbers are relative to each tile, so tables beyond 2**24 elements work
+    check_lowering("gather", _randn(512, 50257), _randint(0, 50257, (512, 1)), dim=1)

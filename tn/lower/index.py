@@ -68,27 +68,35 @@ def _index_dtype(ctx, v) -> str:
     return dt
 
 
-def _row_index_tile(ctx, pc, tshape, cm, base, wpat, idxs, idx_offs, pstr, tstr, nrows):
-    """int32 tile of table rows: ``base + cm*p + sum pattern`` plus ``sum_j wrap(idx_j) * w_j``; indices
-    outside their axis are pushed outside the table (the gather's bounds check then raises)."""
+def _row_index_tile(ctx, pc, tshape, cm, base, wpat, idxs, idx_offs, pstr, tstr):
+    """int32 tile of table rows: ``base + cm*p + sum pattern`` plus ``sum_j wrap(idx_j) * w_j``; a point whose
+    index lies outside its axis gets row -1 (the gather's bounds check then raises)."""
     prog = ctx.prog
     flat = prog.sbuf((pc, *tshape), "int32")
     prog.iota(flat, base=base, channel_multiplier=cm, pattern=wpat)
+    bad = prog.sbuf((pc, *tshape), "float32")
+    prog.memset(bad, 0.0, engine="vector")
     for j, (t, dt, w, n, wrap) in enumerate(idxs):
         v = prog.sbuf((pc, *tshape), "int32")
         prog.dma_copy(v, _idx_view(t, dt, idx_offs[j], [(pc, pstr[j])] + [(m, s[j]) for m, s in tstr]))
-        tmp = prog.sbuf((pc, *tshape), "int32")
+        tmp = prog.sbuf((pc, *tshape), "float32")
         if wrap:
             prog.tensor_scalar(tmp, v, "is_lt", 0.0, "multiply", float(n))
             prog.tensor_tensor(v, v, tmp, "add")
-        prog.tensor_scalar(tmp, v, "is_ge", float(n), "multiply", float(2 * nrows))
-        prog.tensor_tensor(flat, flat, tmp, "add")
-        prog.tensor_scalar(tmp, v, "is_lt", 0.0, "multiply", float(2 * nrows))
-        prog.tensor_tensor(flat, flat, tmp, "add")
+        prog.tensor_scalar(tmp, v, "is_ge", float(n))
+        prog.tensor_tensor(bad, bad, tmp, "max")
+        prog.tensor_scalar(tmp, v, "is_lt", 0.0)
+        prog.tensor_tensor(bad, bad, tmp, "max")
         prog.tensor_scalar(v, v, "multiply", float(w))
         prog.tensor_tensor(flat, flat, v, "add")
         prog.free(tmp)
         prog.free(v)
+    keep = prog.sbuf((pc, *tshape), "float32")
+    prog.tensor_scalar(keep, bad, "multiply", -1.0, "add", 1.0)
+    prog.tensor_tensor(flat, flat, keep, "multiply")      # bad points: 0 ...
+    prog.tensor_tensor(flat, flat, bad, "subtract")       # ... then -1
+    prog.free(keep)
+    prog.free(bad)
     return flat
 
 
@@ -102,27 +110,41 @@ def row_gather(ctx: Any, x_t: Any, x_dt: str, x_numel: int, rin: int, out_t: Any
     """
     prog = ctx.prog
     nrows = x_numel // rin
-    if 3 * nrows >= _EXACT:
-        raise CannotLower(f"gather from a table of {nrows} rows: row numbers beyond 2^24/3 are not exact on the "
-                          f"fp32 engines")
     nstr = 2 + len(idxs)
+    idx_span = sum((n - 1) * w for _, _, w, n, _ in idxs)
     axes = _merge(grid)
     esize = 8 if x_dt == "int64" else (4 if x_dt in ("float32", "int32") else (2 if x_dt in ("bfloat16", "float16")
                                                                               else 1))
     rch = min(rin, max(1, FREE_BUDGET_BYTES // esize))
     fb = max(1, min(512, FREE_BUDGET_BYTES // (esize * rch)))
-    for poff, (pc, ps), free in _parts(axes, nstr):
+    parts = _parts(axes, nstr)
+
+    def reach(pc, ps, free):
+        """Rows one part can touch (conservative)."""
+        return (pc - 1) * ps[1] + sum((n - 1) * st[1] for n, st in free) + idx_span + 1
+
+    if any(reach(pc, ps, free) >= _EXACT for _, (pc, ps), free in parts) and axes:
+        # whole-axis partition splits reach too far: 128 consecutive grid points per part instead
+        n0, s0 = axes[0]
+        parts = [(tuple(p0 * st for st in s0), (min(128, n0 - p0), s0), axes[1:]) for p0 in range(0, n0, 128)]
+    for poff, (pc, ps), free in parts:
         for toff, tax in _tiles(free, fb, nstr):
             off = tuple(a + b for a, b in zip(poff, toff))
             tshape = [n for n, _ in tax]
             F = _prod(tshape)
-            flat = _row_index_tile(ctx, pc, tshape, ps[1], off[1], [s[1] for _, s in tax], idxs, off[2:],
-                                   ps[2:], [(n, s[2:]) for n, s in tax], nrows)
+            # row numbers relative to this tile's first row: small enough to be exact in fp32 for any table
+            b0 = off[1]
+            span = (pc - 1) * ps[1] + sum((n - 1) * s[1] for n, s in tax) + idx_span + 1
+            if span >= _EXACT:
+                raise CannotLower(f"gather: one tile reaches over {span} rows; row numbers beyond 2^24 are not "
+                                  f"exact on the fp32 engines")
+            flat = _row_index_tile(ctx, pc, tshape, ps[1], 0, [s[1] for _, s in tax], idxs, off[2:],
+                                   ps[2:], [(n, s[2:]) for n, s in tax])
             flat2 = flat.reshape(pc, F)
             for r0 in range(0, rin, rch):
                 rc = min(rch, rin - r0)
                 ot = prog.sbuf((pc, F, rc), x_dt)
-                table = hview(x_t, r0, [(nrows, rin), (rc, 1)])
+                table = hview(x_t, b0 * rin + r0, [(min(nrows - b0, span), rin), (rc, 1)])
                 for f in range(F):
                     prog.dma_gather(ot[:, f, :], table, flat2[:, f:f + 1])
                 dst = hview(out_t, off[0] * rin + r0, [(pc, ps[0] * rin)] + [(n, s[0] * rin) for n, s in tax]
@@ -254,8 +276,8 @@ def _index_put(ctx, eqn, ins, outs):
     grid, weights, rin, gshape = _index_grid(X, dims, [tuple(v.shape) for v in ivs])
     nrows = _prod(X) // rin
     E = _prod(gshape)
-    if 3 * nrows >= _EXACT:
-        raise CannotLower(f"index_put into {nrows} rows: row numbers beyond 2^24/3 are not exact on fp32 engines")
+    if nrows >= _EXACT:
+        raise CannotLower(f"index_put into {nrows} rows: row numbers beyond 2^24 are not exact on fp32 engines")
     # values broadcast to the indexed shape (grid + inner)
     vshape = tuple(vv.shape)
     target = tuple(gshape) + tuple(X[max(dims) + 1:])
@@ -291,7 +313,7 @@ def _index_put(ctx, eqn, ins, outs):
     tscr = None if accumulate else ctx.scratch((E,), "float32")
     for k, (pc, ps, off) in enumerate(chunks):
         flat = _row_index_tile(ctx, pc, [1], ps[1], off[1], [0], idxs, off[2:2 + len(idxs)], ps[2:2 + len(idxs)],
-                               [(1, (0,) * len(idxs))], nrows)
+                               [(1, (0,) * len(idxs))])
         # the dma_gather bounds check of out-of-axis indices: gather one element per point (discarded)
         probe = prog.sbuf((pc, 1), x_dt)
         prog.dma_gather(probe, hview(ins[0], 0, [(nrows, rin), (1, 1)]), flat)
