@@ -8,9 +8,11 @@ indexed axis; one element for ``gather``), and every output row's table row
 is computed on chip: ``row = base + sum_j idx_j * w_j`` where ``base`` comes
 from ``iota`` over the output grid (the non-indexed axes) and the index
 tensors are DMAed in with the output grid's access pattern (stride 0 where
-they broadcast). Negative indices wrap (``index``); an index out of its axis
-is pushed outside the table so the DMA engine's bounds check raises. int64
-indices are read through their low int32 words.
+they broadcast). Row numbers are relative to each tile's first row (the
+table view starts there), so they stay exact in fp32 for tables of any size.
+Negative indices wrap (``index``); a point whose index lies outside its axis
+gets row -1, so the DMA engine's bounds check raises. int64 indices are read
+through their low int32 words.
 
 Writes without an indirect-write DMA are computed, not scattered:
 
