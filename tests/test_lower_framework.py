@@ -376,3 +376,12 @@ def test_unit_axis_reshapes_do_not_break_fusion():
     assert exe.stats["fused_eqns"] == len(ir.eqns)
     # only the final result is written
     assert exe.last_profile.hbm_write_bytes == 128 * 256 * 4
+
+
+def test_inner_unit_axis_reshape_is_not_an_alias():
+    """[5,5,5] -> [5,5,1,5] then broadcast against [5,5,5,5]: the values move, so no aliasing."""
+    x = torch.randn(5, 5, 5)
+    for fn in (lambda x: torch.cumprod(x, 1), lambda x: torch.diag_embed(x)):
+        ir = tn.make_ir(fn)(x)
+        exe = compile_ir(ir, strict=True)
+        assert_close(exe([x])[0], fn(x))

@@ -79,12 +79,20 @@ def _strip(shape: Sequence[int], space: Sequence[int]) -> Tuple[int, ...]:
     return shape
 
 
+def _lstrip1(shape: Sequence[int]) -> Tuple[int, ...]:
+    shape = tuple(int(d) for d in shape)
+    while shape and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
 def is_alias_reshape(e: Eqn) -> bool:
-    """A reshape that only adds or removes size-1 axes: same elements in the same places (no data moves)."""
+    """A reshape that only adds or removes *leading* size-1 axes: the same elements at the same places
+    under right-aligned broadcasting, so inside a group it is the same tile (no data moves)."""
     if e.op.name != "reshape" or not isinstance(e.inputs[0], Var):
         return False
     x, y = e.inputs[0], e.outputs[0]
-    return x.dtype == y.dtype and _squeezed(x.shape) == _squeezed(y.shape)
+    return x.dtype == y.dtype and _lstrip1(x.shape) == _lstrip1(y.shape)
 
 
 def _broadcastable(shape: Sequence[int], space: Sequence[int]) -> bool:
@@ -895,7 +903,7 @@ def plan(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()) -> Dict[i
             hv = e.outputs[0]
             end = k + 1
             while end < n and end not in host and end not in nofuse and _is_map(ir.eqns[end]) and \
-                    _squeezed(ir.eqns[end].outputs[0].shape) == _squeezed(hv.shape) and \
+                    _lstrip1(ir.eqns[end].outputs[0].shape) == _lstrip1(hv.shape) and \
                     all(not isinstance(a, Var) or _broadcastable(a.shape, hv.shape) for a in ir.eqns[end].inputs):
                 end += 1
             if end > k + 1 and any(a is hv for a in ir.eqns[k + 1].inputs):
