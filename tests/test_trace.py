@@ -489,6 +489,13 @@ def test_writing_into_a_captured_tensor_is_unsupported():
     check(g, torch.randn(3))
 
 
+def test_inplace_write_to_aliased_inputs_is_unsupported():
+    x = torch.randn(3, 4)
+    with pytest.raises(tn.UnsupportedOpError, match="share memory"):
+        trace_flat(lambda a, b: a.add_(1) + b, [x, x[0]])
+    trace_flat(lambda a, b: a + b, [x, x[0]])  # reading aliased inputs is fine
+
+
 def test_escaped_tracer_is_an_error():
     kept = []
 

@@ -1070,6 +1070,29 @@ _SPECIAL: Dict[Any, Callable[..., Any]] = {
 # --------------------------------------------------------------------------- entry point
 
 
+def _check_no_aliased_mutation(flat_tensors: Sequence[Tensor], mutated: List[int]) -> None:
+    """Refuse to trace writes into an input that shares memory with another input.
+
+    The IR treats inputs as independent values; eager PyTorch would make the
+    write visible through the other input too.
+    """
+    ptrs: Dict[int, List[int]] = {}
+    for i, t in enumerate(flat_tensors):
+        try:
+            if t.device.type == "meta" or t.numel() == 0:
+                continue
+            ptr = t.untyped_storage().data_ptr()
+        except Exception:  # tensors without accessible storage cannot be checked
+            continue
+        ptrs.setdefault(ptr, []).append(i)
+    for group in ptrs.values():
+        if len(group) > 1 and any(i in mutated for i in group):
+            raise UnsupportedOpError(
+                f"trace_flat: inputs {group} share memory and the traced function writes to input "
+                f"{[i for i in group if i in mutated][0]} in place; tn treats inputs as independent values, "
+                f"so the write would not show through the others. Pass separate tensors (e.g. .clone()).")
+
+
 def trace_flat(fn: Callable[..., Any], flat_tensors: Sequence[Tensor]) -> Traced:
     """Trace ``fn(*flat_tensors)`` into a pure IR, using only the inputs' shapes, dtypes and requires_grad.
 
@@ -1133,6 +1156,8 @@ def trace_flat(fn: Callable[..., Any], flat_tensors: Sequence[Tensor]) -> Traced
         if tt._tn_store.version:
             mutations.append((i, len(outputs)))
             outputs.append(tt._tn_store.var)
+    if mutations:
+        _check_no_aliased_mutation(flat_tensors, [i for i, _ in mutations])
     ir = IR(in_vars, tracer.eqns, outputs, consts=tracer.consts, mutations=mutations)
     return Traced(ir, out_tree, out_leaves)
 
