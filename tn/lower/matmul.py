@@ -197,7 +197,9 @@ class _Matmul:
         else:
             self.b_resident = False
             self.SG = MG
-        self.at_cols = min(self.M, self.SG * _P)
+        # A^T store: [128 (k), row tiles, K chunks, 128 (m)]: each row tile's transposed blocks are contiguous
+        self.at_tiles = _cdiv(min(self.M, self.SG * _P), _P)
+        self.at_cols = self.at_tiles * _P
         rest2 = budget - fixed(KP) - (b_all if self.b_resident else 2 * KP * self.ngw * isz)
         self.at_bufs = 2 if 2 * KP * self.at_cols * isz <= rest2 else 1
 
@@ -252,7 +254,7 @@ class _Matmul:
             return t
 
         try:
-            self.at_ring = _Ring(sb((_P, KP, self.at_cols), self.dt, f"mm_aT{i}") for i in range(self.at_bufs))
+            self.at_ring = _Ring(sb((_P, self.at_tiles, KP, _P), self.dt, f"mm_aT{i}") for i in range(self.at_bufs))
             if self.b_resident:
                 self.b_ring = _Ring([sb((_P, self.KC, self.N), self.dt, "mm_b")])
             else:
@@ -434,7 +436,13 @@ class _Matmul:
         for kc in range(kc0, kc1):
             kk = kc * _P
             kp = self._kp(kc)
-            self.prog.dma_copy(at[:kp, kc - kc0, :m1 - m_base], src[kk:kk + kp, m_base:m1])
+            full = (m1 - m_base) // _P
+            if full:
+                self.prog.dma_copy(at[:kp, :full, kc - kc0, :],
+                                   src[kk:kk + kp, m_base:m_base + full * _P].reshape(kp, full, _P))
+            if m_base + full * _P < m1:
+                self.prog.dma_copy(at[:kp, full, kc - kc0, :m1 - m_base - full * _P],
+                                   src[kk:kk + kp, m_base + full * _P:m1])
 
     def _fill_at(self, bi, at, sg0, mt, kpn) -> None:
         """A^T of row tile ``mt`` (K panel ``kpn``) into ``at``: staged rows, TensorE transposes, one copy per bank."""
@@ -444,10 +452,10 @@ class _Matmul:
         st = self._staged.pop((sg0, kpn, mt), None)
         if st is None:
             st = self._stage_rows(self.a[bi], m0, mp, k0, k1)
-        col = m0 - sg0 * _P
+        j = mt - sg0
         self._transposed_in(
             kc1 - kc0, lambda t: st[:mp, t * _P:t * _P + self._kp(kc0 + t)], lambda t: self._kp(kc0 + t), mp,
-            lambda t0, t1, kp: at[:kp, t0:t1, col:col + mp])
+            lambda t0, t1, kp: at[:kp, j, t0:t1, :mp])
 
     def _use_b(self, bi, key):
         """The SBUF tile holding B panel ``key`` = (ng, kpanel) and its column offset (loaded if needed)."""
@@ -504,8 +512,7 @@ class _Matmul:
             for mt in mts:
                 m0 = mt * _P
                 mp = min(_P, M - m0)
-                col = m0 - sg0 * _P
-                stat = at[:kp, kc - kc0, col:col + mp]
+                stat = at[:kp, mt - sg0, kc - kc0, :mp]
                 for j in range(nb):
                     c0 = j * _NB
                     cw = min(_NB, nw - c0)
