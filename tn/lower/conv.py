@@ -39,8 +39,6 @@ host, visibly).
 """
 from __future__ import annotations
 
-from typing import Any
-
 from ..neuron import HbmTensor, Tile, isa
 from .base import CannotLower, lowering
 from .matmul import MATMUL_DTYPES, _Copier, _Ring, _sbuf_free
