@@ -74,4 +74,18 @@ int tn_transpose(const tn_ap *out, const tn_ap *in, int64_t nparts_in);
 int tn_matmul_ap(const tn_ap *psum, const tn_ap *stat, const tn_ap *mov, int64_t K, int accumulate);
 /* --- end engine kernels --- */
 
+/* --- device allocator --- */
+/* Caching allocator of the neuron device's memory (device_alloc.c): 64-byte aligned blocks in size classes
+   (4 per power of two), freed blocks kept for reuse; thread-safe. tn_dev_alloc returns NULL when out of memory
+   or over the limit; tn_dev_free returns 0, TN_EINDEX for a double free or TN_EARGS for a pointer it never gave.
+   tn_dev_stats fills 8 values: allocated, peak, reserved, requested, allocs, frees, cache hits, limit (bytes). */
+void *tn_dev_alloc(int64_t nbytes);
+int tn_dev_free(void *ptr);
+int64_t tn_dev_block_bytes(void *ptr);
+void tn_dev_stats(int64_t *out);
+void tn_dev_reset_peak(void);
+void tn_dev_empty_cache(void);
+void tn_dev_set_limit(int64_t nbytes);
+/* --- end device allocator --- */
+
 #endif

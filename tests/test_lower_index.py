@@ -149,3 +149,12 @@ def test_big_embedding_and_grad():
 def test_lm_loss_gather_on_a_large_table():
     # 512 x 50257 logits: row numbers are relative to each tile, so tables beyond 2**24 elements work
     check_lowering("gather", _randn(512, 50257), _randint(0, 50257, (512, 1)), dim=1)
+
+
+def test_index_put_int64_replace():
+    # with the indirect-write DMA (dma_scatter) any dtype can be replaced; without it this falls back
+    from tn.neuron import Program
+    if not hasattr(Program, "dma_scatter"):
+        pytest.skip("needs Program.dma_scatter")
+    check_lowering("index_put", _randint(-9, 9, (100, 3)), _randint(-9, 9, (30, 3)),
+                   torch.randperm(100, generator=G)[:30], dims=(0,), accumulate=False)

@@ -143,3 +143,11 @@ def test_cat_promotes_dtypes():
     check_lowering("cat", _rand((3, 5), torch.float32), _rand((3, 2), torch.int32, 1),
                    _rand((3, 4), torch.bfloat16, 2), dim=1)
     check_lowering("cat", _rand((300, 2), torch.bool), _rand((200, 2), torch.float16, 1), dim=0)
+
+
+@pytest.mark.slow
+def test_copy_beyond_one_dma():
+    # more elements than one DMA axis holds: 1M-element rows on the partition axis, not element runs
+    x = torch.randint(0, 256, ((1 << 24) + 1000,), dtype=torch.uint8)
+    res = check_lowering("reshape", x, shape=(1, (1 << 24) + 1000))
+    assert res.total_us < 1000

@@ -9,6 +9,7 @@ from .ir import IR, Eqn, Literal, Var
 from .profile import profile  # noqa: E402  (collects NeuronCore runs: with tn.profile() as prof)
 from . import ops, trace  # noqa: F401
 from .jit import jit, make_ir  # the functions shadow the submodule name tn.jit
+from . import device as _device  # noqa: F401,E402  (registers the torch device "neuron")
 
 __version__ = "0.1.0"
 

@@ -268,7 +268,8 @@ def _index_put(ctx, eqn, ins, outs):
             ctx.neuron_dtype(eqn.inputs[2].dtype) in ("bool", "uint8"):
         _index_put_mask(ctx, eqn, ins, outs, accumulate)
         return
-    if x_dt not in _MM_DTYPES:
+    scatter_dma = hasattr(prog, "dma_scatter") and (x_dt in _MM_DTYPES or not accumulate)
+    if x_dt not in _MM_DTYPES and not scatter_dma:
         raise CannotLower(f"index_put on {x_dt}: the one-hot matmul runs on fp32/bf16/fp16 only")
     if not xv.shape or not dims:
         raise CannotLower("index_put on a 0-d tensor or without index tensors")
@@ -304,6 +305,9 @@ def _index_put(ctx, eqn, ins, outs):
         for toff, tax in _tiles(free, 1, nstr):
             chunks.append((pc, ps, tuple(a + b for a, b in zip(poff, toff))))
     nk = len(chunks)
+    if scatter_dma:
+        _index_put_scatter(ctx, ins, outs, X, x_dt, rin, nrows, chunks, idxs, v_in_stride, accumulate)
+        return
     nrb = -(-nrows // 128)
     esize = 4 if x_dt == "float32" else 2
     rc_max = max(1, min(512, (64 * 1024) // (nk * esize)))
@@ -562,6 +566,35 @@ def _scatter_reduce(ctx, eqn, ins, outs):
     if reduce not in _SCATTER_ALU:
         raise CannotLower(f"scatter_reduce with reduce={reduce!r}")
     _scatter_common(ctx, eqn, ins, outs, reduce, include_self=bool(eqn.attrs.get("include_self", True)))
+
+
+def _index_put_scatter(ctx, ins, outs, X, x_dt, rin, nrows, chunks, idxs, v_in_stride, accumulate):
+    """index_put by the indirect-write DMA: ``out = x``, then every chunk of (row number, values row) pairs is
+    written (or added, in fp32) with ``dma_scatter``; program order and partition order make the last
+    write win for duplicate rows, as torch's sequential CPU kernel does."""
+    prog = ctx.prog
+    total = _prod(X)
+    copy_view(ctx, hview(outs[0], 0, [(total, 1)]), hview(ins[0], 0, [(total, 1)]))
+    esize = isa_size(x_dt)
+    rch = min(rin, max(1, FREE_BUDGET_BYTES // esize))
+    for pc, ps, off in chunks:
+        flat = _row_index_tile(ctx, pc, [1], ps[1], off[1], [0], idxs, off[2:2 + len(idxs)], ps[2:2 + len(idxs)],
+                               [(1, (0,) * len(idxs))])
+        for r0 in range(0, rin, rch):
+            rc = min(rch, rin - r0)
+            vt = prog.sbuf((pc, rc), x_dt)
+            prog.dma_copy(vt, hview(ins[1], off[-1] + r0 * v_in_stride, [(pc, ps[-1]), (rc, v_in_stride)]))
+            prog.dma_scatter(hview(outs[0], r0, [(nrows, rin), (rc, 1)]), vt, flat.reshape(pc, 1),
+                             accumulate=accumulate)
+            prog.free(vt)
+        prog.free(flat)
+
+
+def isa_size(dt: str) -> int:
+    """Bytes per element of a NeuronCore dtype name."""
+    from ..neuron import isa
+
+    return isa.DTYPE_SIZES[isa.dtype_code(dt)]
 
 
 def _index_put_mask(ctx, eqn, ins, outs, accumulate):

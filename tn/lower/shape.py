@@ -119,6 +119,14 @@ def copy_view(ctx: Any, dst: Any, src: Any) -> None:
             prog.dma_copy(hview(dst, od, [(1, 0)] + [(n, a) for n, a, _ in dd]),
                           hview(src, os_, [(1, 0)] + [(n, b) for n, _, b in dd]))
             return
+        if len(dd) == 1:  # one huge axis: rows of 1M elements on the partition axis (long runs), then the rest
+            n0, a0, b0 = dd[0]
+            C = 1 << 20
+            q = n0 // C
+            prog.dma_copy(hview(dst, od, [(q, C * a0), (C, a0)]), hview(src, os_, [(q, C * b0), (C, b0)]))
+            if n0 - q * C:
+                emit([(n0 - q * C, a0, b0)], od + q * C * a0, os_ + q * C * b0)
+            return
         if len(rest) <= 4 and _prod(n for n, _, _ in rest) <= LIM_NUM:
             n0, a0, b0 = dd[0]
             for c in range(0, n0, LIM_NUM):

@@ -1,0 +1,67 @@
+# tn.device: the `neuron` torch device (PrivateUse1 renamed), its memory, eager op dispatch and op tracking.
+"""The ``neuron`` device: ``model.to("neuron")`` on the software NeuronCore.
+
+``import tn`` calls :func:`register`, which renames PrivateUse1 to ``neuron``,
+generates ``Tensor.neuron()`` / ``is_neuron``, installs ``torch.neuron``
+(:mod:`tn.device.backend`), the aten kernels of :mod:`tn.device.aten` and the
+eager fallback of :mod:`tn.device.eager`. Tensors on ``neuron:0`` are real
+``torch.Tensor``s whose storage is native device memory
+(:mod:`tn.device.allocator`), the model's HBM.
+
+Limits: one device (``neuron:0``); random numbers come from torch's CPU
+generator (same numbers as on the CPU for the same seed);
+``torch.UntypedStorage(n, device="neuron")`` and ``torch.load(...,
+map_location="neuron")`` go through tn's allocator (:mod:`tn.device.guards`)
+rather than torch's C++ allocator, which the device does not have.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import tracking
+from .tracking import executed_ops, fallback_ops
+
+__all__ = ["register", "registered", "backend", "executed_ops", "fallback_ops"]
+
+_DONE = []
+
+
+def registered() -> bool:
+    """True once :func:`register` has run."""
+    return bool(_DONE)
+
+
+def register() -> None:
+    """Register PrivateUse1 as ``neuron`` with its kernels (idempotent; ``import tn`` does it)."""
+    if _DONE:
+        return
+    import torch.utils.backend_registration as br
+
+    name = torch._C._get_privateuse1_backend_name()
+    if name not in ("privateuseone", "neuron"):
+        raise RuntimeError(f"tn: PrivateUse1 is already registered as {name!r} by another package; tn needs it "
+                           f"as 'neuron'")
+    if name != "neuron":
+        # the steps of br._setup_privateuseone_for_python_backend, with the rename first so that
+        # the backend module (which names torch.device("neuron")) can be imported in between
+        torch.utils.rename_privateuse1_backend("neuron")
+        torch.utils.generate_methods_for_privateuse1_backend()
+    from . import backend
+
+    if not hasattr(torch, "neuron"):
+        torch._register_device_module("neuron", backend)
+        torch._C._acc.register_python_privateuseone_hook(br._DummyPrivateUse1Hook())
+        torch._C._acc.register_python_privateuseone_device_guard(br._DummyDeviceGuard())
+    from . import aten, guards
+
+    aten.register()
+    guards.install()
+    # op tracking, also reachable as tn.neuron.fallback_ops() / executed_ops()
+    from .. import neuron as _chip
+
+    for fn in (tracking.executed_ops, tracking.fallback_ops, tracking.fallback_reasons, tracking.reset_op_counts):
+        setattr(_chip, fn.__name__, fn)
+    _DONE.append(True)
+
+
+register()

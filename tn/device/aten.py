@@ -1,0 +1,157 @@
+# Dedicated PrivateUse1 kernels of the neuron device: allocation, copies, metadata-only (view) ops, item().
+"""Aten kernels the ``neuron`` device implements directly (everything else
+goes to the boxed fallback in :mod:`tn.device.eager`).
+
+* allocation: ``empty.memory_format``, ``empty_strided`` (the caching
+  allocator; only device index 0 exists),
+* transfers: ``_copy_from``, ``_copy_from_and_resize`` (host <-> device and
+  device <-> device copies: the device memory is host memory, so a copy is a
+  strided memcpy on CPU aliases),
+* metadata only: ``view``, ``view.dtype``, ``as_strided``, ``_reshape_alias``,
+  ``set_`` (storage variants), ``resize_``: these redispatch to torch's CPU
+  kernels, which only touch sizes/strides/offset and keep the neuron storage,
+  so views alias exactly as in eager PyTorch,
+* ``_local_scalar_dense`` (``.item()``), ``_has_compatible_shallow_copy_type``.
+
+:func:`register` installs them; the ``Library`` objects are kept here (their
+registrations vanish when they are collected).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import TnError
+from . import tracking
+from .allocator import (DEVICE, alloc_storage, contiguous_strides, cpu_alias, new_tensor, storage_nbytes)
+
+__all__ = ["register", "check_device"]
+
+aten = torch.ops.aten
+_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_LIBS: list = []
+
+
+def check_device(device) -> None:
+    """Raise a clear error for any neuron device index but 0."""
+    if device is None:
+        return
+    d = torch.device(device) if not isinstance(device, torch.device) else device
+    if d.type == "neuron" and d.index not in (None, 0):
+        raise TnError(f"device {d} does not exist: tn models one NeuronCore, neuron:0 (torch.neuron.device_count() "
+                      f"== 1); use device='neuron' or 'neuron:0'")
+
+
+def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    check_device(device)
+    dtype = dtype or torch.get_default_dtype()
+    size = tuple(int(s) for s in size)
+    if memory_format is None or memory_format in (torch.contiguous_format, torch.preserve_format):
+        stride = contiguous_strides(size)
+    else:
+        stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
+    return new_tensor(size, stride, dtype)
+
+
+def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    check_device(device)
+    return new_tensor(tuple(int(s) for s in size), tuple(int(s) for s in stride), dtype or torch.get_default_dtype())
+
+
+def _copy_from(self, dst, non_blocking=False):
+    tracking.count("aten::_copy_from")
+    if dst.device.type == "neuron":
+        check_device(dst.device)
+    src = cpu_alias(self) if self.device.type == "neuron" else self
+    d = cpu_alias(dst) if dst.device.type == "neuron" else dst
+    if self.device.type not in ("neuron", "cpu") or dst.device.type not in ("neuron", "cpu"):
+        raise TnError(f"copy between {self.device} and {dst.device}: the neuron device copies only to and from "
+                      f"the CPU; go through .cpu() first")
+    d.copy_(src)
+    return dst
+
+
+def _copy_from_and_resize(self, dst):
+    if dst.device.type == "neuron":
+        _resize(dst, self.shape)
+    else:
+        dst.resize_(self.shape)
+    return _copy_from(self, dst)
+
+
+def _resize(self, size, memory_format=None):
+    size = tuple(int(s) for s in size)
+    stride = contiguous_strides(size)
+    item = self.element_size()
+    need = storage_nbytes(size, stride, item) + self.storage_offset() * item
+    st = self.untyped_storage()
+    if need > st.nbytes():
+        new = alloc_storage(need)
+        old = st.nbytes()
+        if old:
+            dst = torch.empty(0, dtype=torch.uint8).set_(
+                torch._C._construct_storage_from_data_pointer(new.data_ptr(), torch.device("cpu"), need), 0, (old,),
+                (1,))
+            src = torch.empty(0, dtype=torch.uint8).set_(
+                torch._C._construct_storage_from_data_pointer(st.data_ptr(), torch.device("cpu"), old), 0, (old,),
+                (1,))
+            dst.copy_(src)
+        st = new
+    aten.set_.source_Storage_storage_offset.redispatch(_CPU, self, st, self.storage_offset(), size, stride)
+    return self
+
+
+def _local_scalar_dense(self):
+    tracking.count("aten::_local_scalar_dense")
+    return cpu_alias(self).item()
+
+
+def _redispatch(op):
+    def kernel(*args, **kwargs):
+        return op.redispatch(_CPU, *args, **kwargs)
+
+    kernel.__name__ = f"neuron_{op.__name__}"
+    kernel.__doc__ = f"{op}: metadata only, torch's CPU kernel on the neuron tensor."
+    return kernel
+
+
+def _set_source_storage(self, source):
+    return aten.set_.source_Storage_storage_offset.redispatch(_CPU, self, source, 0, (source.nbytes() //
+                                                                                      self.element_size(),), (1,))
+
+
+def _set_source_tensor(self, source):
+    return aten.set_.source_Storage_storage_offset.redispatch(_CPU, self, source.untyped_storage(),
+                                                              source.storage_offset(), source.shape, source.stride())
+
+
+def _set_empty(self):
+    st = alloc_storage(0)
+    return aten.set_.source_Storage_storage_offset.redispatch(_CPU, self, st, 0, (0,), (1,))
+
+
+def register() -> None:
+    """Install the neuron device's aten kernels and the boxed fallback (idempotent)."""
+    if _LIBS:
+        return
+    from .eager import fallback
+
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")
+    lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+    lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    lib.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
+    lib.impl("resize_", _resize, "PrivateUse1")
+    lib.impl("_local_scalar_dense", _local_scalar_dense, "PrivateUse1")
+    for name in ("view", "view.dtype", "as_strided", "_reshape_alias", "set_.source_Storage_storage_offset",
+                 "unfold", "alias"):
+        packet, _, ov = name.partition(".")
+        op = getattr(getattr(aten, packet), ov or "default")
+        lib.impl(name, _redispatch(op), "PrivateUse1")
+    lib.impl("set_.source_Storage", _set_source_storage, "PrivateUse1")
+    lib.impl("set_.source_Tensor", _set_source_tensor, "PrivateUse1")
+    lib.impl("set_", _set_empty, "PrivateUse1")
+    _LIBS.append(lib)
+    fb = torch.library.Library("_", "IMPL")
+    fb.fallback(fallback, "PrivateUse1")
+    _LIBS.append(fb)
+    assert DEVICE.index == 0

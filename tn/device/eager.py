@@ -1,0 +1,441 @@
+# Eager mode of the neuron device: every aten op on neuron tensors runs as a cached one-op NeuronCore program.
+"""The boxed PrivateUse1 fallback: eager ops of the ``neuron`` device.
+
+Every aten op that reaches the device without a dedicated kernel (see
+:mod:`tn.device.aten`) lands in :func:`fallback`, which sorts it:
+
+* **program**: the op is traced alone with :func:`tn.trace.trace_flat`,
+  optimised (:func:`tn.passes.optimize`) and compiled by the same compiler as
+  ``tn.jit`` (:func:`tn.lower.compile_ir`): a one-op program that starts and
+  ends in HBM. Compiled once per (op, input shapes/dtypes, non-tensor
+  arguments) and kept in a bounded LRU cache (``TN_DEVICE_CACHE`` entries,
+  default 4096). The inputs are bound by pointer to the device memory; in-place
+  and ``out=`` ops write their results back into the device tensors (the IR's
+  ``mutations`` say which input gets which output).
+* **view**: ops whose result aliases an input (``unfold``, ``diagonal``,
+  ``split`` ...) are metadata only: the result is a neuron view of the same
+  storage, as in eager PyTorch.
+* **foreach**: ``_foreach_*`` ops (the optimisers' default path on the device)
+  run as one device op per list element.
+* **host**: ops that cannot be traced (data-dependent shapes, no core op) or
+  that draw random numbers run on the host on CPU aliases of the device
+  memory. Random ops use torch's CPU generator, so ``torch.manual_seed`` gives
+  the same numbers on ``neuron`` as on the CPU. Counted in
+  :func:`tn.device.tracking.fallback_ops`; with ``TN_STRICT=1`` a non-random
+  host fallback is a :class:`tn.UnsupportedOpError`.
+
+Programs whose compiler left some equations on the host count as fallbacks too.
+"""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..errors import TnError, UnsupportedOpError
+from . import tracking
+from .allocator import contiguous_strides, cpu_alias, new_tensor
+
+__all__ = ["fallback", "run_op", "cache_info", "clear_cache", "strict"]
+
+_CACHE: "OrderedDict[Any, _Entry]" = OrderedDict()
+_CACHE_MAX = int(os.environ.get("TN_DEVICE_CACHE", "4096") or 4096)
+_STATS = {"hits": 0, "misses": 0, "compile_s": 0.0}
+_SEEDED = torch.Tag.nondeterministic_seeded
+
+
+def strict() -> bool:
+    """Strict mode (``TN_STRICT=1``): a host fallback of a non-random op raises :class:`tn.UnsupportedOpError`."""
+    return os.environ.get("TN_STRICT", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+class _Entry:
+    """A cached decision for one (op, signature): a compiled program, or the reason it runs on the host."""
+
+    __slots__ = ("exe", "out_tree", "out_leaves", "mutations", "reason", "host_ops", "tensor_pos")
+
+    def __init__(self, exe=None, out_tree=None, out_leaves=None, mutations=(), reason=None, host_ops=None,
+                 tensor_pos=()):
+        self.exe = exe
+        self.out_tree = out_tree
+        self.out_leaves = out_leaves
+        self.mutations = tuple(mutations)
+        self.reason = reason
+        self.host_ops = host_ops or {}
+        self.tensor_pos = tensor_pos
+
+
+def op_name(op) -> str:
+    """``"aten::add.Tensor"`` for an OpOverload."""
+    ov = op._overloadname
+    return f"{op._schema.name}.{ov}" if ov and ov != "default" else f"{op._schema.name}"
+
+
+def _leaf_key(a: Any) -> Any:
+    if isinstance(a, torch.Tensor):
+        return (tuple(a.shape), a.dtype, a.device.type)
+    if isinstance(a, float):
+        return ("f", repr(a))
+    if isinstance(a, (int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return (type(a).__name__, a)
+    return ("r", type(a).__name__, repr(a))
+
+
+def cache_info() -> Dict[str, Any]:
+    """Eager program cache: entries, hits, misses, seconds spent compiling, bound."""
+    return {"entries": len(_CACHE), "hits": _STATS["hits"], "misses": _STATS["misses"],
+            "compile_s": _STATS["compile_s"], "max_entries": _CACHE_MAX}
+
+
+def clear_cache() -> None:
+    """Drop every compiled eager program."""
+    _CACHE.clear()
+
+
+def _check_devices(name: str, flat: list) -> None:
+    for a in flat:
+        if isinstance(a, torch.Tensor) and a.device.type != "neuron" and a.dim() > 0:
+            raise TnError(f"{name}: expected all tensors on the neuron device, but one argument is on {a.device} "
+                          f"(shape {list(a.shape)}); move it with .to('neuron') (only 0-dim CPU tensors mix in, as "
+                          f"with CUDA)")
+
+
+def _is_view_op(op) -> bool:
+    rets = op._schema.returns
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in rets)
+
+
+_TENSOR_ARGS: Dict[Any, Tuple[Tuple[int, str], ...]] = {}
+
+
+def _rewrap_scalars(op, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+    """The boxed fallback hands wrapped-number tensors (``x + 2``'s 2) over as Python scalars: turn them back
+    into 0-dim CPU tensors (float -> default dtype, as wrapped numbers promote) where the schema wants a Tensor."""
+    pos = _TENSOR_ARGS.get(op)
+    if pos is None:
+        pos = _TENSOR_ARGS[op] = tuple((i, a.name) for i, a in enumerate(op._schema.arguments)
+                                       if str(a.type) == "Tensor")
+    if not pos:
+        return args, kwargs
+    fix = None
+    for i, n in pos:
+        if i < len(args):
+            v = args[i]
+        elif n in kwargs:
+            v = kwargs[n]
+        else:
+            continue
+        if isinstance(v, (bool, int, float, complex)):
+            if isinstance(v, bool):
+                t = torch.tensor(v, dtype=torch.bool)
+            elif isinstance(v, int):
+                t = torch.tensor(v, dtype=torch.int64)
+            elif isinstance(v, float):
+                t = torch.tensor(v, dtype=torch.get_default_dtype())
+            else:
+                t = torch.tensor(v)
+            if fix is None:
+                fix = (list(args), dict(kwargs))
+            if i < len(args):
+                fix[0][i] = t
+            else:
+                fix[1][n] = t
+    return (tuple(fix[0]), fix[1]) if fix is not None else (args, kwargs)
+
+
+def fallback(op, *args, **kwargs):
+    """Boxed PrivateUse1 fallback: run aten ``op`` on neuron tensors (see the module docstring)."""
+    return run_op(op, args, kwargs)
+
+
+def run_op(op, args: tuple, kwargs: dict):
+    """Run an aten OpOverload whose tensor arguments live on the neuron device."""
+    name = op_name(op)
+    args, kwargs = _rewrap_scalars(op, args, kwargs)
+    flat, spec = tree_flatten((args, kwargs))
+    _check_devices(name, flat)
+    if name.startswith("aten::_foreach_"):
+        return _run_foreach(op, name, args, kwargs)
+    if _is_view_op(op):
+        tracking.count(name)
+        return _run_view(op, flat, spec)
+    if name.endswith("out") or "_out" in name:
+        _presize_empty_outs(op, flat, spec)
+    if _SEEDED in op.tags:
+        tracking.count(name)
+        tracking.count_fallback(name, "random op: numbers drawn from torch's CPU generator on the host")
+        return _run_host(op, flat, spec)
+    key = (op, tuple(_leaf_key(a) for a in flat))
+    entry = _CACHE.get(key)
+    if entry is None:
+        _STATS["misses"] += 1
+        entry = _compile(op, name, flat, spec)
+        _CACHE[key] = entry
+        if len(_CACHE) > _CACHE_MAX:
+            _CACHE.popitem(last=False)
+    else:
+        _STATS["hits"] += 1
+        _CACHE.move_to_end(key)
+    tracking.count(name)
+    if entry.exe is None:
+        tracking.count_fallback(name, entry.reason)
+        return _run_host(op, flat, spec)
+    if entry.host_ops:
+        tracking.count_fallback(name, f"part of its program runs on the host: {entry.reason}")
+    return _run_program(op, entry, flat, spec)
+
+
+def _compile(op, name: str, flat: list, spec) -> _Entry:
+    import time
+
+    from .. import lower
+    from ..passes import optimize
+    from ..trace import trace_flat
+
+    t0 = time.perf_counter()
+    tensor_pos = tuple(i for i, a in enumerate(flat) if isinstance(a, torch.Tensor))
+    metas = [torch.empty(flat[i].shape, dtype=flat[i].dtype, device="meta") for i in tensor_pos]
+
+    functional, out_names = _functional_of(op)
+
+    def one_op(*ts):
+        leaves = list(flat)
+        for p, t in zip(tensor_pos, ts):
+            leaves[p] = t
+        a, k = tree_unflatten(leaves, spec)
+        if functional is None:
+            return op(*a, **k)
+        # an out= op is traced as its functional form plus a copy into the out tensors
+        outs = [k.pop(n) for n in out_names]
+        r = functional(*a, **k)
+        rs = list(r) if isinstance(r, (tuple, list)) else [r]
+        for o, v in zip(outs, rs):
+            o.copy_(v)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    shapes = ", ".join(f"{flat[i].dtype}{list(flat[i].shape)}" for i in tensor_pos)
+    try:
+        traced = trace_flat(one_op, metas)
+        ir = optimize(traced.ir)
+    except Exception as e:  # any op tracing cannot express runs on the host
+        reason = f"it cannot be traced ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        if strict():
+            raise UnsupportedOpError(f"{name} on neuron tensors ({shapes}) cannot run on the NeuronCore: {reason}. "
+                                     f"Strict mode is on (TN_STRICT=1); unset it to run this op on the host") from e
+        _STATS["compile_s"] += time.perf_counter() - t0
+        return _Entry(reason=reason, tensor_pos=tensor_pos)
+    exe = lower.compile_ir(ir)   # strict mode: raises UnsupportedOpError for equations without a lowering
+    host = dict(exe.stats.get("host_ops", {}))
+    reasons = exe.stats.get("host_reasons", {})
+    _STATS["compile_s"] += time.perf_counter() - t0
+    return _Entry(exe=exe, out_tree=traced.out_tree, out_leaves=traced.out_leaves, mutations=ir.mutations,
+                  reason="; ".join(f"{k}: {v}" for k, v in reasons.items()) or None, host_ops=host,
+                  tensor_pos=tensor_pos)
+
+
+_FUNCTIONAL: Dict[Any, Any] = {}
+
+
+def _functional_of(op) -> Tuple[Any, List[str]]:
+    """For an ``out=`` overload (``mm.out``, ``max.dim_max``...): the functional overload with the same
+    non-out arguments and the out argument names; ``(None, [])`` for other ops."""
+    hit = _FUNCTIONAL.get(op)
+    if hit is not None:
+        return hit
+    schema = op._schema
+    outs = [a.name for a in schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+    res: Tuple[Any, List[str]] = (None, [])
+    if outs:
+        ins = [(a.name, str(a.type)) for a in schema.arguments if a.name not in outs]
+        packet = getattr(torch.ops.aten, schema.name.split("::")[-1], None)
+        for ov in (packet.overloads() if packet is not None else ()):
+            cand = getattr(packet, ov)
+            cs = cand._schema
+            if any(r.alias_info is not None for r in cs.returns) or len(cs.returns) != len(outs):
+                continue
+            if [(a.name, str(a.type)) for a in cs.arguments] == ins:
+                res = (cand, outs)
+                break
+    _FUNCTIONAL[op] = res
+    return res
+
+
+def to_device(r: torch.Tensor) -> torch.Tensor:
+    """A new contiguous neuron tensor holding CPU tensor ``r``'s values."""
+    out = new_tensor(tuple(r.shape), contiguous_strides(r.shape), r.dtype)
+    if r.numel():
+        cpu_alias(out).copy_(r)
+    return out
+
+
+def _run_program(op, entry: _Entry, flat: list, spec):
+    aliases: List[torch.Tensor] = []
+    ins: List[torch.Tensor] = []
+    for i in entry.tensor_pos:
+        t = flat[i]
+        a = cpu_alias(t) if t.device.type == "neuron" else t
+        aliases.append(a)
+        ins.append(a if a.is_contiguous() else a.contiguous())
+    outs = entry.exe(ins)
+    written = {}
+    for i, j in entry.mutations:
+        aliases[i].copy_(outs[j])
+        written[j] = flat[entry.tensor_pos[i]]
+    # results: tensors an in-place/out= op returns are its (device) arguments
+    schema = op._schema
+    ret_alias = {}
+    for r_i, r in enumerate(schema.returns):
+        if r.alias_info is not None and r.alias_info.is_write:
+            for a_i, a in enumerate(schema.arguments):
+                if a.alias_info is not None and a.alias_info.before_set & r.alias_info.before_set:
+                    ret_alias[r_i] = a.name
+    leaves = []
+    for leaf in entry.out_leaves:
+        if isinstance(leaf, int):
+            leaves.append(written.get(leaf) if leaf in written else to_device(outs[leaf]))
+        else:
+            leaves.append(leaf.value)
+    result = tree_unflatten(leaves, entry.out_tree)
+    if ret_alias:
+        # make sure in-place/out= results are the very argument objects
+        args, kwargs = tree_unflatten(flat, spec)
+        bound = _bind_args(schema, args, kwargs)
+        if len(schema.returns) == 1:
+            return bound.get(ret_alias.get(0), result)
+        result = list(result) if isinstance(result, (tuple, list)) else [result]
+        for r_i, an in ret_alias.items():
+            if an in bound:
+                result[r_i] = bound[an]
+        return tuple(result)
+    return result
+
+
+def _bind_args(schema, args: tuple, kwargs: dict) -> Dict[str, Any]:
+    out = {}
+    for i, a in enumerate(schema.arguments):
+        if i < len(args) and not a.kwarg_only:
+            out[a.name] = args[i]
+        elif a.name in kwargs:
+            out[a.name] = kwargs[a.name]
+    return out
+
+
+def _run_host(op, flat: list, spec):
+    """Run ``op`` with torch's CPU kernels on aliases of the device memory; fresh results are copied to the device."""
+    _presize_outs(op, flat, spec)
+    back = {}
+    leaves = []
+    for a in flat:
+        if isinstance(a, torch.Tensor) and a.device.type == "neuron":
+            c = cpu_alias(a)
+            back[id(c)] = a
+            leaves.append(c)
+        else:
+            leaves.append(a)
+    args, kwargs = tree_unflatten(leaves, spec)
+    r = op(*args, **kwargs)
+    keep = leaves  # noqa: F841  (aliases stay alive until the results are mapped)
+
+    def conv(x):
+        if isinstance(x, torch.Tensor):
+            d = back.get(id(x))
+            return d if d is not None else to_device(x)
+        return x
+
+    if isinstance(r, (tuple, list)):
+        return type(r)(conv(x) if not isinstance(x, (tuple, list)) else type(x)(conv(y) for y in x) for x in r)
+    return conv(r)
+
+
+def _presize_empty_outs(op, flat: list, spec) -> None:
+    """Give empty ``out=`` tensors their result shape before tracing (the trace cannot resize a tensor)."""
+    args, kwargs = tree_unflatten(flat, spec)
+    if any(isinstance(v, torch.Tensor) and v.numel() == 0 for v in kwargs.values()):
+        _presize_outs(op, flat, spec)
+
+
+def _presize_outs(op, flat: list, spec) -> None:
+    """Resize the device ``out=`` tensors of ``op`` to the shapes its meta kernel gives (CPU aliases cannot grow)."""
+    outs = [a.name for a in op._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+    if not outs:
+        return
+    args, kwargs = tree_unflatten(flat, spec)
+    if not any(isinstance(kwargs.get(n), torch.Tensor) for n in outs):
+        return
+
+    def meta(x):
+        if isinstance(x, torch.Tensor):
+            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+        return x
+
+    margs, mkwargs = tree_unflatten([meta(a) for a in flat], spec)
+    try:
+        op(*margs, **mkwargs)
+    except Exception:
+        return  # the CPU kernel reports the problem itself
+    from .aten import _resize
+
+    for n in outs:
+        d, m = kwargs.get(n), mkwargs.get(n)
+        if isinstance(d, torch.Tensor) and isinstance(m, torch.Tensor) and d.shape != m.shape:
+            _resize(d, m.shape)
+
+
+def _run_view(op, flat: list, spec):
+    """A view op: computed on a CPU alias, returned as neuron views of the same storage."""
+    base = None
+    leaves = []
+    for a in flat:
+        if isinstance(a, torch.Tensor) and a.device.type == "neuron":
+            if base is None:
+                base = a
+            leaves.append(cpu_alias(a))
+        else:
+            leaves.append(a)
+    args, kwargs = tree_unflatten(leaves, spec)
+    r = op(*args, **kwargs)
+    as_strided = torch.ops.aten.as_strided.default
+
+    def conv(x):
+        if isinstance(x, torch.Tensor):
+            if x.dtype != base.dtype:
+                return torch.ops.aten.view.dtype(as_strided(base, base.shape, base.stride(), base.storage_offset()),
+                                                 x.dtype).as_strided(x.shape, x.stride(), x.storage_offset())
+            return as_strided(base, x.shape, x.stride(), x.storage_offset())
+        return x
+
+    if isinstance(r, (tuple, list)):
+        return type(r)(conv(x) for x in r)
+    return conv(r)
+
+
+def _run_foreach(op, name: str, args: tuple, kwargs: dict):
+    """``_foreach_<op>[_]``: one device op per list element (list arguments and scalar lists indexed together)."""
+    base = name[len("aten::_foreach_"):].split(".")[0]
+    packet = getattr(torch.ops.aten, base, None)
+    if packet is None:
+        tracking.count(name)
+        tracking.count_fallback(name, "no per-tensor aten op to split it into")
+        flat, spec = tree_flatten((args, kwargs))
+        return _run_host(op, flat, spec)
+    n = None
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, (list, tuple)):
+            n = len(a)
+            break
+    if n is None:
+        raise TnError(f"{name}: no list argument found")
+
+    def pick(a, k):
+        return a[k] if isinstance(a, (list, tuple)) else a
+
+    outs = []
+    for k in range(n):
+        r = packet(*[pick(a, k) for a in args], **{kk: pick(v, k) for kk, v in kwargs.items()})
+        outs.append(r)
+    if base.endswith("_"):
+        return None
+    return outs
