@@ -569,6 +569,8 @@ class NeuronExecutable:
         self._steps = steps
         self._frees = [tuple(frees.get(i, ())) for i in range(len(steps))]
         self._out = out
+        fixed = set(in_slots) | {sl for sl, _ in init}
+        self._copy_outs = [j for j, sl in enumerate(out) if sl in fixed and j not in {jj for jj, _, _ in lit_outs}]
         self._lit_outs = lit_outs
         self._host_counts = host_counts
         self._n_instr = instructions
@@ -639,6 +641,8 @@ class NeuronExecutable:
             for s in frees:
                 env[s] = None
         result = [env[s] for s in self._out]
+        for j in self._copy_outs:      # an input or constant returned as an output comes back as a copy
+            result[j] = result[j].clone()
         for j, value, dtype in self._lit_outs:
             result[j] = torch.tensor(value, dtype=dtype)
         self.last_profile = ExecProfile(runs, self._host_counts)
