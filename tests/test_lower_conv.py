@@ -186,6 +186,7 @@ CONV_BWD_CASES = [
     ((2, 3, 9, 7), (4, 3, 3, 3), dict(stride=(2, 2))),
     ((1, 2, 3, 200), (2, 2, 1, 3), dict(padding=(0, 1))),
     ((2, 8, 30), (6, 8, 5), dict(stride=(2,), padding=(2,), dilation=(1,))),
+    ((1, 600, 3, 3), (4, 600, 1, 1), {}),                     # > 512 input channels: channel-sliced banks
 ]
 
 

@@ -446,8 +446,6 @@ def _grad_weight(ctx, grad, x, w, gw, stride, padding, dilation, groups) -> None
     fw = _Conv(ctx, x, w, None, grad, stride, padding, dilation, groups)
     G, Cg, Og, T = groups, fw.Cg, fw.Og, fw.T
     isz = fw.isz
-    if Cg > _NB:
-        raise CannotLower(f"weight gradient with {Cg} input channels per group (> 512) is not lowered")
     # pixel chunks: rows x cols of one image, <= 128 pixels
     if Wo <= _P:
         rr, pc = max(1, _P // Wo), Wo
@@ -458,8 +456,12 @@ def _grad_weight(ctx, grad, x, w, gw, stride, padding, dilation, groups) -> None
     fw.bh = (rr - 1) * fw.sh + (fw.kh - 1) * fw.dh + 1
     fw.bw = (pc - 1) * fw.sw + (fw.kw - 1) * fw.dw + 1
     fw.CC = _cdiv(Cg, _P)
-    tpb = max(1, _NB // Cg)                 # taps per PSUM bank
-    banks = [(t0, min(T, t0 + tpb)) for t0 in range(0, T, tpb)]
+    # PSUM banks of the result [O, taps, C]: groups of whole taps, or 512-channel slices of one tap
+    if Cg <= _NB:
+        tpb = _NB // Cg
+        banks = [(t0, min(T, t0 + tpb), 0, Cg) for t0 in range(0, T, tpb)]
+    else:
+        banks = [(t, t + 1, c0, min(Cg, c0 + _NB)) for t in range(T) for c0 in range(0, Cg, _NB)]
     OT = _cdiv(Og, _P)
     pairs = [(ot, bk) for ot in range(OT) for bk in range(len(banks))]
     per_pass = 6
@@ -531,17 +533,17 @@ def _grad_weight(ctx, grad, x, w, gw, stride, padding, dilation, groups) -> None
                     for q, (ot, bk) in enumerate(sel):
                         o0 = ot * _P
                         op = min(_P, Og - o0)
-                        t0, t1 = banks[bk]
-                        prog.matmul(accs[q][:op, :(t1 - t0) * Cg], gT[:npx, o0:o0 + op], xT[:npx, t0:t1, :],
-                                    accumulate=ci > 0, stop=ci == len(chunks) - 1)
+                        t0, t1, c0, c1 = banks[bk]
+                        prog.matmul(accs[q][:op, :(t1 - t0) * (c1 - c0)], gT[:npx, o0:o0 + op],
+                                    xT[:npx, t0:t1, c0:c1], accumulate=ci > 0, stop=ci == len(chunks) - 1)
                 for q, (ot, bk) in enumerate(sel):
                     o0 = ot * _P
                     op = min(_P, Og - o0)
-                    t0, t1 = banks[bk]
-                    acc = accs[q][:op, :(t1 - t0) * Cg].reshape(op, t1 - t0, Cg)
-                    dst = ot_t[:op, :, t0:t1]
+                    t0, t1, c0, c1 = banks[bk]
+                    acc = accs[q][:op, :(t1 - t0) * (c1 - c0)].reshape(op, t1 - t0, c1 - c0)
+                    dst = ot_t[:op, c0:c1, t0:t1]
                     copy(dst.permute(0, 2, 1), acc)
-                    ctx.store(gw3[g * Og + o0:g * Og + o0 + op, :, t0:t1], dst)
+                    ctx.store(gw3[g * Og + o0:g * Og + o0 + op, c0:c1, t0:t1], dst)
     finally:
         for t in reversed(tiles):
             prog.free(t)
