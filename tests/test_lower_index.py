@@ -158,3 +158,11 @@ def test_index_put_int64_replace():
         pytest.skip("needs Program.dma_scatter")
     check_lowering("index_put", _randint(-9, 9, (100, 3)), _randint(-9, 9, (30, 3)),
                    torch.randperm(100, generator=G)[:30], dims=(0,), accumulate=False)
+
+
+def test_scatter_int64_by_dma():
+    from tn.neuron import Program
+    if not hasattr(Program, "dma_scatter"):
+        pytest.skip("needs Program.dma_scatter")
+    check_lowering("scatter", _randint(-9, 9, (5, 7)), _unique_idx(5, 7, 3), _randint(-9, 9, (5, 3)), dim=1)
+    check_lowering("scatter", _randint(-9, 9, (5, 7), torch.int32), _unique_idx(5, 7, 3), 4, dim=1)

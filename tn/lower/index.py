@@ -14,7 +14,10 @@ Negative indices wrap (``index``); a point whose index lies outside its axis
 gets row -1, so the DMA engine's bounds check raises. int64 indices are read
 through their low int32 words.
 
-Writes without an indirect-write DMA are computed, not scattered:
+Writes use the indirect-write DMA ``dma_scatter`` when the NeuronCore has it
+(``index_put``; ``scatter`` and ``scatter_add`` element by element: replace
+with the last write winning, or add in fp32). Without it they are computed,
+not scattered (and ``scatter_reduce`` always is):
 
 * ``index_put`` (rows of ``x`` replaced or accumulated): ``out = x + onehot^T
   @ values`` on TensorE, the one-hot ``[E, rows]`` blocks built with one
@@ -403,6 +406,64 @@ _SCATTER_ALU = {"sum": "add", "mean": "add", "prod": "multiply", "amax": "max", 
 _LINE_BUDGET = 4096
 
 
+def _scatter_by_dma(ctx, eqn, ins, outs, mode, include_self, x_dt) -> bool:
+    """scatter / scatter_add by the indirect-write DMA (``Program.dma_scatter``) when the NeuronCore has it:
+    ``out = x``, then element ``e`` of ``src`` goes to the flat position ``base(e) + index[e] * stride(dim)``
+    (replaced, or added in fp32). Returns False (nothing emitted) when this path does not apply."""
+    prog = ctx.prog
+    xv, iv, sv = eqn.inputs[0], eqn.inputs[1], eqn.inputs[2]
+    scalar_src = hasattr(sv, "value")
+    if not hasattr(prog, "dma_scatter") or not (mode == "set" or (mode == "sum" and include_self)):
+        return False
+    if mode == "sum" and x_dt not in _MM_DTYPES:
+        return False
+    if scalar_src and x_dt == "int64":
+        return False
+    if not scalar_src and ctx.neuron_dtype(sv.dtype) != x_dt:
+        return False
+    X = tuple(xv.shape) or (1,)
+    I = tuple(iv.shape) or (1,)
+    total = _prod(X)
+    if total >= _EXACT or _prod(I) == 0:
+        return False
+    i_dt = _index_dtype(ctx, iv)
+    d = eqn.attrs["dim"] if xv.shape else 0
+    xs, ist = _row_strides(X), _row_strides(I)
+    sst = _row_strides(tuple(sv.shape) or (1,)) if not scalar_src else [0] * len(I)
+    copy_view(ctx, hview(outs[0], 0, [(total, 1)]), hview(ins[0], 0, [(total, 1)]))
+    # grid over the index tensor: (n, (unused, base weight, index stride, src stride))
+    grid = [(nk, (0, 0 if k == d else xs[k], ist[k], sst[k])) for k, nk in enumerate(I)]
+    idxs = [(ins[1], i_dt, xs[d], X[d], False)]
+    table = hview(outs[0], 0, [(total, 1), (1, 1)])
+    cval = None
+    if scalar_src:
+        cval = prog.sbuf((128, 1), x_dt)
+        prog.memset(cval, float(sv.value), engine="vector")
+    for poff, (pc, ps), free in _parts(_merge(grid), 4):
+        for toff, tax in _tiles(free, 512, 4):
+            off = tuple(a + b for a, b in zip(poff, toff))
+            tshape = [k for k, _ in tax]
+            F = _prod(tshape)
+            flat = _row_index_tile(ctx, pc, tshape, ps[1], off[1], [st[1] for _, st in tax], idxs, off[2:3],
+                                   ps[2:3], [(k, st[2:3]) for k, st in tax])
+            flat2 = flat.reshape(pc, F)
+            if scalar_src:
+                src2 = None
+            else:
+                st_ = prog.sbuf((pc, *tshape), x_dt)
+                prog.dma_copy(st_, hview(ins[2], off[3], [(pc, ps[3])] + [(k, st[3]) for k, st in tax]))
+                src2 = st_.reshape(pc, F)
+            for f in range(F):
+                prog.dma_scatter(table, cval[:pc] if scalar_src else src2[:, f:f + 1], flat2[:, f:f + 1],
+                                 accumulate=(mode == "sum"))
+            if not scalar_src:
+                prog.free(st_)
+            prog.free(flat)
+    if cval is not None:
+        prog.free(cval)
+    return True
+
+
 def _scatter_common(ctx, eqn, ins, outs, mode, include_self=True):
     """out = x, then every line (fixed coordinates off the scatter axis) recomputed as a masked reduction.
 
@@ -413,6 +474,8 @@ def _scatter_common(ctx, eqn, ins, outs, mode, include_self=True):
     if hasattr(xv, "value") or hasattr(iv, "value"):
         raise CannotLower(f"{eqn.op.name} with a literal input or index")
     x_dt = ctx.neuron_dtype(xv.dtype)
+    if _scatter_by_dma(ctx, eqn, ins, outs, mode, include_self, x_dt):
+        return
     if x_dt not in ("float32", "bfloat16", "float16"):
         raise CannotLower(f"{eqn.op.name} on {x_dt}: the masked reductions compute in fp32 (float dtypes only)")
     i_dt = _index_dtype(ctx, iv)
