@@ -53,6 +53,8 @@ cdef extern from "kernels.h":
                             int64_t nparts_in) nogil
     int tn_partition_shuffle(const tn_ap *out, const tn_ap *inp, const int64_t *perm, int64_t nparts_out) nogil
     int tn_transpose(const tn_ap *out, const tn_ap *inp, int64_t nparts_in) nogil
+    int tn_scatter_rows(const tn_ap *table, int64_t table_rows, const tn_ap *src, const tn_ap *idx,
+                        int64_t nparts, int accumulate, int64_t *bad_index) nogil
     int tn_matmul_ap(const tn_ap *psum, const tn_ap *stat, const tn_ap *mov, int64_t K, int accumulate) nogil
 
 
@@ -106,7 +108,8 @@ DEF OP_AFFINE_SELECT = 14
 DEF OP_MEMSET = 15
 DEF OP_PARTITION_REDUCE = 16
 DEF OP_PARTITION_SHUFFLE = 17
-DEF N_OPCODES = 18
+DEF OP_DMA_SCATTER = 18
+DEF N_OPCODES = 19
 
 DEF Q_PE = 0
 DEF Q_ACT = 1
@@ -152,22 +155,22 @@ LAYOUT = {"REC_WIDTH": REC_WIDTH, "OPERAND_BASE": OPERAND_BASE, "OPERAND_WIDTH":
 
 OPCODE_NAMES = ["nop", "dma_copy", "dma_gather", "matmul", "transpose", "activation", "tensor_tensor",
                 "tensor_scalar", "tensor_reduce", "tensor_copy", "select", "bn_stats", "bn_aggr", "iota",
-                "affine_select", "memset", "partition_reduce", "partition_shuffle"]
+                "affine_select", "memset", "partition_reduce", "partition_shuffle", "dma_scatter"]
 OPERAND_NAMES = [(), ("dst", "src"), ("dst", "table", "indices"), ("psum", "stationary", "moving"),
                  ("psum", "in"), ("out", "in", "bias", "scale", "reduce_out"), ("out", "in0", "in1"),
                  ("out", "in", "operand0", "operand1"), ("out", "in"), ("out", "in"),
                  ("out", "pred", "on_true", "on_false"), ("out", "in"), ("out", "in"), ("out",),
-                 ("out", "in"), ("out",), ("out", "in"), ("out", "in")]
+                 ("out", "in"), ("out",), ("out", "in"), ("out", "in"), ("table", "src", "indices")]
 ENGINE_QUEUE_NAMES = ["TensorE", "ScalarE", "VectorE", "GpSimd"]
 DTYPE_NAMES = ["float32", "bfloat16", "float16", "int32", "int64", "uint8", "bool"]
 MEM_NAMES = ["none", "HBM", "SBUF", "PSUM"]
 cdef int64_t DSIZE[7]
 DSIZE[:] = [4, 2, 2, 4, 8, 1, 1]
 # how many operand slots each opcode uses, and how many are required
-cdef int NSLOTS[18]
-NSLOTS[:] = [0, 2, 3, 3, 2, 5, 3, 4, 2, 2, 4, 2, 2, 1, 2, 1, 2, 2]
-cdef int NREQ[18]
-NREQ[:] = [0, 2, 3, 3, 2, 2, 3, 2, 2, 2, 4, 2, 2, 1, 2, 1, 2, 2]
+cdef int NSLOTS[19]
+NSLOTS[:] = [0, 2, 3, 3, 2, 5, 3, 4, 2, 2, 4, 2, 2, 1, 2, 1, 2, 2, 3]
+cdef int NREQ[19]
+NREQ[:] = [0, 2, 3, 3, 2, 2, 3, 2, 2, 2, 4, 2, 2, 1, 2, 1, 2, 2, 3]
 
 
 def _queue_name(q):
@@ -378,7 +381,7 @@ cdef int check_record(int64_t i, const int64_t *rec, Ctx *c, Opnd *ops, int64_t 
     if rec[H_AUX_COUNT] < 0 or rec[H_AUX_START] < 0 or rec[H_AUX_START] + rec[H_AUX_COUNT] > naux:
         _fail(i, rec, -1, f"aux range [{rec[H_AUX_START]}, +{rec[H_AUX_COUNT]}) outside the aux array ({naux})")
     is_dma = q >= N_ENGINES
-    if op == OP_DMA_COPY or op == OP_DMA_GATHER:
+    if op == OP_DMA_COPY or op == OP_DMA_GATHER or op == OP_DMA_SCATTER:
         if not is_dma:
             _fail(i, rec, -1, f"DMA instructions run on DMA queues {N_ENGINES}..{nq - 1}, not on {_queue_name(q)}")
     elif is_dma:
@@ -439,6 +442,23 @@ cdef int check_record(int64_t i, const int64_t *rec, Ctx *c, Opnd *ops, int64_t 
         need_same_parts(i, rec, 2, &ops[2], P)
         need_free(i, rec, 2, &ops[2], 1)
         need_free(i, rec, 1, &ops[1], ops[0].free)
+    elif op == OP_DMA_SCATTER:
+        need_mem(i, rec, 0, &ops[0], 0, 0, 1)
+        need_mem(i, rec, 1, &ops[1], 1, 0, 0)
+        need_mem(i, rec, 2, &ops[2], 1, 0, 0)
+        if ops[2].ap.dtype != I32 and ops[2].ap.dtype != I64:
+            _fail(i, rec, 2, f"indices must be int32 or int64, not {DTYPE_NAMES[ops[2].ap.dtype]}")
+        if ops[0].ap.dtype != ops[1].ap.dtype:
+            _fail(i, rec, 1, f"dtype {DTYPE_NAMES[ops[1].ap.dtype]} differs from the table's "
+                  f"{DTYPE_NAMES[ops[0].ap.dtype]}")
+        if (flags & FLAG_ACCUMULATE) and ops[0].ap.dtype != F32 and ops[0].ap.dtype != BF16 \
+                and ops[0].ap.dtype != F16:
+            _fail(i, rec, 0, "accumulating scatters need a float table (fp32, bf16, fp16)")
+        need_same_parts(i, rec, 2, &ops[2], ops[1].pcount)
+        need_free(i, rec, 2, &ops[2], 1)
+        need_free(i, rec, 1, &ops[1], ops[0].free)
+        if sub != 0:
+            _fail(i, rec, -1, "takes no sub-operation")
     elif op == OP_MATMUL:
         need_mem(i, rec, 0, &ops[0], 0, 1, 0)
         need_mem(i, rec, 1, &ops[1], 1, 0, 0)
@@ -606,9 +626,9 @@ def check(rec, limits, hbm_sizes, aux=None):
 # ---------------------------------------------------------------- timing helpers
 
 cdef struct Pipe:
-    int n
-    double s[PIPE_MAX]
-    double e[PIPE_MAX]
+    int n                      # busy intervals kept (<= PIPE_MAX - 8 between calls)
+    double s[2 * PIPE_MAX + 16]   # room for one call's merge of the old list and its new pieces
+    double e[2 * PIPE_MAX + 16]
 
 
 cdef double pipe_fill(Pipe *pp, double t, double dur):
@@ -752,6 +772,9 @@ cdef int exec_one(int64_t op, int64_t sub, int64_t flags, Opnd *ops, double *imm
         rc = tn_partition_reduce(<int>sub, &ops[0].ap, &ops[1].ap, ops[0].pcount, ops[1].pcount)
     elif op == OP_PARTITION_SHUFFLE:
         rc = tn_partition_shuffle(&ops[0].ap, &ops[1].ap, auxp + rec[H_AUX_START], ops[0].pcount)
+    elif op == OP_DMA_SCATTER:
+        rc = tn_scatter_rows(&ops[0].ap, ops[0].pcount, &ops[1].ap, &ops[2].ap, ops[1].pcount,
+                             <int>(flags & FLAG_ACCUMULATE), bad)
     return rc
 
 
@@ -896,9 +919,9 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
                         rc = exec_one(op, sub, flags, ops, imm, auxp, rec, bad)
                 else:
                     rc = exec_one(op, sub, flags, ops, imm, auxp, rec, bad)
-                if rc == -2 and op == OP_DMA_GATHER:
+                if rc == -2 and (op == OP_DMA_GATHER or op == OP_DMA_SCATTER):
                     _fail(i, rec, 2, f"index {bad[1]} in partition {bad[0]} is outside the table's "
-                          f"{ops[1].pcount} rows")
+                          f"{ops[1 if op == OP_DMA_GATHER else 0].pcount} rows")
                 if rc == -3:
                     raise MemoryError(f"instruction #{i}: the engine ran out of scratch memory")
                 if rc != 0:
@@ -909,6 +932,12 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
                     bytes_eff = ops[0].nbytes + (ops[0].pcount + ops[0].runs) * timing[T_DMA_CHUNK]
                     if ops[1].mem == MEM_HBM:
                         hbm_bytes[0] += ops[0].nbytes
+                elif op == OP_DMA_SCATTER:   # one row per index; accumulation also reads the rows
+                    bytes_eff = ops[1].nbytes + (ops[1].pcount + ops[1].runs) * timing[T_DMA_CHUNK]
+                    hbm_bytes[1] += ops[1].nbytes
+                    if flags & FLAG_ACCUMULATE:
+                        hbm_bytes[0] += ops[1].nbytes
+                        bytes_eff += ops[1].nbytes
                 else:
                     acc = ops[0].runs if ops[0].runs > ops[1].runs else ops[1].runs
                     bytes_eff = ops[0].nbytes + acc * timing[T_DMA_CHUNK]

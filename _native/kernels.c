@@ -574,6 +574,36 @@ int tn_gather_rows(const tn_ap *dst, const tn_ap *table, int64_t table_rows, con
     return TN_OK;
 }
 
+int tn_scatter_rows(const tn_ap *table, int64_t table_rows, const tn_ap *src, const tn_ap *idx,
+                    int64_t nparts, int accumulate, int64_t *bad_index)
+{
+    for (int64_t p = 0; p < nparts; p++) {
+        int64_t r = load_index(idx, p);
+        if (r < 0 || r >= table_rows) {
+            if (bad_index) { bad_index[0] = p; bad_index[1] = r; }
+            return TN_EINDEX;
+        }
+    }
+    if (!accumulate) {
+        for (int64_t p = 0; p < nparts; p++) {
+            int rc = copy_ap_part(table, load_index(idx, p), src, p);
+            if (rc) return rc;
+        }
+        return TN_OK;
+    }
+    int64_t n = ap_free(src);
+    float *x = scratch(0, n), *y = scratch(1, n);
+    if (!x || !y) return TN_ENOMEM;
+    for (int64_t p = 0; p < nparts; p++) {
+        int64_t r = load_index(idx, p);
+        load_ap(x, table, r);
+        load_ap(y, src, p);
+        for (int64_t i = 0; i < n; i++) x[i] += y[i];
+        store_ap(table, r, x);
+    }
+    return TN_OK;
+}
+
 /* ------------------------------------------------------------------ VectorE / GpSimd misc */
 
 int tn_select(const tn_ap *out, const tn_ap *pred, const tn_ap *a, const tn_ap *b, int64_t nparts)

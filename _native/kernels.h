@@ -52,6 +52,9 @@ int tn_copy_bytes(const tn_ap *dst, const tn_ap *src, int64_t nparts);
 int tn_tensor_copy(const tn_ap *out, const tn_ap *in, int64_t nparts);
 int tn_gather_rows(const tn_ap *dst, const tn_ap *table, int64_t table_rows, const tn_ap *idx,
                    int64_t nparts, int64_t *bad_index);
+/* table[idx[p], :] = src[p, :] (or += with accumulate, in fp32, in partition order) */
+int tn_scatter_rows(const tn_ap *table, int64_t table_rows, const tn_ap *src, const tn_ap *idx,
+                    int64_t nparts, int accumulate, int64_t *bad_index);
 int tn_tensor_tensor(int op, const tn_ap *out, const tn_ap *a, const tn_ap *b, int64_t nparts);
 int tn_tensor_scalar(const tn_ap *out, const tn_ap *in, int op0, const tn_ap *s0, double imm0,
                      int op1, const tn_ap *s1, double imm1, int flags, int64_t nparts);
@@ -86,6 +89,9 @@ void tn_dev_stats(int64_t *out);
 void tn_dev_reset_peak(void);
 void tn_dev_empty_cache(void);
 void tn_dev_set_limit(int64_t nbytes);
+/* Fast path of small eager ops: out[i] = a[i] (op) b[i] over n contiguous elements; op 0 add, 1 sub, 2 mul;
+   dtype TN_F32, or TN_BF16 computed in fp32 and rounded to nearest even (as the engines do). 0 or TN_EARGS. */
+int tn_dev_binary(int op, int dtype, const void *a, const void *b, void *out, int64_t n);
 /* --- end device allocator --- */
 
 #endif

@@ -46,6 +46,7 @@ def kitchen_sink():
     p.partition_reduce(c[:32], a, "add")
     p.partition_shuffle(c, a, list(range(63, -1, -1)))
     p.dma_copy(o, c)
+    p.dma_scatter(o, g, it, accumulate=True)
     return p.build()
 
 

@@ -413,3 +413,34 @@ def test_negative_strides_on_both_sides():
     prog.dma_copy(Y, u)
     res = prog.run({"x": x.astype(np.float32)})
     np.testing.assert_allclose(res.outputs["y"], 2 * x.astype(np.float32)[::-1], rtol=1e-6)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_dma_scatter_rows(accumulate):
+    V, D, P = 50, 16, 40
+    table = rnd(V, D).astype(np.float32)
+    ids = RNG.integers(0, V, size=(P, 1))          # duplicates included
+    ids[:3, 0] = [7, 7, 7]
+    src = rnd(P, D).astype(np.float32)
+    prog = Program("scatter")
+    T = prog.hbm("table", (V, D), "float32", kind="inout")
+    I = prog.hbm("ids", (P, 1), "int32")
+    S = prog.hbm("src", (P, D), "float32")
+    it = prog.sbuf((P, 1), "int32")
+    st = prog.sbuf((P, D), "float32")
+    prog.dma_copy(it, I)
+    prog.dma_copy(st, S)
+    prog.dma_scatter(T, st, it, accumulate=accumulate)
+    got = table.copy()
+    res = prog.run({"table": got, "ids": ids.astype(np.int32), "src": src})
+    ref = table.copy()
+    if accumulate:
+        np.add.at(ref, ids[:, 0], src)
+    else:
+        for p in range(P):
+            ref[ids[p, 0]] = src[p]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    assert res.hbm_write_bytes == P * D * 4
+    ids[4, 0] = -1
+    with pytest.raises(tn.NeuronError, match="index -1 in partition 4 is outside the table's 50 rows"):
+        prog.run({"table": got, "ids": ids.astype(np.int32), "src": src})

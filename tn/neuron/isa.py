@@ -12,6 +12,8 @@ dma_copy            DMA queue  ``dst = src``; HBM<->SBUF or SBUF<->SBUF, access 
                                both sides, same dtype and shape.
 dma_gather          DMA queue  ``dst[p, :] = table[idx[p], :]`` (indirect rows; embeddings);
                                ``idx`` an int32/int64 SBUF tile ``[P, 1]``, every index checked.
+dma_scatter         DMA queue  ``table[idx[p], :] = src[p, :]`` (or ``+=`` with accumulate, in
+                               partition order: embedding gradients); HBM table.
 matmul              TensorE    ``psum[M, N] (+)= stat[K, M]^T @ mov[K, N]``; K, M <= 128,
                                N <= 512, result fp32 inside one PSUM bank.
 transpose           TensorE    ``psum[F, P] = in[P, F]^T`` (P, F <= 128).
@@ -119,6 +121,7 @@ OPCODES = {
     "dma_copy": 1, "dma_gather": 2, "matmul": 3, "transpose": 4, "activation": 5, "tensor_tensor": 6,
     "tensor_scalar": 7, "tensor_reduce": 8, "tensor_copy": 9, "select": 10, "bn_stats": 11, "bn_aggr": 12,
     "iota": 13, "affine_select": 14, "memset": 15, "partition_reduce": 16, "partition_shuffle": 17,
+    "dma_scatter": 18,
 }
 #: opcode -> name.
 OPCODE_NAMES = {v: k for k, v in OPCODES.items()}
@@ -176,6 +179,7 @@ OPERAND_NAMES = {
     "memset": ("out",),
     "partition_reduce": ("out", "in"),
     "partition_shuffle": ("out", "in"),
+    "dma_scatter": ("table", "src", "indices"),
 }
 
 

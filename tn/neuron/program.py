@@ -839,6 +839,12 @@ class Program:
         SBUF tile ``[P, 1]``; every index is checked against the table's rows when it runs."""
         return self._emit("dma_gather", self._dma_queue(queue), [dst, table, indices], deps=deps)
 
+    def dma_scatter(self, table, src, indices, *, accumulate=False, queue=None, deps=()):
+        """``table[indices[p], :] = src[p, :]`` (``+=`` with ``accumulate``, in fp32, partition order):
+        table an HBM view (axis 0 = rows), src an SBUF tile ``[P, D]``, indices int32/int64 ``[P, 1]``."""
+        return self._emit("dma_scatter", self._dma_queue(queue), [table, src, indices],
+                          flags=isa.FLAG_ACCUMULATE if accumulate else 0, deps=deps)
+
     # ------------------------------------------------------------------ TensorE
     def matmul(self, psum, stationary, moving, *, accumulate=False, stop=False, deps=()):
         """``psum[M, N] (+)= stationary[K, M]^T @ moving[K, N]`` on TensorE.
