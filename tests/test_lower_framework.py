@@ -142,6 +142,7 @@ def test_profile_reports_every_program():
     assert prof.runs[0].total_ns > 0
     s = exe.last_profile.summary()
     assert s["programs"] == 1 and s["time_us"] > 0 and s["hbm_read"] > 0 and s["instructions"] > 0
+    assert "total modelled time" in exe.last_profile.table(print_it=False)
 
 
 # ------------------------------------------------------------------ through tn.jit

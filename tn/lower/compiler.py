@@ -149,6 +149,19 @@ class ExecProfile:
                 d[f"util_{k}"] = v
         return d
 
+    def table(self, print_it: bool = True) -> str:
+        """The per-program table of :meth:`tn.profile.Profile.table` for these runs, plus host fallbacks."""
+        import importlib
+
+        prof = importlib.import_module("tn.profile").Profile()
+        prof.runs = list(self.runs)
+        text = prof.table(print_it=False)
+        if self.host_ops:
+            text += "\nhost fallbacks: " + ", ".join(f"{k} x{v}" for k, v in sorted(self.host_ops.items()))
+        if print_it:
+            print(text)
+        return text
+
     def __repr__(self) -> str:
         return (f"<ExecProfile {len(self.runs)} program(s), {self.total_us:.3f} us modelled, "
                 f"{self.hbm_bytes} HBM bytes, host ops {self.host_ops}>")
