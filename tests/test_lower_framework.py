@@ -386,3 +386,12 @@ def test_inner_unit_axis_reshape_is_not_an_alias():
         ir = tn.make_ir(fn)(x)
         exe = compile_ir(ir, strict=True)
         assert_close(exe([x])[0], fn(x))
+
+
+def test_rows_too_long_for_sbuf_fall_back_to_unfused():
+    """A softmax row that does not fit the group's SBUF budget: the group is not fused (values go via HBM)."""
+    x = torch.randn(3, 70000)
+    ir = tn.make_ir(lambda x: torch.softmax(x, -1))(x)
+    exe = compile_ir(ir, strict=True)
+    assert_close(exe([x])[0], torch.softmax(x, -1))
+    assert exe.stats["host_ops"] == {}
