@@ -398,8 +398,10 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
     # software pipelining: with several engines in the chain, aim at >= PIPELINE_TILES tiles (the
     # engines then work on different tiles at once), but keep >= MIN_FREE elements per partition
     per_part = -(-_numel(space) // ctx.arch.partitions)
-    if len(eqns) > 1 or per_part > 4 * MIN_FREE:
-        max_free = max(min(max_free, MIN_FREE), min(max_free, per_part // PIPELINE_TILES))
+    # >= 2 KiB per partition per DMA (MIN_FREE fp32 elements; more for narrower dtypes)
+    min_free = max(MIN_FREE, 4 * MIN_FREE // min([_itemsize(v.dtype) for v in in_vars + out_vars] or [4]))
+    if len(eqns) > 1 or per_part > 4 * min_free:
+        max_free = max(min(max_free, min_free), min(max_free, per_part // PIPELINE_TILES))
     max_free = 1 << (max_free.bit_length() - 1)
     if r and dims and dims[-1] > max_free:
         max_free = min(MAX_FREE * 8, SBUF_BUDGET // per_elem)
