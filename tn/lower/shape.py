@@ -378,6 +378,8 @@ def _transpose_permute(ctx: Any, dst: HbmView, src: HbmView) -> bool:
     if A[0] < 16 or B[0] < 16:
         return False
     batch = [d for i, d in enumerate(dims) if i not in (ia[0], len(dims) - 1)]
+    if _prod(n for n, _, _ in batch) * -(-A[0] // 128) * -(-B[0] // 128) > 512:
+        return False  # thousands of tiny transposes: one strided DMA is cheaper to emit and about as fast
     prog = ctx.prog
     dt = dst.dtype
     na, ta = A[0], A[1]                   # A's stride in the output
