@@ -361,8 +361,6 @@ def _cumsum(ctx, eqn, ins, outs):
     bound = float(_EXACT // n) if x_dt in ("int32", "int64") else None  # range-checked; flagged calls rerun on host
     if out_dt not in ("float32", "bfloat16", "float16", "int64", "int32"):
         raise CannotLower(f"cumsum into {out_dt}")
-    if x_dt not in ("float32", "bfloat16", "float16") and out_dt in ("float32", "bfloat16", "float16"):
-        pass  # bool/uint8 inputs are converted to fp32 tiles below
     nblk = -(-n // 128)
     if nblk > 32:
         raise CannotLower(f"cumsum over {n} > 4096 elements along one axis")
