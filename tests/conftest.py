@@ -15,7 +15,7 @@ torch.set_num_threads(1)
 #: jit backends every backend-parametrized test runs on. The NeuronCore
 #: compiler adds "neuron" here (one line) once it is ready for the suite.
 #: TN_TEST_BACKENDS=reference,neuron overrides the list for one run.
-BACKENDS = ["reference"]
+BACKENDS = ["reference", "neuron"]
 if os.environ.get("TN_TEST_BACKENDS"):
     BACKENDS = [b.strip() for b in os.environ["TN_TEST_BACKENDS"].split(",") if b.strip()]
 

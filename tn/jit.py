@@ -67,7 +67,7 @@ __all__ = [
 ]
 
 #: The backend used when ``jit(..., backend=None)``; ``TN_BACKEND`` overrides it.
-DEFAULT_BACKEND: str = "reference"
+DEFAULT_BACKEND: str = "neuron"
 
 #: Programs kept per jitted function (LRU) when ``cache_size`` is not given.
 DEFAULT_CACHE_SIZE: int = 64
