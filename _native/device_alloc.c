@@ -157,3 +157,49 @@ void tn_dev_set_limit(int64_t nbytes) {
     st_limit = nbytes < 0 ? 0 : nbytes;
     pthread_mutex_unlock(&mu);
 }
+
+/* ---- fast path of small eager elementwise ops (tn.device.fastpath) ---- */
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return 0x7fc0;  /* NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);                 /* round to nearest even */
+}
+
+static inline float apply_op(int op, float x, float y) {
+    switch (op) {
+    case 0: return x + y;
+    case 1: return x - y;
+    default: return x * y;
+    }
+}
+
+int tn_dev_binary(int op, int dtype, int64_t a, int64_t b, int64_t out, int64_t n) {
+    if (a == 0 || b == 0 || out == 0 || n < 0 || op < 0 || op > 2) return TN_EARGS;
+    if (dtype == TN_F32) {
+        const float *x = (const float *)(intptr_t)a, *y = (const float *)(intptr_t)b;
+        float *o = (float *)(intptr_t)out;
+        for (int64_t i = 0; i < n; i++) o[i] = apply_op(op, x[i], y[i]);
+        return TN_OK;
+    }
+    if (dtype == TN_BF16) {
+        const uint16_t *x = (const uint16_t *)(intptr_t)a, *y = (const uint16_t *)(intptr_t)b;
+        uint16_t *o = (uint16_t *)(intptr_t)out;
+        for (int64_t i = 0; i < n; i++) o[i] = f32_to_bf16(apply_op(op, bf16_to_f32(x[i]), bf16_to_f32(y[i])));
+        return TN_OK;
+    }
+    return TN_EARGS;
+}
+
+/* The same as tn_dev_alloc / tn_dev_free with addresses as integers (cheaper to call from Python). */
+int64_t tn_dev_alloc_addr(int64_t nbytes) { return (int64_t)(intptr_t)tn_dev_alloc(nbytes); }
+
+int tn_dev_free_addr(int64_t addr) { return tn_dev_free((void *)(intptr_t)addr); }

@@ -89,9 +89,13 @@ void tn_dev_stats(int64_t *out);
 void tn_dev_reset_peak(void);
 void tn_dev_empty_cache(void);
 void tn_dev_set_limit(int64_t nbytes);
-/* Fast path of small eager ops: out[i] = a[i] (op) b[i] over n contiguous elements; op 0 add, 1 sub, 2 mul;
-   dtype TN_F32, or TN_BF16 computed in fp32 and rounded to nearest even (as the engines do). 0 or TN_EARGS. */
-int tn_dev_binary(int op, int dtype, const void *a, const void *b, void *out, int64_t n);
+/* tn_dev_alloc / tn_dev_free with addresses as integers (0 = out of memory), cheaper to call from Python. */
+int64_t tn_dev_alloc_addr(int64_t nbytes);
+int tn_dev_free_addr(int64_t addr);
+/* Fast path of small eager ops: out[i] = a[i] (op) b[i] over n contiguous elements at addresses a, b, out;
+   op 0 add, 1 sub, 2 mul; dtype TN_F32, or TN_BF16 computed in fp32 and rounded to nearest even (as the
+   engines do). Returns 0, or TN_EARGS (touching nothing) for a null address or bad op/dtype/n. */
+int tn_dev_binary(int op, int dtype, int64_t a, int64_t b, int64_t out, int64_t n);
 /* --- end device allocator --- */
 
 #endif

@@ -55,6 +55,9 @@ def register() -> None:
     from . import aten, guards
 
     aten.register()
+    from . import fastpath
+
+    fastpath.register()
     guards.install()
     # op tracking, also reachable as tn.neuron.fallback_ops() / executed_ops()
     from .. import neuron as _chip

@@ -48,7 +48,11 @@ _construct = torch._C._construct_storage_from_data_pointer
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _create_empty = torch._C._acc.create_empty_tensor
+_set_handle = _set_storage._handle.redispatch_boxed
 _LIVE: dict = {}
+_alloc = _lib.tn_dev_alloc_addr
+_free = _lib.tn_dev_free_addr
+_weakref = weakref.ref
 
 
 def _limit_from_env() -> None:
@@ -70,21 +74,20 @@ _limit_from_env()
 def _release(ref) -> None:
     entry = _LIVE.pop(id(ref), None)
     if entry is not None:
-        _lib.tn_dev_free(_ffi.cast("void *", entry[1]))
+        _free(entry[1])
 
 
 def alloc_storage(nbytes: int) -> torch.UntypedStorage:
     """A new neuron ``UntypedStorage`` of ``nbytes`` bytes from the caching allocator (contents undefined)."""
-    ptr = _lib.tn_dev_alloc(nbytes)
-    if ptr == _ffi.NULL:
+    addr = _alloc(nbytes)
+    if not addr:
         s = stats()
         raise DeviceMemoryError(
             f"neuron device: cannot allocate {nbytes} bytes ({s['allocated']} in use, {s['reserved']} reserved, "
             f"limit {s['limit'] or 'none'}); free tensors, call torch.neuron.empty_cache(), or raise "
             f"TN_DEVICE_MEMORY")
-    addr = int(_ffi.cast("uintptr_t", ptr))
     st = _construct(addr, DEVICE, nbytes)
-    ref = weakref.ref(st, _release)
+    ref = _weakref(st, _release)
     _LIVE[id(ref)] = (ref, addr)
     return st
 
@@ -108,7 +111,7 @@ def new_tensor(size, stride, dtype: torch.dtype) -> torch.Tensor:
     """A new neuron tensor of ``size``/``stride``/``dtype`` on fresh device memory (contents undefined)."""
     st = alloc_storage(storage_nbytes(size, stride, dtype.itemsize))
     t = _create_empty([0], dtype)
-    _set_storage.redispatch(_CPU_KEYS, t, st, 0, size, stride)
+    _set_handle(_CPU_KEYS, t, st, 0, size, stride)
     return t
 
 

@@ -47,6 +47,14 @@ _STATS = {"hits": 0, "misses": 0, "compile_s": 0.0}
 _SEEDED = torch.Tag.nondeterministic_seeded
 
 
+_LAST: list = [None]
+
+
+def last_program_profile():
+    """The :class:`tn.lower.ExecProfile` of the most recent eager program run (None before the first)."""
+    return _LAST[0]
+
+
 def strict() -> bool:
     """Strict mode (``TN_STRICT=1``): a host fallback of a non-random op raises :class:`tn.UnsupportedOpError`."""
     return os.environ.get("TN_STRICT", "").strip().lower() not in ("", "0", "false", "no", "off")
@@ -280,6 +288,10 @@ def _run_program(op, entry: _Entry, flat: list, spec):
         aliases.append(a)
         ins.append(a if a.is_contiguous() else a.contiguous())
     outs = entry.exe(ins)
+    prof = entry.exe.last_profile
+    _LAST[0] = prof
+    if prof is not None:
+        tracking.add_device_ns(prof.total_ns)
     written = {}
     for i, j in entry.mutations:
         aliases[i].copy_(outs[j])

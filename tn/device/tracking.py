@@ -3,6 +3,7 @@
 
 * :func:`executed_ops`: every aten op dispatched to the device, by name
   (``"aten::add.Tensor"``), with how many times it ran;
+* :func:`device_time_ns`: their modelled NeuronCore time, back to back;
 * :func:`fallback_ops`: the subset that ran (wholly or partly) on the host
   because the NeuronCore has no lowering for it (or it is a random op, whose
   numbers come from torch's CPU generator), with the reason in
@@ -15,12 +16,23 @@ from __future__ import annotations
 import threading
 from typing import Dict
 
-__all__ = ["executed_ops", "fallback_ops", "fallback_reasons", "reset_op_counts"]
+__all__ = ["executed_ops", "fallback_ops", "fallback_reasons", "reset_op_counts", "device_time_ns"]
 
 _lock = threading.Lock()
 _executed: Dict[str, int] = {}
 _fallback: Dict[str, int] = {}
 _reasons: Dict[str, str] = {}
+_device_ns = [0.0]
+
+
+def add_device_ns(ns: float) -> None:
+    """Charge ``ns`` of modelled NeuronCore time to the eager ops."""
+    _device_ns[0] += ns
+
+
+def device_time_ns() -> float:
+    """Modelled NeuronCore time (ns) of every eager device op since start or the last reset, back to back."""
+    return _device_ns[0]
 
 
 def count(name: str) -> None:
@@ -56,3 +68,4 @@ def reset_op_counts() -> None:
         _executed.clear()
         _fallback.clear()
         _reasons.clear()
+        _device_ns[0] = 0.0

@@ -1,0 +1,115 @@
+# Fast path of small eager ops on the neuron device: direct kernels for add/sub/mul that skip the generic fallback.
+"""Cheap dispatch for small elementwise ops (``add``, ``sub``, ``mul`` of two
+same-shape contiguous fp32/bf16 tensors, ``alpha=1``, at most
+``TN_DEVICE_FAST_NUMEL`` elements, default 65536).
+
+These ops get their own PrivateUse1 kernels, so they skip torch's
+``empty`` + ``out=`` composite and the boxed fallback. The first call of a
+signature goes the normal way: its one-op NeuronCore program is compiled,
+validated and run on the model, and its modelled time is kept. Later calls
+allocate the result from the caching allocator and compute it with one native
+call (``tn_dev_binary``: fp32 math, bf16 rounded to nearest even, the same
+arithmetic the NeuronCore engines do for these ops), charging the program's
+modelled time to :func:`tn.device.tracking.device_time_ns`. While a
+:func:`tn.profile` is active, or with ``TN_DEVICE_FASTPATH=0``, every call
+runs the real program instead, so profiles always show real runs.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import eager, tracking
+from .allocator import _lib, alloc_storage, contiguous_strides
+
+__all__ = ["register", "enabled", "FAST_OPS"]
+
+aten = torch.ops.aten
+_F32, _BF16 = torch.float32, torch.bfloat16
+_CODES = {_F32: 0, _BF16: 1}
+_MAX = int(os.environ.get("TN_DEVICE_FAST_NUMEL", "65536") or 65536)
+#: (op index, shape, dtype) -> modelled ns of the op's NeuronCore program
+_SEEN: dict = {}
+_create_empty = torch._C._acc.create_empty_tensor
+_set_redispatch = aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
+_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_binary = _lib.tn_dev_binary
+_count = tracking.count
+_add_ns = tracking.add_device_ns
+_EMPTY = [0]
+
+
+def enabled() -> bool:
+    """False when ``TN_DEVICE_FASTPATH=0``."""
+    return os.environ.get("TN_DEVICE_FASTPATH", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _listeners():
+    from ..neuron import runtime
+
+    return runtime._LISTENERS.get  # the profilers active in this context (tn.profile pushes one)
+
+
+_active = _listeners()
+
+
+def _profiling() -> bool:
+    return bool(_active())
+
+
+def _make(idx: int, op, name: str):
+    def kernel(a, b, *, alpha=1):
+        if (type(b) is torch.Tensor and alpha == 1 and not a.is_cpu and not b.is_cpu and b.dtype is a.dtype
+                and a.is_contiguous() and b.is_contiguous() and a.shape == b.shape):
+            e = _SEEN.get((idx, a.shape, a.dtype))
+            if e is not None and _ON[0] and not _active():
+                ns, n, nbytes, strides, code = e
+                st = alloc_storage(nbytes)
+                out = _create_empty(_EMPTY, a.dtype)
+                _set_redispatch(_CPU, out, st, 0, a.shape, strides)
+                _binary(idx, code, a.data_ptr(), b.data_ptr(), st.data_ptr(), n)
+                _count(name)
+                _add_ns(ns)
+                return out
+            r = eager.run_op(op, (a, b), {})
+            if e is None and a.dtype in _CODES and a.numel() <= _MAX and _ON[0]:
+                prof = eager.last_program_profile()
+                if prof is not None and not prof.host_ops:
+                    _SEEN[(idx, a.shape, a.dtype)] = (prof.total_ns, a.numel(), a.numel() * a.element_size(),
+                                                      contiguous_strides(a.shape), _CODES[a.dtype])
+            return r
+        return eager.run_op(op, (a, b), {"alpha": alpha} if alpha != 1 else {})
+
+    kernel.__name__ = f"neuron_fast_{name.split('::')[-1].replace('.', '_')}"
+    kernel.__doc__ = f"{name} on the neuron device with the small-op fast path (see tn.device.fastpath)."
+    return kernel
+
+
+FAST_OPS = (("add.Tensor", aten.add.Tensor), ("sub.Tensor", aten.sub.Tensor), ("mul.Tensor", aten.mul.Tensor))
+_ON = [enabled()]
+_LIBS: list = []
+
+
+def register() -> None:
+    """Install the fast kernels (idempotent)."""
+    if _LIBS:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    for idx, (name, op) in enumerate(FAST_OPS):
+        if name == "mul.Tensor":
+            kernel = _make(2, op, "aten::mul.Tensor")
+
+            def mul(a, b, _k=kernel):
+                return _k(a, b)
+
+            mul.__doc__ = kernel.__doc__
+            lib.impl(name, mul, "PrivateUse1")
+        else:
+            lib.impl(name, _make(idx, op, f"aten::{name}"), "PrivateUse1")
+    _LIBS.append(lib)
+
+
+def set_enabled(flag: bool) -> None:
+    """Turn the fast path on or off at run time (benches compare both)."""
+    _ON[0] = bool(flag)
