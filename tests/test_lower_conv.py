@@ -171,6 +171,17 @@ def test_avg_pool2d_backward(case):
     check_lowering("avg_pool2d_backward", _rand(*y.shape, seed=7), x, **attrs)
 
 
+@pytest.mark.parametrize("case", POOL_CASES[:5], ids=lambda c: str(c[0]) + "k" + str(c[1]))
+def test_avg_pool2d_row_bands(case, monkeypatch):
+    """Planes too large for SBUF are pooled in bands of output rows (forced here with a tiny SBUF budget)."""
+    import tn.lower.conv as conv_mod
+
+    xs, k, s, p, cm, cip, div = case
+    xs = (xs[0], xs[1], xs[2] * 3, xs[3])
+    monkeypatch.setattr(conv_mod, "_sbuf_free", lambda prog, ctx=None: 1200)
+    check_lowering("avg_pool2d", _rand(*xs), **_pool_attrs(k, s, p, cm, cip, div))
+
+
 def test_avg_pool2d_bf16():
     check_lowering("avg_pool2d", _rand(2, 4, 8, 8, dtype=torch.bfloat16), **_pool_attrs(2, 2, 0))
 

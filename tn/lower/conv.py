@@ -603,7 +603,7 @@ def lower_convolution_backward(ctx, eqn, ins, outs) -> None:
 class _Pool:
     """Geometry and shared tiles of one avg_pool2d (forward or backward); ``(n, c)`` rows on the partitions."""
 
-    def __init__(self, ctx, xshape, oshape, attrs):
+    def __init__(self, ctx, xshape, oshape, attrs, check=True):
         self.ctx = ctx
         self.prog = ctx.prog
         self.N, self.C, self.H, self.W = xshape
@@ -627,7 +627,7 @@ class _Pool:
         elif self.cip and not ext:
             self.const_div = float(self.kh * self.kw)
         need = 4 * (2 * self.Hq * self.Wq + 3 * self.Ho * self.Wo) + 4 * self.H * self.W
-        if need > _sbuf_free(self.prog, ctx):
+        if check and need > _sbuf_free(self.prog, ctx):
             raise CannotLower(f"avg_pool2d of {self.H}x{self.W} planes needs {need} bytes per partition of SBUF; "
                               f"too large for one plane per partition")
 
@@ -674,42 +674,96 @@ def _pool_dtype(ctx, v) -> str:
 
 @lowering("avg_pool2d")
 def lower_avg_pool2d(ctx, eqn, ins, outs) -> None:
-    """2-d average pooling: one overlapping-window tensor_reduce per 128 planes, divisors computed on chip."""
+    """2-d average pooling: one overlapping-window tensor_reduce per 128 planes and band of output rows (bands
+    keep large planes within SBUF), divisors computed on chip."""
     xv = eqn.inputs[0]
     if len(xv.shape) != 4:
         raise CannotLower(f"avg_pool2d lowers 4-d [N, C, H, W] inputs, not {tuple(xv.shape)}")
     _pool_dtype(ctx, xv)
     prog = ctx.prog
-    pl = _Pool(ctx, xv.shape, eqn.outputs[0].shape, eqn.attrs)
-    H, W, Ho, Wo, Hq, Wq = pl.H, pl.W, pl.Ho, pl.Wo, pl.Hq, pl.Wq
-    x = ins[0].reshape(pl.R, H * W)
-    out = outs[0].reshape(pl.R, Ho * Wo)
+    pl = _Pool(ctx, xv.shape, eqn.outputs[0].shape, eqn.attrs, check=False)
+    H, W, Ho, Wo, Wq = pl.H, pl.W, pl.Ho, pl.Wo, pl.Wq
+    sh, kh, ph, pw = pl.sh, pl.kh, pl.ph, pl.pw
+    isx, iso = _isz(ins[0].dtype), _isz(outs[0].dtype)
+    const = pl.const_div is not None
+
+    def need(rb):
+        bh = (rb - 1) * sh + kh
+        return (2 * bh * Wq * isx + 2 * bh * W * isx + rb * Wo * 4 + 2 * rb * Wo * iso
+                + (0 if const else rb * Wo * 4 + bh * Wq * 4))
+
+    free = _sbuf_free(prog, ctx)
+    rb = Ho
+    while rb > 1 and need(rb) > free:
+        rb = _cdiv(rb, 2)
+    if need(rb) > free:
+        raise CannotLower(f"avg_pool2d of {H}x{W} planes: one output row needs {need(1)} bytes per partition of "
+                          f"SBUF ({free} free)")
+    bhmax = (rb - 1) * sh + kh
+    single = rb >= Ho
+    x3 = ins[0].reshape(pl.R, H, W)
+    out3 = outs[0].reshape(pl.R, Ho, Wo)
     tiles = []
+
+    def sb(shape, dtype, name):
+        t = prog.sbuf(shape, dtype, name=name)
+        tiles.append(t)
+        return t
+
+    def band_counts(cnt, ih0, bh, rows, ind):
+        """Divisors of the output rows of one band: pooled indicator of the counted region."""
+        prog.memset(ind[:, :bh, :], 0.0)
+        if pl.cip:
+            r0, r1, c0, c1 = max(-ph, ih0) - ih0, min(H + ph, ih0 + bh) - ih0, 0, W + 2 * pw
+        else:
+            r0, r1, c0, c1 = max(0, ih0) - ih0, min(H, ih0 + bh) - ih0, pw, pw + W
+        if r1 > r0:
+            prog.memset(ind[:, r0:r1, c0:c1], 1.0)
+        win = _window(ind, 0, [(rows, sh * Wq), (Wo, pl.sw), (kh, Wq), (pl.kw, 1)])
+        prog.tensor_reduce(cnt[:, :rows * Wo].reshape(_P, rows, Wo), win, "add", axis=(3, 4))
+
     try:
-        cnt = pl.counts(tiles)
-        xp_ring = _Ring(prog.sbuf((_P, Hq, Wq), ins[0].dtype, name=f"pool_x{i}") for i in range(2))
-        tiles.extend(xp_ring.tiles)
-        if pl.padded:
-            st_ring = _Ring(prog.sbuf((_P, H * W), ins[0].dtype, name=f"pool_st{i}") for i in range(2))
-            tiles.extend(st_ring.tiles)
-        s_t = prog.sbuf((_P, Ho, Wo), "float32", name="pool_sum")
-        o_ring = _Ring(prog.sbuf((_P, Ho * Wo), outs[0].dtype, name=f"pool_o{i}") for i in range(2))
-        tiles.extend([s_t, *o_ring.tiles])
+        xp_ring = _Ring(sb((_P, bhmax, Wq), ins[0].dtype, f"pool_x{i}") for i in range(2))
+        st_ring = _Ring(sb((_P, bhmax * W), ins[0].dtype, f"pool_st{i}") for i in range(2))
+        s_t = sb((_P, rb * Wo), "float32", "pool_sum")
+        o_ring = _Ring(sb((_P, rb * Wo), outs[0].dtype, f"pool_o{i}") for i in range(2))
+        cnt = ind = None
+        if not const:
+            cnt = sb((_P, rb * Wo), "float32", "pool_cnt")
+            ind = sb((_P, bhmax, Wq), "float32", "pool_ind")
+            if single:
+                band_counts(cnt, -ph, bhmax, Ho, ind)
         for r0 in range(0, pl.R, _P):
             pc = min(_P, pl.R - r0)
-            xp = xp_ring.take()
-            if pl.padded:
-                st = st_ring.take()
-                prog.dma_copy(st[:pc], x[r0:r0 + pc])
-                prog.memset(xp[:pc], 0.0)
-                prog.tensor_copy(xp[:pc, pl.ph:pl.ph + H, pl.pw:pl.pw + W], st[:pc].reshape(pc, H, W),
-                                 engine="gpsimd")
-            else:
-                prog.dma_copy(xp[:pc].reshape(pc, H * W), x[r0:r0 + pc])
-            prog.tensor_reduce(s_t[:pc], pl.windows(xp[:pc]), "add", axis=(3, 4))
-            ot = o_ring.take()
-            pl.divide(ot[:pc].reshape(pc, Ho, Wo), s_t[:pc], cnt, pc)
-            ctx.store(out[r0:r0 + pc], ot[:pc])
+            for oh0 in range(0, Ho, rb):
+                rows = min(rb, Ho - oh0)
+                ih0 = oh0 * sh - ph
+                bh = (rows - 1) * sh + kh
+                v0, v1 = max(0, ih0), min(H, ih0 + bh)
+                xp = xp_ring.take()
+                padded = v0 > ih0 or v1 < ih0 + bh or Wq != W
+                if padded:
+                    prog.memset(xp[:pc, :bh, :], 0.0)
+                if v1 > v0:
+                    if padded:
+                        st = st_ring.take()
+                        prog.dma_copy(st[:pc, :(v1 - v0) * W].reshape(pc, v1 - v0, W), x3[r0:r0 + pc, v0:v1, :])
+                        prog.tensor_copy(xp[:pc, v0 - ih0:v1 - ih0, pw:pw + W],
+                                         st[:pc, :(v1 - v0) * W].reshape(pc, v1 - v0, W), engine="gpsimd")
+                    else:
+                        prog.dma_copy(xp[:pc, :bh, :], x3[r0:r0 + pc, v0:v1, :])
+                win = _window(xp[:pc], 0, [(rows, sh * Wq), (Wo, pl.sw), (kh, Wq), (pl.kw, 1)])
+                sv = s_t[:pc, :rows * Wo].reshape(pc, rows, Wo)
+                prog.tensor_reduce(sv, win, "add", axis=(3, 4))
+                ot = o_ring.take()
+                ov = ot[:pc, :rows * Wo].reshape(pc, rows, Wo)
+                if const:
+                    prog.tensor_scalar(ov, sv, "divide", pl.const_div)
+                else:
+                    if not single:
+                        band_counts(cnt, ih0, bh, rows, ind)
+                    prog.tensor_tensor(ov, sv, cnt[:pc, :rows * Wo].reshape(pc, rows, Wo), "divide")
+                ctx.store(out3[r0:r0 + pc, oh0:oh0 + rows, :], ov)
     finally:
         for t in reversed(tiles):
             prog.free(t)
