@@ -18,8 +18,9 @@ partitions instead (im2col by SBUF->SBUF DMA of whole shifted planes), so one ma
 per block does the whole contraction.
 
 ``avg_pool2d`` / ``avg_pool2d_backward``: ``(n, c)`` rows on the partitions,
-the image on the free axis; the window sum is one ``tensor_reduce`` over a
-4-d overlapping access pattern, divisors (padding, ``ceil_mode``,
+the image on the free axis (the forward works in bands of output rows when a
+whole plane does not fit in SBUF); the window sum is one ``tensor_reduce``
+over a 4-d overlapping access pattern, divisors (padding, ``ceil_mode``,
 ``count_include_pad``, ``divisor_override``) are computed on chip by pooling
 an indicator tile; the backward scatters ``grad / divisor`` with one
 strided VectorE add per tap.
