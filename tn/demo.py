@@ -147,13 +147,35 @@ def run_case(case: Case, backend: str) -> Dict[str, Any]:
         first = time.perf_counter() - t0
         cached = _time(lambda: jitted(*case.inputs))
         eager = _time(lambda: case.module(*case.inputs))
+        with tn.profile() as prof:  # one more call, to see what the NeuronCore model did
+            jitted(*case.inputs)
     outs = []
     for j, (g, w) in enumerate(zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want))):
         rtol, atol = TOLERANCES.get(w.dtype, TOLERANCES[torch.float32])
         err = (g.float() - w.float()).abs().max().item() if w.numel() else 0.0
         ok = g.shape == w.shape and g.dtype == w.dtype and torch.allclose(g.float(), w.float(), rtol=rtol, atol=atol)
         outs.append(dict(index=j, shape=tuple(w.shape), dtype=w.dtype, err=err, atol=atol, rtol=rtol, ok=ok))
-    return dict(outputs=outs, first=first, cached=cached, eager=eager, jitted=jitted)
+    return dict(outputs=outs, first=first, cached=cached, eager=eager, jitted=jitted, profile=prof)
+
+
+def _device_time(case: "Case", backend: str, r: Dict[str, Any]) -> str:
+    runs = r["profile"].runs
+    return f"{r['profile'].total_us:.2f} µs" if runs else "- (host)"
+
+
+def _tensor_util(case: "Case", backend: str, r: Dict[str, Any]) -> str:
+    runs = r["profile"].runs
+    busy = sum(run.busy_ns.get("TensorE", 0.0) for run in runs)
+    total = sum(run.total_ns for run in runs)
+    return f"{busy / total:.0%}" if total else "-"
+
+
+def _hbm_bytes(case: "Case", backend: str, r: Dict[str, Any]) -> str:
+    runs = r["profile"].runs
+    return f"{sum(run.hbm_read_bytes + run.hbm_write_bytes for run in runs) / 1024:.1f} KiB" if runs else "-"
+
+
+EXTRA_COLUMNS += [("modelled device time", _device_time), ("TensorE busy", _tensor_util), ("HBM traffic", _hbm_bytes)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -184,9 +206,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     rows = []
     failed = False
+    profiled = None
     for backend in backends:
         for case in all_cases:
             r = run_case(case, backend)
+            if case.show_ir:
+                profiled = (f"{case.name} [{backend}]", r)
             for o in r["outputs"]:
                 failed |= not o["ok"]
                 row = [case.name, backend, f"out {o['index']}: {aval_str(o['shape'], o['dtype'])}",
@@ -197,6 +222,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     headers = ["model", "backend", "output", "max abs err", "tolerance", "check", "eager", "tn.jit first call",
                "tn.jit cached"] + [h for h, _ in EXTRA_COLUMNS]
     print(tabulate(rows, headers=headers, disable_numparse=True))
+    if profiled is not None and profiled[1]["profile"].runs:
+        name, r = profiled
+        print(f"\nWhere the modelled time goes: {name}, one call on the NeuronCore model (tn.profile())")
+        r["profile"].table()
+        r["profile"].table(by="opcode")
     if failed:
         print("\nFAIL: tn.jit disagrees with eager PyTorch on at least one output (see the table).", file=sys.stderr)
         return 1
