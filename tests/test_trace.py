@@ -554,3 +554,29 @@ def test_random_ops_are_marked_random():
 
     tr = trace_flat(f, [torch.randn(4, 4)])
     assert any(getattr(e.op, "random", False) for e in tr.ir.eqns)
+
+
+def test_tracing_looks_like_compiling_to_libraries():
+    # Hugging Face Transformers' is_tracing() (and torch's optimizers) ask
+    # torch.compiler.is_compiling() before reading tensor values.
+    seen = []
+
+    def f(x):
+        seen.append(torch.compiler.is_compiling())
+        if not torch.compiler.is_compiling() and bool((x > 0).all()):
+            return x * 2
+        return x + 1
+
+    assert not torch.compiler.is_compiling()
+    check(f, torch.randn(3))
+    assert seen[0] is True
+    assert not torch.compiler.is_compiling(), "the flag must be restored after tracing"
+
+
+def test_compiling_flag_restored_after_a_tracing_error():
+    def f(x):
+        return x * 2 if x.sum() > 0 else x
+
+    with pytest.raises(tn.TracingError):
+        trace_flat(f, [torch.randn(3)])
+    assert not torch.compiler.is_compiling()

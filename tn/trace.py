@@ -1093,6 +1093,35 @@ def _check_no_aliased_mutation(flat_tensors: Sequence[Tensor], mutated: List[int
                 f"so the write would not show through the others. Pass separate tensors (e.g. .clone()).")
 
 
+class _compiling_flag:
+    """Make ``torch.compiler.is_compiling()`` true while tracing, as Dynamo and torch.export do.
+
+    Libraries ask it before reading tensor values: Hugging Face Transformers'
+    ``is_tracing()`` (``transformers.utils.import_utils``) is
+    ``torch.compiler.is_compiling()`` or a check that the tensor is an FX
+    proxy, a FakeTensor or a torch.jit trace, none of which a
+    :class:`TracerTensor` is; without this, ``masking_utils`` calls
+    ``bool(mask.all())`` on a traced mask (a :class:`tn.TracingError`).
+    torch's optimizers likewise keep step counts as tensors (no ``.item()``)
+    when compiling. The flag is restored on exit (nested traces included).
+    """
+
+    __slots__ = ("old",)
+
+    def __enter__(self) -> None:
+        import torch.compiler as tc
+
+        self.old = getattr(tc, "_is_compiling_flag", None)
+        if self.old is not None:
+            tc._is_compiling_flag = True
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.old is not None:
+            import torch.compiler as tc
+
+            tc._is_compiling_flag = self.old
+
+
 def trace_flat(fn: Callable[..., Any], flat_tensors: Sequence[Tensor]) -> Traced:
     """Trace ``fn(*flat_tensors)`` into a pure IR, using only the inputs' shapes, dtypes and requires_grad.
 
@@ -1124,7 +1153,7 @@ def trace_flat(fn: Callable[..., Any], flat_tensors: Sequence[Tensor]) -> Traced
         tt._tn_input = True
         in_vars.append(v)
         tracers.append(tt)
-    with tracer:
+    with tracer, _compiling_flag():
         try:
             out = fn(*tracers)
         except RuntimeError as e:
