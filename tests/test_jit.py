@@ -707,3 +707,22 @@ def test_copy_and_pickle():
         close(jp(x), m(x))
     assert copy.deepcopy(_module_level_jitted) is _module_level_jitted
     assert pickle.loads(pickle.dumps(_module_level_jitted)) is _module_level_jitted
+
+
+# ---------------------------------------------------------------- profile and stats of the last call
+
+def test_last_profile_and_stats_of_the_neuron_backend():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    f = tn.jit(model, backend="neuron")
+    g = tn.jit(lambda x: x.exp(), backend="neuron")
+    assert f.last_profile is None and f.stats is None  # nothing ran yet
+    with torch.no_grad():
+        f(torch.randn(4, 8))
+        g(torch.randn(3))
+    assert f.last_profile.total_us > 0
+    assert f.last_profile.matmul_flops == 2 * 4 * (8 * 16 + 16 * 4)
+    assert g.last_profile.total_us > 0 and g.last_profile.matmul_flops == 0
+    assert f.stats["host_ops"] == {}
+    ref = tn.jit(lambda x: x + 1, backend="reference")
+    ref(torch.ones(2))
+    assert ref.last_profile is None and ref.stats is None

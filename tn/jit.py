@@ -389,6 +389,7 @@ class _Core:
         self.cache: "collections.OrderedDict[Any, _Entry]" = collections.OrderedDict()
         self.lock = threading.Lock()
         self.hits = 0
+        self.last_entry: Optional[_Entry] = None  # the program of the most recent call (for profiles/stats)
         self.misses = 0
 
     # -- flattening -------------------------------------------------------
@@ -602,6 +603,7 @@ class _Core:
         e = self.lookup(key, spec)
         if e is None:
             e = self.miss(key, spec, tensors)
+        self.last_entry = e
         return e(tensors)
 
     def cache_info(self) -> CacheInfo:
@@ -692,12 +694,29 @@ class JittedFunction:
         e = core.lookup(key, spec)
         if e is None:
             e = core.miss(key, spec, tensors)
+        core.last_entry = e
         return e(tensors)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         if obj is None:
             return self
         return types.MethodType(self, obj)
+
+    @property
+    def last_profile(self) -> Any:
+        """The NeuronCore profile of the most recent call (``tn.lower.ExecProfile``), or None.
+
+        ``None`` before the first call and on backends that do not model the chip (``"reference"``).
+        """
+        e = self._core.last_entry
+        return getattr(e.run, "last_profile", None) if e is not None else None
+
+    @property
+    def stats(self) -> Any:
+        """Compile statistics of the most recent call's program (host-fallback ops, programs,
+        instructions) from the backend, or None (e.g. on ``"reference"``)."""
+        e = self._core.last_entry
+        return getattr(e.run, "stats", None) if e is not None else None
 
     def cache_info(self) -> CacheInfo:
         """Hits, misses, current size and bound (``maxsize``) of the program cache."""
@@ -782,6 +801,22 @@ class JittedModule:
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The jitted call (as ``self(...)``), so code calling ``.forward`` is compiled too."""
         return self(*args, **kwargs)
+
+    @property
+    def last_profile(self) -> Any:
+        """The NeuronCore profile of the most recent call (``tn.lower.ExecProfile``), or None.
+
+        ``None`` before the first call and on backends that do not model the chip (``"reference"``).
+        """
+        e = self._tn_core.last_entry
+        return getattr(e.run, "last_profile", None) if e is not None else None
+
+    @property
+    def stats(self) -> Any:
+        """Compile statistics of the most recent call's program (host-fallback ops, programs,
+        instructions) from the backend, or None (e.g. on ``"reference"``)."""
+        e = self._tn_core.last_entry
+        return getattr(e.run, "stats", None) if e is not None else None
 
     def cache_info(self) -> CacheInfo:
         """Hits, misses, current size and bound (``maxsize``) of the program cache."""
