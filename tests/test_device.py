@@ -272,3 +272,43 @@ def test_native_free_checks_pointers():
     assert lib.tn_dev_free(p) == 0
     assert lib.tn_dev_free(p) != 0          # double free reported, not a crash
     assert lib.tn_dev_free(ffi.NULL) != 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("opname", ["add", "sub", "mul"])
+def test_fast_path_matches_cpu_and_program(dtype, opname):
+    from tn.device import fastpath
+
+    torch.manual_seed(5)
+    x, y = torch.randn(4, 4).to(dtype), torch.randn(4, 4).to(dtype)
+    dx, dy = x.to("neuron"), y.to("neuron")
+    f = getattr(torch, opname)
+    first = f(dx, dy)  # compiles and runs the one-op program
+    t0 = torch.neuron.device_time_ns()
+    fast = f(dx, dy)   # fast path
+    assert torch.neuron.device_time_ns() > t0  # charged the program's modelled time
+    close(first, f(x, y), dtype)
+    close(fast, f(x, y), dtype)
+    assert torch.equal(fast.cpu(), first.cpu())  # same arithmetic as the NeuronCore program
+    with tn.profile() as prof:     # profiling: real program runs
+        f(dx, dy)
+    assert len(prof.runs) == 1
+    fastpath.set_enabled(False)
+    try:
+        close(f(dx, dy), f(x, y), dtype)
+    finally:
+        fastpath.set_enabled(True)
+
+
+def test_fast_path_falls_back_for_other_cases():
+    x = torch.randn(4, 4)
+    d = x.to("neuron")
+    close(d + 1, x + 1)                               # scalar
+    close(d + d[0], x + x[0])                         # broadcast
+    close(d.t() + d, x.t() + x)                       # non-contiguous
+    close(torch.add(d, d, alpha=2), torch.add(x, x, alpha=2))
+    i = torch.arange(16).reshape(4, 4)
+    close(i.to("neuron") * i.to("neuron"), i * i)      # int64: no fast kernel
+    w = d.clone().requires_grad_()
+    (w * w).sum().backward()                          # autograd through the fast kernels
+    close(w.grad, 2 * x)
