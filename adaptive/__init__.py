@@ -1,6 +1,29 @@
-# tn.adaptive: the per-region eager/jit controller (issue "tn.adaptive"); installed as the subpackage tn.adaptive.
+# tn.adaptive: the per-region eager/jit controller; installed as the subpackage tn.adaptive, callable as tn.adaptive(model).
 """The adaptive controller: chooses eager or compiled execution per region of a model.
 
-Not built yet: this package holds its place in the layout (``adaptive/`` maps
-to ``tn.adaptive``). See the project's issue tracker for its design.
+``tn.adaptive(model, **policy)`` (this module is callable) returns an
+:class:`AdaptiveModel`; ``tn.adaptive_report(m)`` prints the per-region
+table. Layout: :mod:`.policy` (knobs and cost model), :mod:`.region` (one
+region: signatures, eager/compiled/padded calls, autograd),
+:mod:`.independence` (IR proof that a dimension may be padded),
+:mod:`.wrapper` (finding regions, the wrapper, the report).
 """
+from __future__ import annotations
+
+import sys
+import types
+
+from .policy import Policy, make_policy
+from .wrapper import AdaptiveModel, adaptive, adaptive_report, default_regions
+
+__all__ = ["adaptive", "adaptive_report", "AdaptiveModel", "Policy", "make_policy", "default_regions"]
+
+
+class _CallableModule(types.ModuleType):
+    """The ``tn.adaptive`` module, callable as ``tn.adaptive(model, **policy)``."""
+
+    def __call__(self, model, **policy):
+        return adaptive(model, **policy)
+
+
+sys.modules[__name__].__class__ = _CallableModule

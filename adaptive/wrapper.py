@@ -1,0 +1,244 @@
+# tn.adaptive.wrapper: tn.adaptive(model) itself: finds the regions, swaps their forward, and reports.
+"""The adaptive wrapper and its report.
+
+:func:`adaptive` patches the chosen modules of the model in place: each
+region module's class is swapped for a subclass whose ``forward`` asks the
+region's controller (:class:`tn.adaptive.region.Region`) how to run. The
+model keeps working everywhere it is called from (``model(...)``, HF
+``generate``, hooks); the returned :class:`AdaptiveModel` forwards every
+attribute to it and adds :meth:`AdaptiveModel.report`.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from ..errors import TnError
+from .policy import Policy, make_policy
+from .region import Region
+
+__all__ = ["adaptive", "adaptive_report", "AdaptiveModel", "default_regions"]
+
+_SWAPPED: Dict[type, type] = {}
+
+
+def _region_class(cls: type) -> type:
+    """The subclass of ``cls`` whose forward dispatches through the instance's region."""
+    sub = _SWAPPED.get(cls)
+    if sub is None:
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            """Adaptive forward: the region decides eager or compiled (see tn.adaptive)."""
+            return self.__dict__["_tn_region"].dispatch(self, args, kwargs)
+
+        sub = type(cls.__name__, (cls,), {"forward": forward, "_tn_adaptive_base": cls,
+                                           "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+        _SWAPPED[cls] = sub
+    return sub
+
+
+def default_regions(model: torch.nn.Module) -> List[str]:
+    """Names of the default regions: every block of the first ModuleList/Sequential of same-type blocks, and the root.
+
+    The root (``""``, the "remainder") is a region too: when it compiles, the
+    whole model is one program and its blocks are inlined.
+    """
+    names: List[str] = []
+    queue = [("", model)]
+    while queue and not names:
+        nxt = []
+        for prefix, mod in queue:
+            if not prefix and isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)):
+                kids = list(mod.named_children())
+                if len(kids) >= 2 and len({type(c) for _, c in kids}) == 1:
+                    names += [k for k, _ in kids]
+                    break
+            for cname, child in mod.named_children():
+                full = f"{prefix}.{cname}" if prefix else cname
+                if isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)):
+                    kids = list(child.named_children())
+                    types = {type(c) for _, c in kids}
+                    if len(kids) >= 2 and len(types) == 1 and any(True for _ in kids[0][1].parameters()):
+                        names += [f"{full}.{k}" for k, _ in kids]
+                        continue
+                nxt.append((full, child))
+        queue = nxt
+    return names + [""]
+
+
+class _Controller:
+    """Holds the policy and the regions of one adaptive model."""
+
+    def __init__(self, model: torch.nn.Module, policy: Policy):
+        self.model = model
+        self.policy = policy
+        self.backend = policy.backend or _default_backend()
+        self.regions: Dict[str, Region] = {}
+        self.names = {id(m): n for n, m in model.named_modules()}
+
+    def add(self, name: str, module: torch.nn.Module) -> None:
+        """Make ``module`` a region (idempotent)."""
+        if "_tn_region" in module.__dict__:
+            return
+        cls = type(module)
+        base = getattr(cls, "_tn_adaptive_base", cls)
+        base_forward = base.forward
+        region = Region(self, name or "<root>", module, base_forward)
+        module.__dict__["_tn_region"] = region
+        module.__class__ = _region_class(base)
+        self.regions[region.name] = region
+
+    def add_children(self, region: Region) -> None:
+        """The children of a region that fell back for good become regions (those holding parameters)."""
+        prefix = "" if region.name == "<root>" else region.name + "."
+        for cname, child in region.module.named_children():
+            if any(True for _ in child.parameters()) and "_tn_region" not in child.__dict__:
+                if isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+                    for gname, g in child.named_children():
+                        if any(True for _ in g.parameters()):
+                            self.add(f"{prefix}{cname}.{gname}", g)
+                else:
+                    self.add(prefix + cname, child)
+
+
+def _default_backend() -> str:
+    try:
+        import tn.lower  # noqa: F401  (registers the "neuron" backend)
+        return "neuron"
+    except Exception:  # the compiler is unavailable: the jit default
+        from ..jit import default_backend
+        return default_backend()
+
+
+class AdaptiveModel:
+    """A model under :func:`tn.adaptive`: behaves like the model (every attribute is the model's).
+
+    Calling it calls the model; ``train()``/``eval()``/``to()`` return the
+    wrapper; ``.module`` is the model; :meth:`report` prints and returns the
+    per-region table.
+    """
+
+    _own = frozenset({"_tn_ctl"})
+
+    def __init__(self, model: torch.nn.Module, ctl: _Controller):
+        object.__setattr__(self, "_tn_ctl", ctl)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The wrapped (patched in place) model."""
+        return self._tn_ctl.model
+
+    @property
+    def regions(self) -> Dict[str, Region]:
+        """The regions by name (``"<root>"`` for the whole model)."""
+        return self._tn_ctl.regions
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._tn_ctl.model(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's forward, through its regions."""
+        return self._tn_ctl.model(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tn_ctl.model, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._tn_ctl.model, name, value)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._tn_ctl.model[i]
+
+    def __len__(self) -> int:
+        return len(self._tn_ctl.model)
+
+    def __iter__(self):
+        return iter(self._tn_ctl.model)
+
+    def __dir__(self):
+        return sorted(set(dir(self._tn_ctl.model)) | {"report", "module", "regions"})
+
+    def train(self, mode: bool = True) -> "AdaptiveModel":
+        """``model.train(mode)``; returns the wrapper."""
+        self._tn_ctl.model.train(mode)
+        return self
+
+    def eval(self) -> "AdaptiveModel":
+        """``model.eval()``; returns the wrapper."""
+        self._tn_ctl.model.eval()
+        return self
+
+    def to(self, *args: Any, **kwargs: Any) -> "AdaptiveModel":
+        """``model.to(...)`` (in place for modules); returns the wrapper."""
+        self._tn_ctl.model.to(*args, **kwargs)
+        return self
+
+    def report(self, print_table: bool = True) -> List[Dict[str, Any]]:
+        """Per-region rows (mode, calls, signatures, compiles, hits, padded, times, reason); prints a table."""
+        return adaptive_report(self, print_table=print_table)
+
+    def __repr__(self) -> str:
+        return f"tn.adaptive({self._tn_ctl.model.__class__.__name__}, {len(self.regions)} regions)"
+
+
+def adaptive(model: torch.nn.Module, **policy: Any) -> AdaptiveModel:
+    """Run ``model`` adaptively: per region, eager or compiled, decided from the signatures it sees.
+
+    Regions are by default each block of the model's first ``ModuleList``/
+    ``Sequential`` of same-type blocks, plus the whole model (the remainder);
+    ``regions=[...]`` (module names or types) overrides them. Every region
+    starts eager and records its signatures; a signature is compiled with
+    :func:`tn.jit` when ``seen * (t_eager - t_compiled) >= t_compile``
+    (measured times; see :mod:`tn.adaptive.policy`). A region whose
+    signatures churn is bucketed (inputs padded to a power of two along a
+    dimension the traced IR proves independent, results sliced back) or stays
+    eager. A region that cannot be traced stays eager for good, and its
+    children holding parameters become regions.
+
+    Policy keywords (:class:`tn.adaptive.policy.Policy`): ``min_calls`` (2),
+    ``compile_time_prior`` (1.0 s), ``compiled_ratio_prior`` (0.3),
+    ``churn_window`` (32), ``churn_distinct`` (4), ``bucket`` ("pow2", a list
+    of sizes, or None), ``max_bucket`` (4096), ``cache_size`` (16 programs
+    per region), ``max_signatures`` (256 per region), ``backend`` ("neuron"),
+    ``regions``, ``autograd`` (True), ``clock``, ``costs`` (injected times).
+    ``TN_LOG=adaptive`` logs each decision (logger ``"tn"``).
+    """
+    if isinstance(model, AdaptiveModel):
+        raise TnError("tn.adaptive: the model is already adaptive; pass the original module or use it as is")
+    if not isinstance(model, torch.nn.Module):
+        raise TnError(f"tn.adaptive: expected an nn.Module, got {type(model).__name__}; wrap functions with tn.jit")
+    pol = make_policy(**policy)
+    ctl = _Controller(model, pol)
+    if pol.regions is None:
+        names = default_regions(model)
+    else:
+        names = []
+        mods = dict(model.named_modules())
+        for r in pol.regions:
+            if isinstance(r, str):
+                if r not in mods:
+                    raise TnError(f"tn.adaptive: regions= names {r!r}, which is not a submodule; known names "
+                                  f"include {sorted(mods)[:8]}")
+                names.append(r)
+            elif isinstance(r, type):
+                found = [n for n, m in mods.items() if isinstance(m, r)]
+                if not found:
+                    raise TnError(f"tn.adaptive: regions= names type {r.__name__}, which no submodule has")
+                names += found
+            else:
+                raise TnError(f"tn.adaptive: regions= takes module names or types, got {r!r}")
+    mods = dict(model.named_modules())
+    for n in names:
+        ctl.add(n, mods[n])
+    return AdaptiveModel(model, ctl)
+
+
+def adaptive_report(m: Any, print_table: bool = True) -> List[Dict[str, Any]]:
+    """Rows of the per-region report of an adaptive model (and print them as a table)."""
+    if not isinstance(m, AdaptiveModel):
+        raise TnError(f"tn.adaptive_report: expected a model returned by tn.adaptive, got {type(m).__name__}")
+    rows = [r.row() for r in m._tn_ctl.regions.values()]
+    if print_table:
+        from tabulate import tabulate
+        print(tabulate(rows, headers="keys"))
+    return rows
