@@ -158,3 +158,14 @@ def test_topk(shape, k, dim, largest):
 @pytest.mark.slow
 def test_sort_long_line():
     check_lowering("sort", _randn((8000,)), dim=0, descending=False, stable=True)
+
+
+def test_cumsum_long_axis_carries_between_blocks():
+    check_lowering("cumsum", _randn((2, 1000)), dim=1, rtol=1e-4, atol=1e-4)
+    check_lowering("cumsum", _randint(0, 2, (2, 1000)), dim=1)
+
+
+@pytest.mark.slow
+def test_cumsum_very_long_axis():
+    check_lowering("cumsum", _randn((2, 10000)), dim=1, rtol=1e-4, atol=1e-3)
+    check_lowering("cumsum", _randint(0, 2, (2, 10000)), dim=1)

@@ -26,9 +26,10 @@ the running pair only when strictly better, so the first occurrence wins as
 in torch (NaN is not treated specially).
 
 ``cumsum`` runs on TensorE: the scanned axis goes on the partitions and each
-128-block of the result is ``U^T x_I + sum_{J<I} 1^T x_J`` with ``U`` the
-upper-triangular ones matrix (built with ``affine_select``), accumulated in
-fp32 PSUM.
+128-block of the result is ``U^T x_I + 1^T carry`` with ``U`` the
+upper-triangular ones matrix (built with ``affine_select``) and ``carry`` the
+column sums of the earlier blocks (a ones-vector matmul per block), all
+accumulated in fp32 PSUM: any length, three matmuls per block.
 
 ``sort``/``topk`` rank every element of a line by comparisons against the
 line broadcast to all partitions (ties broken by index: a stable sort), then
@@ -362,8 +363,6 @@ def _cumsum(ctx, eqn, ins, outs):
     if out_dt not in ("float32", "bfloat16", "float16", "int64", "int32"):
         raise CannotLower(f"cumsum into {out_dt}")
     nblk = -(-n // 128)
-    if nblk > 32:
-        raise CannotLower(f"cumsum over {n} > 4096 elements along one axis")
     mm_dt = x_dt if x_dt in ("float32", "bfloat16", "float16") else "float32"
     st = _row_strides(shape)
     others = [_Ax(shape[i], st[i], st[i], 0, False) for i in range(len(shape)) if i != d and shape[i] > 1]
@@ -381,42 +380,54 @@ def _cumsum(ctx, eqn, ins, outs):
     prog.memset(ones, 1.0)
     tri = prog.sbuf((128, 128), mm_dt)
     prog.affine_select(tri, ones, cmp="is_ge", channel_multiplier=-1, pattern=[1], fill=0.0)
+    ones32 = prog.sbuf((1, 128), "float32")
+    prog.memset(ones32, 1.0)
     sd = st[d]
     for combo in itertools.product(*loops):
         dx, _, _, ch = _sum_opts(combo)
         tdims = [(ch if (i == 0 and ch is not None) else a.n, a.xs) for i, a in enumerate(merged[idx:])]
-        nfree = _prod(t[0] for t in tdims)
-        blocks = []
+        tshape = [t[0] for t in tdims]
+        nfree = _prod(tshape)
+        carry = None          # fp32 [1, nfree]: the sums of all earlier 128-blocks
         for b in range(nblk):
             pb = min(128, n - 128 * b)
-            raw = prog.sbuf((pb, *[t[0] for t in tdims]), "int32" if x_dt == "int64" else x_dt)
+            raw = prog.sbuf((pb, *tshape), "int32" if x_dt == "int64" else x_dt)
             src = hview(ins[0], dx + 128 * b * sd, [(pb, sd)] + tdims)
             if bound is not None:
                 load_checked_int(ctx, raw, src, bound)
             else:
                 prog.dma_copy(raw, src)
             if x_dt != mm_dt:
-                t = prog.sbuf((pb, nfree), mm_dt)
-                prog.tensor_copy(t, raw.reshape(pb, nfree))
+                mov = prog.sbuf((pb, nfree), mm_dt)
+                prog.tensor_copy(mov, raw.reshape(pb, nfree))
                 prog.free(raw)
-                blocks.append((pb, t, t))
+                raw = mov
             else:
-                blocks.append((pb, raw, raw.reshape(pb, nfree)))
-        for bi in range(nblk):
-            pi = blocks[bi][0]
-            ps = prog.psum((pi, nfree), "float32")
-            for bj in range(bi + 1):
-                pj, _, mov = blocks[bj]
-                stat = tri[:pi, :pi] if bj == bi else ones[:pj, :pi]
-                prog.matmul(ps, stat, mov, accumulate=bj > 0, stop=bj == bi)
-            dst = hview(outs[0], dx + 128 * bi * sd, [(pi, sd)] + tdims)
+                mov = raw.reshape(pb, nfree)
+            # block b of the result: U^T x_b (+ 1^T carry, a K=1 matmul adding the carry to every row)
+            ps = prog.psum((pb, nfree), "float32")
+            prog.matmul(ps, tri[:pb, :pb], mov, accumulate=False, stop=carry is None)
+            if carry is not None:
+                prog.matmul(ps, ones32[:, :pb], carry, accumulate=True, stop=True)
+            dst = hview(outs[0], dx + 128 * b * sd, [(pb, sd)] + tdims)
             if out_dt == "int64":
-                store_int(ctx, dst, ps.reshape(pi, *[t[0] for t in tdims]))
+                store_int(ctx, dst, ps.reshape(pb, *tshape))
             else:
-                ctx.store(dst, ps.reshape(pi, *[t[0] for t in tdims]))
+                ctx.store(dst, ps.reshape(pb, *tshape))
             prog.free(ps)
-        for _, t, _ in blocks:
-            prog.free(t)
+            if b + 1 < nblk:   # carry += column sums of block b
+                cs = prog.psum((1, nfree), "float32")
+                prog.matmul(cs, ones[:pb, :1], mov, accumulate=False, stop=True)
+                if carry is None:
+                    carry = prog.sbuf((1, nfree), "float32")
+                    prog.tensor_copy(carry, cs)
+                else:
+                    prog.tensor_tensor(carry, carry, cs, "add")
+                prog.free(cs)
+            prog.free(raw)
+        if carry is not None:
+            prog.free(carry)
+    prog.free(ones32)
     prog.free(tri)
     prog.free(ones)
 
