@@ -145,6 +145,8 @@ class Region:
         self._jm = None
         self._vjp_fn = None
         self._raw: "collections.OrderedDict[Any, None]" = collections.OrderedDict()
+        self.ratio_sum = 0.0  # measured compiled/eager time ratios of compiled calls
+        self.ratio_n = 0
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> "Region":
         # a copied model shares the region; the region inlines calls on modules other than its own
@@ -261,9 +263,11 @@ class Region:
 
     def _eager(self, st: Optional[SigStats], args: tuple, kwargs: dict) -> Any:
         clock = self.policy.clock
+        c0 = self.ctl.compile_total
         t0 = clock()
         out = run_eager(self.base_forward, self.module, args, kwargs)
-        dt = self._cost("eager", clock() - t0)
+        # compiles of inner regions during this call are not eager time of this region
+        dt = self._cost("eager", clock() - t0 - (self.ctl.compile_total - c0))
         self.eager_s += dt
         if st is not None:
             st.eager_n += 1
@@ -277,16 +281,17 @@ class Region:
         return self.eager_s / n if n else None
 
     def _ratio(self) -> float:
-        r = [(s.comp_s / s.comp_n) / (s.eager_s / s.eager_n) for s in self.sigs.values()
-             if s.comp_n and s.eager_n and s.eager_s > 0]
-        return sum(r) / len(r) if r else self.policy.compiled_ratio_prior
+        """Compiled/eager time ratio: measured in this region, else across the model's regions, else the prior."""
+        if self.ratio_n:
+            return self.ratio_sum / self.ratio_n
+        return self.ctl.ratio_estimate()
 
     def _pays_back(self, st: SigStats) -> bool:
         te = self._mean_eager(st)
         if te is None:
             return False
         tc = te * self._ratio()
-        tcomp = self.compile_s / self.compiles if self.compiles else self.policy.compile_time_prior
+        tcomp = self.compile_s / self.compiles if self.compiles else self.ctl.compile_estimate()
         ok = should_compile(self.policy, st.count, te, tc, tcomp)
         if not ok:
             st.reason = self.reason = (f"seen {st.count}x: {st.count}*(eager {te * 1e3:.3g} ms - compiled~{tc * 1e3:.3g} ms) "
@@ -344,6 +349,10 @@ class Region:
         if pads:
             self.padded += 1
         te = self._mean_eager(st)
+        if te:
+            self.ratio_sum += dt / te
+            self.ratio_n += 1
+            self.ctl.note_ratio(dt / te)
         if st.comp_n >= 2 and te is not None and st.comp_s / st.comp_n >= te:
             st.state = "slower"
             self.compiled.pop(key, None)
@@ -364,6 +373,7 @@ class Region:
         dt = self._cost("compile", clock() - t0)
         self.compiles += 1
         self.compile_s += dt
+        self.ctl.note_compile(dt)
         self.hits += 1
         if pads:
             self.padded += 1
@@ -470,7 +480,8 @@ class Region:
             outs.append([res[k] if isinstance(k, int) else None for k in out_leaves])
         if not groups:
             self.bucket_refused = "; ".join(refused)
-            self._decide(f"signatures churn; no bucketing: {self.bucket_refused}")
+            self._decide(f"signatures churn; no bucketing: {self.bucket_refused}; its children become regions")
+            self.ctl.add_children(self)
             return
         positions = [p for g in groups for p in g]
         self.bucketing = _Bucketing(self._pattern(key, positions), groups, outs)

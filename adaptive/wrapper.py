@@ -74,7 +74,28 @@ class _Controller:
         self.policy = policy
         self.backend = policy.backend or _default_backend()
         self.regions: Dict[str, Region] = {}
-        self.names = {id(m): n for n, m in model.named_modules()}
+        self.compile_total = 0.0  # seconds spent compiling, all regions (eager times exclude it)
+        self.compile_n = 0
+        self.ratio_sum = 0.0
+        self.ratio_n = 0
+
+    def note_compile(self, seconds: float) -> None:
+        """Record one compile (its time feeds the estimate of regions that have not compiled yet)."""
+        self.compile_total += seconds
+        self.compile_n += 1
+
+    def compile_estimate(self) -> float:
+        """Expected compile time of a region that has not compiled: the mean measured so far, else the prior."""
+        return self.compile_total / self.compile_n if self.compile_n else self.policy.compile_time_prior
+
+    def ratio_estimate(self) -> float:
+        """Expected compiled/eager time ratio of a region that measured none: the model's mean, else the prior."""
+        return self.ratio_sum / self.ratio_n if self.ratio_n else self.policy.compiled_ratio_prior
+
+    def note_ratio(self, ratio: float) -> None:
+        """Record the compiled/eager time ratio measured on one compiled call."""
+        self.ratio_sum += ratio
+        self.ratio_n += 1
 
     def add(self, name: str, module: torch.nn.Module) -> None:
         """Make ``module`` a region (idempotent)."""

@@ -173,13 +173,16 @@ def test_bucketing_refused_when_the_dim_is_mixed():
     m = nn.Sequential(AttnBlock(), AttnBlock())
     a = tn.adaptive(m, regions=[""], **FAST)
     with torch.no_grad():
-        for i in range(12):
+        for i in range(30):
             x = torch.randn(2, 3 + i, 16)  # the sequence churns; attention mixes positions along it
             close(a(x), plain(m, x))
     r = a.regions["<root>"]
     assert r.bucketing is None and r.compiles == 0
     assert "matmul" in r.bucket_refused
     assert "no bucketing" in a.report(print_table=False)[0]["reason"]
+    # its children became regions; position-wise ones (the Linears) bucket the sequence
+    assert "0" in a.regions and "1" in a.regions
+    assert a.regions["0.qkv"].bucketing is not None and a.regions["0.qkv"].padded > 0
 
 
 def test_independence_analysis_on_ir():
