@@ -580,3 +580,17 @@ def test_compiling_flag_restored_after_a_tracing_error():
     with pytest.raises(tn.TracingError):
         trace_flat(f, [torch.randn(3)])
     assert not torch.compiler.is_compiling()
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+def test_gradients_through_scaled_dot_product_attention(gqa):
+    # On CPU, SDPA would pick the fused flash kernel whose backward op has no decomposition;
+    # tracing picks the math composite (training any Transformers model needs this).
+    def f(q, k, v):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return torch.autograd.grad(out.square().sum(), [q, k, v])
+
+    kv_heads = 2 if gqa else 4
+    check(f, torch.randn(2, 4, 6, 8, requires_grad=True), torch.randn(2, kv_heads, 6, 8, requires_grad=True),
+          torch.randn(2, kv_heads, 6, 8, requires_grad=True))
+    assert torch.backends.cuda.flash_sdp_enabled(), "the SDPA backend flags must be restored after tracing"

@@ -1122,6 +1122,21 @@ class _compiling_flag:
             tc._is_compiling_flag = self.old
 
 
+def _sdpa_math() -> Any:
+    """Let ``F.scaled_dot_product_attention`` pick only its math composite while tracing.
+
+    On CPU it would pick the fused flash kernel, whose autograd formula calls
+    ``_scaled_dot_product_flash_attention_for_cpu_backward``, an op with no
+    decomposition: ``torch.autograd.grad`` through attention (training any
+    Transformers model) could not be traced. The math composite (matmul,
+    softmax, matmul; grouped-query attention included) differentiates into
+    core ops and traces to the same forward IR.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.MATH])
+
+
 def trace_flat(fn: Callable[..., Any], flat_tensors: Sequence[Tensor]) -> Traced:
     """Trace ``fn(*flat_tensors)`` into a pure IR, using only the inputs' shapes, dtypes and requires_grad.
 
@@ -1153,7 +1168,7 @@ def trace_flat(fn: Callable[..., Any], flat_tensors: Sequence[Tensor]) -> Traced
         tt._tn_input = True
         in_vars.append(v)
         tracers.append(tt)
-    with tracer, _compiling_flag():
+    with tracer, _compiling_flag(), _sdpa_math():
         try:
             out = fn(*tracers)
         except RuntimeError as e:
