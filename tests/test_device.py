@@ -304,6 +304,8 @@ def test_fast_path_falls_back_for_other_cases():
     x = torch.randn(4, 4)
     d = x.to("neuron")
     close(d + 1, x + 1)                               # scalar
+    close(torch.add(1, d[0]), torch.add(1, x[0]))     # scalar first (arrives unwrapped)
+    close(torch.mul(2.5, d), torch.mul(2.5, x))
     close(d + d[0], x + x[0])                         # broadcast
     close(d.t() + d, x.t() + x)                       # non-contiguous
     close(torch.add(d, d, alpha=2), torch.add(x, x, alpha=2))
