@@ -4,19 +4,24 @@
 The controller compiles a signature (or a bucket of signatures) of a region
 when the compile is expected to pay back::
 
-    seen * (t_eager - t_compiled) >= t_compile        and  seen >= min_calls
+    future * (t_eager - t_compiled) >= t_compile     and   seen >= min_calls
+    future = seen * r / (1 - r)
 
 * ``seen``: how often the signature occurred so far (its count in the
-  region's bounded signature table). A signature that recurred ``n`` times
-  is expected to recur about ``n`` times more (the "Lindy" estimate): hot
-  signatures compile quickly, one-offs never do.
+  region's bounded signature table).
+* ``r``: the region's recurrence rate, the share of its last
+  ``churn_window`` calls whose signature (or bucket) it had seen before,
+  capped at ``max_recurrence``. A region in a stable phase has ``r`` near 1
+  and a hot signature is expected to keep coming (``future`` grows like
+  ``seen**2``: it compiles after a few calls); a churning region has ``r``
+  near 0 and even a signature seen twice is not expected back.
 * ``t_eager``: mean measured eager time per call of this signature (else of
   the region).
-* ``t_compiled``: mean measured compiled time per call of the region's
-  compiled signatures, scaled to this signature by the eager ratio; before
-  the region has any, ``t_eager * compiled_ratio_prior``.
-* ``t_compile``: mean measured compile time of the region; before its first
-  compile, ``compile_time_prior`` seconds.
+* ``t_compiled``: ``t_eager`` times the compiled/eager ratio measured on
+  this region's compiled calls, else on the model's, else
+  ``compiled_ratio_prior``.
+* ``t_compile``: mean measured compile time of this region, else of the
+  model's regions, else ``compile_time_prior`` seconds.
 
 A compiled signature whose measured compiled time is not below its eager
 time goes back to eager ("compiled slower"). Every time comes from
@@ -30,7 +35,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Union
 
 from ..errors import TnError
 
-__all__ = ["Policy", "make_policy", "should_compile", "bucket_size"]
+__all__ = ["Policy", "make_policy", "should_compile", "expected_future", "bucket_size"]
 
 
 @dataclasses.dataclass
@@ -39,8 +44,9 @@ class Policy:
 
     Attributes:
         min_calls: a signature is compiled only after it was seen this many times (default 2).
-        compile_time_prior: assumed compile time in seconds before a region measured one (1.0).
-        compiled_ratio_prior: assumed compiled/eager time ratio before a region measured one (0.3).
+        compile_time_prior: assumed compile time in seconds before any region measured one (0.3).
+        compiled_ratio_prior: assumed compiled/eager time ratio before any region measured one (0.2).
+        max_recurrence: cap of the recurrence rate ``r`` of the cost model (0.97: ``future <= 32*seen``).
         churn_window: calls remembered per region to judge churn (32).
         churn_distinct: distinct signatures within the window that make a region "churning" (4);
             a churning region tries bucketing.
@@ -59,8 +65,9 @@ class Policy:
     """
 
     min_calls: int = 2
-    compile_time_prior: float = 1.0
-    compiled_ratio_prior: float = 0.3
+    compile_time_prior: float = 0.3
+    compiled_ratio_prior: float = 0.2
+    max_recurrence: float = 0.97
     churn_window: int = 32
     churn_distinct: int = 4
     bucket: Union[str, Sequence[int], None] = "pow2"
@@ -117,8 +124,15 @@ def bucket_size(policy: Policy, n: int) -> Optional[int]:
     return None
 
 
-def should_compile(policy: Policy, seen: int, t_eager: float, t_compiled: float, t_compile: float) -> bool:
-    """The cost model: compile when ``seen >= min_calls`` and ``seen*(t_eager-t_compiled) >= t_compile``."""
+def expected_future(policy: Policy, seen: int, recurrence: float) -> float:
+    """Expected further calls of a signature seen ``seen`` times in a region with recurrence rate ``recurrence``."""
+    r = min(max(recurrence, 0.0), policy.max_recurrence)
+    return seen * r / (1.0 - r)
+
+
+def should_compile(policy: Policy, seen: int, recurrence: float, t_eager: float, t_compiled: float,
+                   t_compile: float) -> bool:
+    """The cost model: ``seen >= min_calls`` and ``expected_future * (t_eager - t_compiled) >= t_compile``."""
     if seen < policy.min_calls:
         return False
-    return seen * (t_eager - t_compiled) >= t_compile
+    return expected_future(policy, seen, recurrence) * (t_eager - t_compiled) >= t_compile

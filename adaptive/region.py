@@ -30,7 +30,7 @@ import torch.utils._pytree as _pytree
 
 from ..errors import TnError
 from . import independence
-from .policy import Policy, bucket_size, should_compile
+from .policy import Policy, bucket_size, expected_future, should_compile
 
 __all__ = ["Region", "run_eager"]
 
@@ -136,6 +136,8 @@ class Region:
         self.sigs: "collections.OrderedDict[Any, SigStats]" = collections.OrderedDict()
         self.compiled: "collections.OrderedDict[Any, None]" = collections.OrderedDict()
         self.window: "collections.deque" = collections.deque(maxlen=self.policy.churn_window)
+        self.repeats: "collections.deque" = collections.deque(maxlen=self.policy.churn_window)
+        self.n_repeats = 0
         self.dead: Optional[str] = None
         self.bucketing: Optional[_Bucketing] = None
         self.bucket_refused: Optional[str] = None
@@ -247,6 +249,11 @@ class Region:
         if self.bucketing is not None:
             pads, bkey = self._bucket_of(key)
         st = self._stats(bkey)
+        rep = st.count > 0
+        if len(self.repeats) == self.repeats.maxlen:
+            self.n_repeats -= self.repeats[0]
+        self.repeats.append(rep)
+        self.n_repeats += rep
         st.count += 1
         needs_grad = torch.is_grad_enabled() and (
             any(isinstance(l, torch.Tensor) and l.requires_grad for l in leaves)
@@ -292,14 +299,20 @@ class Region:
             return False
         tc = te * self._ratio()
         tcomp = self.compile_s / self.compiles if self.compiles else self.ctl.compile_estimate()
-        ok = should_compile(self.policy, st.count, te, tc, tcomp)
+        r = self.recurrence()
+        ok = should_compile(self.policy, st.count, r, te, tc, tcomp)
+        fut = expected_future(self.policy, st.count, r)
+        why = (f"seen {st.count}x, recurrence {r:.2f}: ~{fut:.3g} more calls * (eager {te * 1e3:.3g} ms - "
+               f"compiled~{tc * 1e3:.3g} ms) {'>=' if ok else '<'} compile~{tcomp * 1e3:.3g} ms")
+        st.reason = why
         if not ok:
-            st.reason = self.reason = (f"seen {st.count}x: {st.count}*(eager {te * 1e3:.3g} ms - compiled~{tc * 1e3:.3g} ms) "
-                         f"< compile~{tcomp * 1e3:.3g} ms")
-        else:
-            st.reason = (f"seen {st.count}x: {st.count}*(eager {te * 1e3:.3g} ms - compiled~{tc * 1e3:.3g} ms) "
-                         f">= compile~{tcomp * 1e3:.3g} ms")
+            self.reason = why
         return ok
+
+    def recurrence(self) -> float:
+        """Share of the region's recent calls whose signature (or bucket) had been seen before."""
+        n = len(self.repeats)
+        return self.n_repeats / n if n else 0.0
 
     def _run_program(self, leaves, spec, pads, needs_grad) -> Any:
         """Run the jitted program (padding to the bucket first and slicing back after, when bucketed)."""
@@ -459,6 +472,31 @@ class Region:
                     varying.setdefault(sizes, []).append((i, d))
         if not varying or any(parts[i][0][d] < 2 for ms in varying.values() for (i, d) in ms):
             return  # nothing varies, or this call's size is too small to prove anything from: next time
+        ckey = (getattr(type(self.module), "_tn_adaptive_base", type(self.module)), struct(key),
+                tuple(tuple(m) for m in varying.values()),
+                tuple((n, tuple(p.shape)) for n, p in self.module.named_parameters()))
+        cached = self.ctl.analyses.get(ckey)
+        if cached is None:
+            cached = self._analyse(varying, leaves, args, kwargs)
+            if cached is None:
+                return
+            self.ctl.remember_analysis(ckey, cached)
+        groups, outs, refused = cached
+        if not groups:
+            self.bucket_refused = "; ".join(refused)
+            self._decide(f"signatures churn; no bucketing: {self.bucket_refused}; its children become regions")
+            self.ctl.add_children(self)
+            return
+        positions = [p for g in groups for p in g]
+        self.bucketing = _Bucketing(self._pattern(key, positions), groups, outs)
+        note = f" (not bucketed: {'; '.join(refused)}; its children become regions)" if refused else ""
+        self._decide(f"signatures churn; bucketing (leaf, axis) groups {groups} to {self.policy.bucket}{note}")
+        if refused:
+            self.bucket_refused = "; ".join(refused)
+            self.ctl.add_children(self)
+
+    def _analyse(self, varying, leaves, args, kwargs):
+        """Trace this call once and prove which varying groups are independent: ``(groups, out_axes, refused)``."""
         try:
             jm = self._jitted()
             core = jm._tn_core
@@ -466,7 +504,7 @@ class Region:
             ir, _out_tree, out_leaves = core.trace(jspec, tensors)
         except Exception as e:  # an untraceable region: the compile attempt will say so
             self.bucket_refused = f"cannot trace to analyse ({type(e).__name__})"
-            return
+            return None
         flat_index = {id(t): j for j, t in enumerate(tensors)}
         groups, outs, refused = [], [], []
         for members in varying.values():
@@ -478,15 +516,7 @@ class Region:
                 continue
             groups.append(tuple(members))
             outs.append([res[k] if isinstance(k, int) else None for k in out_leaves])
-        if not groups:
-            self.bucket_refused = "; ".join(refused)
-            self._decide(f"signatures churn; no bucketing: {self.bucket_refused}; its children become regions")
-            self.ctl.add_children(self)
-            return
-        positions = [p for g in groups for p in g]
-        self.bucketing = _Bucketing(self._pattern(key, positions), groups, outs)
-        note = f" (not bucketed: {'; '.join(refused)})" if refused else ""
-        self._decide(f"signatures churn; bucketing (leaf, axis) groups {groups} to {self.policy.bucket}{note}")
+        return groups, outs, refused
 
     # -- report ---------------------------------------------------------------
     def mode(self) -> str:

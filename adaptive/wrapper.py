@@ -78,6 +78,7 @@ class _Controller:
         self.compile_n = 0
         self.ratio_sum = 0.0
         self.ratio_n = 0
+        self.analyses: Dict[Any, Any] = {}  # independence proofs per (module class, call structure): blocks share one
 
     def note_compile(self, seconds: float) -> None:
         """Record one compile (its time feeds the estimate of regions that have not compiled yet)."""
@@ -91,6 +92,12 @@ class _Controller:
     def ratio_estimate(self) -> float:
         """Expected compiled/eager time ratio of a region that measured none: the model's mean, else the prior."""
         return self.ratio_sum / self.ratio_n if self.ratio_n else self.policy.compiled_ratio_prior
+
+    def remember_analysis(self, key: Any, result: Any) -> None:
+        """Keep an independence analysis for regions of the same class and call structure (bounded)."""
+        if len(self.analyses) >= 64:
+            self.analyses.pop(next(iter(self.analyses)))
+        self.analyses[key] = result
 
     def note_ratio(self, ratio: float) -> None:
         """Record the compiled/eager time ratio measured on one compiled call."""

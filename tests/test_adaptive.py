@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import tn
 import tn.adaptive
 from tn.adaptive import independence
-from tn.adaptive.policy import make_policy, should_compile, bucket_size
+from tn.adaptive.policy import bucket_size, expected_future, make_policy, should_compile
 
 FAST = dict(costs={"eager": 0.01, "compiled": 0.001, "compile": 0.02}, compile_time_prior=0.02,
             backend="reference")
@@ -84,9 +84,11 @@ def test_module_is_callable_and_importable():
 
 def test_cost_model_and_buckets():
     p = make_policy(min_calls=2)
-    assert not should_compile(p, 1, 1.0, 0.0, 0.1)          # seen once: never
-    assert should_compile(p, 2, 0.01, 0.001, 0.018)          # 2*9ms >= 18ms
-    assert not should_compile(p, 2, 0.01, 0.001, 0.02)
+    assert not should_compile(p, 1, 0.9, 1.0, 0.0, 0.1)       # seen once: never
+    assert should_compile(p, 2, 0.5, 0.01, 0.001, 0.018)      # 2 more calls expected * 9ms >= 18ms
+    assert not should_compile(p, 2, 0.5, 0.01, 0.001, 0.02)
+    assert not should_compile(p, 2, 0.1, 0.01, 0.001, 0.005)  # churning region: ~0.2 more calls expected
+    assert expected_future(p, 3, 1.0) == pytest.approx(3 * 0.97 / 0.03)  # capped
     assert bucket_size(p, 5) == 8 and bucket_size(p, 8) == 8 and bucket_size(p, 1) == 1
     assert bucket_size(make_policy(bucket=[4, 16]), 5) == 16
     assert bucket_size(make_policy(bucket=[4, 16]), 17) is None
@@ -256,7 +258,7 @@ def test_caches_bounded_under_thousands_of_shapes():
     with torch.no_grad():
         for i in range(2000):
             a(torch.randn(i + 1, 4))
-        for rep in range(3):  # a few hot shapes compile, more than the program cache holds
+        for rep in range(10):  # a few hot shapes compile, more than the program cache holds
             for n in (1, 2, 3, 4):
                 x = torch.randn(n, 4)
                 close(a(x), plain(m, x))
