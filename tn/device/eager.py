@@ -33,7 +33,7 @@ from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_unflatten
 
 from ..errors import TnError, UnsupportedOpError
 from . import tracking
@@ -63,7 +63,7 @@ def strict() -> bool:
 class _Entry:
     """A cached decision for one (op, signature): a compiled program, or the reason it runs on the host."""
 
-    __slots__ = ("exe", "out_tree", "out_leaves", "mutations", "reason", "host_ops", "tensor_pos")
+    __slots__ = ("exe", "out_tree", "out_leaves", "mutations", "reason", "host_ops", "tensor_pos", "single")
 
     def __init__(self, exe=None, out_tree=None, out_leaves=None, mutations=(), reason=None, host_ops=None,
                  tensor_pos=()):
@@ -74,6 +74,7 @@ class _Entry:
         self.reason = reason
         self.host_ops = host_ops or {}
         self.tensor_pos = tensor_pos
+        self.single = out_tree is not None and out_tree.is_leaf()
 
 
 def op_name(op) -> str:
@@ -114,6 +115,37 @@ def _check_devices(name: str, flat: list) -> None:
 def _is_view_op(op) -> bool:
     rets = op._schema.returns
     return any(r.alias_info is not None and not r.alias_info.is_write for r in rets)
+
+
+def _flatten(args: tuple, kwargs: dict) -> Tuple[list, tuple]:
+    """Leaves of an aten call's arguments (lists/tuples, as in ``Tensor[]`` or ``int[]``, opened one level)
+    and the structure to rebuild it with :func:`_unflatten` (cheaper than torch's pytree for these shapes)."""
+    flat: list = []
+    shape = []
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, (list, tuple)):
+            shape.append((type(a), len(a)))
+            flat.extend(a)
+        else:
+            shape.append(None)
+            flat.append(a)
+    return flat, (len(args), tuple(kwargs), tuple(shape))
+
+
+def _unflatten(leaves: list, spec: tuple) -> Tuple[tuple, dict]:
+    """Inverse of :func:`_flatten`: ``(args, kwargs)``."""
+    nargs, keys, shape = spec
+    vals = []
+    i = 0
+    for sh in shape:
+        if sh is None:
+            vals.append(leaves[i])
+            i += 1
+        else:
+            typ, n = sh
+            vals.append(typ(leaves[i:i + n]) if typ in (list, tuple) else list(leaves[i:i + n]))
+            i += n
+    return tuple(vals[:nargs]), dict(zip(keys, vals[nargs:]))
 
 
 _TENSOR_ARGS: Dict[Any, Tuple[Tuple[int, str], ...]] = {}
@@ -163,7 +195,7 @@ def run_op(op, args: tuple, kwargs: dict):
     """Run an aten OpOverload whose tensor arguments live on the neuron device."""
     name = op_name(op)
     args, kwargs = _rewrap_scalars(op, args, kwargs)
-    flat, spec = tree_flatten((args, kwargs))
+    flat, spec = _flatten(args, kwargs)
     _check_devices(name, flat)
     if name.startswith("aten::_foreach_"):
         return _run_foreach(op, name, args, kwargs)
@@ -213,7 +245,7 @@ def _compile(op, name: str, flat: list, spec) -> _Entry:
         leaves = list(flat)
         for p, t in zip(tensor_pos, ts):
             leaves[p] = t
-        a, k = tree_unflatten(leaves, spec)
+        a, k = _unflatten(leaves, spec)
         if functional is None:
             return op(*a, **k)
         # an out= op is traced as its functional form plus a copy into the out tensors
@@ -298,22 +330,17 @@ def _run_program(op, entry: _Entry, flat: list, spec):
         written[j] = flat[entry.tensor_pos[i]]
     # results: tensors an in-place/out= op returns are its (device) arguments
     schema = op._schema
-    ret_alias = {}
-    for r_i, r in enumerate(schema.returns):
-        if r.alias_info is not None and r.alias_info.is_write:
-            for a_i, a in enumerate(schema.arguments):
-                if a.alias_info is not None and a.alias_info.before_set & r.alias_info.before_set:
-                    ret_alias[r_i] = a.name
+    ret_alias = _returned_args(op)
     leaves = []
     for leaf in entry.out_leaves:
         if isinstance(leaf, int):
             leaves.append(written.get(leaf) if leaf in written else to_device(outs[leaf]))
         else:
             leaves.append(leaf.value)
-    result = tree_unflatten(leaves, entry.out_tree)
+    result = leaves[0] if entry.single else tree_unflatten(leaves, entry.out_tree)
     if ret_alias:
         # make sure in-place/out= results are the very argument objects
-        args, kwargs = tree_unflatten(flat, spec)
+        args, kwargs = _unflatten(flat, spec)
         bound = _bind_args(schema, args, kwargs)
         if len(schema.returns) == 1:
             return bound.get(ret_alias.get(0), result)
@@ -323,6 +350,24 @@ def _run_program(op, entry: _Entry, flat: list, spec):
                 result[r_i] = bound[an]
         return tuple(result)
     return result
+
+
+_RET_ALIAS: Dict[Any, Dict[int, str]] = {}
+
+
+def _returned_args(op) -> Dict[int, str]:
+    """``{return index: argument name}`` for the results of ``op`` that are its (written) arguments."""
+    hit = _RET_ALIAS.get(op)
+    if hit is None:
+        hit = {}
+        schema = op._schema
+        for r_i, r in enumerate(schema.returns):
+            if r.alias_info is not None and r.alias_info.is_write:
+                for a in schema.arguments:
+                    if a.alias_info is not None and a.alias_info.before_set & r.alias_info.before_set:
+                        hit[r_i] = a.name
+        _RET_ALIAS[op] = hit
+    return hit
 
 
 def _bind_args(schema, args: tuple, kwargs: dict) -> Dict[str, Any]:
@@ -347,7 +392,7 @@ def _run_host(op, flat: list, spec):
             leaves.append(c)
         else:
             leaves.append(a)
-    args, kwargs = tree_unflatten(leaves, spec)
+    args, kwargs = _unflatten(leaves, spec)
     r = op(*args, **kwargs)
     keep = leaves  # noqa: F841  (aliases stay alive until the results are mapped)
 
@@ -364,7 +409,7 @@ def _run_host(op, flat: list, spec):
 
 def _presize_empty_outs(op, flat: list, spec) -> None:
     """Give empty ``out=`` tensors their result shape before tracing (the trace cannot resize a tensor)."""
-    args, kwargs = tree_unflatten(flat, spec)
+    args, kwargs = _unflatten(flat, spec)
     if any(isinstance(v, torch.Tensor) and v.numel() == 0 for v in kwargs.values()):
         _presize_outs(op, flat, spec)
 
@@ -374,7 +419,7 @@ def _presize_outs(op, flat: list, spec) -> None:
     outs = [a.name for a in op._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
     if not outs:
         return
-    args, kwargs = tree_unflatten(flat, spec)
+    args, kwargs = _unflatten(flat, spec)
     if not any(isinstance(kwargs.get(n), torch.Tensor) for n in outs):
         return
 
@@ -383,7 +428,7 @@ def _presize_outs(op, flat: list, spec) -> None:
             return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
         return x
 
-    margs, mkwargs = tree_unflatten([meta(a) for a in flat], spec)
+    margs, mkwargs = _unflatten([meta(a) for a in flat], spec)
     try:
         op(*margs, **mkwargs)
     except Exception:
@@ -407,7 +452,7 @@ def _run_view(op, flat: list, spec):
             leaves.append(cpu_alias(a))
         else:
             leaves.append(a)
-    args, kwargs = tree_unflatten(leaves, spec)
+    args, kwargs = _unflatten(leaves, spec)
     r = op(*args, **kwargs)
     as_strided = torch.ops.aten.as_strided.default
 
@@ -431,7 +476,7 @@ def _run_foreach(op, name: str, args: tuple, kwargs: dict):
     if packet is None:
         tracking.count(name)
         tracking.count_fallback(name, "no per-tensor aten op to split it into")
-        flat, spec = tree_flatten((args, kwargs))
+        flat, spec = _flatten(args, kwargs)
         return _run_host(op, flat, spec)
     n = None
     for a in list(args) + list(kwargs.values()):
