@@ -28,7 +28,6 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.utils._pytree as _pytree
 
-from ..errors import TnError
 from . import independence
 from .policy import Policy, bucket_size, expected_future, should_compile
 
@@ -258,15 +257,34 @@ class Region:
         needs_grad = torch.is_grad_enabled() and (
             any(isinstance(l, torch.Tensor) and l.requires_grad for l in leaves)
             or any(p.requires_grad for p in mod.parameters()))
-        if needs_grad and not self.policy.autograd:
-            if st.state == "eager":
-                st.reason = "runs under autograd and policy autograd=False"
-            return self._eager(st, args, kwargs)
+        if needs_grad:
+            why = self._autograd_blocker(mod)
+            if why is not None:
+                st.reason = self.reason = why
+                return self._eager(st, args, kwargs)
         if st.state == "compiled":
             return self._compiled(bkey, st, leaves, spec, pads, needs_grad)
         if st.state == "eager" and self._pays_back(st):
             return self._compile(bkey, st, leaves, spec, pads, needs_grad, args, kwargs)
         return self._eager(st, args, kwargs)
+
+    def _autograd_blocker(self, mod: torch.nn.Module) -> Optional[str]:
+        """Why a call under autograd must run eager, or None.
+
+        The backward recomputes the forward inside a jitted vjp, so a region
+        that draws random numbers (dropout in training mode) or updates
+        buffers in training mode (BatchNorm statistics) would see a different
+        mask or update its buffers twice: such calls stay eager.
+        """
+        if not self.policy.autograd:
+            return "runs under autograd and policy autograd=False: eager"
+        if mod.training:
+            for sub in mod.modules():
+                if isinstance(sub, torch.nn.modules.dropout._DropoutNd) and sub.p > 0:
+                    return "training with dropout under autograd (the vjp would redraw the mask): eager"
+            if any(True for _ in mod.buffers()):
+                return "training with buffers under autograd (the vjp would update them twice): eager"
+        return None
 
     def _eager(self, st: Optional[SigStats], args: tuple, kwargs: dict) -> Any:
         clock = self.policy.clock
@@ -352,7 +370,7 @@ class Region:
         t0 = clock()
         try:
             out = self._run_program(leaves, spec, pads, needs_grad)
-        except TnError as e:
+        except Exception as e:  # the program failed: eager gives the user's result (or the user's error)
             return self._failed(st, e, leaves, spec)
         dt = self._cost("compiled", clock() - t0)
         st.comp_n += 1
@@ -381,7 +399,7 @@ class Region:
         t0 = clock()
         try:
             out = self._run_program(leaves, spec, pads, needs_grad)
-        except TnError as e:
+        except Exception as e:  # cannot trace or compile: eager gives the user's result (or the user's error)
             return self._failed(st, e, leaves, spec)
         dt = self._cost("compile", clock() - t0)
         self.compiles += 1
@@ -400,9 +418,9 @@ class Region:
         return out
 
     def _failed(self, st: SigStats, e: Exception, leaves, spec) -> Any:
+        """A trace, compile or compiled run failed: eager for good (with the error as reason), this call eager."""
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if isinstance(e, (TnError,)) and not isinstance(e, independence.Mixed):
-            self._give_up(f"cannot be compiled ({type(e).__name__}: {msg})")
+        self._give_up(f"cannot be compiled ({type(e).__name__}: {msg[:300]})")
         args, kwargs = _pytree.tree_unflatten(list(leaves), spec)
         return self._eager(st, args, kwargs)
 

@@ -236,6 +236,10 @@ def adaptive(model: torch.nn.Module, **policy: Any) -> AdaptiveModel:
     if not isinstance(model, torch.nn.Module):
         raise TnError(f"tn.adaptive: expected an nn.Module, got {type(model).__name__}; wrap functions with tn.jit")
     pol = make_policy(**policy)
+    for n, sub in model.named_modules():
+        if "_tn_region" in sub.__dict__:
+            raise TnError(f"tn.adaptive: module {n or '<root>'!r} already belongs to an adaptive model; keep using the "
+                          f"object the first tn.adaptive call returned")
     ctl = _Controller(model, pol)
     if pol.regions is None:
         names = default_regions(model)

@@ -222,6 +222,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-torch-compile", action="store_true", help="skip the torch.compile columns")
     ap.add_argument("--only", default="a,b,c,d", help="workloads to run, e.g. a,c")
     ap.add_argument("--reports", action="store_true", help="print tn.adaptive_report for every workload")
+    ap.add_argument("-v", action="store_true", help="print the traceback of a column that fails")
     args = ap.parse_args(argv)
     strategies = ["eager", "jit", "adaptive"]
     if not args.no_torch_compile:

@@ -318,3 +318,51 @@ def test_hf_gpt2_generate_equals_plain():
     rows = {r["region"]: r for r in a.report(print_table=False)}
     assert rows["transformer.h.0"]["mode"] == "eager (for good)"
     assert sum(r["compiles"] for r in rows.values()) >= 1
+
+
+def test_copies_and_double_wrapping():
+    torch.manual_seed(0)
+    m = nn.Sequential(MLPBlock(), MLPBlock())
+    a = tn.adaptive(m, **FAST)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        for _ in range(4):
+            a(x)
+        c = copy.deepcopy(m)  # a copy runs its own (eager) code, the original's statistics are untouched
+        calls = a.regions["<root>"].calls
+        close(c(x), a(x))
+    assert a.regions["<root>"].calls == calls + 1
+    with pytest.raises(tn.TnError, match="already belongs"):
+        tn.adaptive(m)
+
+
+def test_training_with_dropout_or_buffers_stays_eager():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 8)).train()
+    a = tn.adaptive(m, regions=[""], **FAST)
+    for _ in range(5):
+        a(torch.randn(4, 8)).sum().backward()
+    r = a.regions["<root>"]
+    assert r.compiles == 0 and "dropout" in r.reason
+    m = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8)).train()
+    a = tn.adaptive(m, regions=[""], **FAST)
+    for _ in range(5):
+        a(torch.randn(4, 8)).sum().backward()
+    assert a.regions["<root>"].compiles == 0 and "buffers" in a.regions["<root>"].reason
+
+
+def test_compile_failure_of_any_kind_falls_back(monkeypatch):
+    torch.manual_seed(0)
+    m = nn.Sequential(MLPBlock(), MLPBlock())
+    a = tn.adaptive(m, regions=[""], **FAST)
+    r = a.regions["<root>"]
+
+    def boom(*a, **k):
+        raise RuntimeError("backend exploded")
+
+    monkeypatch.setattr(r, "_jitted", lambda: boom)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        for _ in range(5):
+            close(a(x), plain(m, x))
+    assert r.dead and "backend exploded" in r.dead and "0" in a.regions
