@@ -16,7 +16,7 @@ from .tracking import device_time_ns, executed_ops, fallback_ops, fallback_reaso
 __all__ = ["is_available", "is_initialized", "device_count", "current_device", "set_device", "synchronize",
            "manual_seed", "manual_seed_all", "seed", "initial_seed", "get_rng_state", "set_rng_state",
            "memory_allocated", "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats",
-           "empty_cache", "memory_stats", "executed_ops", "fallback_ops", "fallback_reasons", "reset_op_counts",
+           "empty_cache", "memory_stats", "set_memory_limit", "executed_ops", "fallback_ops", "fallback_reasons", "reset_op_counts",
            "device_time_ns", "get_device_name", "device"]
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 from torch.utils._pytree import tree_unflatten
@@ -394,7 +394,6 @@ def _run_host(op, flat: list, spec):
             leaves.append(a)
     args, kwargs = _unflatten(leaves, spec)
     r = op(*args, **kwargs)
-    keep = leaves  # noqa: F841  (aliases stay alive until the results are mapped)
 
     def conv(x):
         if isinstance(x, torch.Tensor):

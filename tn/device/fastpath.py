@@ -60,8 +60,8 @@ def _profiling() -> bool:
 
 def _make(idx: int, op, name: str):
     def kernel(a, b, *, alpha=1):
-        if (type(b) is torch.Tensor and type(a) is torch.Tensor and alpha == 1 and not a.is_cpu and not b.is_cpu and b.dtype is a.dtype
-                and a.is_contiguous() and b.is_contiguous() and a.shape == b.shape):
+        if (type(b) is torch.Tensor and type(a) is torch.Tensor and alpha == 1 and not a.is_cpu and not b.is_cpu
+                and b.dtype is a.dtype and a.is_contiguous() and b.is_contiguous() and a.shape == b.shape):
             e = _SEEN.get((idx, a.shape, a.dtype))
             if e is not None and _ON[0] and not _active():
                 ns, n, nbytes, strides, code = e
