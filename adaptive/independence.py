@@ -167,7 +167,7 @@ def independent_axes(ir: IR, input_axes: Dict[int, int]) -> List[Optional[Tuple[
             res = l
         elif op == "index":
             dims = tuple(a.get("dims", ()))
-            x, idx = ins[0], ins[1:]
+            idx = ins[1:]
             lx, lidx = labels[0], labels[1:]
             if len(dims) != 1 or len(idx) != 1:
                 raise Mixed(f"{_where(eqn)}: advanced indexing over several axes is not analysed")

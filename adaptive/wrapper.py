@@ -10,7 +10,7 @@ attribute to it and adds :meth:`AdaptiveModel.report`.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import torch
 
@@ -130,8 +130,13 @@ class _Controller:
 
 
 def _default_backend() -> str:
+    """``TN_BACKEND`` when set, else ``"neuron"`` (the NeuronCore compiler), else tn.jit's default."""
+    import importlib
+    import os
+    if os.environ.get("TN_BACKEND"):
+        return os.environ["TN_BACKEND"]
     try:
-        import tn.lower  # noqa: F401  (registers the "neuron" backend)
+        importlib.import_module("tn.lower")  # registers the "neuron" backend
         return "neuron"
     except Exception:  # the compiler is unavailable: the jit default
         from ..jit import default_backend

@@ -268,11 +268,11 @@ def test_caches_bounded_under_thousands_of_shapes():
     assert r._jitted().cache_info().size <= 2 and r.compiles >= 3
 
 
-def test_training_grads_equal_eager():
+def test_training_grads_equal_eager(backend):
     torch.manual_seed(0)
     m = nn.Sequential(MLPBlock(), MLPBlock())
     ref = copy.deepcopy(m)
-    a = tn.adaptive(m, **FAST)
+    a = tn.adaptive(m, **dict(FAST, backend=backend))
     for i in range(5):
         x = torch.randn(4, 16, requires_grad=True)
         xr = x.detach().clone().requires_grad_(True)
