@@ -221,19 +221,22 @@ def adaptive(model: torch.nn.Module, **policy: Any) -> AdaptiveModel:
     ``Sequential`` of same-type blocks, plus the whole model (the remainder);
     ``regions=[...]`` (module names or types) overrides them. Every region
     starts eager and records its signatures; a signature is compiled with
-    :func:`tn.jit` when ``seen * (t_eager - t_compiled) >= t_compile``
-    (measured times; see :mod:`tn.adaptive.policy`). A region whose
-    signatures churn is bucketed (inputs padded to a power of two along a
-    dimension the traced IR proves independent, results sliced back) or stays
-    eager. A region that cannot be traced stays eager for good, and its
-    children holding parameters become regions.
+    :func:`tn.jit` when ``seen * r/(1-r) * (t_eager - t_compiled) >= t_compile``
+    (``r``: how often the region's recent calls repeated a signature; measured
+    times; see :mod:`tn.adaptive.policy`). A region whose signatures churn is
+    bucketed (inputs padded to a power of two along a dimension the traced IR
+    proves independent, results sliced back) or stays eager and hands over to
+    its children. A region that cannot be traced stays eager for good, and its
+    children holding parameters become regions. Under autograd a compiled
+    region runs as a ``torch.autograd.Function`` (jitted forward, jitted vjp).
 
     Policy keywords (:class:`tn.adaptive.policy.Policy`): ``min_calls`` (2),
-    ``compile_time_prior`` (1.0 s), ``compiled_ratio_prior`` (0.3),
-    ``churn_window`` (32), ``churn_distinct`` (4), ``bucket`` ("pow2", a list
-    of sizes, or None), ``max_bucket`` (4096), ``cache_size`` (16 programs
-    per region), ``max_signatures`` (256 per region), ``backend`` ("neuron"),
-    ``regions``, ``autograd`` (True), ``clock``, ``costs`` (injected times).
+    ``compile_time_prior`` (0.3 s), ``compiled_ratio_prior`` (0.2),
+    ``max_recurrence`` (0.97), ``churn_window`` (32), ``churn_distinct`` (4),
+    ``bucket`` ("pow2", a list of sizes, or None), ``max_bucket`` (4096),
+    ``cache_size`` (16 programs per region), ``max_signatures`` (256 per
+    region), ``backend`` (``TN_BACKEND``, else "neuron"), ``regions``,
+    ``autograd`` (True), ``clock``, ``costs`` (injected times).
     ``TN_LOG=adaptive`` logs each decision (logger ``"tn"``).
     """
     if isinstance(model, AdaptiveModel):
