@@ -105,3 +105,117 @@ def test_entry_point_finds_the_backend_without_importing_tn():
         "assert 'tn' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def _device_available():
+    mod = getattr(torch, "neuron", None)
+    try:
+        return bool(mod is not None and mod.is_available())
+    except Exception:
+        return False
+
+
+needs_device = pytest.mark.skipif(not _device_available(), reason="the neuron device (tn/device) is not available")
+
+
+class _Attention(torch.nn.Module):
+    """One causal self-attention layer through F.scaled_dot_product_attention."""
+
+    def __init__(self, d=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.out = torch.nn.Linear(d, d)
+
+    def forward(self, x, mask=None):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "bool_mask"])
+def test_backward_through_scaled_dot_product_attention(masked):
+    # The fused CPU attention kernel's backward op has no tn decomposition; the backend
+    # has AOTAutograd trace SDPA's math backend instead (boolean masks converted as SDPA does).
+    torch.manual_seed(0)
+    model = _Attention()
+    x = torch.randn(2, 5, 16)
+    mask = torch.rand(2, 1, 5, 5) > 0.3 if masked else None
+    if masked:
+        mask[..., 0] = True  # every query sees at least one key
+    compiled = torch.compile(model, backend="neuron")
+    out = compiled(x, mask)
+    torch.testing.assert_close(out, model(x, mask), rtol=1e-4, atol=1e-5)
+    out.square().sum().backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x, mask).square().sum().backward()
+    for g, p in zip(got, model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-5)
+    assert dynamo_backend.host_ops() == {}, "every op of the attention forward and backward lowers natively"
+
+
+def test_host_ops_of_rejects_non_jitted():
+    with pytest.raises(tn.TnError, match="tn.jit function or module"):
+        dynamo_backend.host_ops_of(lambda x: x)
+
+
+@needs_device
+def test_device_inputs_results_stay_on_device():
+    model = _mlp()
+    x = torch.randn(8, 16)
+    want = model(x)
+    dev = _mlp().to("neuron")
+    compiled = torch.compile(dev, backend="neuron")
+    with torch.no_grad():
+        out = compiled(x.to("neuron"))
+    assert out.device.type == "neuron"
+    torch.testing.assert_close(out.cpu(), want, rtol=1e-4, atol=1e-5)
+    assert all(p.device.type == "neuron" for p in dev.parameters())
+
+
+@needs_device
+def test_device_training_sgd_and_adamw_follow_cpu():
+    torch.manual_seed(3)
+    data, target = torch.randn(16, 16), torch.randn(16, 4)
+    for make_opt in (lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9), lambda p: torch.optim.AdamW(p, lr=1e-2)):
+        losses = {}
+        for mode in ("cpu", "neuron"):
+            torch._dynamo.reset()
+            model = _mlp().to(mode)
+            opt = make_opt(model.parameters())
+            step_model = model if mode == "cpu" else torch.compile(model, backend="neuron")
+            x, y = data.to(mode), target.to(mode)
+            losses[mode] = []
+            for _ in range(5):
+                opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(step_model(x), y)
+                loss.backward()
+                opt.step()
+                losses[mode].append(loss.item())
+            if mode == "neuron":
+                assert all(p.device.type == "neuron" and p.grad.device.type == "neuron" for p in model.parameters())
+        torch.testing.assert_close(torch.tensor(losses["neuron"]), torch.tensor(losses["cpu"]), rtol=1e-4, atol=1e-6)
+
+
+@needs_device
+def test_device_buffer_mutation_is_written_back():
+    # BatchNorm's running stats are input mutations of the graph: they must land in device memory.
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8)).train()
+    dev = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8)).train()
+    dev.load_state_dict(cpu.state_dict())
+    dev = dev.to("neuron")
+    x = torch.randn(6, 8)
+    compiled = torch.compile(dev, backend="neuron")
+    for _ in range(2):
+        want = cpu(x)
+        got = compiled(x.to("neuron"))
+        torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-4, atol=1e-5)
+    bn_cpu, bn_dev = cpu[1], dev[1]
+    assert bn_dev.running_mean.device.type == "neuron"
+    torch.testing.assert_close(bn_dev.running_mean.cpu(), bn_cpu.running_mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(bn_dev.running_var.cpu(), bn_cpu.running_var, rtol=1e-5, atol=1e-6)
+    assert int(bn_dev.num_batches_tracked.cpu()) == 2

@@ -16,6 +16,15 @@ Use::
     import tn
     model = torch.compile(model, backend="neuron")
 
+Inputs on the ``neuron`` device (``model.to("neuron")``) are read in place
+(the device's memory is host memory) and results come back as device
+tensors; in-place updates (BatchNorm running stats, AOTAutograd's input
+mutations) land in device memory. ``F.scaled_dot_product_attention`` is
+traced through its math backend, so attention differentiates into ops tn
+compiles (the fused CPU kernel's backward op has no decomposition).
+:func:`host_ops` lists the ops of the compiled graphs that run on the host
+instead of the NeuronCore (none for an MLP, GPT-2, Llama or BERT).
+
 The name is registered through the ``torch_dynamo_backends`` entry point in
 tn's package metadata: Dynamo finds it on first use, whether or not ``tn``
 was imported (registering from ``import tn`` as well would make Dynamo's
@@ -25,26 +34,100 @@ entry-point loader, which imports tn, register the name twice).
 """
 from __future__ import annotations
 
-import itertools
 import threading
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
 from .errors import TnError
 
-__all__ = ["neuron_backend", "register", "graphs_compiled", "BACKEND_NAME"]
+__all__ = ["neuron_backend", "register", "graphs_compiled", "host_ops", "host_ops_of", "BACKEND_NAME"]
 
 #: The name torch.compile knows the backend by.
 BACKEND_NAME = "neuron"
 
 _count_lock = threading.Lock()
 _graphs_compiled = 0
+_jitted_graphs: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def graphs_compiled() -> int:
     """How many AOTAutograd graphs (forward and backward count separately) tn has compiled in this process."""
     return _graphs_compiled
+
+
+def host_ops_of(jitted: Any) -> Dict[str, int]:
+    """``{op: count}`` of IR equations that run on the host, over every program ``jitted`` has compiled.
+
+    ``jitted`` is a :func:`tn.jit` function or module. Counts are static (per
+    compiled program, not per call) and come from the ``"neuron"`` backend's
+    :class:`tn.lower.NeuronExecutable` ``stats``; other backends report none.
+    """
+    attrs = getattr(jitted, "__dict__", {})
+    core = attrs.get("_core") or attrs.get("_tn_core")  # JittedFunction / JittedModule
+    if core is None or not hasattr(core, "cache"):
+        raise TnError(f"host_ops_of: expected a tn.jit function or module, got {type(jitted).__name__}")
+    with core.lock:
+        entries = list(core.cache.values())
+    total: Dict[str, int] = {}
+    for e in entries:
+        stats = getattr(getattr(e, "run", None), "stats", None)
+        for name, n in (stats or {}).get("host_ops", {}).items():
+            total[name] = total.get(name, 0) + n
+    return total
+
+
+def host_ops() -> Dict[str, int]:
+    """``{op: count}`` of host fallbacks over every graph torch.compile(backend="neuron") handed to tn (still alive)."""
+    total: Dict[str, int] = {}
+    for j in list(_jitted_graphs):
+        for name, n in host_ops_of(j).items():
+            total[name] = total.get(name, 0) + n
+    return total
+
+
+_DEVICE = "neuron"
+
+
+def _run_on_device(jitted: Callable, flat: List[Any]) -> Any:
+    """Run a jitted graph on neuron-device inputs without copying them to the host.
+
+    The device's memory is host memory, so each device input is passed as a
+    CPU tensor aliasing it (:func:`tn.device.allocator.cpu_alias`); the
+    program reads it in place and in-place updates (mutations) write straight
+    through. Results are copied once into new device tensors, as the device's
+    eager ops do; a result that *is* an input (a mutated input returned) is
+    returned as the original device tensor. tn.jit's own route for device
+    inputs (copy every input to the host, every result back) costs one more
+    copy of every input, parameters included, per call.
+    """
+    from .device.allocator import cpu_alias
+    from .device.eager import to_device
+
+    back: Dict[int, torch.Tensor] = {}
+    args = []
+    for a in flat:
+        if isinstance(a, torch.Tensor) and a.device.type == _DEVICE:
+            alias = cpu_alias(a)
+            back[id(alias)] = a
+            args.append(alias)
+        else:
+            args.append(a)
+    out = jitted(*args)
+
+    def put(o: Any) -> Any:
+        if not isinstance(o, torch.Tensor):
+            return o
+        if id(o) in back:
+            return back[id(o)]
+        if o.device.type == "cpu":
+            return to_device(o)
+        return o
+
+    if isinstance(out, (list, tuple)):
+        return type(out)(put(o) for o in out)
+    return put(out)
 
 
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], tn_backend: str) -> Callable:
@@ -60,16 +143,49 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], tn_b
     jitted = jit(gm, static_argnums=static, backend=tn_backend)
     with _count_lock:
         _graphs_compiled += 1
+        _jitted_graphs.add(jitted)
 
     def run(args: List[Any]) -> Any:
         # AOTAutograd's boxed calling convention: one list, which the callee may clear to free inputs early.
         flat = list(args)
         args.clear()
+        for a in flat:
+            if isinstance(a, torch.Tensor) and a.device.type == _DEVICE:
+                return _run_on_device(jitted, flat)
         return jitted(*flat)
 
     run._boxed_call = True
     run.tn_jitted = jitted  # for inspection: run.tn_jitted.cache_info(), .lower(...)
     return run
+
+
+def _sdpa_math(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` restricted to its math backend (matmul, softmax, matmul).
+
+    On CPU, SDPA picks a fused kernel whose autograd formula calls
+    ``_scaled_dot_product_flash_attention_for_cpu_backward``, an op tn cannot
+    trace; AOTAutograd traces this wrapper instead, so the backward graph is
+    made of ordinary ops. Same arguments and mask handling as SDPA itself.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH]):
+        return torch._C._nn.scaled_dot_product_attention(*args, **kwargs)
+
+
+_SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
+
+
+def _sdpa_as_math(gm: torch.fx.GraphModule) -> int:
+    """Point every SDPA call of a Dynamo graph at :func:`_sdpa_math` (in place); returns how many."""
+    n = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _SDPA_TARGETS:
+            node.target = _sdpa_math
+            n += 1
+    if n:
+        gm.recompile()
+    return n
 
 
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs: List[Any], options: Optional[Dict[str, Any]] = None,
@@ -91,6 +207,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: List[Any], options:
     def compiler(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable:
         return _compile_graph(graph, inputs, tn_backend)
 
+    _sdpa_as_math(gm)
     return aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
                         decompositions=core_aten_decompositions())(gm, example_inputs)
 
