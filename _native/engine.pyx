@@ -56,6 +56,16 @@ cdef extern from "kernels.h":
     int tn_scatter_rows(const tn_ap *table, int64_t table_rows, const tn_ap *src, const tn_ap *idx,
                         int64_t nparts, int accumulate, int64_t *bad_index) nogil
     int tn_matmul_ap(const tn_ap *psum, const tn_ap *stat, const tn_ap *mov, int64_t K, int accumulate) nogil
+    int tn_matmul_set_isa(const char *name)
+
+
+def set_matmul_isa(name):
+    """Choose the matmul kernel code path the engine uses ("auto", "generic", "avx2", "avx512", "amx").
+
+    The engine links its own copy of the kernels, so this is separate from
+    ``tn._native._kernels.lib.tn_matmul_set_isa``. Returns False if this CPU lacks the path.
+    """
+    return tn_matmul_set_isa(str(name).encode()) == 0
 
 
 def abi_version():
@@ -301,7 +311,7 @@ cdef int decode(int64_t i, const int64_t *rec, int slot, Ctx *c, Opnd *o) except
         pitch = c.lim[L_SBUF_BYTES] if mem == MEM_SBUF else c.lim[L_PSUM_BYTES]
         if o.pcount < 1 or o.pcount > parts:
             _fail(i, rec, slot, f"partition count {o.pcount} must be 1..{parts} (the partition-count limit)")
-        if o.pstart < 0 or o.pstart + o.pcount > parts:
+        if o.pstart < 0 or o.pstart > parts - o.pcount:   # (no int64 overflow for a huge start)
             _fail(i, rec, slot, f"partitions {o.pstart}..{o.pstart + o.pcount - 1} fall outside the {parts} "
                   f"partitions of {MEM_NAMES[mem]}")
         if off % es != 0:
@@ -376,9 +386,12 @@ cdef int check_record(int64_t i, const int64_t *rec, Ctx *c, Opnd *ops, int64_t 
         _fail(i, rec, -1, f"queue {q} does not exist (0..3 engines, 4..{nq - 1} DMA queues)")
     if flags < 0 or flags > FLAG_ALL:
         _fail(i, rec, -1, f"unknown flag bits in {flags}")
-    if rec[H_DEP_COUNT] < 0 or rec[H_DEP_START] < 0 or rec[H_DEP_START] + rec[H_DEP_COUNT] > ndeps:
+    # ranges compared without overflow (start + count could wrap int64)
+    if (rec[H_DEP_COUNT] < 0 or rec[H_DEP_START] < 0 or rec[H_DEP_START] > ndeps
+            or rec[H_DEP_COUNT] > ndeps - rec[H_DEP_START]):
         _fail(i, rec, -1, f"dependency range [{rec[H_DEP_START]}, +{rec[H_DEP_COUNT]}) outside the deps array ({ndeps})")
-    if rec[H_AUX_COUNT] < 0 or rec[H_AUX_START] < 0 or rec[H_AUX_START] + rec[H_AUX_COUNT] > naux:
+    if (rec[H_AUX_COUNT] < 0 or rec[H_AUX_START] < 0 or rec[H_AUX_START] > naux
+            or rec[H_AUX_COUNT] > naux - rec[H_AUX_START]):
         _fail(i, rec, -1, f"aux range [{rec[H_AUX_START]}, +{rec[H_AUX_COUNT]}) outside the aux array ({naux})")
     is_dma = q >= N_ENGINES
     if op == OP_DMA_COPY or op == OP_DMA_GATHER or op == OP_DMA_SCATTER:

@@ -172,3 +172,20 @@ def test_malformed_shapes_of_arrays_are_errors():
 def test_fuzz_streams_never_crash_long():
     for seed in range(1, 40):
         fuzz(seed, 1000)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    (isa.OPERAND_BASE + isa.O_PSTART, 2 ** 63 - 1, "fall outside the 128 partitions"),
+    (isa.H_DEP_START, 2 ** 63 - 1, "dependency range"),
+    (isa.H_AUX_START, 2 ** 63 - 1, "aux range"),
+])
+def test_huge_fields_do_not_wrap_int64(field, value, match):
+    # start + count used to overflow int64 and pass the range checks (found by the fuzz test under ASan)
+    enc = kitchen_sink()
+    recs = enc.records.copy()
+    k = int(np.nonzero(recs[:, isa.H_OPCODE] == isa.OPCODES["partition_shuffle"])[0][0])
+    recs[k, field] = value
+    if field == isa.H_DEP_START:
+        recs[k, isa.H_DEP_COUNT] = 1
+    with pytest.raises(tn.NeuronError, match=match):
+        run_raw(recs, enc.deps, enc.aux, bindings(np.random.default_rng(0)))
