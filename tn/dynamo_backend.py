@@ -42,7 +42,8 @@ import torch
 
 from .errors import TnError
 
-__all__ = ["neuron_backend", "register", "graphs_compiled", "host_ops", "host_ops_of", "BACKEND_NAME"]
+__all__ = ["neuron_backend", "register", "graphs_compiled", "host_ops", "host_ops_of",
+           "executables_of", "compiled_graphs", "BACKEND_NAME"]
 
 #: The name torch.compile knows the backend by.
 BACKEND_NAME = "neuron"
@@ -57,6 +58,26 @@ def graphs_compiled() -> int:
     return _graphs_compiled
 
 
+def executables_of(jitted: Any) -> List[Any]:
+    """The compiled programs (backend run objects) a :func:`tn.jit` function or module holds, one per signature.
+
+    With the ``"neuron"`` backend these are :class:`tn.lower.NeuronExecutable`
+    s (``.stats``, ``.last_profile``).
+    """
+    attrs = getattr(jitted, "__dict__", {})
+    core = attrs.get("_core") or attrs.get("_tn_core")  # JittedFunction / JittedModule
+    if core is None or not hasattr(core, "cache"):
+        raise TnError(f"host_ops_of/executables_of: expected a tn.jit function or module, got "
+                      f"{type(jitted).__name__}")
+    with core.lock:
+        return [e.run for e in core.cache.values()]
+
+
+def compiled_graphs() -> List[Any]:
+    """The :func:`tn.jit` functions of every graph torch.compile(backend="neuron") handed to tn (still alive)."""
+    return list(_jitted_graphs)
+
+
 def host_ops_of(jitted: Any) -> Dict[str, int]:
     """``{op: count}`` of IR equations that run on the host, over every program ``jitted`` has compiled.
 
@@ -64,15 +85,9 @@ def host_ops_of(jitted: Any) -> Dict[str, int]:
     compiled program, not per call) and come from the ``"neuron"`` backend's
     :class:`tn.lower.NeuronExecutable` ``stats``; other backends report none.
     """
-    attrs = getattr(jitted, "__dict__", {})
-    core = attrs.get("_core") or attrs.get("_tn_core")  # JittedFunction / JittedModule
-    if core is None or not hasattr(core, "cache"):
-        raise TnError(f"host_ops_of: expected a tn.jit function or module, got {type(jitted).__name__}")
-    with core.lock:
-        entries = list(core.cache.values())
     total: Dict[str, int] = {}
-    for e in entries:
-        stats = getattr(getattr(e, "run", None), "stats", None)
+    for run in executables_of(jitted):
+        stats = getattr(run, "stats", None)
         for name, n in (stats or {}).get("host_ops", {}).items():
             total[name] = total.get(name, 0) + n
     return total
