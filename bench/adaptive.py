@@ -18,7 +18,9 @@ and inputs on the ``neuron`` device: every op a one-op program), ``jit``
 ``use_cache=False``, since tn.jit cannot take HF's cache object), ``adaptive``
 (``tn.adaptive(model)``, defaults), ``tc-neuron`` (``torch.compile(backend=
 "neuron")``) and ``tc-cpu`` (``torch.compile`` with Inductor, CPU tensors).
-When a workload cannot run on the neuron device, it runs on the CPU and the
+Every cell starts with the device's one-op program cache
+empty (an earlier column's eager programs would otherwise be free). When a
+workload cannot run on the neuron device, it runs on the CPU and the
 ``place`` column says so.
 
 Goals: adaptive within 1.1x of min(eager, jit) on every workload; strictly
@@ -212,6 +214,15 @@ def run_gpt2(strategy: str, scale: int) -> dict:
     return row
 
 
+def _cold_device() -> None:
+    """Empty the neuron device's cache of one-op programs, so no column reuses another's eager programs."""
+    try:
+        from tn.device import eager
+        eager.clear_cache()
+    except (ImportError, AttributeError):
+        pass
+
+
 WORKLOADS = {"a": "stable", "b": "random", "c": "phases", "d": "gpt2"}
 
 
@@ -235,6 +246,7 @@ def main(argv=None) -> int:
         for s in strategies:
             if s.startswith("tc-"):
                 torch._dynamo.reset()  # no graphs reused from an earlier workload
+            _cold_device()
             try:
                 row = run_gpt2(s, args.scale) if kind == "gpt2" else run_stack(kind, s, args.scale)
             except Exception as e:  # a column that cannot run says why
