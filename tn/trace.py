@@ -51,6 +51,8 @@ import sys
 import sysconfig
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import threading
+
 import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -1093,48 +1095,61 @@ def _check_no_aliased_mutation(flat_tensors: Sequence[Tensor], mutated: List[int
                 f"so the write would not show through the others. Pass separate tensors (e.g. .clone()).")
 
 
-class _compiling_flag:
-    """Make ``torch.compiler.is_compiling()`` true while tracing, as Dynamo and torch.export do.
+class _TracingGlobals:
+    """Process-wide settings that hold while any trace runs, set by the first and restored by the last.
 
-    Libraries ask it before reading tensor values: Hugging Face Transformers'
-    ``is_tracing()`` (``transformers.utils.import_utils``) is
-    ``torch.compiler.is_compiling()`` or a check that the tensor is an FX
-    proxy, a FakeTensor or a torch.jit trace, none of which a
-    :class:`TracerTensor` is; without this, ``masking_utils`` calls
-    ``bool(mask.all())`` on a traced mask (a :class:`tn.TracingError`).
-    torch's optimizers likewise keep step counts as tensors (no ``.item()``)
-    when compiling. The flag is restored on exit (nested traces included).
+    * ``torch.compiler.is_compiling()`` is true, as under Dynamo and
+      torch.export. Libraries ask it before reading tensor values: Hugging
+      Face Transformers' ``is_tracing()`` (``transformers.utils.import_utils``)
+      is ``torch.compiler.is_compiling()`` or a check that the tensor is an FX
+      proxy, a FakeTensor or a torch.jit trace, none of which a
+      :class:`TracerTensor` is; without this, ``masking_utils`` calls
+      ``bool(mask.all())`` on a traced mask (a :class:`tn.TracingError`).
+      torch's optimizers likewise keep step counts as tensors when compiling.
+    * ``F.scaled_dot_product_attention`` picks only its math composite. On
+      CPU it would pick the fused flash kernel, whose autograd formula calls
+      ``_scaled_dot_product_flash_attention_for_cpu_backward``, an op with no
+      decomposition, so ``torch.autograd.grad`` through attention could not be
+      traced. The math composite (matmul, softmax, matmul; grouped-query
+      attention included) differentiates into core ops and traces to the same
+      forward IR.
+
+    Both are process-wide in torch, not per thread, so concurrent traces share
+    one depth count under a lock: saving and restoring per trace would let two
+    overlapping traces leave the flags set for good. While any thread traces,
+    other threads see these settings too.
     """
 
-    __slots__ = ("old",)
+    _lock = threading.Lock()
+    _depth = 0
+    _saved_flag: Any = None
+    _sdpa: Any = None
 
     def __enter__(self) -> None:
-        import torch.compiler as tc
+        cls = _TracingGlobals
+        with cls._lock:
+            if cls._depth == 0:
+                import torch.compiler as tc
+                from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        self.old = getattr(tc, "_is_compiling_flag", None)
-        if self.old is not None:
-            tc._is_compiling_flag = True
+                cls._saved_flag = getattr(tc, "_is_compiling_flag", None)
+                if cls._saved_flag is not None:
+                    tc._is_compiling_flag = True
+                cls._sdpa = sdpa_kernel([SDPBackend.MATH])
+                cls._sdpa.__enter__()
+            cls._depth += 1
 
     def __exit__(self, *exc: Any) -> None:
-        if self.old is not None:
-            import torch.compiler as tc
+        cls = _TracingGlobals
+        with cls._lock:
+            cls._depth -= 1
+            if cls._depth == 0:
+                import torch.compiler as tc
 
-            tc._is_compiling_flag = self.old
-
-
-def _sdpa_math() -> Any:
-    """Let ``F.scaled_dot_product_attention`` pick only its math composite while tracing.
-
-    On CPU it would pick the fused flash kernel, whose autograd formula calls
-    ``_scaled_dot_product_flash_attention_for_cpu_backward``, an op with no
-    decomposition: ``torch.autograd.grad`` through attention (training any
-    Transformers model) could not be traced. The math composite (matmul,
-    softmax, matmul; grouped-query attention included) differentiates into
-    core ops and traces to the same forward IR.
-    """
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([SDPBackend.MATH])
+                if cls._saved_flag is not None:
+                    tc._is_compiling_flag = cls._saved_flag
+                sdpa, cls._sdpa = cls._sdpa, None
+                sdpa.__exit__(None, None, None)
 
 
 def trace_flat(fn: Callable[..., Any], flat_tensors: Sequence[Tensor]) -> Traced:
@@ -1168,7 +1183,7 @@ def trace_flat(fn: Callable[..., Any], flat_tensors: Sequence[Tensor]) -> Traced
         tt._tn_input = True
         in_vars.append(v)
         tracers.append(tt)
-    with tracer, _compiling_flag(), _sdpa_math():
+    with tracer, _TracingGlobals():
         try:
             out = fn(*tracers)
         except RuntimeError as e:
