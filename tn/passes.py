@@ -428,7 +428,13 @@ def simplify(ir: IR) -> IR:
 #: folds: a tensor the traced function captured (a closure's weight, a global)
 #: may be changed in place by the user later, so results derived from it are
 #: never baked into a program.
-_FOLDED: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
+#: Keyed by ``id``: a WeakSet would compare two entries with equal hashes by
+#: ``==``, which for tensors is elementwise (and raises for more than one element).
+_FOLDED: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+
+
+def _was_folded(t: torch.Tensor) -> bool:
+    return _FOLDED.get(id(t)) is t
 
 
 def fold_constants(ir: IR, max_numel: Optional[int] = None) -> IR:
@@ -446,7 +452,7 @@ def fold_constants(ir: IR, max_numel: Optional[int] = None) -> IR:
     uses any more.
     """
     limit = FOLD_MAX_NUMEL if max_numel is None else max_numel
-    known: Dict[Var, torch.Tensor] = {v: t for v, t in ir.consts if t in _FOLDED}
+    known: Dict[Var, torch.Tensor] = {v: t for v, t in ir.consts if _was_folded(t)}
     consts = list(ir.consts)
     kept: List[Eqn] = []
     for e in ir.eqns:
@@ -471,7 +477,7 @@ def fold_constants(ir: IR, max_numel: Optional[int] = None) -> IR:
             continue
         for v, t in zip(e.outputs, results):
             t = t.detach().contiguous()
-            _FOLDED.add(t)
+            _FOLDED[id(t)] = t
             known[v] = t
             consts.append((v, t))
     return ir.replace(eqns=kept, consts=consts)
