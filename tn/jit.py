@@ -606,6 +606,17 @@ class _Core:
         self.last_entry = e
         return e(tensors)
 
+    def lower(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> IR:
+        """The IR the cached program for these arguments runs (compiled now if needed)."""
+        key, spec, tensors = self.key_of(args, kwargs)
+        e = self.lookup(key, spec) or self.miss(key, spec, tensors)
+        return e.ir
+
+    def last_run_attr(self, name: str) -> Any:
+        """Attribute ``name`` of the most recent call's compiled program (e.g. its profile), or None."""
+        e = self.last_entry
+        return getattr(e.run, name, None) if e is not None else None
+
     def cache_info(self) -> CacheInfo:
         """Hits, misses, current size and bound of the program cache."""
         with self.lock:
@@ -708,15 +719,13 @@ class JittedFunction:
 
         ``None`` before the first call and on backends that do not model the chip (``"reference"``).
         """
-        e = self._core.last_entry
-        return getattr(e.run, "last_profile", None) if e is not None else None
+        return self._core.last_run_attr("last_profile")
 
     @property
     def stats(self) -> Any:
         """Compile statistics of the most recent call's program (host-fallback ops, programs,
         instructions) from the backend, or None (e.g. on ``"reference"``)."""
-        e = self._core.last_entry
-        return getattr(e.run, "stats", None) if e is not None else None
+        return self._core.last_run_attr("stats")
 
     def cache_info(self) -> CacheInfo:
         """Hits, misses, current size and bound (``maxsize``) of the program cache."""
@@ -728,10 +737,7 @@ class JittedFunction:
 
     def lower(self, *args: Any, **kwargs: Any) -> IR:
         """The (optimised) IR this function runs for these arguments, compiling it if needed."""
-        core = self._core
-        key, spec, tensors = core.key_of(args, kwargs)
-        e = core.lookup(key, spec) or core.miss(key, spec, tensors)
-        return e.ir
+        return self._core.lower(args, kwargs)
 
     def __repr__(self) -> str:
         return f"<tn.jit {self._core.name} backend={self._core.backend_name!r}>"
@@ -808,15 +814,13 @@ class JittedModule:
 
         ``None`` before the first call and on backends that do not model the chip (``"reference"``).
         """
-        e = self._tn_core.last_entry
-        return getattr(e.run, "last_profile", None) if e is not None else None
+        return self._tn_core.last_run_attr("last_profile")
 
     @property
     def stats(self) -> Any:
         """Compile statistics of the most recent call's program (host-fallback ops, programs,
         instructions) from the backend, or None (e.g. on ``"reference"``)."""
-        e = self._tn_core.last_entry
-        return getattr(e.run, "stats", None) if e is not None else None
+        return self._tn_core.last_run_attr("stats")
 
     def cache_info(self) -> CacheInfo:
         """Hits, misses, current size and bound (``maxsize``) of the program cache."""
@@ -828,10 +832,7 @@ class JittedModule:
 
     def lower(self, *args: Any, **kwargs: Any) -> IR:
         """The (optimised) IR this module runs for these arguments, compiling it if needed."""
-        core = self._tn_core
-        key, spec, tensors = core.key_of(args, kwargs)
-        e = core.lookup(key, spec) or core.miss(key, spec, tensors)
-        return e.ir
+        return self._tn_core.lower(args, kwargs)
 
     def train(self, mode: bool = True) -> "JittedModule":
         """Set training mode on the module; returns the wrapper."""
