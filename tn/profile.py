@@ -8,8 +8,11 @@
     print(prof.table())          # per program: time, engine utilisation, HBM traffic
     prof.save_trace("trace.json")  # open in ui.perfetto.dev or chrome://tracing
 
-Profilers nest (each active one sees every run); they are per thread /
-asyncio context (a ``contextvars`` stack kept by :mod:`tn.neuron.runtime`).
+Profilers nest (each active one sees every run). They see runs from every
+thread, like ``torch.profiler``: autograd runs a device's backward pass in a
+worker thread, and ``loss.backward()`` inside the block must show up. Ops that
+ran on the host instead of the NeuronCore (no lowering) are counted in
+``prof.host_ops`` (see :func:`note_host_op`).
 """
 from __future__ import annotations
 
@@ -18,7 +21,15 @@ import json
 from .neuron.arch import NUM_ENGINES
 from .neuron.runtime import RunResult, add_listener, remove_listener
 
-__all__ = ["profile", "Profile"]
+__all__ = ["profile", "Profile", "note_host_op"]
+
+_ACTIVE: list = []  # Profile objects inside their `with` block, any thread
+
+
+def note_host_op(name: str, n: int = 1) -> None:
+    """Count ``n`` runs of op ``name`` on the host (a fallback) in every active profile."""
+    for prof in tuple(_ACTIVE):
+        prof.host_ops[name] = prof.host_ops.get(name, 0) + n
 
 
 class Profile:
@@ -26,15 +37,19 @@ class Profile:
 
     def __init__(self):
         self.runs: list[RunResult] = []
+        self.host_ops: dict[str, int] = {}  # op name -> calls that ran on the host instead of the chip
         self._token = None
 
     def __enter__(self):
         self._token = add_listener(self.runs.append)
+        _ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc):
         remove_listener(self._token)
         self._token = None
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
         return False
 
     # ------------------------------------------------------------------ summaries
@@ -125,6 +140,9 @@ class Profile:
         else:
             text = tabulate(rows, headers="keys", tablefmt=tablefmt, floatfmt=".3g")
             text += f"\ntotal modelled time: {self.total_us:.3f} us over {len(self.runs)} run(s)"
+        if self.host_ops:
+            text += "\nran on the host (no NeuronCore lowering): " + ", ".join(
+                f"{name} x{n}" for name, n in sorted(self.host_ops.items()))
         if print_it:
             print(text)
         return text

@@ -686,13 +686,11 @@ class NeuronExecutable:
 
 
 def _note_host_ops(counts: Dict[str, int]) -> None:
-    """Tell active ``tn.profile()`` blocks about host fallbacks (when tn.profile offers ``note_host_op``)."""
-    import importlib
+    """Tell active ``tn.profile()`` blocks about host fallbacks."""
+    from ..profile import note_host_op
 
-    note = getattr(importlib.import_module("tn.profile"), "note_host_op", None)
-    if note is not None:
-        for name, n in counts.items():
-            note(name, n)
+    for name, n in counts.items():
+        note_host_op(name, n)
 
 
 def compile_ir(ir: IR, *, arch: Any = None, strict: Optional[bool] = None, debug: bool = False,

@@ -15,7 +15,6 @@ bfloat16 on the host: numpy has no bf16, so bf16 HBM tensors bind to torch
 """
 from __future__ import annotations
 
-import contextvars
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,17 +27,35 @@ from .arch import NUM_ENGINES, Arch
 
 __all__ = ["run", "RunResult", "simulate_timing", "to_bf16", "from_bf16", "add_listener", "remove_listener"]
 
-_LISTENERS: contextvars.ContextVar = contextvars.ContextVar("tn_neuron_run_listeners", default=())
+# Process-wide, not per thread: autograd runs a device's backward pass in its own worker thread, and a
+# profiler around `loss.backward()` must see those runs too (like torch.profiler, it sees every thread).
+_LISTENERS: tuple = ()
+_LISTENERS_LOCK = threading.Lock()
 
 
 def add_listener(fn):
-    """Call ``fn(result)`` for every program run in this context (returns a token for :func:`remove_listener`)."""
-    return _LISTENERS.set(_LISTENERS.get() + (fn,))
+    """Call ``fn(result)`` for every program run in the process until :func:`remove_listener` (returns its token).
+
+    Listeners see runs from every thread, so a profiler around ``loss.backward()``
+    also sees the backward programs autograd runs in its worker thread.
+    """
+    global _LISTENERS
+    token = object()
+    with _LISTENERS_LOCK:
+        _LISTENERS = _LISTENERS + ((token, fn),)
+    return token
 
 
 def remove_listener(token):
-    """Undo :func:`add_listener`."""
-    _LISTENERS.reset(token)
+    """Undo :func:`add_listener` (its token)."""
+    global _LISTENERS
+    with _LISTENERS_LOCK:
+        _LISTENERS = tuple(entry for entry in _LISTENERS if entry[0] is not token)
+
+
+def active_listeners() -> tuple:
+    """The listener functions registered now (empty when no profiler is active)."""
+    return tuple(fn for _, fn in _LISTENERS)
 
 
 def to_bf16(a) -> np.ndarray:
@@ -350,6 +367,6 @@ def run(program, bindings=None, *, report: bool = True, fresh_memory: bool = Fal
     del keep
     res = _result(enc, total, times, busy, counts, hbm, outputs, wall)
     if report:
-        for fn in _LISTENERS.get():
+        for _, fn in _LISTENERS:
             fn(res)
     return res

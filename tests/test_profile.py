@@ -1,0 +1,67 @@
+# tn.profile(): runs from every thread (autograd's device backward worker included) and host-fallback counts.
+import threading
+
+import torch
+
+import tn
+from tn.neuron import runtime
+
+
+def test_runs_in_other_threads_are_collected():
+    f = tn.jit(lambda x: x.exp() + 1)
+    x = torch.randn(4, 4)
+    f(x)
+    with tn.profile() as prof:
+        t = threading.Thread(target=f, args=(x,))
+        t.start()
+        t.join()
+    assert len(prof.runs) == 1
+    assert runtime.active_listeners() == ()
+
+
+def test_nested_profiles_and_removal():
+    f = tn.jit(lambda x: x * 2)
+    x = torch.randn(3)
+    with tn.profile() as outer:
+        f(x)
+        with tn.profile() as inner:
+            f(x)
+        f(x)
+    f(x)
+    assert len(outer.runs) == 3 and len(inner.runs) == 1
+
+
+def test_host_fallbacks_are_counted_in_the_profile():
+    from tn.profile import note_host_op
+
+    with tn.profile() as prof:
+        note_host_op("erfinv", 2)
+    note_host_op("erfinv")  # outside any block: nobody counts it
+    assert prof.host_ops == {"erfinv": 2}
+    assert "erfinv x2" in prof.table(print_it=False) or "no NeuronCore programs" in prof.table(print_it=False)
+
+
+def test_a_real_host_fallback_shows_in_the_profile():
+    f = tn.jit(lambda x: torch.special.erfinv(x) + 1, backend="neuron")
+    x = torch.rand(8) * 0.5
+    with torch.no_grad(), tn.profile() as prof:
+        torch.testing.assert_close(f(x), torch.special.erfinv(x) + 1)
+    assert prof.host_ops.get("erfinv", 0) >= 1
+    assert "erfinv" in prof.table(print_it=False)
+
+
+def test_device_backward_runs_are_profiled():
+    if not hasattr(torch, "neuron"):
+        import pytest
+
+        pytest.skip("neuron device not registered")
+    x_cpu, w_cpu = torch.randn(4, 8), torch.randn(8, 8)
+    w = w_cpu.to("neuron").requires_grad_()
+    x = x_cpu.to("neuron")
+    with tn.profile() as prof:
+        loss = (x @ w).relu().sum()
+        n_forward = len(prof.runs)
+        loss.backward()
+    assert len(prof.runs) > n_forward  # the backward ran in autograd's worker thread and was still seen
+    expected = x_cpu.T @ ((x_cpu @ w_cpu) > 0).float()
+    torch.testing.assert_close(w.grad.cpu(), expected, rtol=1e-4, atol=1e-5)
