@@ -25,7 +25,8 @@ from ..errors import NeuronError
 from . import isa
 from .arch import NUM_ENGINES, Arch
 
-__all__ = ["run", "RunResult", "simulate_timing", "to_bf16", "from_bf16", "add_listener", "remove_listener"]
+__all__ = ["run", "RunResult", "simulate_timing", "to_bf16", "from_bf16", "add_listener", "remove_listener",
+           "active_listeners"]
 
 # Process-wide, not per thread: autograd runs a device's backward pass in its own worker thread, and a
 # profiler around `loss.backward()` must see those runs too (like torch.profiler, it sees every thread).
