@@ -3,6 +3,7 @@
 
     python bench/device.py                 # dispatch table
     python bench/device.py --repeats 21 --number 200
+    python bench/device.py --skip-training   # without the training-step table (it compiles GPT-2)
 
 For each case the CPU op and the same op on neuron tensors run in
 interleaved batches (``--repeats`` batches of ``--number`` calls each, one
@@ -108,10 +109,26 @@ def breakdown_rows(repeats: int = 15, number: int = 200) -> list:
     return rows
 
 
+def training_rows(repeats: int = 15, number: int = 100) -> list:
+    """Training steps (MLP, 2-layer GPT-2): CPU eager, neuron eager, torch.compile(backend="neuron"),
+    host time and modelled device time (the workloads and runners of ``bench/training_step.py``)."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import training_step
+
+    torch._dynamo.config.cache_size_limit = 64
+    steps = max(3, min(repeats, 7))
+    return [{k: v for k, v in row.items() if k != "loss"} | {"loss": round(row["loss"], 5)}
+            for name in training_step.WORKLOADS for row in training_step.bench(name, steps)]
+
+
 #: (title, function) of every table this bench prints, in order
 SECTIONS = [
     ("per-op dispatch: neuron eager vs CPU eager (one thread)", dispatch_rows),
     ("fast path breakdown, 4x4 fp32 add", breakdown_rows),
+    ("training step: CPU eager, neuron eager, torch.compile(backend='neuron') (one thread)", training_rows),
 ]
 
 
@@ -120,9 +137,12 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=15, help="interleaved batches per case")
     p.add_argument("--number", type=int, default=100, help="calls per batch")
+    p.add_argument("--skip-training", action="store_true", help="leave out the training-step table")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     for title, fn in SECTIONS:
+        if args.skip_training and fn is training_rows:
+            continue
         rows = fn(repeats=args.repeats, number=args.number)
         print(f"\n{title}")
         print(tabulate(rows, headers="keys", floatfmt=".2f"))
