@@ -69,7 +69,7 @@ import torch
 
 from ..errors import TnError
 
-__all__ = ["CannotLower", "LowerCtx", "lowering", "NEURON_DTYPES", "neuron_dtype"]
+__all__ = ["CannotLower", "LowerCtx", "lowering", "NEURON_DTYPES", "neuron_dtype", "TileScope"]
 
 
 class CannotLower(Exception):
@@ -166,6 +166,43 @@ class LowerCtx:
         if hook is not None and hook(dst, tile):
             return
         store_tile(self.prog, dst, tile)
+
+
+class TileScope:
+    """SBUF/PSUM tiles allocated for one lowering and freed together (newest first) when the block ends.
+
+    ::
+
+        with TileScope(prog) as tiles:
+            a = tiles.sbuf((128, 512), "bfloat16", "a")
+            acc = tiles.psum((128, 512), "float32", "acc")
+            ...                                   # freed on exit, also when emission raises
+    """
+
+    def __init__(self, prog: Any):
+        self.prog = prog
+        self.tiles: List[Any] = []
+
+    def sbuf(self, shape: Any, dtype: str, name: Optional[str] = None) -> Any:
+        """An SBUF tile that lives until the scope ends."""
+        t = self.prog.sbuf(shape, dtype, name=name)
+        self.tiles.append(t)
+        return t
+
+    def psum(self, shape: Any, dtype: str, name: Optional[str] = None) -> Any:
+        """A PSUM tile that lives until the scope ends."""
+        t = self.prog.psum(shape, dtype, name=name)
+        self.tiles.append(t)
+        return t
+
+    def __enter__(self) -> "TileScope":
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        for t in reversed(self.tiles):
+            self.prog.free(t)
+        self.tiles.clear()
+        return False
 
 
 def store_tile(prog: Any, dst: Any, tile: Any) -> None:

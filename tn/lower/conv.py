@@ -41,7 +41,7 @@ host, visibly).
 from __future__ import annotations
 
 from ..neuron import HbmTensor, Tile, isa
-from .base import CannotLower, lowering
+from .base import CannotLower, TileScope, lowering
 from .matmul import MATMUL_DTYPES, _Copier, _Ring, _sbuf_free
 
 __all__ = ["lower_convolution", "lower_avg_pool2d", "lower_avg_pool2d_backward"]
@@ -153,19 +153,8 @@ class _Conv:
     def emit(self) -> None:
         """Load weights (and bias), then emit every block of output pixels; frees every tile it allocated."""
         prog = self.prog
-        tiles = []
-
-        def sb(shape, dtype, name):
-            t = prog.sbuf(shape, dtype, name=name)
-            tiles.append(t)
-            return t
-
-        def ps(shape, dtype, name):
-            t = prog.psum(shape, dtype, name=name)
-            tiles.append(t)
-            return t
-
-        try:
+        with TileScope(prog) as scope:
+            sb, ps = scope.sbuf, scope.psum
             self.copy = _Copier(prog)
             kpart = self.Cg * self.tg if self.stacked else _P
             w_ring = _Ring(sb((kpart, self.wslots, self.wtaps, self.ocw), self.dt, f"cv_wT{i}")
@@ -196,9 +185,6 @@ class _Conv:
                         for oh0 in range(0, self.Ho, self.rows):
                             for ow0 in range(0, self.Wo, self.cols):
                                 self._block(g, n0, oh0, ow0, oc0, oc1, wT)
-        finally:
-            for t in reversed(tiles):
-                prog.free(t)
 
     # -------------------------------------------------------------- weights and bias
     def _load_weights(self, g, oc0, oc1, wT) -> None:

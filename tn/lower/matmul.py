@@ -51,7 +51,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from ..neuron import HbmTensor, isa
-from .base import CannotLower, lowering
+from .base import CannotLower, TileScope, lowering
 
 __all__ = ["emit_matmul", "lower_matmul", "lower_matmul_transposed", "transposed_source", "MATMUL_DTYPES"]
 
@@ -251,19 +251,8 @@ class _Matmul:
         """Allocate the rings of tiles, emit every batch, free everything."""
         prog = self.prog
         KP = self.KP
-        tiles = []
-
-        def sb(shape, dtype, name):
-            t = prog.sbuf(shape, dtype, name=name)
-            tiles.append(t)
-            return t
-
-        def ps(shape, dtype, name):
-            t = prog.psum(shape, dtype, name=name)
-            tiles.append(t)
-            return t
-
-        try:
+        with TileScope(prog) as scope:
+            sb, ps = scope.sbuf, scope.psum
             self.at_ring = _Ring(sb((_P, self.at_tiles, KP, _P), self.dt, f"mm_aT{i}") for i in range(self.at_bufs))
             if self.b_resident:
                 self.b_ring = _Ring([sb((_P, self.KC, self.N), self.dt, "mm_b")])
@@ -278,9 +267,6 @@ class _Matmul:
             self.copy = _Copier(prog)
             for bi in range(self.Bt):
                 self._emit_batch(bi)
-        finally:
-            for t in reversed(tiles):
-                prog.free(t)
 
     def _slab_size(self) -> int:
         """Batches per slab when each batch is one tile group (0: use the per-batch plan)."""
