@@ -805,7 +805,9 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
     ``sbuf``/``psum`` the memories (partitions x bytes, uint8); ``hbm_ptrs``/
     ``hbm_sizes`` the address and byte size of every bound HBM buffer (the
     caller keeps them alive); ``limits``/``timing`` from :class:`Arch`.
-    Outputs: ``times[i] = (start_ns, end_ns)``, ``busy[q]`` busy ns per queue,
+    Outputs: ``times[i] = (start_ns, end_ns)`` (end = when the result is
+    readable: the issue interval plus the access latency for compute
+    engines), ``busy[q]`` busy (issue) ns per queue,
     ``counts[q]`` instructions per queue, ``hbm_bytes = [read, written]``.
     Returns the total time in ns. With ``execute=0`` only validation and
     timing run. Raises :class:`tn.NeuronError` on any violation.
@@ -828,6 +830,7 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
     cdef int64_t live_b1[MAX_BANKS]
     cdef int64_t bank_bytes, s, b, b_lo, b_hi
     cdef Pipe *pipe
+    cdef double *issue_end
     if prog.shape[1] != REC_WIDTH:
         from tn.errors import NeuronError
         raise NeuronError(f"encoded program has {prog.shape[1]} fields per record, expected {REC_WIDTH}")
@@ -870,6 +873,10 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
     pipe = <Pipe *>malloc(sizeof(Pipe))
     if pipe == NULL:
         raise MemoryError("engine: cannot allocate the DMA pipe state")
+    issue_end = <double *>malloc(sizeof(double) * (n if n > 0 else 1))
+    if issue_end == NULL:
+        free(pipe)
+        raise MemoryError("engine: cannot allocate the issue-time array")
     pipe.n = 0
     try:
         for i in range(n):
@@ -887,7 +894,13 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
                 d = deps[dstart + j]
                 if d < 0 or d >= i:
                     _fail(i, rec, -1, f"waits for instruction {d}, which is not an earlier instruction")
-                if times[d, 1] > start:
+                if op == OP_MATMUL and (flags & FLAG_ACCUMULATE) and prog[d, H_OPCODE] == OP_MATMUL \
+                        and prog[d, H_QUEUE] == q:
+                    # accumulating into the PSUM group of an earlier matmul of the same TensorE pipeline: the
+                    # partial sums stream through the PSUM adders, no round trip through memory
+                    if issue_end[d] > start:
+                        start = issue_end[d]
+                elif times[d, 1] > start:
                     start = times[d, 1]
             # ---- PSUM accumulation-group ownership
             for s in range(N_OPERANDS):
@@ -960,16 +973,22 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
                         hbm_bytes[1] += ops[0].nbytes
                 dur = bytes_eff / timing[T_HBM_BW] * 1e9
                 end = pipe_fill(pipe, start + timing[T_DMA_FIXED], dur)
+                issue_end[i] = end
             else:
-                cyc = cost_cycles(op, sub, ops, timing[T_ACCESS])
-                end = start + cyc / clk[q]
+                # Engines are pipelined: the DESIGN formula is the issue interval (the queue is busy for it and
+                # the next instruction of the queue may start after it); the fixed SBUF/PSUM access cycles are
+                # latency, seen by instructions that wait for this one's result.
+                cyc = cost_cycles(op, sub, ops, 0.0)
+                issue_end[i] = start + cyc / clk[q]
+                end = issue_end[i] + timing[T_ACCESS] / clk[q]
             times[i, 0] = start
             times[i, 1] = end
-            busy[q] += end - start
+            busy[q] += issue_end[i] - start
             counts[q] += 1
-            qfree[q] = end
+            qfree[q] = issue_end[i]
             if end > total:
                 total = end
     finally:
         free(pipe)
+        free(issue_end)
     return total

@@ -108,7 +108,8 @@ def test_engines_run_in_parallel_and_dependencies_wait():
     assert t[2][0] == pytest.approx(max(t[0][1], t[1][1]))
     assert t[3][0] == pytest.approx(t[2][1])
     assert res.total_ns == pytest.approx(t[3][1])
-    assert res.busy_ns["VectorE"] == pytest.approx(dur(res, 1) + dur(res, 3))
+    access = 60 * 1e9 / get_arch("trn2").clock_hz["dve"]
+    assert res.busy_ns["VectorE"] == pytest.approx(dur(res, 1) + dur(res, 3) - 2 * access)   # busy = issue
     assert 0 < res.utilisation["ScalarE"] < 1
 
 
@@ -138,7 +139,7 @@ def test_run_result_report_fields():
         p.matmul(p.psum((128, 512)), p.sbuf((128, 128), "bf16"), p.sbuf((128, 512), "bf16"))
     res = one("trn2", emit)
     assert res.total_cycles == 512 + 60
-    assert res.busy_cycles["TensorE"] == 572
+    assert res.busy_cycles["TensorE"] == 512            # the issue interval; the access latency is not busy time
     assert res.tensor_utilisation == pytest.approx(512 / 572)
     assert res.sbuf_peak_bytes == 256 + 1024 and res.psum_peak_bytes == 2048
     assert res.summary()["instructions"] == 1
@@ -161,3 +162,31 @@ def test_many_dmas_fragmenting_the_pipe_stay_consistent():
     t = res.times
     assert (t[:, 1] >= t[:, 0]).all() and res.total_ns >= t[:, 1].max() - 1e-6
     assert t[-300:, 0].min() < t[1399, 0]        # the independent DMAs did not queue behind the chain
+
+
+def test_engines_are_pipelined_access_is_latency():
+    # Independent instructions of one engine issue back to back (one issue interval apart); a dependent
+    # instruction waits for the whole latency (issue + access); accumulating matmuls stream through PSUM.
+    a = get_arch("trn2")
+    ns_pe = 1e9 / a.clock_hz["pe"]
+    ns_dve = 1e9 / a.clock_hz["dve"]
+
+    def emit(p):
+        x = p.sbuf((128, 512))
+        y = p.sbuf((128, 512))
+        z = p.sbuf((128, 512))
+        p.tensor_scalar(y, x, "multiply", 2.0, engine="vector")          # 0
+        p.tensor_scalar(z, x, "multiply", 3.0, engine="vector")          # 1 independent: issues after 0's interval
+        p.tensor_scalar(x, y, "add", 1.0, engine="vector")               # 2 reads y: waits for 0's result
+        s = p.sbuf((128, 128), "bf16")
+        m = p.sbuf((128, 512), "bf16")
+        ps = p.psum((128, 512))
+        p.matmul(ps, s, m)                                                # 3
+        p.matmul(ps, s, m, accumulate=True, stop=True)                    # 4 accumulates: streams after 3
+    res = one("trn2", emit)
+    t = res.times
+    assert t[1][0] == pytest.approx(512 * ns_dve)
+    assert t[2][0] == pytest.approx(max(t[0][1], t[1][0] + 512 * ns_dve))
+    assert t[0][1] - t[0][0] == pytest.approx((512 + 60) * ns_dve)
+    assert t[4][0] == pytest.approx(t[3][0] + 512 * ns_pe)
+    assert res.busy_cycles["TensorE"] == 1024

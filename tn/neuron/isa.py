@@ -185,7 +185,11 @@ OPERAND_NAMES = {
 
 def cost_cycles(opcode: str, n: int, *, m: int = 0, fp32: bool = False, func: str = "identity",
                 parts: int = 128, access_cycles: int = 60) -> int:
-    """Engine cycles an instruction occupies its engine (the formulas of DESIGN.md plus the fixed access cost).
+    """Engine cycles from an instruction's start until its result is readable: the issue interval of
+    DESIGN.md's formulas (the cycles the engine's queue is busy; the next instruction of the same engine may
+    start after them) plus the fixed SBUF/PSUM access latency (``access_cycles``; pass 0 for the issue interval
+    alone). Instructions that wait for this one (semaphores) see the whole latency; a matmul accumulating into
+    the PSUM group of the previous matmul on TensorE sees only the issue interval.
 
     ``n`` is the free size (elements per partition) of the instruction's main
     input (for matmul: the moving free size N; ``m`` the stationary free size
