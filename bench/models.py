@@ -17,7 +17,14 @@ Columns:
   time of simulating the NeuronCore program(s) plus binding and host fallbacks.
 * ``tn 1st call s``: the first ``tn.jit`` call (trace, passes, compile, one run).
 * ``device us``: modelled NeuronCore time of one call (trn2 by default).
-* ``TensorE %``: matmul FLOPs / (TensorE bf16 peak x modelled time).
+* ``TensorE active %``: matmul FLOPs / (TensorE bf16 peak x TensorE busy time): how well the matmul
+  instructions use the 128x128 array while TensorE works (transposes on TensorE count as busy, zero FLOPs).
+  This is the number the issue's utilisation goal is checked against ("utilisation on the matmuls").
+* ``MFU %``: matmul FLOPs / (TensorE bf16 peak x modelled time), end to end.
+* ``roofline us`` / ``of roofline``: max(HBM bytes / HBM bandwidth, FLOPs / bf16 peak), the least time any
+  schedule of this program's traffic and math could take, and the fraction of it reached
+  (roofline / device time). With batch 64 the MLP's weights (12.6 MB bf16) must stream from HBM every call,
+  so its end-to-end MFU cannot exceed ~29% on trn2 however good the schedule: the roofline shows it.
 * ``HBM MB``: HBM bytes read + written by the programs.
 * ``host ops``: equations that ran on the host (no lowering): should be 0.
 * ``max err``: max |tn - eager| of the outputs (a correctness check).
@@ -188,7 +195,12 @@ def measure(name, fn, inputs, repeats, use_compile):
         row["tensore_pct"] = 100.0 * flops / (peak * total_ns * 1e-9) if total_ns else 0.0
         te_busy = sum(r.busy_ns.get("TensorE", 0.0) for r in runs)
         row["tensore_busy_pct"] = 100.0 * te_busy / total_ns if total_ns else 0.0
-        row["hbm_mb"] = sum(r.hbm_read_bytes + r.hbm_write_bytes for r in runs) / 1e6
+        row["tensore_active_pct"] = 100.0 * flops / (peak * te_busy * 1e-9) if te_busy else 0.0
+        hbm_bytes = sum(r.hbm_read_bytes + r.hbm_write_bytes for r in runs)
+        row["hbm_mb"] = hbm_bytes / 1e6
+        bw = runs[0].arch.hbm_bytes_per_s if runs else 1.0
+        row["roofline_us"] = max(hbm_bytes / bw, flops / peak) * 1e6
+        row["of_roofline_pct"] = 100.0 * row["roofline_us"] / row["device_us"] if total_ns else 0.0
         row["programs"] = len(runs)
         comp = None
         if use_compile:
@@ -221,8 +233,8 @@ def _fmt_pair(p, digits=2):
 
 def table(rows):
     """The printed table (tabulate if available)."""
-    headers = ["workload", "eager ms", "tn host ms", "tn/eager", "tn 1st call s", "device us", "TensorE %",
-               "HBM MB", "host ops", "max err", "compile 1st s", "compile ms"]
+    headers = ["workload", "eager ms", "tn host ms", "tn/eager", "tn 1st call s", "device us", "TensorE active %",
+               "MFU %", "roofline us", "of roofline", "HBM MB", "host ops", "max err", "compile 1st s", "compile ms"]
     body = []
     for r in rows:
         if "error" in r:
@@ -231,7 +243,9 @@ def table(rows):
         ratio = r["tn_host_ms"][1] / r["eager_ms"][1] if r["eager_ms"][1] else float("nan")
         body.append([
             r["workload"], _fmt_pair(r["eager_ms"], 3), _fmt_pair(r["tn_host_ms"], 2), f"{ratio:.1f}x",
-            f"{r['tn_first_s']:.2f}", f"{r['device_us']:.1f}", f"{r['tensore_pct']:.1f}", f"{r['hbm_mb']:.2f}",
+            f"{r['tn_first_s']:.2f}", f"{r['device_us']:.1f}",
+            f"{r['tensore_active_pct']:.1f}" if r["tensore_active_pct"] else "-", f"{r['tensore_pct']:.1f}",
+            f"{r['roofline_us']:.1f}", f"{r['of_roofline_pct']:.0f}%", f"{r['hbm_mb']:.2f}",
             r["host_ops"] if r["host_ops"] is not None else "?", f"{r['max_err']:.2e}",
             "n/a" if r.get("compile_first_s") is None else f"{r['compile_first_s']:.2f}",
             _fmt_pair(r.get("compile_ms"), 3),
@@ -239,6 +253,32 @@ def table(rows):
     if tabulate is not None:
         return tabulate(body, headers=headers, stralign="right")
     return "\n".join([" | ".join(headers)] + [" | ".join(str(c) for c in b) for b in body])
+
+
+def goals(rows):
+    """Verdict lines for issue #4's bench goals, from the rows that were run (median times)."""
+    by = {r["workload"]: r for r in rows if "error" not in r}
+    out = []
+
+    def ratio(name):
+        r = by.get(name)
+        return None if r is None else r["tn_host_ms"][1] / r["eager_ms"][1]
+
+    for name in ("GPT-2 block fp32", "GPT-2 block bf16"):
+        x = ratio(name)
+        if x is not None:
+            out.append(f"goal  {name}: tn host <= 3x eager: {x:.2f}x  {'met' if x <= 3.0 else 'NOT met'}")
+    x = ratio("50-op loop 16x16")
+    if x is not None:
+        out.append(f"goal  50-op loop: tn host faster than eager: {x:.2f}x  {'met' if x < 1.0 else 'NOT met'}")
+    for name in ("MLP b64 bf16", "GPT-2 block bf16"):
+        r = by.get(name)
+        if r is not None:
+            u = r["tensore_active_pct"]
+            out.append(f"goal  {name}: TensorE utilisation on the matmuls >= 70%: {u:.1f}%  "
+                       f"{'met' if u >= 70.0 else 'NOT met'} (end to end {r['tensore_pct']:.1f}%, "
+                       f"{r['of_roofline_pct']:.0f}% of the HBM/compute roofline)")
+    return out
 
 
 def main(argv=None):
@@ -267,6 +307,8 @@ def main(argv=None):
             print(f"  {r['workload']}: host fallbacks for {', '.join(r['host_op_names'])}")
         if r.get("compile_error"):
             print(f"  {r['workload']}: torch.compile failed: {r['compile_error']}")
+    for line in goals(rows):
+        print(line)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)
