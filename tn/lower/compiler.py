@@ -24,6 +24,7 @@ import logging
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from ..errors import NeuronError, TnError, UnsupportedOpError
@@ -170,7 +171,7 @@ class ExecProfile:
 class _ProgStep:
     """One built program: its encoding and which value slots bind to which HBM tensors."""
 
-    __slots__ = ("enc", "ins", "outs", "eqns", "flag")
+    __slots__ = ("enc", "ins", "outs", "eqns", "flag", "call", "blank", "alloc")
 
     def __init__(self, enc: Any, ins: List[Tuple[int, int]], outs: List[Tuple[int, int, tuple, torch.dtype]],
                  eqns: List[int], flag: Optional[int] = None):
@@ -179,6 +180,12 @@ class _ProgStep:
         self.outs = outs    # (hbm index, slot, shape, dtype)
         self.eqns = eqns
         self.flag = flag    # hbm index of the range-check flag output, or None
+        # the call path: the program's prepared entry, an all-unbound value list (scratch stays None: the
+        # runtime allocates it) and the outputs as (hbm index, slot, torch.empty size arguments, dtype)
+        self.call = enc.prepare_call()
+        self.blank = [None] * len(enc.hbm)
+        self.alloc = tuple((idx, slot, tuple(shape) if len(shape) else ((),), dtype)
+                           for idx, slot, shape, dtype in outs)
 
 
 class _HostStep:
@@ -602,41 +609,37 @@ class NeuronExecutable:
     # ------------------------------------------------------------------ run
     def __call__(self, tensors: Sequence[torch.Tensor]) -> List[Any]:
         """Run on the flat input tensors (``ir.inputs`` order); returns the values of ``ir.outputs``."""
-        from ..neuron.runtime import run
-
         if len(tensors) != len(self._in_slots):
             raise TnError(f"neuron executable: the program takes {len(self._in_slots)} input tensors, got "
                           f"{len(tensors)}; pass the flattened inputs in ir.inputs order")
         env: List[Any] = [None] * self._nslots
         for s, v in self._init:
             env[s] = v
-        for s, t, v in zip(self._in_slots, tensors, self.ir.inputs):
-            if t.device.type != "cpu":
+        for s, t in zip(self._in_slots, tensors):
+            if not t.is_cpu:
                 t = t.cpu()
             if t.requires_grad:
                 t = t.detach()
             env[s] = t
         runs = []
+        empty = torch.empty
         for st, frees in zip(self._steps, self._frees):
             if type(st) is _ProgStep:
-                binds: Dict[str, Any] = {}
-                hbm = st.enc.hbm
+                vals = st.blank.copy()
                 for idx, s in st.ins:
                     t = env[s]
                     if not t.is_contiguous():
                         t = t.contiguous()
-                    binds[hbm[idx].name] = t
-                for idx, s, shape, dtype in st.outs:
-                    t = torch.empty(shape, dtype=dtype)
-                    env[s] = t
-                    binds[hbm[idx].name] = t
-                flag = None
-                if st.flag is not None:
-                    flag = torch.zeros(1, dtype=torch.int32)
-                    binds[hbm[st.flag].name] = flag
-                runs.append(run(st.enc, binds))
-                if flag is not None and int(flag[0]) != 0:
-                    return self._recompute_on_host(tensors, runs)
+                    vals[idx] = t
+                for idx, s, size, dtype in st.alloc:
+                    env[s] = vals[idx] = empty(*size, dtype=dtype)
+                if st.flag is None:
+                    runs.append(st.call(vals))
+                else:
+                    flag = vals[st.flag] = np.zeros(1, dtype=np.int32)
+                    runs.append(st.call(vals))
+                    if flag[0] != 0:
+                        return self._recompute_on_host(tensors, runs)
             else:
                 args = [env[v] if is_s else v for is_s, v in st.ins]
                 try:

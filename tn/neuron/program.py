@@ -549,6 +549,17 @@ class Encoded:
             prep = self.__dict__["_prep"] = _prepare(self)
         return prep
 
+    def prepare_call(self):
+        """The fast entry for repeated runs: a :class:`tn.neuron.runtime.PreparedCall` (made once, cached)
+        taking one value per HBM tensor in declaration order; ``enc.prepare_call()(values)`` is
+        ``tn.neuron.run(enc, values)`` without the per-call set-up."""
+        call = self.__dict__.get("_call")
+        if call is None:
+            from .runtime import PreparedCall
+
+            call = self.__dict__["_call"] = PreparedCall(self)
+        return call
+
     def run(self, bindings=None, **kwargs):
         """Run on the software NeuronCore (see :func:`tn.neuron.runtime.run`)."""
         from .runtime import run

@@ -6,6 +6,12 @@ tensors, by pointer, without copying), gives the program fresh SBUF/PSUM,
 executes the encoded stream natively (validation, math and timing in one
 pass, see ``_native/engine.pyx``) and returns a :class:`RunResult`.
 
+Repeated runs of one program go through :meth:`Encoded.prepare_call
+<tn.neuron.program.Encoded.prepare_call>` (a :class:`PreparedCall`: values
+bound by position, per-program arrays and checks prepared once, a CPU torch
+tensor of the right dtype and size bound after a few attribute reads); the
+compiler's executables use it, :func:`run` is a thin layer over it.
+
 Every run is reported to the active profilers (:func:`tn.profile` pushes one
 with :func:`add_listener`), whatever door started it.
 
@@ -17,16 +23,15 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import NeuronError
 from . import isa
-from .arch import NUM_ENGINES, Arch
+from .arch import NUM_ENGINES
 
-__all__ = ["run", "RunResult", "simulate_timing", "to_bf16", "from_bf16", "add_listener", "remove_listener",
-           "active_listeners"]
+__all__ = ["run", "RunResult", "PreparedCall", "simulate_timing", "to_bf16", "from_bf16", "add_listener",
+           "remove_listener", "active_listeners"]
 
 # Process-wide, not per thread: autograd runs a device's backward pass in its own worker thread, and a
 # profiler around `loss.backward()` must see those runs too (like torch.profiler, it sees every thread).
@@ -76,25 +81,104 @@ def from_bf16(bits) -> np.ndarray:
     return (b.astype(np.uint32) << 16).view(np.float32)
 
 
-@dataclass
 class RunResult:
-    """What a program run produced: outputs, modelled time, engine use, traffic and a per-instruction trace."""
+    """What a program run produced: outputs, modelled time, engine use, traffic and a per-instruction trace.
 
-    name: str
-    arch: Arch
-    total_ns: float
-    busy_ns: dict                 # queue name -> busy ns
-    counts: dict                  # queue name -> instructions
-    hbm_read_bytes: int
-    hbm_write_bytes: int
-    sbuf_peak_bytes: int          # per partition
-    psum_peak_bytes: int          # per partition
-    matmul_flops: int
-    outputs: dict = field(default_factory=dict)   # HBM tensor name -> bound or allocated array
-    times: np.ndarray = None      # (n, 2) start/end ns per instruction
-    queues: np.ndarray = None     # (n,) queue id
-    opcodes: np.ndarray = None    # (n,) opcode
-    wall_s: float = 0.0           # host time of the simulation
+    Fields: ``name``, ``arch``, ``total_ns``, ``busy_ns`` (queue name -> busy
+    ns), ``counts`` (queue name -> instructions), ``hbm_read_bytes``,
+    ``hbm_write_bytes``, ``sbuf_peak_bytes`` / ``psum_peak_bytes`` (per
+    partition), ``matmul_flops``, ``outputs`` (HBM tensor name -> bound or
+    allocated array), ``times`` ((n, 2) start/end ns per instruction),
+    ``queues`` / ``opcodes`` ((n,) per instruction), ``wall_s`` (host time of
+    the simulation). ``busy_ns``, ``counts`` and ``outputs`` are built on first
+    access (a run only keeps the engine's arrays).
+    """
+
+    __slots__ = ("name", "arch", "total_ns", "hbm_read_bytes", "hbm_write_bytes", "sbuf_peak_bytes",
+                 "psum_peak_bytes", "matmul_flops", "times", "queues", "opcodes", "wall_s",
+                 "_busy", "_counts", "_outputs", "_lazy")
+
+    def __init__(self, name, arch, total_ns, busy_ns, counts, hbm_read_bytes, hbm_write_bytes, sbuf_peak_bytes,
+                 psum_peak_bytes, matmul_flops, outputs=None, times=None, queues=None, opcodes=None, wall_s=0.0):
+        self.name = name
+        self.arch = arch
+        self.total_ns = total_ns
+        self._busy = busy_ns
+        self._counts = counts
+        self.hbm_read_bytes = hbm_read_bytes
+        self.hbm_write_bytes = hbm_write_bytes
+        self.sbuf_peak_bytes = sbuf_peak_bytes
+        self.psum_peak_bytes = psum_peak_bytes
+        self.matmul_flops = matmul_flops
+        self._outputs = {} if outputs is None else outputs
+        self.times = times
+        self.queues = queues
+        self.opcodes = opcodes
+        self.wall_s = wall_s
+        self._lazy = None
+
+    @classmethod
+    def _of_run(cls, call, total, times, busy, counts, hbm, values, wall):
+        """A run's result from the engine's arrays (the dicts are built when first read)."""
+        r = object.__new__(cls)
+        r.name = call.enc.name
+        r.arch = call.arch
+        r.total_ns = float(total)
+        r.hbm_read_bytes, r.hbm_write_bytes = hbm.tolist()
+        r.sbuf_peak_bytes = call.sbuf_peak_bytes
+        r.psum_peak_bytes = call.psum_peak_bytes
+        r.matmul_flops = call.matmul_flops
+        r.times = times
+        r.queues = call.queues
+        r.opcodes = call.opcodes
+        r.wall_s = wall
+        r._busy = r._counts = r._outputs = None
+        r._lazy = (call, busy, counts, values)
+        return r
+
+    @property
+    def busy_ns(self) -> dict:
+        """Busy ns per queue name (engines and DMA queues)."""
+        d = self._busy
+        if d is None:
+            call, busy = self._lazy[0], self._lazy[1]
+            d = self._busy = dict(zip(call.queue_names, busy.tolist()))
+        return d
+
+    @busy_ns.setter
+    def busy_ns(self, value):
+        self._busy = value
+
+    @property
+    def counts(self) -> dict:
+        """Instructions per queue name."""
+        d = self._counts
+        if d is None:
+            call, counts = self._lazy[0], self._lazy[2]
+            d = self._counts = dict(zip(call.queue_names, counts.tolist()))
+        return d
+
+    @counts.setter
+    def counts(self, value):
+        self._counts = value
+
+    @property
+    def outputs(self) -> dict:
+        """HBM tensor name -> the array bound (or allocated) for it, every HBM tensor of the program."""
+        d = self._outputs
+        if d is None:
+            call, values = self._lazy[0], self._lazy[3]
+            d = self._outputs = dict(zip(call.names, values))
+        return d
+
+    @outputs.setter
+    def outputs(self, value):
+        self._outputs = value
+
+    def __repr__(self) -> str:
+        n = len(self.opcodes) if self.opcodes is not None else 0
+        return (f"<RunResult {self.name!r} ({self.arch.name}): {n} instructions, {self.total_ns / 1e3:.3f} us "
+                f"modelled, HBM read {self.hbm_read_bytes} B / written {self.hbm_write_bytes} B>")
 
     @property
     def total_us(self) -> float:
@@ -161,7 +245,7 @@ _TORCH_DTYPES = {"torch.float32": 0, "torch.bfloat16": 1, "torch.float16": 2, "t
                  "torch.uint8": 5, "torch.bool": 6}
 
 
-def _bind(t, value, keep, want, np_dtype):
+def _bind(t, value, want, np_dtype):
     """Address of `value` checked against HBM tensor `t` (dtype, size, contiguity)."""
     if type(value) is np.ndarray:
         if value.dtype != np_dtype:
@@ -195,7 +279,6 @@ def _bind(t, value, keep, want, np_dtype):
     if nbytes != t.nbytes:
         raise NeuronError(f"HBM tensor {t.name!r} needs {t.nbytes} bytes ({t.dtype}{list(t.shape)}) but the bound "
                           f"value has {nbytes}")
-    keep.append(value)
     return ptr
 
 
@@ -260,48 +343,6 @@ def _lazy():
     return _LAZY
 
 
-def _execute(enc, ptrs, execute, sbuf=None, psum=None):
-    engine = _lazy()["engine"]
-    prep = enc.prepared()
-    n = len(enc)
-    nq = len(prep["names"])
-    times = np.zeros((max(n, 1), 2), dtype=np.float64)
-    busy = np.zeros(nq, dtype=np.float64)
-    counts = np.zeros(nq, dtype=np.int64)
-    hbm = np.zeros(2, dtype=np.int64)
-    if sbuf is None:
-        sbuf = np.zeros((1, 1), dtype=np.uint8)
-        psum = np.zeros((1, 1), dtype=np.uint8)
-    try:
-        total = engine.run(prep["records"], prep["deps"], prep["aux"], sbuf, psum,
-                           np.asarray(ptrs, dtype=np.int64), prep["sizes"],
-                           prep["limits"], prep["timing"], times, busy, counts, hbm, execute)
-    except NeuronError as e:
-        raise _with_source(e, enc) from None
-    return total, times[:n], busy, counts, hbm
-
-
-def simulate_timing(enc):
-    """Validate the whole encoded program and model its timing without any data (returns a RunResult
-    without outputs). Raises :class:`tn.NeuronError` on any rule violation."""
-    total, times, busy, counts, hbm = _execute(enc, [0] * len(enc.hbm), 0)
-    return _result(enc, total, times, busy, counts, hbm, {}, 0.0)
-
-
-def _result(enc, total, times, busy, counts, hbm, outputs, wall):
-    prep = enc.prepared()
-    names = prep["names"]
-    return RunResult(
-        name=enc.name, arch=enc.arch, total_ns=float(total),
-        busy_ns=dict(zip(names, busy.tolist())),
-        counts=dict(zip(names, counts.tolist())),
-        hbm_read_bytes=int(hbm[0]), hbm_write_bytes=int(hbm[1]),
-        sbuf_peak_bytes=int(enc.sbuf_peak_bytes), psum_peak_bytes=int(enc.psum_peak_bytes),
-        matmul_flops=prep["flops"], outputs=outputs, times=times,
-        queues=prep["queues"], opcodes=prep["opcodes"], wall_s=wall,
-    )
-
-
 _MEMORIES = threading.local()
 
 
@@ -321,6 +362,128 @@ def _memories(arch, fresh):
     return mem
 
 
+class PreparedCall:
+    """One encoded program made ready for repeated runs with positional bindings (the fast entry).
+
+    Get it with :meth:`tn.neuron.program.Encoded.prepare_call` (made once per
+    program and shared: it holds no per-run state, so threads may use it
+    together). ``call(values)`` runs the program like :func:`run` with
+    ``values[i]`` bound to the i-th HBM tensor (declaration order, see
+    :attr:`names`): a numpy array, a contiguous CPU (or neuron-device) torch
+    tensor or a raw ``(address, nbytes)`` tuple, used in place; ``None`` (or a
+    shorter list) leaves an output/scratch tensor to be allocated (zeros), and
+    an input unbound, which is an error. A torch tensor of the expected dtype
+    and size, contiguous, on the CPU costs a few attribute reads; anything else
+    goes through the full checks of :func:`run` and fails with the same
+    :class:`tn.NeuronError` (wrong dtype, size, device, layout).
+    """
+
+    __slots__ = ("enc", "arch", "names", "kinds", "_specs", "_fast", "_args", "_n", "_nq", "queue_names",
+                 "queues", "opcodes", "sbuf_peak_bytes", "psum_peak_bytes", "matmul_flops", "_engine_run")
+
+    def __init__(self, enc):
+        import torch
+
+        _TENSOR[0] = torch.Tensor
+        prep = enc.prepared()
+        self.enc = enc
+        self.arch = enc.arch
+        self.names = tuple(t.name for t in enc.hbm)
+        self.kinds = tuple(t.kind for t in enc.hbm)
+        tdt = {0: torch.float32, 1: torch.bfloat16, 2: torch.float16, 3: torch.int32, 4: torch.int64,
+               5: torch.uint8, 6: torch.bool}
+        self._specs = tuple((t, code, np_dtype, t.kind in ("output", "scratch")) for t, code, np_dtype in prep["specs"])
+        # (torch dtype, nbytes) a CPU tensor needs to take the fast path
+        self._fast = tuple((tdt.get(code), t.nbytes) for t, code, _ in prep["specs"])
+        self._args = (prep["records"], prep["deps"], prep["aux"], prep["sizes"], prep["limits"], prep["timing"])
+        self._n = len(enc)
+        self._nq = len(prep["names"])
+        self.queue_names = tuple(prep["names"])
+        self.queues = prep["queues"]
+        self.opcodes = prep["opcodes"]
+        self.sbuf_peak_bytes = int(enc.sbuf_peak_bytes)
+        self.psum_peak_bytes = int(enc.psum_peak_bytes)
+        self.matmul_flops = prep["flops"]
+        self._engine_run = _lazy()["engine"].run
+
+    def __repr__(self):
+        return f"<PreparedCall {self.enc.name!r}: {', '.join(f'{n} ({k})' for n, k in zip(self.names, self.kinds))}>"
+
+    def _pointers(self, values):
+        """``(pointers, values)``: the checked address of every HBM tensor for ``values`` (allocating unbound
+        outputs/scratch), and the list of bound/allocated arrays (keep it alive while the run uses them)."""
+        specs = self._specs
+        if len(values) != len(specs):
+            if len(values) > len(specs):
+                raise NeuronError(f"{len(values)} values bound but program {self.enc.name!r} declares "
+                                  f"{len(specs)} HBM tensors")
+            values = list(values) + [None] * (len(specs) - len(values))
+        ptrs = []
+        bound = []
+        tensor = _TENSOR[0]
+        for (t, code, np_dtype, alloc), (tdt, nbytes), v in zip(specs, self._fast, values):
+            if type(v) is tensor and v.dtype is tdt and v.is_cpu and v.is_contiguous() and v.nbytes == nbytes:
+                ptrs.append(v.data_ptr())
+            else:
+                if v is None:
+                    if not alloc:
+                        raise NeuronError(f"program {self.enc.name!r}: {t.kind} HBM tensor {t.name!r} "
+                                          f"({t.dtype}{list(t.shape)}) is not bound; pass it in bindings")
+                    v = np.zeros(t.shape, dtype=np_dtype)
+                ptrs.append(_bind(t, v, code, np_dtype))
+            bound.append(v)
+        return ptrs, bound
+
+    def __call__(self, values=(), *, report: bool = True, fresh_memory: bool = False) -> RunResult:
+        """Run once with ``values`` bound positionally (see the class docstring); returns the :class:`RunResult`
+        (reported to active profilers unless ``report=False``)."""
+        ptrs, bound = self._pointers(values)
+        sbuf, psum = _memories(self.arch, fresh_memory)
+        n = self._n
+        nq = self._nq
+        times = np.empty((n or 1, 2))
+        busy = np.empty(nq)
+        counts = np.empty(nq, dtype=np.int64)
+        hbm = np.empty(2, dtype=np.int64)
+        recs, deps, aux, sizes, limits, timing = self._args
+        t0 = _perf_counter()
+        try:
+            total = self._engine_run(recs, deps, aux, sbuf, psum, np.array(ptrs, dtype=np.int64), sizes, limits,
+                                     timing, times, busy, counts, hbm, 1)
+        except NeuronError as e:
+            raise _with_source(e, self.enc) from None
+        wall = _perf_counter() - t0
+        res = RunResult._of_run(self, total, times if n else times[:0], busy, counts, hbm, bound, wall)
+        if report:
+            for _, fn in _LISTENERS:
+                fn(res)
+        return res
+
+
+_perf_counter = time.perf_counter
+_TENSOR = [None]  # torch.Tensor, set on first use (the fast binding path compares types exactly)
+
+
+def simulate_timing(enc):
+    """Validate the whole encoded program and model its timing without any data (returns a RunResult
+    without outputs). Raises :class:`tn.NeuronError` on any rule violation."""
+    call = enc.prepare_call()
+    prep = enc.prepared()
+    n, nq = call._n, call._nq
+    times = np.zeros((max(n, 1), 2), dtype=np.float64)
+    busy = np.zeros(nq, dtype=np.float64)
+    counts = np.zeros(nq, dtype=np.int64)
+    hbm = np.zeros(2, dtype=np.int64)
+    dummy = np.zeros((1, 1), dtype=np.uint8)
+    try:
+        total = call._engine_run(prep["records"], prep["deps"], prep["aux"], dummy, dummy,
+                                 np.zeros(len(enc.hbm), dtype=np.int64), prep["sizes"], prep["limits"],
+                                 prep["timing"], times, busy, counts, hbm, 0)
+    except NeuronError as e:
+        raise _with_source(e, enc) from None
+    return RunResult._of_run(call, total, times[:n], busy, counts, hbm, (), 0.0)
+
+
 def run(program, bindings=None, *, report: bool = True, fresh_memory: bool = False) -> RunResult:
     """Run a :class:`~tn.neuron.program.Program` or :class:`~tn.neuron.program.Encoded` program.
 
@@ -332,42 +495,25 @@ def run(program, bindings=None, *, report: bool = True, fresh_memory: bool = Fal
     ``report``: notify active profilers (``tn.profile``). ``fresh_memory``:
     start from zeroed SBUF/PSUM (by default they are reused per thread, so a
     program reading memory it never wrote sees what an earlier run left, as
-    on the chip).
+    on the chip). For repeated runs of one program,
+    :meth:`~tn.neuron.program.Encoded.prepare_call` skips the per-call set-up.
     """
     lz = _lazy()
     Encoded, Program = lz["Encoded"], lz["Program"]
     enc = program.build(check=False) if isinstance(program, Program) else program
     if not isinstance(enc, Encoded):
         raise NeuronError(f"run() needs a Program or an Encoded program, not {type(program).__name__}")
+    call = enc.prepare_call()
     if bindings is None:
-        bindings = {}
-    if isinstance(bindings, (list, tuple)):
-        if len(bindings) > len(enc.hbm):
-            raise NeuronError(f"{len(bindings)} values bound but program {enc.name!r} declares {len(enc.hbm)} HBM "
-                              f"tensors")
-        bindings = {t.name: v for t, v in zip(enc.hbm, bindings)}
-    if len(bindings) > len(enc.hbm) or any(k not in enc.prepared()["index"] for k in bindings):
-        unknown = set(bindings) - {t.name for t in enc.hbm}
-        raise NeuronError(f"program {enc.name!r} has no HBM tensor named {sorted(unknown)}; declared: "
-                          f"{[t.name for t in enc.hbm]}")
-    keep, ptrs, outputs = [], [], {}
-    for t, code, np_dtype in enc.prepared()["specs"]:
-        v = bindings.get(t.name)
-        if v is None:
-            if t.kind in ("output", "scratch"):
-                v = np.zeros(t.shape, dtype=np_dtype)
-            else:
-                raise NeuronError(f"program {enc.name!r}: {t.kind} HBM tensor {t.name!r} ({t.dtype}{list(t.shape)}) "
-                                  f"is not bound; pass it in bindings")
-        ptrs.append(_bind(t, v, keep, code, np_dtype))
-        outputs[t.name] = v
-    sbuf, psum = _memories(enc.arch, fresh_memory)
-    t0 = time.perf_counter()
-    total, times, busy, counts, hbm = _execute(enc, ptrs, 1, sbuf, psum)
-    wall = time.perf_counter() - t0
-    del keep
-    res = _result(enc, total, times, busy, counts, hbm, outputs, wall)
-    if report:
-        for _, fn in _LISTENERS:
-            fn(res)
-    return res
+        values = ()
+    elif isinstance(bindings, (list, tuple)):
+        values = bindings   # checked by the call (at most one value per HBM tensor)
+    else:
+        index = enc.prepared()["index"]
+        if len(bindings) > len(enc.hbm) or any(k not in index for k in bindings):
+            unknown = set(bindings) - {t.name for t in enc.hbm}
+            raise NeuronError(f"program {enc.name!r} has no HBM tensor named {sorted(unknown)}; declared: "
+                              f"{[t.name for t in enc.hbm]}")
+        get = bindings.get
+        values = [get(name) for name in call.names]
+    return call(values, report=report, fresh_memory=fresh_memory)
