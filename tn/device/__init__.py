@@ -4,15 +4,21 @@
 ``import tn`` calls :func:`register`, which renames PrivateUse1 to ``neuron``,
 generates ``Tensor.neuron()`` / ``is_neuron``, installs ``torch.neuron``
 (:mod:`tn.device.backend`), the aten kernels of :mod:`tn.device.aten` and the
-eager fallback of :mod:`tn.device.eager`. Tensors on ``neuron:0`` are real
+eager fallback of :mod:`tn.device.eager`, the small-op fast path
+(:mod:`tn.device.fastpath`), ``torch.autocast("neuron")``
+(:mod:`tn.device.autocast`), pinned host memory (:mod:`tn.device.pinned`),
+the fused LSTM/GRU cells torch's RNNs call (:mod:`tn.device.rnn`) and the
+wrappers of :mod:`tn.device.guards`. Tensors on ``neuron:0`` are real
 ``torch.Tensor``s whose storage is native device memory
 (:mod:`tn.device.allocator`), the model's HBM.
 
 Limits: one device (``neuron:0``); random numbers come from torch's CPU
-generator (same numbers as on the CPU for the same seed);
-``torch.UntypedStorage(n, device="neuron")`` and ``torch.load(...,
+generator (same numbers as on the CPU for the same seed;
+``torch.Generator(device="neuron")`` does not exist, torch needs C++ hooks
+for it); ``torch.UntypedStorage(n, device="neuron")`` and ``torch.load(...,
 map_location="neuron")`` go through tn's allocator (:mod:`tn.device.guards`)
-rather than torch's C++ allocator, which the device does not have.
+rather than torch's C++ allocator, which the device does not have; factory
+calls with ``pin_memory=True`` raise (``.pin_memory()`` works).
 """
 from __future__ import annotations
 
@@ -58,11 +64,21 @@ def register() -> None:
     from . import fastpath
 
     fastpath.register()
+    from . import autocast
+
+    autocast.register()
+    from . import pinned
+
+    pinned.register()
+    from . import rnn
+
+    rnn.register()
     guards.install()
     # op tracking, also reachable as tn.neuron.fallback_ops() / executed_ops()
     from .. import neuron as _chip
 
-    for fn in (tracking.executed_ops, tracking.fallback_ops, tracking.fallback_reasons, tracking.reset_op_counts):
+    for fn in (tracking.executed_ops, tracking.fallback_ops, tracking.fallback_reasons, tracking.fastpath_ops,
+               tracking.reset_op_counts):
         setattr(_chip, fn.__name__, fn)
     _DONE.append(True)
 

@@ -11,7 +11,22 @@ goes to the boxed fallback in :mod:`tn.device.eager`).
   ``set_`` (storage variants), ``resize_``: these redispatch to torch's CPU
   kernels, which only touch sizes/strides/offset and keep the neuron storage,
   so views alias exactly as in eager PyTorch,
-* ``_local_scalar_dense`` (``.item()``), ``_has_compatible_shallow_copy_type``.
+* ``_local_scalar_dense`` (``.item()``),
+* ``_has_compatible_shallow_copy_type``: True between dense strided CPU and
+  neuron tensors, as torch answers between CPU and CUDA tensors. With it
+  ``module.to("neuron")`` (and back) converts parameters in place
+  (``param.data = new``), as for CUDA: the Parameter objects stay, so weight
+  tying (GPT-2's ``lm_head``/``wte``), optimiser references and ``.grad``
+  survive, even while an autograd graph still holds the parameters.
+  (torch's answer for a PrivateUse1 device is False, and ``_apply`` would then
+  make new, untied Parameter objects.)
+* ``convolution_overrideable`` / ``convolution_backward_overrideable``: the
+  hooks torch's convolution calls for a backend that is not CPU/CUDA (their
+  default kernels only raise); they run ``aten.convolution`` /
+  ``aten.convolution_backward`` as eager device programs,
+* ``_to_copy``: torch's own kernel, except that ``non_blocking=True`` is
+  dropped (the device is synchronous, and a non-blocking copy to the CPU
+  would ask for pinned memory, which a Python backend cannot provide).
 
 :func:`register` installs them; the ``Library`` objects are kept here (their
 registrations vanish when they are collected).
@@ -105,6 +120,38 @@ def _local_scalar_dense(self):
     return cpu_alias(self).item()
 
 
+def _convolution_overrideable(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    from .eager import run_op
+
+    return run_op(aten.convolution.default,
+                  (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups), {})
+
+
+def _convolution_backward_overrideable(grad_output, input, weight, stride, padding, dilation, transposed,
+                                       output_padding, groups, output_mask):
+    from .eager import run_op
+
+    bias_sizes = [weight.shape[1] * groups if transposed else weight.shape[0]]
+    return run_op(aten.convolution_backward.default,
+                  (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                   groups, output_mask), {})
+
+
+def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    # torch's composite kernel (reached through the CPU slot, where it is registered too), made blocking
+    return aten._to_copy.default.redispatch(_CPU, self, dtype=dtype, layout=layout, device=device,
+                                            pin_memory=pin_memory, non_blocking=False, memory_format=memory_format)
+
+
+def _has_compatible_shallow_copy_type(self, src):
+    return (self.device.type in _SHALLOW and src.device.type in _SHALLOW and self.layout == torch.strided
+            and src.layout == torch.strided and not self.is_quantized and not src.is_quantized)
+
+
+_SHALLOW = ("cpu", "neuron")
+
+
 def _redispatch(op):
     def kernel(*args, **kwargs):
         return op.redispatch(_CPU, *args, **kwargs)
@@ -142,6 +189,10 @@ def register() -> None:
     lib.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
     lib.impl("resize_", _resize, "PrivateUse1")
     lib.impl("_local_scalar_dense", _local_scalar_dense, "PrivateUse1")
+    lib.impl("convolution_overrideable", _convolution_overrideable, "PrivateUse1")
+    lib.impl("convolution_backward_overrideable", _convolution_backward_overrideable, "PrivateUse1")
+    lib.impl("_to_copy", _to_copy, "PrivateUse1")
+    lib.impl("_has_compatible_shallow_copy_type", _has_compatible_shallow_copy_type, "PrivateUse1")
     for name in ("view", "view.dtype", "as_strided", "_reshape_alias", "set_.source_Storage_storage_offset",
                  "unfold", "alias"):
         packet, _, ov = name.partition(".")

@@ -11,13 +11,16 @@ import torch
 
 from .allocator import (empty_cache, max_memory_allocated, memory_allocated, memory_reserved,  # noqa: F401
                         reset_peak_memory_stats, set_memory_limit, stats)
-from .tracking import device_time_ns, executed_ops, fallback_ops, fallback_reasons, reset_op_counts  # noqa: F401
+from .tracking import (device_time_ns, executed_ops, fallback_ops, fallback_reasons, fastpath_ops,  # noqa: F401
+                       reset_op_counts)
 
 __all__ = ["is_available", "is_initialized", "device_count", "current_device", "set_device", "synchronize",
            "manual_seed", "manual_seed_all", "seed", "initial_seed", "get_rng_state", "set_rng_state",
            "memory_allocated", "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats",
-           "empty_cache", "memory_stats", "set_memory_limit", "executed_ops", "fallback_ops", "fallback_reasons", "reset_op_counts",
-           "device_time_ns", "get_device_name", "device"]
+           "empty_cache", "memory_stats", "set_memory_limit", "executed_ops", "fallback_ops", "fallback_reasons",
+           "fastpath_ops", "reset_op_counts",
+           "device_time_ns", "get_device_name", "device", "get_amp_supported_dtype", "is_bf16_supported",
+           "mem_get_info", "reset_max_memory_allocated", "get_device_properties"]
 
 
 def is_available() -> bool:
@@ -56,6 +59,16 @@ def get_device_name(device=None) -> str:
     return "tn software NeuronCore (trn2)"
 
 
+def get_amp_supported_dtype() -> list:
+    """Dtypes ``torch.autocast("neuron", dtype=...)`` accepts (torch asks the device module for them)."""
+    return [torch.bfloat16, torch.float16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """True: the NeuronCore computes in bfloat16 natively."""
+    return True
+
+
 def synchronize(device=None) -> None:
     """Wait for the device: eager ops run synchronously, so there is nothing to wait for."""
 
@@ -87,6 +100,43 @@ def get_rng_state(device=None) -> torch.Tensor:
 def set_rng_state(state, device=None) -> None:
     """Set the CPU generator's state."""
     torch.set_rng_state(state)
+
+
+def mem_get_info(device=None) -> tuple:
+    """``(free, total)`` bytes of device memory: total is the limit set with ``TN_DEVICE_MEMORY`` /
+    ``set_memory_limit``, or the host's physical memory when there is none (device memory is host memory);
+    free is total minus what the allocator holds (:func:`memory_reserved`)."""
+    import os
+
+    s = stats()
+    total = s["limit"]
+    if not total:
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            total = 0
+    return max(total - s["reserved"], 0), total
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    """Same as :func:`reset_peak_memory_stats` (CUDA's older name)."""
+    reset_peak_memory_stats(device)
+
+
+class _DeviceProperties:
+    def __init__(self, name: str, total_memory: int):
+        self.name = name
+        self.total_memory = total_memory
+        self.type = "neuron"
+
+    def __repr__(self):
+        return f"_NeuronDeviceProperties(name='{self.name}', total_memory={self.total_memory >> 20}MB)"
+
+
+def get_device_properties(device=None) -> _DeviceProperties:
+    """``name`` and ``total_memory`` (see :func:`mem_get_info`) of the device, like ``torch.cuda``'s."""
+    set_device(0 if device is None else device)
+    return _DeviceProperties(get_device_name(), mem_get_info()[1])
 
 
 def memory_stats(device=None) -> dict:

@@ -224,7 +224,7 @@ def run_op(op, args: tuple, kwargs: dict):
         tracking.count_fallback(name, entry.reason)
         return _run_host(op, flat, spec)
     if entry.host_ops:
-        tracking.count_fallback(name, f"part of its program runs on the host: {entry.reason}")
+        tracking.count_fallback(name, f"part of its program runs on the host: {entry.reason}", profile=False)
     return _run_program(op, entry, flat, spec)
 
 
@@ -262,6 +262,9 @@ def _compile(op, name: str, flat: list, spec) -> _Entry:
         ir = optimize(traced.ir)
     except Exception as e:  # any op tracing cannot express runs on the host
         reason = f"it cannot be traced ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        if name.startswith("aten::_fused_"):
+            reason += ("; fused optimizer kernels (fused=True) have no NeuronCore lowering: use foreach=True or "
+                       "leave foreach/fused unset, whose per-tensor ops run as device programs")
         if strict():
             raise UnsupportedOpError(f"{name} on neuron tensors ({shapes}) cannot run on the NeuronCore: {reason}. "
                                      f"Strict mode is on (TN_STRICT=1); unset it to run this op on the host") from e

@@ -10,9 +10,12 @@ validated and run on the model, and its modelled time is kept. Later calls
 allocate the result from the caching allocator and compute it with one native
 call (``tn_dev_binary``: fp32 math, bf16 rounded to nearest even, the same
 arithmetic the NeuronCore engines do for these ops), charging the program's
-modelled time to :func:`tn.device.tracking.device_time_ns`. While a
-:func:`tn.profile` is active, or with ``TN_DEVICE_FASTPATH=0``, every call
-runs the real program instead, so profiles always show real runs.
+modelled time to :func:`tn.device.tracking.device_time_ns`.
+
+How to tell: such calls are counted in ``torch.neuron.fastpath_ops()``
+(as well as in ``executed_ops()``). While a :func:`tn.profile` is active, or
+with ``TN_DEVICE_FASTPATH=0`` (or :func:`set_enabled`), every call runs the
+real program instead, so profiles only ever show real program runs.
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ _create_empty = torch._C._acc.create_empty_tensor
 _set_redispatch = aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _binary = _lib.tn_dev_binary
-_count = tracking.count
+_count = tracking.count_fast
 _add_ns = tracking.add_device_ns
 _EMPTY = [0]
 

@@ -1,5 +1,5 @@
-# Guards for torch entry points that would crash on the neuron device (no C++ allocator): storages and torch.load.
-"""Make torch's storage constructors and module conversion right for the ``neuron`` device.
+# Guards for torch entry points that assume a C++ backend: storages/torch.load, tensor printing, torch.accelerator.
+"""Make torch entry points that assume a C++ backend right for the ``neuron`` device.
 
 torch has no C++ allocator for PrivateUse1 devices registered from Python,
 so ``torch.UntypedStorage(n, device="neuron")`` (which ``torch.load(...,
@@ -7,14 +7,26 @@ map_location="neuron")`` and ``storage.to("neuron")`` use) would crash the
 process. :func:`install` wraps ``torch.UntypedStorage.__new__`` so that a
 neuron storage comes from tn's allocator instead.
 
-``module.to("neuron")`` (and back): torch converts parameters in place
-(``param.data = new``) only between "compatible" tensor types (CPU/CUDA);
-for a PrivateUse1 device it would make *new* Parameter objects per module,
-silently untying shared weights (GPT-2's ``lm_head``/``wte``). While a
-module conversion involves the neuron device, :func:`install`'s wrapper of
-``nn.Module._apply`` turns on torch's ``swap_module_params_on_conversion``,
-which keeps every Parameter object (and so weight tying and optimiser
-references), as ``.data =`` does for CUDA.
+Printing (``repr``/``str`` of a neuron tensor): torch formats a tensor with
+tensor ops (``masked_select``, ``abs``, ``max``, ``ne`` ... to pick the number
+format), which on the device would be eager programs and host fallbacks,
+counted in the op tracking and refused under ``TN_STRICT=1``. Formatting is a
+read on the host, so :func:`install` wraps ``torch._tensor_str._tensor_str``
+to format a CPU view of the device memory instead (no copy, no device op; the
+``device='neuron:0'`` and ``grad_fn`` suffixes are unchanged), as torch does
+for XLA/lazy tensors.
+
+``torch.accelerator`` (torch's device-generic API; ``neuron`` is the current
+accelerator once tn is imported): ``synchronize`` and the memory functions
+reach C++ hooks (stream synchronisation, a ``c10::DeviceAllocator``) that a
+Python backend cannot register, and fail with internal asserts.
+:func:`install` points them at :mod:`tn.device.backend` while the accelerator
+is ``neuron``: ``synchronize``, ``empty_cache``, ``memory_stats`` (torch's
+flat key names for what the allocator counts), ``memory_allocated``,
+``max_memory_allocated``, ``memory_reserved``, ``reset_peak_memory_stats``,
+``get_memory_info``; ``max_memory_reserved`` and
+``reset_accumulated_memory_stats`` raise a clear error (the allocator keeps
+no peak of reserved memory and no accumulated counters).
 """
 from __future__ import annotations
 
@@ -39,7 +51,7 @@ def _is_neuron(device) -> bool:
 
 
 def install() -> None:
-    """Wrap ``torch.UntypedStorage.__new__`` (idempotent)."""
+    """Wrap ``torch.UntypedStorage.__new__``, tensor printing and ``torch.accelerator`` (idempotent)."""
     if _INSTALLED:
         return
     cls = torch.UntypedStorage
@@ -64,42 +76,84 @@ def install() -> None:
 
     cls.__new__ = __new__
     _INSTALLED.append(orig_new)
-    _wrap_module_apply()
+    _wrap_tensor_str()
+    _wrap_accelerator()
 
 
-def _involves_neuron(module, fn) -> bool:
-    for t in module.parameters():
-        if t.device.type == "neuron":
-            return True
-        break
-    for t in module.buffers():
-        if t.device.type == "neuron":
-            return True
-        break
-    try:
-        probe = fn(torch.empty(0))
-    except Exception:
-        return False
-    return isinstance(probe, torch.Tensor) and probe.device.type == "neuron"
+def _wrap_tensor_str() -> None:
+    import torch._tensor_str as ts
+
+    orig = ts._tensor_str
+
+    def _tensor_str(self, indent):
+        if self.device.type == "neuron":
+            from .allocator import cpu_alias
+
+            self = cpu_alias(self)
+        return orig(self, indent)
+
+    _tensor_str.__wrapped__ = orig
+    ts._tensor_str = _tensor_str
 
 
-def _wrap_module_apply() -> None:
-    mod = torch.nn.Module
-    orig = mod._apply
-    future = torch.__future__
-    depth = [0]
+def _neuron_is_accelerator() -> bool:
+    acc = torch._C._accelerator_getAccelerator()
+    return acc is not None and acc.type == "neuron"
 
-    def _apply(self, fn, recurse=True):
-        if depth[0] or future.get_swap_module_params_on_conversion() or not _involves_neuron(self, fn):
-            return orig(self, fn, recurse)
-        depth[0] += 1
-        future.set_swap_module_params_on_conversion(True)
-        try:
-            return orig(self, fn, recurse)
-        finally:
-            future.set_swap_module_params_on_conversion(False)
-            depth[0] -= 1
 
-    _apply.__doc__ = orig.__doc__
-    _apply.__wrapped__ = orig
-    mod._apply = _apply
+def _accelerator_impls() -> dict:
+    from collections import OrderedDict
+
+    from . import backend
+
+    def memory_stats(device_index=None, /):
+        s = backend.memory_stats(device_index)
+        return OrderedDict(sorted({
+            "allocated_bytes.all.current": s["allocated"], "allocated_bytes.all.peak": s["peak"],
+            "reserved_bytes.all.current": s["reserved"], "requested_bytes.all.current": s["requested"],
+            "allocation.all.allocated": s["allocs"], "allocation.all.freed": s["frees"],
+            "allocation.all.current": s["allocs"] - s["frees"], "num_cache_hits": s["cache_hits"]}.items()))
+
+    def untracked(what):
+        def fn(device_index=None, /):
+            raise TnError(f"torch.accelerator.{what}: the neuron device's allocator does not track this; use "
+                          f"torch.neuron.memory_stats() (allocated, peak allocated, reserved, requested, counts)")
+
+        fn.__name__ = what
+        return fn
+
+    return {
+        "synchronize": lambda device=None, /: backend.synchronize(device),
+        "empty_cache": lambda: backend.empty_cache(),
+        "memory_stats": memory_stats,
+        "memory_allocated": lambda device_index=None, /: backend.memory_allocated(device_index),
+        "max_memory_allocated": lambda device_index=None, /: backend.max_memory_allocated(device_index),
+        "memory_reserved": lambda device_index=None, /: backend.memory_reserved(device_index),
+        "reset_peak_memory_stats": lambda device_index=None, /: backend.reset_peak_memory_stats(device_index),
+        "get_memory_info": lambda device_index=None, /: backend.mem_get_info(device_index),
+        "max_memory_reserved": untracked("max_memory_reserved"),
+        "reset_accumulated_memory_stats": untracked("reset_accumulated_memory_stats"),
+    }
+
+
+def _wrap_accelerator() -> None:
+    acc = getattr(torch, "accelerator", None)
+    if acc is None:
+        return
+    mem = getattr(acc, "memory", None)
+    for name, impl in _accelerator_impls().items():
+        for mod in (acc, mem):
+            orig = getattr(mod, name, None) if mod is not None else None
+            if orig is None or getattr(orig, "_tn_neuron", False):
+                continue
+
+            def wrapper(*args, _orig=orig, _impl=impl, **kwargs):
+                if _neuron_is_accelerator():
+                    return _impl(*args, **kwargs)
+                return _orig(*args, **kwargs)
+
+            wrapper.__name__ = name
+            wrapper.__doc__ = orig.__doc__
+            wrapper.__wrapped__ = orig
+            wrapper._tn_neuron = True
+            setattr(mod, name, wrapper)
