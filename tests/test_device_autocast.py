@@ -158,3 +158,21 @@ def test_autocast_training_step_with_grad_scaler():
         losses.append(loss.item())
     assert all(p.dtype == F32 for p in m.parameters())
     assert losses[-1] < losses[0]
+
+
+def test_gpt2_under_autocast_matches_cpu_autocast():
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=32,
+                                  bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    cpu = transformers.GPT2LMHeadModel(cfg).eval()
+    dev = copy.deepcopy(cpu).to("neuron")
+    ids = torch.randint(0, 64, (2, 16))
+    with torch.autocast("cpu", dtype=BF16):
+        a = cpu(input_ids=ids, labels=ids)
+    with torch.autocast("neuron", dtype=BF16):
+        b = dev(input_ids=ids.to("neuron"), labels=ids.to("neuron"))
+    assert b.logits.dtype == a.logits.dtype == BF16
+    torch.testing.assert_close(b.logits.cpu().float(), a.logits.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(b.loss.cpu().float(), a.loss.float(), atol=5e-3, rtol=5e-3)
