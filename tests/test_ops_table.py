@@ -43,6 +43,9 @@ def _samples():
     s["argmax"] = [([x], {"dim": 1}), ([x], {})]
     s["argmin"] = [([x], {"dim": 0, "keepdim": True})]
     s["cumsum"] = [([x], {"dim": 1}), ([torch.arange(4)], {"dim": 0, "dtype": torch.float32})]
+    for name in ("cummax", "cummin", "logcumsumexp"):
+        s[name] = [([x], {"dim": 1}), ([_x(5, dtype=torch.bfloat16)], {"dim": 0})]
+    s["cummax"].append(([torch.arange(4)], {"dim": 0}))
     s["sort"] = [([x], {"dim": 1}), ([x], {"dim": 0, "descending": True, "stable": True})]
     s["topk"] = [([x], {"k": 2, "dim": 1}), ([x], {"k": 1, "dim": 0, "largest": False})]
     s["matmul"] = [([x, _x(4, 5)], {}), ([_x(2, 3, 4), _x(2, 4, 5)], {})]

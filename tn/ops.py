@@ -36,7 +36,7 @@ elementwise     unary: neg abs exp exp2 expm1 log log2 log1p sqrt rsqrt reciproc
                 ternary: where; cast: convert[dtype]
 reduction       sum[dims keepdim dtype] prod[dims keepdim dtype] amax[dims keepdim]
                 amin[dims keepdim] argmax[dim keepdim] argmin[dim keepdim] any[dims keepdim]
-scan            cumsum[dim dtype]
+scan            cumsum[dim dtype] cummax[dim] cummin[dim] (values, int64 indices) logcumsumexp[dim]
 sort            sort[dim descending stable] topk[k dim largest sorted] (values, int64 indices)
 matmul          matmul (``[..., M, K] @ [..., K, N]``, equal batch dims: aten mm and bmm)
 conv            convolution[stride padding dilation transposed output_padding groups]
@@ -65,6 +65,7 @@ implementation) and map aten overloads to it with :func:`from_aten`.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -543,6 +544,31 @@ def _cumsum_conv(x, dim, *, dtype=None):
     if dtype is not None:
         attrs["dtype"] = dtype
     return [x], attrs
+
+
+@register("cummax", "scan")
+def cummax(x: Tensor, dim: int) -> Tuple[Tensor, Tensor]:
+    """(running maximum, int64 index of the last element holding it) along ``dim``; NaN wins and stays."""
+    return tuple(aten.cummax.default(x, dim))
+
+
+@register("cummin", "scan")
+def cummin(x: Tensor, dim: int) -> Tuple[Tensor, Tensor]:
+    """(running minimum, int64 index of the last element holding it) along ``dim``; NaN wins and stays."""
+    return tuple(aten.cummin.default(x, dim))
+
+
+@register("logcumsumexp", "scan")
+def logcumsumexp(x: Tensor, dim: int) -> Tensor:
+    """``log(cumsum(exp(x)))`` along ``dim``, computed without overflow."""
+    return aten.logcumsumexp.default(x, dim)
+
+
+@from_aten(cummax, aten.cummax.default)
+@from_aten(cummin, aten.cummin.default)
+@from_aten(logcumsumexp, aten.logcumsumexp.default)
+def _scan_conv(x, dim):
+    return [x], {"dim": _dim(dim, _ndim(x))}
 
 
 @register("sort", "sort")
@@ -1434,3 +1460,545 @@ def _index_put_mask(x, indices, values, accumulate=False):
     if v.dtype != x.dtype:
         v = aten._to_copy.default(v, dtype=x.dtype)
     return aten.where.self(mask, v, x)
+
+
+# --------------------------------------------------------------------------- sort-based selections
+# median, kthvalue and mode pick from a stable ascending sort with NaN last (torch's order).
+# The sort itself only sees NaN-free keys (NaN replaced by +inf; the sort lowering does not
+# order NaN), and the NaNs are put back from their count. Indices of tied values may differ
+# from torch's, whose nth_element leaves them unspecified.
+
+
+def _keep(t: Tensor, dim: int, keepdim: bool) -> Tensor:
+    return t if keepdim else aten.squeeze.dim(t, dim)
+
+
+def _line_iota(n: int, dim: int, ndim: int) -> Tensor:
+    """int64 ``0..n-1`` laid along ``dim`` of an ``ndim``-d tensor (size 1 elsewhere)."""
+    shape = [1] * ndim
+    shape[dim] = n
+    return aten.view.default(aten.arange.start_step(0, n, 1, dtype=torch.int64), shape)
+
+
+def _first_true(mask: Tensor, dim: int) -> Tensor:
+    """int64 keepdim index of the first True along ``dim`` (0 when there is none)."""
+    return aten.argmax.default(aten._to_copy.default(mask, dtype=torch.int32), dim, True)
+
+
+def _sort_nan_last(x: Tensor, dim: int) -> Tuple[Tensor, Tensor, Any]:
+    """(values, indices, NaN count or None) of a stable ascending sort along ``dim`` with NaN last.
+
+    The values are exact. Inside the trailing block of +inf and NaN values an index may point at
+    a NaN where torch's points at a +inf (the sort saw both as +inf); :func:`_sorted_pick` mends
+    the indices it returns.
+    """
+    if not x.is_floating_point():
+        vals, idx = aten.sort.stable(x, stable=True, dim=dim)
+        return vals, idx, None
+    n = x.shape[dim]
+    isn = aten.isnan.default(x)
+    nans = aten.sum.dim_IntList(isn, [dim], True, dtype=torch.int64)
+    vals, idx = aten.sort.stable(aten.where.self(isn, aten.full.default([], float("inf"), dtype=x.dtype), x),
+                                 stable=True, dim=dim)
+    tail = aten.ge.Tensor(_line_iota(n, dim, x.dim()), aten.rsub.Scalar(nans, n))
+    vals = aten.where.self(tail, aten.full.default([], float("nan"), dtype=x.dtype), vals)
+    return vals, idx, nans
+
+
+def _sorted_pick(x: Tensor, dim: int, keepdim: bool, pos: Any) -> Tuple[Tensor, Tensor]:
+    """(values, indices) at sorted position ``pos`` (an int, or an int64 keepdim tensor) along
+    ``dim``; a NaN result has the index of the first NaN, a +inf one that of a +inf."""
+    vals, idx, nans = _sort_nan_last(x, dim)
+    if isinstance(pos, int):
+        v, i = aten.slice.Tensor(vals, dim, pos, pos + 1), aten.slice.Tensor(idx, dim, pos, pos + 1)
+    else:
+        v, i = aten.gather.default(vals, dim, pos), aten.gather.default(idx, dim, pos)
+    if nans is not None:
+        isn = aten.isnan.default(x)
+        not_inf = aten.logical_not.default(aten.isnan.default(aten.gather.default(x, dim, i)))
+        i = aten.where.self(aten.isnan.default(v), _first_true(isn, dim),
+                            aten.where.self(not_inf, i, _first_true(aten.eq.Scalar(x, float("inf")), dim)))
+    return _keep(v, dim, keepdim), _keep(i, dim, keepdim)
+
+
+def _median_dim(x: Tensor, dim: int, keepdim: bool, ignore_nan: bool) -> Tuple[Tensor, Tensor]:
+    if x.dim() == 0:
+        return aten.clone.default(x), aten.full.default([], 0, dtype=torch.int64)
+    d = _dim(dim, x.dim())
+    n = x.shape[d]
+    if not x.is_floating_point():
+        return _sorted_pick(x, d, keepdim, (n - 1) // 2)
+    nans = aten.sum.dim_IntList(aten.isnan.default(x), [d], True, dtype=torch.int64)
+    if ignore_nan:   # the median of the non-NaN values (position 0, a NaN, when all are NaN)
+        pos = aten.clamp.default(aten.div.Tensor_mode(aten.rsub.Scalar(nans, n - 1), 2, rounding_mode="floor"), 0)
+    else:            # a NaN makes the median NaN (sorted last, from position n - nans)
+        pos = aten.where.self(aten.gt.Scalar(nans, 0), aten.rsub.Scalar(nans, n),
+                              aten.full.default([], (n - 1) // 2, dtype=torch.int64))
+    return _sorted_pick(x, d, keepdim, pos)
+
+
+@decomposition(aten.median.dim)
+def _median(x, dim, keepdim=False):
+    """(lower median, its index) along ``dim``; NaN when the line holds a NaN (its first one)."""
+    return _median_dim(x, dim, keepdim, ignore_nan=False)
+
+
+@decomposition(aten.nanmedian.dim)
+def _nanmedian(x, dim, keepdim=False):
+    """(lower median of the non-NaN values, its index) along ``dim``."""
+    return _median_dim(x, dim, keepdim, ignore_nan=True)
+
+
+@decomposition(aten.median.default)
+def _median_all(x):
+    """Lower median of all elements (NaN if any is NaN or there are none)."""
+    if x.numel() == 0:
+        return aten.full.default([], float("nan"), dtype=x.dtype)
+    return _median_dim(aten.view.default(x, [-1]), 0, False, ignore_nan=False)[0]
+
+
+@decomposition(aten.nanmedian.default)
+def _nanmedian_all(x):
+    """Lower median of the non-NaN elements."""
+    if x.numel() == 0:
+        return aten.full.default([], float("nan"), dtype=x.dtype)
+    return _median_dim(aten.view.default(x, [-1]), 0, False, ignore_nan=True)[0]
+
+
+@decomposition(aten.kthvalue.default)
+def _kthvalue(x, k, dim=-1, keepdim=False):
+    """(k-th smallest value, its index) along ``dim`` (NaN sorts last)."""
+    if x.dim() == 0:
+        return aten.clone.default(x), aten.full.default([], 0, dtype=torch.int64)
+    return _sorted_pick(x, _dim(dim, x.dim()), keepdim, int(k) - 1)
+
+
+@decomposition(aten.mode.default)
+def _mode(x, dim=-1, keepdim=False):
+    """(most frequent value, the last index holding it) along ``dim``; the smallest such value on ties.
+
+    On the sorted line, each element's run length is its position minus the start of its run
+    (a running maximum of the run starts); the first position reaching the longest run ends the
+    smallest most frequent value.
+    """
+    if x.dim() == 0:
+        return aten.clone.default(x), aten.full.default([], 0, dtype=torch.int64)
+    d = _dim(dim, x.dim())
+    n = x.shape[d]
+    s = _sort_nan_last(x, d)[0]
+    pos = _line_iota(n, d, x.dim())
+    prev = aten.cat.default([aten.slice.Tensor(s, d, 0, 1), aten.slice.Tensor(s, d, 0, n - 1)], d)
+    new = aten.logical_or.default(aten.ne.Tensor(s, prev), aten.eq.Scalar(pos, 0))   # NaN != NaN: own runs
+    start = aten.cummax.default(aten.where.self(new, pos, aten.full.default([], 0, dtype=torch.int64)), d)[0]
+    length = aten.sub.Tensor(pos, start)
+    best = aten.amax.default(length, [d], True)
+    first = _first_true(aten.eq.Tensor(length, best), d)
+    v = aten.gather.default(s, d, first)
+    match = aten.eq.Tensor(x, v)
+    if x.is_floating_point():
+        match = aten.logical_or.default(match, aten.logical_and.default(aten.isnan.default(x), aten.isnan.default(v)))
+    idx = aten.amax.default(aten.where.self(match, pos, aten.full.default([], -1, dtype=torch.int64)), [d], True)
+    return _keep(v, d, keepdim), _keep(idx, d, keepdim)
+
+
+# --------------------------------------------------------------------------- searching
+
+
+@decomposition(aten.searchsorted.Tensor)
+def _searchsorted(seq, values, *, out_int32=False, right=False, side=None, sorter=None):
+    """How many elements of each sorted row of ``seq`` go before each value: counts of
+    ``not (seq >= v)`` (left) or ``not (seq > v)`` (right), so NaN behaves as in torch's binary
+    search. Compares every value with the whole row (``[..., k, m]`` booleans)."""
+    right = bool(right) or side == "right"
+    if sorter is not None:
+        seq = aten.gather.default(seq, -1, sorter)
+    m = seq.shape[-1]
+    if seq.dim() == 1:
+        s = aten.view.default(seq, [1] * values.dim() + [m])
+    else:
+        s = aten.unsqueeze.default(seq, -2)
+    v = aten.unsqueeze.default(values, -1)
+    after = aten.gt.Tensor(s, v) if right else aten.ge.Tensor(s, v)
+    return aten.sum.dim_IntList(aten.logical_not.default(after), [-1], False,
+                                dtype=torch.int32 if out_int32 else torch.int64)
+
+
+@decomposition(aten.searchsorted.Scalar)
+def _searchsorted_scalar(seq, value, *, out_int32=False, right=False, side=None, sorter=None):
+    """searchsorted of one Python number."""
+    v = aten.full.default([], value, dtype=seq.dtype)
+    return _searchsorted(seq, v, out_int32=out_int32, right=right, side=side, sorter=sorter)
+
+
+@decomposition(aten.bucketize.Tensor)
+def _bucketize(x, boundaries, *, out_int32=False, right=False):
+    """Bucket of each element: searchsorted of ``x`` in the 1-d ``boundaries``."""
+    return _searchsorted(boundaries, x, out_int32=out_int32, right=right)
+
+
+@decomposition(aten.bucketize.Scalar)
+def _bucketize_scalar(x, boundaries, *, out_int32=False, right=False):
+    """Bucket of one Python number."""
+    return _searchsorted_scalar(boundaries, x, out_int32=out_int32, right=right)
+
+
+# --------------------------------------------------------------------------- indexing forms
+
+
+@decomposition(aten.index_reduce.default)
+def _index_reduce(x, dim, index, source, reduce, *, include_self=True):
+    """scatter_reduce with ``index`` laid along ``dim`` of ``source``."""
+    if x.dim() == 0:
+        return aten.scatter_reduce.two(x, 0, index, source, reduce, include_self=include_self)
+    d = _dim(dim, x.dim())
+    shape = [1] * source.dim()
+    shape[d] = -1
+    idx = aten.expand.default(aten.view.default(index, shape), list(source.shape))
+    return aten.scatter_reduce.two(x, d, idx, source, reduce, include_self=include_self)
+
+
+@decomposition(aten.scatter.reduce, aten.scatter.value_reduce)
+def _scatter_legacy_reduce(x, dim, index, src, *, reduce):
+    """``scatter(..., reduce='add'|'multiply')``: scatter_reduce sum/prod including ``x``."""
+    if not isinstance(src, Tensor):
+        src = aten.full.default(list(index.shape), src, dtype=x.dtype)
+    r = {"add": "sum", "multiply": "prod"}[reduce]
+    return aten.scatter_reduce.two(x, dim, index, src, r, include_self=True)
+
+
+@decomposition(aten.take.default)
+def _take(x, index):
+    """Elements of the flattened ``x`` at ``index`` (negative indices count from the end)."""
+    return aten.index.Tensor(aten.view.default(aten.clone.default(x), [-1]), [index])
+
+
+@decomposition(aten.put.default)
+def _put(x, index, source, accumulate=False):
+    """``x`` with its flattened elements at ``index`` replaced by (or, accumulating, added to) ``source``."""
+    if index.numel() == 0:
+        return aten.clone.default(x)
+    flat = aten.view.default(aten.clone.default(x), [-1])
+    out = aten.index_put.default(flat, [aten.view.default(index, [-1])],
+                                 aten.view.default(aten.clone.default(source), [-1]), accumulate)
+    return aten.view.default(out, list(x.shape))
+
+
+# --------------------------------------------------------------------------- 3-d and adaptive pooling
+# 3-d average pooling is two 2-d average poolings: over (H, W), then over D with a (kd, 1) window
+# (a box's divisor is the product of its per-axis counts, so the two divisions make torch's).
+# Adaptive average pooling whose windows do not tile the input is a product with a constant
+# [out, in] averaging matrix per axis; adaptive max pooling gathers every window (clamped,
+# masked to -inf past its end) and reduces it.
+
+
+def _triple(v: Any) -> List[int]:
+    v = [int(a) for a in (v if isinstance(v, (list, tuple)) else [v])]
+    return v * 3 if len(v) == 1 else v
+
+
+def _pool3d_steps(x_shape, kernel_size, stride, padding):
+    k, p = _triple(kernel_size), _triple(padding)
+    s = _triple(stride) if stride else k
+    lead = list(x_shape[:-4]) if len(x_shape) == 5 else []
+    c, d, h, w = x_shape[-4:]
+    return lead, (c, d, h, w), k, s, p
+
+
+@decomposition(aten.avg_pool3d.default)
+def _avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    """avg_pool3d as avg_pool2d over (H, W) then over D."""
+    lead, (c, d, h, w), k, s, p = _pool3d_steps(tuple(x.shape), kernel_size, stride, padding)
+    n = lead or [1]
+    hw = aten.avg_pool2d.default(aten.view.default(x, n + [c * d, h, w]), k[1:], s[1:], p[1:], ceil_mode,
+                                 count_include_pad, None if divisor_override is None else 1)
+    oh, ow = hw.shape[-2:]
+    out = aten.avg_pool2d.default(aten.view.default(hw, n + [c, d, oh * ow]), [k[0], 1], [s[0], 1], [p[0], 0],
+                                  ceil_mode, count_include_pad, divisor_override)
+    return aten.view.default(out, lead + [c, out.shape[-2], oh, ow])
+
+
+@decomposition(aten.avg_pool3d_backward.default)
+def _avg_pool3d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    """Gradient of :func:`_avg_pool3d`: the two avg_pool2d gradients in reverse order."""
+    lead, (c, d, h, w), k, s, p = _pool3d_steps(tuple(x.shape), kernel_size, stride, padding)
+    n = lead or [1]
+    od, oh, ow = grad.shape[-3:]
+    mid = aten.expand.default(aten.full.default([], 0, dtype=grad.dtype), n + [c, d, oh * ow])
+    g = aten.avg_pool2d_backward.default(aten.view.default(grad, n + [c, od, oh * ow]), mid, [k[0], 1], [s[0], 1],
+                                         [p[0], 0], ceil_mode, count_include_pad, divisor_override)
+    g = aten.avg_pool2d_backward.default(aten.view.default(g, n + [c * d, oh, ow]),
+                                         aten.view.default(x, n + [c * d, h, w]), k[1:], s[1:], p[1:], ceil_mode,
+                                         count_include_pad, None if divisor_override is None else 1)
+    return aten.view.default(g, list(x.shape))
+
+
+def _adaptive_bounds(n_in: int, n_out: int) -> Tuple[List[int], List[int]]:
+    """torch's adaptive windows: output ``o`` covers ``[start[o], end[o])`` of the input axis."""
+    return ([(o * n_in) // n_out for o in range(n_out)],
+            [((o + 1) * n_in + n_out - 1) // n_out for o in range(n_out)])
+
+
+def _average_matrix(n_in: int, n_out: int, dtype: torch.dtype) -> Tensor:
+    """``[n_in, n_out]``: column ``o`` averages the input window of output ``o``."""
+    start, end = _adaptive_bounds(n_in, n_out)
+    i = aten.view.default(aten.arange.start_step(0, n_in, 1, dtype=torch.int64), [n_in, 1])
+    lo = aten.view.default(aten.arange.start_step(0, n_out * n_in, n_in, dtype=torch.int64), [1, n_out])
+    lo = aten.div.Tensor_mode(lo, n_out, rounding_mode="floor")                       # start[o]
+    hi = aten.div.Tensor_mode(aten.add.Tensor(aten.arange.start_step(n_in, (n_out + 1) * n_in, n_in,
+                                                                      dtype=torch.int64), n_out - 1),
+                              n_out, rounding_mode="floor")                            # end[o]
+    inside = aten.logical_and.default(aten.ge.Tensor(i, lo), aten.lt.Tensor(i, aten.view.default(hi, [1, n_out])))
+    return aten.div.Tensor(aten._to_copy.default(inside, dtype=dtype),
+                           aten._to_copy.default(aten.sub.Tensor(hi, lo), dtype=dtype))
+
+
+def _axis_product(x: Tensor, axis: int, m: Tensor) -> Tensor:
+    """``x`` with axis ``axis`` contracted against the rows of matrix ``m``."""
+    xt = aten.movedim.int(x, axis, -1)
+    return aten.movedim.int(aten.matmul.default(xt, m), -1, axis)
+
+
+def _adaptive_avg(x: Tensor, out_size: Sequence[int], transpose: bool) -> Tensor:
+    """Adaptive average pooling of the trailing ``len(out_size)`` axes (or, ``transpose``, its gradient:
+    ``x`` is then the output gradient and ``out_size`` the input's spatial shape), in fp32 for fp16/bf16."""
+    k = len(out_size)
+    acc = _acc_dtype(x.dtype)
+    y = x if x.dtype == acc else aten._to_copy.default(x, dtype=acc)
+    for j in range(k):
+        axis = x.dim() - k + j
+        if transpose:
+            m = aten.t.default(_average_matrix(out_size[j], x.shape[axis], acc))
+        else:
+            m = _average_matrix(x.shape[axis], out_size[j], acc)
+        y = _axis_product(y, axis, m)
+    return y if y.dtype == x.dtype else aten._to_copy.default(y, dtype=x.dtype)
+
+
+def _divisible(in_shape: Sequence[int], out_size: Sequence[int]) -> bool:
+    return all(o > 0 and i % o == 0 for i, o in zip(in_shape, out_size))
+
+
+@decomposition(aten._adaptive_avg_pool3d.default)
+def _adaptive_avg_pool3d(x, output_size):
+    """avg_pool3d when the windows tile the input, else per-axis averaging matrices."""
+    size = [int(o) for o in output_size]
+    spatial = list(x.shape[-3:])
+    if _divisible(spatial, size):
+        k = [i // o for i, o in zip(spatial, size)]
+        return _avg_pool3d(x, k, k, 0)
+    return _adaptive_avg(x, size, transpose=False)
+
+
+def _adaptive_avg_backward(grad: Tensor, x: Tensor, k: int) -> Tensor:
+    """Gradient of ``k``-d adaptive average pooling: the avg_pool gradient when the windows tile the
+    input, else the transposed averaging matrices."""
+    spatial, size = list(x.shape[-k:]), list(grad.shape[-k:])
+    if _divisible(spatial, size):
+        kern = [i // o for i, o in zip(spatial, size)]
+        if k == 2:
+            return aten.avg_pool2d_backward.default(grad, x, kern, kern, [0, 0], False, True, None)
+        return _avg_pool3d_backward(grad, x, kern, kern, [0, 0, 0], False, True, None)
+    return _adaptive_avg(grad, spatial, transpose=True)
+
+
+@decomposition(aten._adaptive_avg_pool2d_backward.default)
+def _adaptive_avg_pool2d_backward(grad, x):
+    """Gradient of adaptive_avg_pool2d."""
+    return _adaptive_avg_backward(grad, x, 2)
+
+
+@decomposition(aten._adaptive_avg_pool3d_backward.default)
+def _adaptive_avg_pool3d_backward(grad, x):
+    """Gradient of adaptive_avg_pool3d."""
+    return _adaptive_avg_backward(grad, x, 3)
+
+
+def _adaptive_max(x: Tensor, size: Sequence[int]) -> Tuple[Tensor, Tensor]:
+    """(values, int64 indices into the flattened spatial plane) of adaptive max pooling over the
+    trailing ``len(size)`` axes: every window gathered at its longest length, the overhang masked."""
+    k = len(size)
+    spatial = list(x.shape[-k:])
+    lead = list(x.shape[:-k])
+    idx, valid, lengths = [], None, []
+    flat = None
+    for j, (n_in, n_out) in enumerate(zip(spatial, size)):
+        start, end = _adaptive_bounds(n_in, n_out)
+        length = max(e - s for s, e in zip(start, end))
+        lengths.append(length)
+        o = aten.view.default(aten.arange.start_step(0, n_out * n_in, n_in, dtype=torch.int64), [n_out, 1])
+        first = aten.div.Tensor_mode(o, n_out, rounding_mode="floor")
+        last = aten.div.Tensor_mode(aten.add.Tensor(o, n_in + n_out - 1), n_out, rounding_mode="floor")
+        pos = aten.add.Tensor(first, aten.view.default(aten.arange.start_step(0, length, 1, dtype=torch.int64),
+                                                       [1, length]))
+        ok = aten.lt.Tensor(pos, last)
+        pos = aten.clamp.default(pos, None, n_in - 1)
+        # [n_out, length] laid out on axes (2j, 2j+1) of [o1, L1, o2, L2, ...]
+        shape = [1] * (2 * k)
+        shape[2 * j], shape[2 * j + 1] = n_out, length
+        pos, ok = aten.view.default(pos, shape), aten.view.default(ok, shape)
+        idx.append(pos)
+        valid = ok if valid is None else aten.logical_and.default(valid, ok)
+        flat = pos if flat is None else aten.add.Tensor(aten.mul.Tensor(flat, n_in), pos)
+    win = aten.index.Tensor(x, [None] * len(lead) + idx)                  # [..., o1, L1, o2, L2, ...]
+    low = float("-inf") if x.is_floating_point() else torch.iinfo(x.dtype).min
+    win = aten.where.self(valid, win, aten.full.default([], low, dtype=x.dtype))
+    nl = len(lead)
+    order = list(range(nl)) + [nl + 2 * j for j in range(k)] + [nl + 2 * j + 1 for j in range(k)]
+    wsize = math.prod(lengths)
+    win = aten.reshape.default(aten.permute.default(win, order), lead + list(size) + [wsize])
+    grid = [d for j in range(k) for d in (size[j], lengths[j])]
+    flat = aten.reshape.default(aten.permute.default(aten.expand.default(flat, grid), [a - nl for a in order[nl:]]),
+                                list(size) + [wsize])                          # flat input index per window slot
+    am = aten.argmax.default(win, -1, True)
+    flat = aten.expand.default(flat, lead + list(size) + [wsize])
+    return aten.amax.default(win, [-1], False), aten.squeeze.dim(aten.gather.default(flat, -1, am), -1)
+
+
+@decomposition(aten.adaptive_max_pool2d.default)
+def _adaptive_max_pool2d(x, output_size):
+    """(values, indices) of 2-d adaptive max pooling."""
+    return _adaptive_max(x, [int(o) for o in output_size])
+
+
+@decomposition(aten.adaptive_max_pool3d.default)
+def _adaptive_max_pool3d(x, output_size):
+    """(values, indices) of 3-d adaptive max pooling."""
+    return _adaptive_max(x, [int(o) for o in output_size])
+
+
+def _adaptive_max_backward(grad: Tensor, x: Tensor, indices: Tensor, k: int) -> Tensor:
+    """Gradient of ``k``-d adaptive max pooling: ``grad`` added at the winning flat index of each plane."""
+    lead = list(x.shape[:-k])
+    plane = math.prod(x.shape[-k:])
+    g = aten.view.default(aten.clone.default(grad), lead + [-1])
+    i = aten.view.default(aten.clone.default(indices), lead + [-1])
+    out = aten.scatter_add.default(aten.full.default(lead + [plane], 0, dtype=grad.dtype), len(lead), i, g)
+    return aten.view.default(out, list(x.shape))
+
+
+@decomposition(aten.adaptive_max_pool2d_backward.default)
+def _adaptive_max_pool2d_backward(grad, x, indices):
+    """Gradient of adaptive_max_pool2d."""
+    return _adaptive_max_backward(grad, x, indices, 2)
+
+
+@decomposition(aten.adaptive_max_pool3d_backward.default)
+def _adaptive_max_pool3d_backward(grad, x, indices):
+    """Gradient of adaptive_max_pool3d."""
+    return _adaptive_max_backward(grad, x, indices, 3)
+
+
+# --------------------------------------------------------------------------- embedding_bag
+
+
+def _bag_layout(indices, offsets, include_last_offset, padding_idx):
+    """(offset2bag, keep mask, number of bags) of a flat ``indices`` split at ``offsets``."""
+    nbags = offsets.shape[0] - (1 if include_last_offset else 0)
+    starts = aten.slice.Tensor(offsets, 0, 0, nbags)
+    pos = aten.arange.start_step(0, indices.shape[0], 1, dtype=torch.int64)
+    # bag of position i: how many bags start at or before i, minus one (empty bags are skipped)
+    o2b = aten.sub.Tensor(aten.sum.dim_IntList(aten.le.Tensor(aten.view.default(starts, [1, nbags]),
+                                                               aten.view.default(pos, [-1, 1])), [1], False,
+                                               dtype=torch.int64), 1)
+    o2b = aten.clamp.default(o2b, 0)
+    keep = None if padding_idx is None or padding_idx < 0 else aten.ne.Scalar(indices, padding_idx)
+    return o2b, keep, nbags
+
+
+@decomposition(aten._embedding_bag_forward_only.default, aten._embedding_bag.default)
+def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """(output, offset2bag, bag_size, max_indices) as torch's CPU kernel: rows gathered, then summed
+    (``mode`` 0), averaged (1) or maxed (2) per bag by index_put/scatter_reduce; entries equal to
+    ``padding_idx`` are left out, empty bags give zeros."""
+    d = weight.shape[1]
+    o2b, keep, nbags = _bag_layout(indices, offsets, include_last_offset, padding_idx)
+    rows = aten.index.Tensor(weight, [indices])
+    zeros = aten.full.default([nbags, d], 0, dtype=weight.dtype)
+    kept = None if keep is None else aten.view.default(keep, [-1, 1])
+    # counts and positions are accumulated in fp32 (exact below 2**24), which the chip's index ops take
+    counted = aten.full.default(list(indices.shape), 1, dtype=torch.float32) if keep is None else \
+        aten._to_copy.default(keep, dtype=torch.float32)
+    bag_size = aten._to_copy.default(
+        aten.index_put.default(aten.full.default([nbags], 0, dtype=torch.float32), [o2b], counted, True),
+        dtype=torch.int64)
+    if mode == 2:
+        if kept is not None:
+            rows = aten.where.self(kept, rows, aten.full.default([], float("-inf"), dtype=weight.dtype))
+        idx2 = aten.expand.default(aten.view.default(o2b, [-1, 1]), list(rows.shape))
+        out = aten.scatter_reduce.two(zeros, 0, idx2, rows, "amax", include_self=False)
+        if kept is not None:   # a bag of padding only stays zero
+            out = aten.where.self(aten.view.default(aten.gt.Scalar(bag_size, 0), [-1, 1]), out,
+                                  aten.full.default([], 0, dtype=weight.dtype))
+    else:
+        if per_sample_weights is not None:
+            rows = aten.mul.Tensor(rows, aten.view.default(per_sample_weights, [-1, 1]))
+        if kept is not None:
+            rows = aten.where.self(kept, rows, aten.full.default([], 0, dtype=weight.dtype))
+        out = aten.index_put.default(zeros, [o2b], rows, True)
+    if mode == 1:
+        out = aten.div.Tensor(out, aten.view.default(aten.clamp.default(bag_size, 1), [-1, 1]))
+    if mode == 0:
+        bag_size = aten.full.default([nbags], 0, dtype=torch.int64)
+    if mode == 2:
+        # the weight row of each bag's (first) maximum, per column
+        winner = aten.eq.Tensor(rows, aten.index.Tensor(out, [o2b]))
+        if kept is not None:
+            winner = aten.logical_and.default(winner, kept)
+        n = indices.shape[0]
+        pos = aten.expand.default(aten.view.default(aten.arange.start_step(0, n, 1, dtype=torch.float32), [-1, 1]),
+                                  [n, d])
+        first = aten.scatter_reduce.two(aten.full.default([nbags, d], n, dtype=torch.float32), 0,
+                                        aten.expand.default(aten.view.default(o2b, [-1, 1]), [n, d]),
+                                        aten.where.self(winner, pos, aten.full.default([], n, dtype=torch.float32)),
+                                        "amin", include_self=True)
+        found = aten.lt.Scalar(first, n)
+        first = aten._to_copy.default(first, dtype=torch.int64)
+        flat_idx = aten.cat.default([indices, aten.full.default([1], 0, dtype=indices.dtype)])
+        max_indices = aten.where.self(found, aten.index.Tensor(flat_idx, [first]),
+                                      aten.full.default([], 0, dtype=indices.dtype))
+    else:
+        max_indices = aten.clone.default(bag_size)
+    return out, o2b, bag_size, max_indices
+
+
+@decomposition(aten._embedding_bag_backward.default)
+def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                            scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+    """Dense gradient of embedding_bag w.r.t. the weight: each position's bag gradient (scaled by its
+    sample weight, or divided by the bag size for ``mean``) added into its row; for ``max`` each bag's
+    gradient goes to the rows that won. Sparse gradients and ``scale_grad_by_freq`` are not
+    decomposed (tn refuses them)."""
+    if sparse or scale_grad_by_freq:   # torch's CPU scaling by frequency is not reproduced: refuse it
+        return NotImplemented
+    d = grad.shape[1]
+    zeros = aten.full.default([int(num_weights), d], 0, dtype=grad.dtype)
+    if mode == 2:
+        nb = maximum_indices.shape[0]
+        won = aten.gt.Scalar(aten.view.default(bag_size, [nb, 1]), 0)      # empty bags have no winner
+        g = aten.where.self(won, grad, aten.full.default([], 0, dtype=grad.dtype))
+        return aten.scatter_add.default(zeros, 0, maximum_indices, g)
+    o2b, keep, _ = _bag_layout(indices, offsets, False, padding_idx)
+    rows = aten.index.Tensor(grad, [o2b])
+    if mode == 1:
+        rows = aten.div.Tensor(rows, aten.view.default(
+            aten._to_copy.default(aten.clamp.default(aten.index.Tensor(bag_size, [o2b]), 1), dtype=grad.dtype),
+            [-1, 1]))
+    elif per_sample_weights is not None:
+        rows = aten.mul.Tensor(rows, aten.view.default(per_sample_weights, [-1, 1]))
+    if keep is not None:
+        rows = aten.where.self(aten.view.default(keep, [-1, 1]), rows, aten.full.default([], 0, dtype=grad.dtype))
+    return aten.index_put.default(zeros, [indices], rows, True)
+
+
+@decomposition(aten._embedding_bag_per_sample_weights_backward.default)
+def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    """Gradient of a ``sum`` embedding_bag w.r.t. its per-sample weights: each position's row dotted
+    with its bag's gradient (0 for padding)."""
+    o2b, keep, _ = _bag_layout(indices, offsets, False, padding_idx)
+    g = aten.sum.dim_IntList(aten.mul.Tensor(aten.index.Tensor(grad, [o2b]), aten.index.Tensor(weight, [indices])),
+                             [1], False)
+    if keep is not None:
+        g = aten.where.self(keep, g, aten.full.default([], 0, dtype=g.dtype))
+    return g

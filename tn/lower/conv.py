@@ -17,7 +17,7 @@ e.g. the first RGB layer) groups of ``128 // C`` taps are stacked on the
 partitions instead (im2col by SBUF->SBUF DMA of whole shifted planes), so one matmul
 per block does the whole contraction.
 
-``avg_pool2d`` / ``avg_pool2d_backward``: ``(n, c)`` rows on the partitions,
+``avg_pool2d`` / ``avg_pool2d_backward`` (batched or unbatched): ``(n, c)`` rows on the partitions,
 the image on the free axis (the forward works in bands of output rows when a
 whole plane does not fit in SBUF); the window sum is one ``tensor_reduce``
 over a 4-d overlapping access pattern, divisors (padding, ``ceil_mode``,
@@ -652,6 +652,13 @@ class _Pool:
             self.prog.tensor_tensor(out, src, cnt[:pc], "divide")
 
 
+def _pool_shapes(what: str, xv, ov):
+    """Input and output shapes as 4-d ``[N, C, H, W]`` (an unbatched ``[C, H, W]`` is one image)."""
+    if len(xv.shape) not in (3, 4):
+        raise CannotLower(f"{what} lowers [N, C, H, W] or [C, H, W] inputs, not {tuple(xv.shape)}")
+    return (1,) * (4 - len(xv.shape)) + tuple(xv.shape), (1,) * (4 - len(ov.shape)) + tuple(ov.shape)
+
+
 def _pool_dtype(ctx, v) -> str:
     dt = ctx.neuron_dtype(v.dtype)
     if dt not in ("float32", "bfloat16", "float16"):
@@ -664,11 +671,10 @@ def lower_avg_pool2d(ctx, eqn, ins, outs) -> None:
     """2-d average pooling: one overlapping-window tensor_reduce per 128 planes and band of output rows (bands
     keep large planes within SBUF), divisors computed on chip."""
     xv = eqn.inputs[0]
-    if len(xv.shape) != 4:
-        raise CannotLower(f"avg_pool2d lowers 4-d [N, C, H, W] inputs, not {tuple(xv.shape)}")
+    xshape, oshape = _pool_shapes("avg_pool2d", xv, eqn.outputs[0])
     _pool_dtype(ctx, xv)
     prog = ctx.prog
-    pl = _Pool(ctx, xv.shape, eqn.outputs[0].shape, eqn.attrs, check=False)
+    pl = _Pool(ctx, xshape, oshape, eqn.attrs, check=False)
     H, W, Ho, Wo, Wq = pl.H, pl.W, pl.Ho, pl.Wo, pl.Wq
     sh, kh, ph, pw = pl.sh, pl.kh, pl.ph, pl.pw
     isx, iso = _isz(ins[0].dtype), _isz(outs[0].dtype)
@@ -760,11 +766,10 @@ def lower_avg_pool2d(ctx, eqn, ins, outs) -> None:
 def lower_avg_pool2d_backward(ctx, eqn, ins, outs) -> None:
     """Gradient of avg_pool2d: ``grad / divisor`` added into every tap's strided window (VectorE)."""
     gv, xv = eqn.inputs[0], eqn.inputs[1]
-    if len(xv.shape) != 4:
-        raise CannotLower(f"avg_pool2d_backward lowers 4-d [N, C, H, W] inputs, not {tuple(xv.shape)}")
+    xshape, gshape = _pool_shapes("avg_pool2d_backward", xv, gv)
     _pool_dtype(ctx, gv)
     prog = ctx.prog
-    pl = _Pool(ctx, xv.shape, gv.shape, eqn.attrs)
+    pl = _Pool(ctx, xshape, gshape, eqn.attrs)
     H, W, Ho, Wo, Hq, Wq = pl.H, pl.W, pl.Ho, pl.Wo, pl.Hq, pl.Wq
     g = ins[0].reshape(pl.R, Ho * Wo)
     out = outs[0].reshape(pl.R, H * W)

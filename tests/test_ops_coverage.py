@@ -1,0 +1,315 @@
+# Ops added to close coverage gaps (scans, selections, searching, pooling, embedding_bag): tn.jit vs eager, strict on neuron.
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tn
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _close(got, exp, exact_index=True):
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    exp = exp if isinstance(exp, (tuple, list)) else (exp,)
+    assert len(got) == len(exp)
+    for g, e in zip(got, exp):
+        assert g.shape == e.shape and g.dtype == e.dtype, (g.shape, g.dtype, e.shape, e.dtype)
+        if e.dtype == torch.bfloat16:
+            torch.testing.assert_close(g, e, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+        elif e.is_floating_point():
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5, equal_nan=True)
+        elif exact_index:
+            assert torch.equal(g, e), (g, e)
+
+
+def _check(fn, *args, backend, exact_index=True):
+    """``fn`` through tn.jit (strict on the neuron backend: no host fallback) equals eager."""
+    want = fn(*args)
+    jf = tn.jit(fn, backend=backend)
+    if backend == "neuron":
+        from tn.lower import compiler
+
+        ir = jf.lower(*args)
+        exe = compiler.compile_ir(ir, strict=True)
+        got = exe(list(args))
+        got = got[0] if len(got) == 1 else tuple(got)
+    else:
+        got = jf(*args)
+    _close(got, want, exact_index)
+    return got
+
+
+def _grad(fn):
+    """``x, g -> d(fn(x))/dx . g`` (the gradient traced inside the jitted function)."""
+    def f(x, g):
+        x = x.detach().requires_grad_()
+        return torch.autograd.grad(fn(x), x, g)[0]
+    return f
+
+
+# --------------------------------------------------------------------------- scans
+
+
+SCAN_INPUTS = [
+    torch.tensor([[1., 3., 3., NAN, 2., NAN, 5.], [0., -1., 2., 2., INF, -INF, 1.]]),
+    torch.randn(3, 5, 7),
+    torch.randint(0, 3, (4, 9)).float(),     # ties: the last index wins
+    torch.randn(2, 2500),                    # more than one chunk per line
+]
+
+
+@pytest.mark.parametrize("op", [torch.cummax, torch.cummin])
+@pytest.mark.parametrize("case", range(len(SCAN_INPUTS)))
+def test_cummax_cummin(op, case, backend):
+    x = SCAN_INPUTS[case]
+    for d in range(x.dim()):
+        _check(lambda x: tuple(op(x, d)), x, backend=backend)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int64, torch.int32])
+def test_cummax_dtypes(dtype, backend):
+    x = torch.randn(5, 33).to(dtype) if dtype.is_floating_point else torch.randint(-50, 50, (5, 33), dtype=dtype)
+    _check(lambda x: tuple(torch.cummax(x, 1)), x, backend=backend)
+    _check(lambda x: tuple(torch.cummin(x, 0)), x, backend=backend)
+
+
+def test_cummax_gradient(backend):
+    x = torch.randn(4, 6)
+    _check(_grad(lambda x: torch.cummax(x, 1)[0]), x, torch.randn(4, 6), backend=backend)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logcumsumexp(dtype, backend):
+    x = (torch.randn(3, 5, 7) * 10).to(dtype)
+    for d in range(3):
+        _check(lambda x: torch.logcumsumexp(x, d), x, backend=backend)
+    special = torch.tensor([[-INF, -INF, 0., INF, INF, 1.], [1., NAN, 2., 3., -INF, -INF]])
+    _check(lambda x: torch.logcumsumexp(x, 1), special, backend=backend)
+
+
+def test_scan_lowerings_strict():
+    from tn.lower.testing import check_lowering
+
+    for op in ("cummax", "cummin"):
+        check_lowering(op, torch.randn(300, 5), dim=0)      # lines over partitions, several blocks
+        check_lowering(op, torch.randn(()), dim=0)
+        check_lowering(op, torch.randint(-9, 9, (7, 5), dtype=torch.int32), dim=1)
+    check_lowering("logcumsumexp", torch.randn(2, 5000) * 10, dim=1)
+
+
+# --------------------------------------------------------------------------- sort-based selections
+
+
+SELECT_INPUTS = [
+    torch.tensor([[3., NAN, 1., 2.], [1., 2., INF, 0.], [INF, NAN, INF, 5.], [INF, INF, NAN, INF]]),
+    torch.randn(2, 7, 3),
+    torch.randn(4, 9).bfloat16(),
+]
+
+
+def _check_selection(fn, x, d, keepdim, backend):
+    """Values as eager's; each index points at an element equal to its value (torch leaves the index
+    of tied values unspecified)."""
+    vals, idx = _check(fn, x, backend=backend, exact_index=False)
+    if not keepdim:
+        vals, idx = vals.unsqueeze(d), idx.unsqueeze(d)
+    picked = x.gather(d, idx)
+    assert torch.equal(picked.isnan(), vals.isnan()) and torch.equal(picked[~vals.isnan()], vals[~vals.isnan()])
+
+
+@pytest.mark.parametrize("case", range(len(SELECT_INPUTS)))
+def test_median_nanmedian_kthvalue(case, backend):
+    x = SELECT_INPUTS[case]
+    for d in range(x.dim()):
+        _check_selection(lambda x: tuple(torch.median(x, d)), x, d, False, backend)
+        _check_selection(lambda x: tuple(torch.nanmedian(x, d, keepdim=True)), x, d, True, backend)
+        for k in (1, x.shape[d]):
+            _check_selection(lambda x: tuple(torch.kthvalue(x, k, d)), x, d, False, backend)
+    _check(torch.median, x, backend=backend)
+    _check(torch.nanmedian, x, backend=backend)
+
+
+def test_mode(backend):
+    x = torch.tensor([[2., 1., 2., 1., 3., 3.], [5., 1., 5., 1., 2., 7.], [INF, 4., INF, -1., 4., INF]])
+    _check(lambda x: tuple(torch.mode(x, 1)), x, backend=backend)      # smallest most frequent, last index
+    y = torch.randint(0, 4, (5, 11)).float()
+    _check(lambda y: tuple(torch.mode(y, 0)), y, backend=backend)
+
+
+def test_median_int_and_gradient(backend):
+    if backend == "neuron":
+        pytest.skip("the chip's sort is for float values (integers run on the host)")
+    x = torch.randint(0, 20, (3, 8))
+    _check(lambda x: tuple(torch.median(x, 1)), x, backend=backend)
+    _check(lambda x: tuple(torch.mode(x, 1)), x, backend=backend)
+
+
+def test_median_gradient(backend):
+    x = torch.randn(4, 7)
+    _check(_grad(lambda x: torch.median(x, 1)[0]), x, torch.randn(4), backend=backend)
+
+
+# --------------------------------------------------------------------------- searching
+
+
+@pytest.mark.parametrize("right", [False, True])
+def test_searchsorted_bucketize(right, backend):
+    seq = torch.sort(torch.randn(13))[0]
+    seq[4] = seq[5]                                            # a repeated boundary
+    v = torch.cat([torch.randn(3, 7), seq[None, :7]], 0)       # values equal to boundaries
+    _check(lambda s, v: torch.searchsorted(s, v, right=right), seq, v, backend=backend)
+    _check(lambda v, s: torch.bucketize(v, s, right=right, out_int32=True), v, seq, backend=backend)
+    rows = torch.sort(torch.randn(4, 9), -1)[0]
+    _check(lambda s, v: torch.searchsorted(s, v, side="right" if right else "left"), rows, torch.randn(4, 5),
+           backend=backend)
+    order = torch.randperm(9)
+    _check(lambda s, v, o: torch.searchsorted(s, v, sorter=o), rows[0][order.argsort()], torch.randn(6), order,
+           backend=backend)
+
+
+# --------------------------------------------------------------------------- indexing forms
+
+
+@pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
+def test_index_reduce(reduce, backend):
+    x, src = torch.randn(5, 3), torch.randn(4, 3)
+    idx = torch.tensor([0, 4, 0, 2])
+    _check(lambda x, i, s: x.index_reduce(0, i, s, reduce), x, idx, src, backend=backend)
+    _check(lambda x, i, s: x.index_reduce(1, i[:3] % 3, s.t(), reduce, include_self=False), x, idx,
+           torch.randn(3, 5), backend=backend)
+
+
+def test_take_put_scatter_reduce(backend):
+    x = torch.randn(4, 5)
+    i = torch.tensor([[0, -1], [7, 19]])
+    _check(lambda x, i: torch.take(x, i), x, i, backend=backend)
+    _check(lambda x, i, s: x.put(i, s, accumulate=True), x, torch.tensor([1, 1, 6]), torch.randn(3), backend=backend)
+    _check(lambda x, i, s: x.put(i, s), x, torch.tensor([3, 0, 6]), torch.randn(3), backend=backend)
+    j = torch.tensor([[0, 1, 0], [2, 2, 4]])
+    _check(lambda x, j, s: x.scatter(1, j, s, reduce="add"), x, j, torch.randn(2, 3), backend=backend)
+    _check(lambda x, j: x.scatter(1, j, 2.0, reduce="multiply"), x, j, backend=backend)
+
+
+# --------------------------------------------------------------------------- pooling
+
+
+POOL3D = [((2, 3, 7, 8, 9), 3, 2, 1, False, True, None),
+          ((3, 5, 6, 7), (2, 3, 2), (1, 2, 2), (1, 0, 1), True, False, None),
+          ((1, 2, 5, 5, 5), 2, None, 0, True, True, 3)]
+
+
+@pytest.mark.parametrize("case", range(len(POOL3D)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_avg_pool3d_and_gradient(case, dtype, backend):
+    shape, k, s, p, ceil, cip, dov = POOL3D[case]
+    x = torch.randn(shape)
+
+    def pool(x):
+        return F.avg_pool3d(x, k, s, p, ceil, cip, dov)
+
+    g = torch.randn(pool(x).shape)
+    if dtype == torch.float32:
+        _check(pool, x, backend=backend)
+        _check(_grad(pool), x, g, backend=backend)
+    else:   # eager has no bf16 avg_pool3d: compare with fp32 eager rounded
+        for fn, args in ((pool, (x,)), (_grad(pool), (x, g))):
+            want = fn(*args).bfloat16()
+            got = tn.jit(fn, backend=backend)(*[a.bfloat16() for a in args])
+            _close(got, want)
+
+
+@pytest.mark.parametrize("shape,out", [((2, 3, 7, 9), (3, 4)), ((2, 3, 8, 8), (4, 2)), ((3, 5, 6), (1, 1)),
+                                       ((1, 2, 10, 3), (4, 2))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_adaptive_pool2d_and_gradients(shape, out, dtype, backend):
+    x = torch.randn(shape).to(dtype)
+    g = torch.randn(shape[:-2] + out).to(dtype)
+    _check(lambda x: F.adaptive_avg_pool2d(x, out), x, backend=backend)
+    _check(_grad(lambda x: F.adaptive_avg_pool2d(x, out)), x, g, backend=backend)
+    if dtype == torch.float32:
+        _check(lambda x: F.adaptive_max_pool2d(x, out, return_indices=True), x, backend=backend)
+        _check(_grad(lambda x: F.adaptive_max_pool2d(x, out)), x, g, backend=backend)
+
+
+@pytest.mark.parametrize("shape,out", [((2, 3, 7, 9, 5), (3, 4, 2)), ((2, 2, 4, 4, 6), (2, 2, 3))])
+def test_adaptive_pool3d_and_gradients(shape, out, backend):
+    x = torch.randn(shape)
+    g = torch.randn(shape[:-3] + out)
+    _check(lambda x: F.adaptive_avg_pool3d(x, out), x, backend=backend)
+    _check(_grad(lambda x: F.adaptive_avg_pool3d(x, out)), x, g, backend=backend)
+    _check(lambda x: F.adaptive_max_pool3d(x, out, return_indices=True), x, backend=backend)
+    _check(_grad(lambda x: F.adaptive_max_pool3d(x, out)), x, g, backend=backend)
+
+
+def test_avg_pool2d_unbatched_lowering():
+    from tn.lower.testing import check_lowering
+
+    pool = {"kernel_size": (3, 2), "stride": (2, 1), "padding": (1, 0), "ceil_mode": True,
+            "count_include_pad": False, "divisor_override": None}
+    x = torch.randn(5, 7, 9)
+    check_lowering("avg_pool2d", x, **pool)
+    y = torch.ops.aten.avg_pool2d.default(x, [3, 2], [2, 1], [1, 0], True, False, None)
+    check_lowering("avg_pool2d_backward", torch.randn(y.shape), x, **pool)
+
+
+# --------------------------------------------------------------------------- embedding_bag
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("padding_idx", [-1, 2])
+def test_embedding_bag_forward(mode, padding_idx, backend):
+    w = torch.randn(10, 3)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0])
+    aten = torch.ops.aten
+    for off, last in ((torch.tensor([0, 2, 2, 5]), False), (torch.tensor([0, 3, 3, 9]), True)):
+        psw = torch.randn(9) if mode == 0 else None
+
+        def f(w, idx, off, *p):
+            return aten._embedding_bag_forward_only.default(w, idx, off, False, mode, False, p[0] if p else None,
+                                                            last, padding_idx)
+
+        want = f(w, idx, off, *([psw] if psw is not None else []))
+        got = tn.jit(f, backend=backend)(w, idx, off, *([psw] if psw is not None else []))
+        _close(got[0], want[0])
+        for g, e in zip(got[1:], want[1:]):       # offset2bag, bag_size, max_indices where eager fills them
+            if g.shape == e.shape:
+                assert torch.equal(g, e)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_embedding_bag_2d_and_gradient(mode, dtype, backend):
+    x = torch.randint(0, 10, (4, 5))
+    w = torch.randn(10, 7).to(dtype)
+    _check(lambda x, w: F.embedding_bag(x, w, mode=mode), x, w, backend=backend)
+    if dtype == torch.float32:
+        idx, off = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0]), torch.tensor([0, 2, 2, 5])
+
+        def f(w, idx, off, g):
+            w = w.detach().requires_grad_()
+            return torch.autograd.grad(F.embedding_bag(idx, w, off, mode=mode, padding_idx=2), w, g)[0]
+
+        _check(f, w, idx, off, torch.randn(4, 7), backend=backend)
+
+
+def test_embedding_bag_per_sample_weights_gradient(backend):
+    w, p = torch.randn(10, 4), torch.randn(9)
+    idx, off = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0]), torch.tensor([0, 2, 2, 5])
+
+    def f(w, p, idx, off, g):
+        w, p = w.detach().requires_grad_(), p.detach().requires_grad_()
+        y = F.embedding_bag(idx, w, off, mode="sum", per_sample_weights=p)
+        return torch.autograd.grad(y, [w, p], g)
+
+    _check(f, w, p, idx, off, torch.randn(4, 4), backend=backend)
+
+
+def test_embedding_bag_scale_grad_by_freq_is_refused():
+    w = torch.randn(10, 4)
+
+    def f(w, idx):
+        w = w.detach().requires_grad_()
+        return torch.autograd.grad(F.embedding_bag(idx, w, torch.tensor([0, 2]), scale_grad_by_freq=True).sum(), w)
+
+    with pytest.raises(tn.UnsupportedOpError, match="_embedding_bag_backward"):
+        tn.jit(f, backend="reference")(w, torch.tensor([1, 2, 2, 3]))

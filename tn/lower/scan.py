@@ -1,0 +1,194 @@
+# Lowerings of the scans cummax, cummin, logcumsumexp: lines on the partitions, log-step scans on VectorE/ScalarE.
+"""Associative scans on the NeuronCore.
+
+``cummax``/``cummin`` (values and int64 indices) and ``logcumsumexp`` combine
+each element with everything before it on its line by an associative
+``combine(earlier, later)``:
+
+* cummax: the later pair wins when ``later >= earlier`` or ``later`` is NaN
+  (torch's rule: a NaN wins and stays, ties go to the last index); cummin the
+  same with ``<=``. The winner's value and index are taken with ``select``.
+* logcumsumexp: ``max(a, b) + log(1 + exp(-|a - b|))`` (``exp``/``log`` on
+  ScalarE); equal infinities give that infinity, a NaN operand gives NaN.
+
+Layout: the scanned axis lies along the free axis and up to 128 lines on the
+partitions (the largest other axis, split in blocks of 128; any further axes
+are looped). A line is scanned in chunks of at most :data:`CHUNK` elements
+with ``ceil(log2(chunk))`` doubling steps (``out[j] = combine(in[j - s],
+in[j])`` for ``j >= s``, ping-ponging between two tiles), then the carry (the
+previous chunk's last result, a ``[P, 1]`` tile broadcast along the chunk) is
+combined into every element. Values are computed in fp32: cummax/cummin only
+move values (exact for fp32/bf16/fp16, and for integers below 2**24, which
+loading range-checks), indices are fp32 iotas (exact below 2**24).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import List, Tuple
+
+from .base import CannotLower, TileScope, lowering
+from .shape import hview, load_checked_int, store_int
+
+__all__ = ["CHUNK"]
+
+#: Longest stretch of a line scanned in one piece (elements per partition).
+CHUNK = 2048
+_EXACT = 1 << 24
+_FLOATS = ("float32", "bfloat16", "float16")
+
+
+def _row_strides(shape) -> List[int]:
+    st, s = [], 1
+    for n in reversed(shape):
+        st.append(s)
+        s *= n
+    return list(reversed(st))
+
+
+def _line_axes(shape, d) -> List[Tuple[int, int]]:
+    """The lines of a scan along ``d`` as (extent, stride) axes: the axes before ``d`` merged, and
+    those after it (size-1 axes left out)."""
+    n = shape[d]
+    inner = math.prod(shape[d + 1:])
+    outer = math.prod(shape[:d])
+    return [a for a in ((outer, n * inner), (inner, 1)) if a[0] > 1]
+
+
+class _Scan:
+    """One scan lowering: ``kind`` is ``cummax``, ``cummin`` or ``logcumsumexp``."""
+
+    def __init__(self, ctx, eqn, ins, outs):
+        self.ctx, self.prog, self.kind = ctx, ctx.prog, eqn.op.name
+        xv = eqn.inputs[0]
+        self.x_dt = ctx.neuron_dtype(xv.dtype)
+        self.with_index = len(outs) == 2
+        if self.kind == "logcumsumexp" and self.x_dt not in _FLOATS:
+            raise CannotLower(f"logcumsumexp of {self.x_dt}")
+        if self.x_dt not in _FLOATS + ("int32", "int64", "uint8", "bool"):
+            raise CannotLower(f"{self.kind} of {self.x_dt}")
+        if self.with_index and ctx.neuron_dtype(eqn.outputs[1].dtype) != "int64":
+            raise CannotLower(f"{self.kind} with {eqn.outputs[1].dtype} indices")
+        self.shape = tuple(xv.shape) or (1,)
+        self.d = eqn.attrs["dim"] % len(self.shape) if xv.shape else 0
+        self.n = self.shape[self.d]
+        if self.n >= _EXACT:
+            raise CannotLower(f"{self.kind} over {self.n} elements: indices beyond 2**24 are not exact in fp32")
+        self.x, self.outs = ins[0], outs
+        self.cmp = {"cummax": "is_ge", "cummin": "is_le"}.get(self.kind)
+
+    # ---- the combine step: out = combine(a (earlier), b (later)) on [p, w] views
+
+    def combine(self, p: int, w: int, out, a, b) -> None:
+        """``out[k] = combine(a[k], b[k])``; ``out``/``a``/``b`` are (value, index) view pairs (index None
+        for logcumsumexp). ``a`` may be a broadcast carry."""
+        prog = self.prog
+        if self.kind == "logcumsumexp":
+            self._logaddexp(p, w, out[0], a[0], b[0])
+            return
+        mask, nan = self.tmp[0][:p, :w], self.tmp[1][:p, :w]
+        prog.tensor_tensor(mask, b[0], a[0], self.cmp)
+        prog.tensor_tensor(nan, b[0], b[0], "not_equal")
+        prog.tensor_tensor(mask, mask, nan, "logical_or")
+        prog.select(out[0], mask, b[0], a[0])
+        if self.with_index:
+            prog.select(out[1], mask, b[1], a[1])
+
+    def _logaddexp(self, p, w, out, a, b) -> None:
+        prog = self.prog
+        m, t, nan = self.tmp[0][:p, :w], self.tmp[1][:p, :w], self.tmp[2][:p, :w]
+        prog.tensor_tensor(m, a, b, "max")
+        prog.tensor_tensor(t, a, b, "subtract")
+        prog.tensor_scalar(t, t, "abs_max", 0.0)                       # |a - b| (NaN for equal infinities)
+        prog.tensor_tensor(nan, t, t, "not_equal")
+        prog.select(t, nan, self.inf[:p].broadcast_to((p, w)), t)      # ... which then add log(1) = 0
+        prog.activation(t, t, "exp", scale=-1.0)
+        prog.activation(t, t, "log", bias=1.0)
+        prog.tensor_tensor(t, m, t, "add")
+        prog.tensor_tensor(nan, a, a, "not_equal")                      # a NaN operand gives NaN
+        prog.tensor_tensor(m, b, b, "not_equal")
+        prog.tensor_tensor(nan, nan, m, "logical_or")
+        prog.select(out, nan, self.nan[:p].broadcast_to((p, w)), t)
+
+    # ---- emission
+
+    def emit(self) -> None:
+        prog = self.prog
+        st = _row_strides(self.shape)
+        sd = st[self.d]
+        lines = _line_axes(self.shape, self.d) or [(1, 0)]
+        pi = max(range(len(lines)), key=lambda i: lines[i][0])
+        part = lines[pi]
+        loops = [a for i, a in enumerate(lines) if i != pi]
+        c = min(self.n, CHUNK)
+        with TileScope(prog) as tiles:
+            ntmp = 3 if self.kind == "logcumsumexp" else 2
+            self.tmp = [tiles.sbuf((128, c), "float32") for _ in range(ntmp)]
+            if self.kind == "logcumsumexp":
+                self.inf = tiles.sbuf((128, 1), "float32")
+                prog.memset(self.inf, math.inf, engine="vector")
+                self.nan = tiles.sbuf((128, 1), "float32")
+                prog.memset(self.nan, math.nan, engine="vector")
+            v = [tiles.sbuf((128, c), "float32") for _ in range(2)]
+            ix = [tiles.sbuf((128, c), "float32") for _ in range(2)] if self.with_index else None
+            raw = tiles.sbuf((128, c), "int32" if self.x_dt == "int64" else self.x_dt)
+            carry_v = tiles.sbuf((128, 1), "float32")
+            carry_i = tiles.sbuf((128, 1), "float32") if self.with_index else None
+            for combo in itertools.product(*[range(n) for n, _ in loops]):
+                base = sum(k * s for k, (_, s) in zip(combo, loops))
+                for p0 in range(0, part[0], 128):
+                    p = min(128, part[0] - p0)
+                    off = base + p0 * part[1]
+                    for c0 in range(0, self.n, c):
+                        w = min(c, self.n - c0)
+                        src = hview(self.x, off + c0 * sd, [(p, part[1]), (w, sd)])
+                        self._load(raw, v[0], src, p, w)
+                        if self.with_index:
+                            prog.iota(ix[0][:p, :w], base=c0, pattern=[1])
+                        k = 0
+                        s = 1
+                        while s < w:   # doubling step: out[j] = combine(in[j - s], in[j]) for j >= s
+                            src_v, dst_v = v[k][:p, :w], v[1 - k][:p, :w]
+                            prog.tensor_copy(dst_v[:, :s], src_v[:, :s])
+                            a = (src_v[:, :w - s], ix[k][:p, :w - s] if self.with_index else None)
+                            b = (src_v[:, s:], ix[k][:p, s:w] if self.with_index else None)
+                            o = (dst_v[:, s:], ix[1 - k][:p, s:w] if self.with_index else None)
+                            if self.with_index:
+                                prog.tensor_copy(ix[1 - k][:p, :s], ix[k][:p, :s])
+                            self.combine(p, w - s, o, a, b)
+                            k = 1 - k
+                            s *= 2
+                        cur_v = v[k][:p, :w]
+                        cur_i = ix[k][:p, :w] if self.with_index else None
+                        if c0 > 0:   # fold in everything before this chunk
+                            a = (carry_v[:p].broadcast_to((p, w)),
+                                 carry_i[:p].broadcast_to((p, w)) if self.with_index else None)
+                            o = (v[1 - k][:p, :w], ix[1 - k][:p, :w] if self.with_index else None)
+                            self.combine(p, w, o, a, (cur_v, cur_i))
+                            k = 1 - k
+                            cur_v, cur_i = o
+                        if c0 + w < self.n:
+                            prog.tensor_copy(carry_v[:p], cur_v[:, w - 1:w])
+                            if self.with_index:
+                                prog.tensor_copy(carry_i[:p], cur_i[:, w - 1:w])
+                        self._store(off + c0 * sd, part[1], sd, p, w, cur_v, cur_i)
+
+    def _load(self, raw, vt, src, p, w) -> None:
+        r = raw[:p, :w]
+        if self.x_dt in ("int32", "int64"):
+            load_checked_int(self.ctx, r, src, float(_EXACT))
+        else:
+            self.prog.dma_copy(r, src)
+        self.prog.tensor_copy(vt[:p, :w], r)
+
+    def _store(self, off, ps, sd, p, w, val, idx) -> None:
+        dims = [(p, ps), (w, sd)]
+        store_int(self.ctx, hview(self.outs[0], off, dims), val)   # a float output goes through ctx.store
+        if idx is not None:
+            store_int(self.ctx, hview(self.outs[1], off, dims), idx, nonneg=True)
+
+
+@lowering("cummax", "cummin", "logcumsumexp")
+def _scan(ctx, eqn, ins, outs):
+    """Running max/min (with the index of the last element holding it) or log-sum-exp along ``dim``."""
+    _Scan(ctx, eqn, ins, outs).emit()
