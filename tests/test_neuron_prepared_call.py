@@ -73,11 +73,12 @@ def test_unbound_outputs_are_allocated_and_numpy_raw_and_bf16_bindings_work():
     (lambda: None, "input HBM tensor 'x'"),
 ])
 def test_bad_bindings_raise_clear_errors(bad, match):
-    call = _axpb_prog().prepare_call()
+    enc = _axpb_prog()
+    call = enc.prepare_call()
     with pytest.raises(tn.NeuronError, match=match):
         call([bad(), torch.empty(128, 64)])
     with pytest.raises(tn.NeuronError, match=match):  # run() reports the same
-        run(call.enc, {"x": bad(), "y": torch.empty(128, 64)} if bad() is not None else {})
+        run(enc, {"x": bad(), "y": torch.empty(128, 64)} if bad() is not None else {})
 
 
 def test_too_many_values_and_bad_outputs():
@@ -164,3 +165,20 @@ def test_neuron_executable_rejects_a_wrong_input_and_profiles_stay_right():
     assert p1.runs[0] is prof.runs[0] and p2.runs[-1] is prof.runs[-1]
     assert p1.total_ns == sum(r.total_ns for r in prof.runs[:len(p1.runs)]) > 0
     assert p1.busy_ns and p1.counts and p1.instructions > 0
+
+
+def test_no_reference_cycle_keeps_a_program_alive():
+    import gc
+    import weakref
+
+    enc = _axpb_prog()
+    call = enc.prepare_call()
+    res = call([torch.randn(128, 64)])
+    ref = weakref.ref(enc)
+    gc.disable()
+    try:
+        del enc
+        assert ref() is None and call.enc is None  # freed by reference counting alone
+    finally:
+        gc.enable()
+    assert res.name == "axpb" and res.counts["ScalarE"] == 1

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -121,7 +122,7 @@ class RunResult:
     def _of_run(cls, call, total, times, busy, counts, hbm, values, wall):
         """A run's result from the engine's arrays (the dicts are built when first read)."""
         r = object.__new__(cls)
-        r.name = call.enc.name
+        r.name = call.name
         r.arch = call.arch
         r.total_ns = float(total)
         r.hbm_read_bytes, r.hbm_write_bytes = hbm.tolist()
@@ -375,19 +376,22 @@ class PreparedCall:
     an input unbound, which is an error. A torch tensor of the expected dtype
     and size, contiguous, on the CPU costs a few attribute reads; anything else
     goes through the full checks of :func:`run` and fails with the same
-    :class:`tn.NeuronError` (wrong dtype, size, device, layout).
+    :class:`tn.NeuronError` (wrong dtype, size, device, layout). The call keeps
+    what it runs but not the program object (``enc`` is a weak reference).
     """
 
-    __slots__ = ("enc", "arch", "names", "kinds", "_specs", "_fast", "_args", "_n", "_nq", "queue_names",
-                 "queues", "opcodes", "sbuf_peak_bytes", "psum_peak_bytes", "matmul_flops", "_engine_run",
-                 "_mem_shapes", "_times_shape")
+    __slots__ = ("_enc", "name", "sources", "arch", "names", "kinds", "_specs", "_fast", "_args", "_n", "_nq",
+                 "queue_names", "queues", "opcodes", "sbuf_peak_bytes", "psum_peak_bytes", "matmul_flops",
+                 "_engine_run", "_mem_shapes", "_times_shape")
 
     def __init__(self, enc):
         import torch
 
         _TENSOR[0] = torch.Tensor
         prep = enc.prepared()
-        self.enc = enc
+        self._enc = weakref.ref(enc)  # the program caches this object: no reference cycle back to it
+        self.name = enc.name
+        self.sources = enc.sources
         self.arch = enc.arch
         self.names = tuple(t.name for t in enc.hbm)
         self.kinds = tuple(t.kind for t in enc.hbm)
@@ -410,8 +414,13 @@ class PreparedCall:
         self._mem_shapes = ((arch.partitions, arch.sbuf_partition_bytes), (arch.partitions, arch.psum_partition_bytes))
         self._times_shape = (self._n or 1, 2)
 
+    @property
+    def enc(self):
+        """The :class:`~tn.neuron.program.Encoded` program (None once it is gone)."""
+        return self._enc()
+
     def __repr__(self):
-        return f"<PreparedCall {self.enc.name!r}: {', '.join(f'{n} ({k})' for n, k in zip(self.names, self.kinds))}>"
+        return f"<PreparedCall {self.name!r}: {', '.join(f'{n} ({k})' for n, k in zip(self.names, self.kinds))}>"
 
     def _pointers(self, values):
         """``(pointers, values)``: the checked address of every HBM tensor for ``values`` (allocating unbound
@@ -419,7 +428,7 @@ class PreparedCall:
         specs = self._specs
         if len(values) != len(specs):
             if len(values) > len(specs):
-                raise NeuronError(f"{len(values)} values bound but program {self.enc.name!r} declares "
+                raise NeuronError(f"{len(values)} values bound but program {self.name!r} declares "
                                   f"{len(specs)} HBM tensors")
             values = list(values) + [None] * (len(specs) - len(values))
         ptrs = []
@@ -431,7 +440,7 @@ class PreparedCall:
             else:
                 if v is None:
                     if not alloc:
-                        raise NeuronError(f"program {self.enc.name!r}: {t.kind} HBM tensor {t.name!r} "
+                        raise NeuronError(f"program {self.name!r}: {t.kind} HBM tensor {t.name!r} "
                                           f"({t.dtype}{list(t.shape)}) is not bound; pass it in bindings")
                     v = np.zeros(t.shape, dtype=np_dtype)
                 ptrs.append(_bind(t, v, code, np_dtype))
@@ -462,7 +471,7 @@ class PreparedCall:
             total = self._engine_run(recs, deps, aux, sbuf, psum, np.array(ptrs, _I64), sizes, limits, timing,
                                      times, busy, counts, hbm, 1)
         except NeuronError as e:
-            raise _with_source(e, self.enc) from None
+            raise _with_source(e, self) from None
         wall = _perf_counter() - t0
         res = RunResult._of_run(self, total, times if n else times[:0], busy, counts, hbm, bound, wall)
         if report:
