@@ -1,4 +1,4 @@
-# Ops added to close coverage gaps (scans, selections, searching, pooling, embedding_bag): tn.jit vs eager, strict on neuron.
+# Ops added to close coverage gaps (scans, selections, search, pooling, embedding_bag, special functions) vs eager.
 import pytest
 import torch
 import torch.nn.functional as F
@@ -107,26 +107,27 @@ SELECT_INPUTS = [
 ]
 
 
-def _check_selection(fn, x, d, keepdim, backend):
-    """Values as eager's; each index points at an element equal to its value (torch leaves the index
-    of tied values unspecified)."""
-    vals, idx = _check(fn, x, backend=backend, exact_index=False)
-    if not keepdim:
-        vals, idx = vals.unsqueeze(d), idx.unsqueeze(d)
-    picked = x.gather(d, idx)
-    assert torch.equal(picked.isnan(), vals.isnan()) and torch.equal(picked[~vals.isnan()], vals[~vals.isnan()])
-
-
 @pytest.mark.parametrize("case", range(len(SELECT_INPUTS)))
 def test_median_nanmedian_kthvalue(case, backend):
+    """Values as eager's; each index points at an element equal to its value (torch leaves the index of
+    tied values unspecified). All selections of one input run as one program."""
     x = SELECT_INPUTS[case]
-    for d in range(x.dim()):
-        _check_selection(lambda x: tuple(torch.median(x, d)), x, d, False, backend)
-        _check_selection(lambda x: tuple(torch.nanmedian(x, d, keepdim=True)), x, d, True, backend)
-        for k in (1, x.shape[d]):
-            _check_selection(lambda x: tuple(torch.kthvalue(x, k, d)), x, d, False, backend)
-    _check(torch.median, x, backend=backend)
-    _check(torch.nanmedian, x, backend=backend)
+    picks = [(d, k) for d in range(x.dim()) for k in ("median", "nanmedian", 1, x.shape[d])]
+
+    def f(x):
+        out = []
+        for d, k in picks:
+            r = torch.median(x, d) if k == "median" else torch.nanmedian(x, d) if k == "nanmedian" else \
+                torch.kthvalue(x, k, d)
+            out += [r.values, r.indices]
+        return tuple(out) + (torch.median(x), torch.nanmedian(x))
+
+    got = _check(f, x, backend=backend, exact_index=False)
+    for j, (d, _) in enumerate(picks):
+        vals, idx = got[2 * j].unsqueeze(d), got[2 * j + 1].unsqueeze(d)
+        picked = x.gather(d, idx)
+        nan = vals.isnan()
+        assert torch.equal(picked.isnan(), nan) and torch.equal(picked[~nan], vals[~nan])
 
 
 def test_mode(backend):
@@ -313,3 +314,49 @@ def test_embedding_bag_scale_grad_by_freq_is_refused():
 
     with pytest.raises(tn.UnsupportedOpError, match="_embedding_bag_backward"):
         tn.jit(f, backend="reference")(w, torch.tensor([1, 2, 2, 3]))
+
+
+# --------------------------------------------------------------------------- special functions
+
+
+def _grid(lo, hi, n=601, extra=()):
+    return torch.cat([torch.linspace(lo, hi, n), torch.tensor(list(extra), dtype=torch.float32)])
+
+
+S = torch.special
+SPECIAL = {
+    "erfcx": (S.erfcx, _grid(-9, 30, extra=(0., 1e-30, 2e6, INF, -INF, NAN))),
+    "erfc": (torch.erfc, _grid(-6, 10.5, extra=(0., 20., INF, -INF, NAN))),
+    "log_ndtr": (S.log_ndtr, _grid(-30, 10)),
+    "i0": (torch.i0, _grid(-85, 85, extra=(0., NAN))),      # torch's fp32 i0 overflows early above 88.7
+    "i0e": (S.i0e, _grid(-300, 300, extra=(0., INF, NAN))),
+    "i1": (S.i1, _grid(-85, 85, extra=(0., NAN))),
+    "i1e": (S.i1e, _grid(-300, 300, extra=(0., INF, -INF, NAN))),
+    "lgamma": (torch.lgamma, _grid(-20, 40, extra=(0., -0., 1e-30, 1e30, -1., -2.5, INF, -INF, NAN))),
+    "digamma": (torch.digamma, _grid(-20, 40, extra=(0., -0., 1e-30, 1e30, -1., INF, -INF, NAN))),
+    "trigamma": (lambda x: torch.polygamma(1, x), _grid(-9.7, 20)),
+    "polygamma3": (lambda x: torch.polygamma(3, x), _grid(-9.7, 20)),
+    "zeta_s": (lambda x: S.zeta(x, 1.7), _grid(0.5, 30, extra=(1., NAN))),
+    "zeta_q": (lambda x: S.zeta(3.0, x), _grid(-9.7, 50, extra=(0., -2., NAN))),
+    "ndtri": (S.ndtri, _grid(0, 1, extra=(1e-38, 1e-30, 1e-10, 1 - 1e-7, 0.5, -0.1, 1.1, NAN))),
+    "hypot": (lambda x: torch.hypot(x, x.flip(0) * 3), _grid(-1e20, 1e20, extra=(0., 3e38, INF, -INF, NAN))),
+    "spherical_bessel_j0": (S.spherical_bessel_j0, _grid(-50, 50, extra=(0., 1e-20, 0.49, 0.51, INF, NAN))),
+    "angle": (torch.angle, torch.tensor([-1., 0., -0., 2., NAN, -INF])),
+}
+
+
+@pytest.mark.parametrize("name,dtype", [(n, torch.float32) for n in sorted(SPECIAL)] +
+                         [(n, torch.bfloat16) for n in ("erfcx", "i0e", "lgamma", "ndtri", "zeta_q")])
+def test_special_functions(name, dtype, backend):
+    fn, x = SPECIAL[name]
+    x = x.to(dtype)
+    try:
+        _check(fn, x, backend=backend)
+    except NotImplementedError:       # no bf16 kernel in eager: compare with fp32 eager, rounded
+        want = fn(x.float()).to(dtype)
+        _close(tn.jit(fn, backend=backend)(x), want)
+
+
+def test_special_functions_refuse_float64():
+    with pytest.raises(tn.UnsupportedOpError, match="erfcx"):
+        tn.jit(S.erfcx, backend="reference")(torch.randn(3, dtype=torch.float64))

@@ -2002,3 +2002,6 @@ def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, o
     if keep is not None:
         g = aten.where.self(keep, g, aten.full.default([], 0, dtype=g.dtype))
     return g
+
+
+from . import special as _special  # noqa: E402,F401  (registers the special-function decompositions)
