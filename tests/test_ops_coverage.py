@@ -360,3 +360,45 @@ def test_special_functions(name, dtype, backend):
 def test_special_functions_refuse_float64():
     with pytest.raises(tn.UnsupportedOpError, match="erfcx"):
         tn.jit(S.erfcx, backend="reference")(torch.randn(3, dtype=torch.float64))
+
+
+# --------------------------------------------------------------------------- host ops (FFT, linear algebra)
+
+
+def test_fft_and_linalg_are_host_ops(backend):
+    a = torch.randn(2, 5, 5) + 5 * torch.eye(5)
+
+    def f(a, x):
+        u, s, vh = torch.linalg.svd(a)
+        q, r = torch.linalg.qr(a)
+        return (torch.linalg.inv(a), s, q.abs(), torch.linalg.det(a), torch.fft.rfft(x),
+                torch.fft.irfft(torch.fft.fft(x)), torch.linalg.solve(a, x[..., :5, None]).squeeze(-1))
+
+    x = torch.randn(2, 8)
+    want = f(a, x)
+    jf = tn.jit(f, backend=backend)
+    got = jf(a, x)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    assert "host[fn=aten._linalg_svd.default" in str(jf.lower(a, x))
+    if backend == "neuron":
+        assert jf.stats["host_ops"], jf.stats
+
+
+def test_host_ops_are_refused_in_strict_mode():
+    from tn.lower import compile_ir
+
+    ir = tn.jit(torch.linalg.inv, backend="reference").lower(torch.randn(3, 3))
+    with pytest.raises(tn.UnsupportedOpError, match="linalg_inv_ex.default has no NeuronCore kernel"):
+        compile_ir(ir, strict=True)
+
+
+def test_linalg_gradient_through_host_ops(backend):
+    a = torch.randn(4, 4) + 4 * torch.eye(4)
+    g = torch.randn(4, 4)
+
+    def f(a, g):
+        a = a.detach().requires_grad_()
+        return torch.autograd.grad(torch.linalg.inv(a), a, g)[0]
+
+    torch.testing.assert_close(tn.jit(f, backend=backend)(a, g), f(a, g), rtol=1e-4, atol=1e-5)

@@ -81,6 +81,9 @@ def _samples():
                  ([], {"shape": (), "value": True, "dtype": torch.bool})]
     s["iota"] = [([], {"length": 5, "start": 0, "step": 1, "dtype": torch.int64}),
                  ([], {"length": 4, "start": 0.5, "step": 0.25, "dtype": torch.float32})]
+    s["host"] = [([_x(4, 4)], {"fn": torch.ops.aten.linalg_inv_ex.default, "check_errors": False}),
+                 ([_x(3, 8)], {"fn": torch.ops.aten._fft_r2c.default, "dim": (1,), "normalization": 0,
+                               "onesided": True})]
     s["rand"] = [([], {"shape": (2, 3), "dtype": torch.float32})]
     s["randn"] = [([], {"shape": (4,), "dtype": torch.bfloat16})]
     return s

@@ -49,6 +49,8 @@ index           gather[dim] scatter[dim] scatter_add[dim] scatter_reduce[dim red
                 include_self] index[dims] index_put[dims accumulate]
 creation        full[shape value dtype] iota[length start step dtype]
 random          rand[shape dtype] randn[shape dtype]
+host            host[fn ...]: an aten op of :data:`HOST_OVERLOADS` (FFTs, linear algebra) run by torch
+                on the host, its non-tensor arguments as attributes (no NeuronCore lowering)
 ==============  ==========================================================================
 
 Unary functions stay ops rather than formulas (``asinh`` as a log/sqrt
@@ -83,7 +85,7 @@ Tensor = torch.Tensor
 
 #: Category names the compiler may rely on.
 CATEGORIES = ("elementwise", "reduction", "scan", "sort", "matmul", "conv", "pool", "shape", "index",
-              "creation", "random")
+              "creation", "random", "host")
 
 
 class Op:
@@ -982,6 +984,71 @@ def _rand_conv(size, *, generator=None, dtype=None, layout=None, device=None, pi
 @from_aten(OPS["randn"], aten.randn.default)
 def _randn_conv(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
     return [], {"shape": tuple(size), "dtype": dtype or torch.get_default_dtype()}
+
+
+# --------------------------------------------------------------------------- host ops
+# FFTs and dense linear algebra (factorizations, solves, eigen- and singular values) have no
+# NeuronCore kernel: they stay torch calls on the host, visible in the IR as ``host[fn=...]``
+# and counted as host fallbacks by the compiler. (linalg_lstsq is left out: it has no meta
+# kernel, so its result shapes cannot be traced.)
+
+#: aten overloads traced as the ``host`` op.
+HOST_OVERLOADS = tuple(
+    getattr(getattr(aten, _p), _o) for _p, _o in (
+        ("_fft_r2c", "default"), ("_fft_c2c", "default"), ("_fft_c2r", "default"),
+        ("_linalg_svd", "default"), ("linalg_qr", "default"), ("linalg_pinv", "atol_rtol_tensor"),
+        ("linalg_inv_ex", "default"), ("linalg_lu_factor_ex", "default"), ("_linalg_eigh", "default"),
+        ("_linalg_solve_ex", "default"), ("linalg_lu_solve", "default"), ("_linalg_slogdet", "default"),
+        ("linalg_cholesky_ex", "default"), ("linalg_eig", "default"), ("linalg_ldl_factor_ex", "default"),
+        ("linalg_ldl_solve", "default"), ("cholesky", "default"),
+        ("cholesky_inverse", "default"), ("cholesky_solve", "default"), ("geqrf", "default"),
+        ("ormqr", "default"), ("linalg_householder_product", "default"), ("lu_unpack", "default"),
+        ("linalg_lu", "default"), ("linalg_matrix_exp", "default"), ("triangular_solve", "default"),
+        ("linalg_solve_triangular", "default"), ("_linalg_det", "default"))
+    if hasattr(getattr(aten, _p, None), _o))
+
+
+@register("host", "host")
+def host(*inputs: Tensor, fn: Any, **attrs: Any) -> Any:
+    """``fn`` (an aten overload) called by torch: tensor arguments are the inputs in schema order,
+    every other argument is an attribute named as in the schema."""
+    it = iter(inputs)
+    args: List[Any] = []
+    kwargs: Dict[str, Any] = {}
+    for a in fn._schema.arguments:
+        v = attrs[a.name] if a.name in attrs else next(it)
+        if isinstance(v, tuple):
+            v = list(v)
+        if a.kwarg_only:
+            kwargs[a.name] = v
+        else:
+            args.append(v)
+    return fn(*args, **kwargs)
+
+
+def _host_conv(fn: Any) -> Callable[..., Any]:
+    def conv(*args, **kwargs):
+        inputs: List[Any] = []
+        attrs: Dict[str, Any] = {"fn": fn}
+        for i, a in enumerate(fn._schema.arguments):
+            if i < len(args) and not a.kwarg_only:
+                v = args[i]
+            elif a.name in kwargs:
+                v = kwargs[a.name]
+            else:
+                v = a.default_value
+            if isinstance(v, Tensor):
+                inputs.append(v)
+            elif isinstance(v, (list, tuple)) and any(isinstance(t, Tensor) for t in v):
+                return None    # tensor lists are not host-op inputs
+            else:
+                attrs[a.name] = tuple(v) if isinstance(v, list) else v
+        return inputs, attrs
+    return conv
+
+
+for _ov in HOST_OVERLOADS:
+    from_aten(host, _ov)(_host_conv(_ov))
 
 
 # --------------------------------------------------------------------------- tn decompositions
@@ -2004,4 +2071,4 @@ def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, o
     return g
 
 
-from . import special as _special  # noqa: E402,F401  (registers the special-function decompositions)
+from . import special  # noqa: E402,F401  (registers the special-function decompositions)

@@ -6,7 +6,8 @@
 * :mod:`tn.lower.compiler`: :func:`compile_ir` -> :class:`NeuronExecutable`
   (programs, host fallbacks, binding, profiles).
 * :mod:`tn.lower.fusion`: elementwise chains, row reductions and epilogues kept in SBUF.
-* lowerings by kind: ``elementwise``, ``matmul``, ``conv``, ``reduce``, ``shape``, ``index``, ``scan``.
+* lowerings by kind: ``elementwise``, ``matmul``, ``conv``, ``reduce``, ``shape``, ``index``, ``scan``;
+  ``host`` (FFTs, linear algebra) refuses every call: those run on the host.
 * :mod:`tn.lower.testing`: :func:`check_lowering` for unit tests.
 
 Importing this package registers the ``"neuron"`` backend of :func:`tn.jit`.
@@ -20,7 +21,7 @@ __all__ = ["CannotLower", "LowerCtx", "lowering", "compile_ir", "NeuronExecutabl
            "LOWERING_MODULES", "loaded_modules"]
 
 #: Modules holding lowerings, imported in this order (a module that does not exist yet is skipped).
-LOWERING_MODULES = ("elementwise", "matmul", "conv", "reduce", "shape", "index", "scan")
+LOWERING_MODULES = ("elementwise", "matmul", "conv", "reduce", "shape", "index", "scan", "host")
 
 _loaded = []
 for _name in LOWERING_MODULES:

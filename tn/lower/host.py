@@ -1,0 +1,22 @@
+# The host op's lowering (FFTs, linear algebra): always CannotLower, so the compiler runs it on the host, saying why.
+"""``host`` ops on the NeuronCore: none.
+
+The ``host`` core op carries aten FFT and linear-algebra calls
+(:data:`tn.ops.HOST_OVERLOADS`). tn has no NeuronCore kernel for them (FFTs
+over complex values and sequential factorizations, pivoting and iterative
+eigen-solvers have no efficient form on the tile engines), so this lowering
+refuses every call with that reason: the compiler runs the equation through
+torch on the host between programs, counted in ``exe.stats["host_ops"]``, and
+``strict=True`` / ``TN_STRICT=1`` turns it into a :class:`tn.UnsupportedOpError`
+naming the aten op.
+"""
+from __future__ import annotations
+
+from .base import CannotLower, lowering
+
+
+@lowering("host")
+def _host(ctx, eqn, ins, outs):
+    """Refuse: the op runs through torch on the host."""
+    raise CannotLower(f"{eqn.attrs['fn']} has no NeuronCore kernel (FFTs and linear algebra run on the host "
+                      f"by design)")
