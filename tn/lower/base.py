@@ -119,6 +119,8 @@ class LowerCtx:
         self.store_hook: Optional[Callable[[Any, Any], bool]] = None
         #: ``[P, 1]`` fp32 accumulator of range-check failures (see :meth:`range_check`), or None.
         self.flag_tile = None
+        #: the program's :class:`tn.lower.layout.WeightStream` of laid-out weight groups, or None.
+        self.weights = None
 
     def range_check(self, bad: Any) -> None:
         """Record that the program's results are invalid where ``bad`` (an SBUF tile) is non-zero.

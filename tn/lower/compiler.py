@@ -202,6 +202,23 @@ class _HostStep:
         self.name = eqn.op.name
 
 
+def fusion_epilogue() -> type:
+    """:class:`tn.lower.fusion.EpilogueGroup` (imported late)."""
+    from .fusion import EpilogueGroup
+
+    return EpilogueGroup
+
+
+class _Tiled:
+    """A matmul's B operand read from a weight's cached layout (extra input ``var``, :class:`BLayout` ``layout``)."""
+
+    __slots__ = ("var", "layout")
+
+    def __init__(self, var: Var, layout: Any):
+        self.var = var
+        self.layout = layout
+
+
 class _Retry(Exception):
     """Rebuild: equation ``k`` goes to the host, or (``nofuse``) is lowered without fusing from ``k``."""
 
@@ -224,7 +241,7 @@ class NeuronExecutable:
     """
 
     def __init__(self, ir: IR, arch: Any = None, strict: Optional[bool] = None, debug: bool = False,
-                 fuse: bool = True):
+                 fuse: bool = True, _laid_out: Optional[Dict[Var, Any]] = None):
         from ..neuron import get_arch
 
         self.ir = ir
@@ -235,6 +252,11 @@ class NeuronExecutable:
         self.last_profile: Optional[ExecProfile] = None
         host: Dict[int, str] = {}
         self._nofuse: set = set()
+        # weights read laid out (tn.lower.layout): weight Var -> (extra input Var, BLayout); set in the
+        # laid-out variant only. The plain executable keeps the policy and builds that variant on demand.
+        self._laid_out: Dict[Var, Any] = dict(_laid_out or {})
+        self._layout: Any = None
+        self._layout_child: Any = None
         for _ in range(2 * len(ir.eqns) + 2):
             try:
                 self._build(host)
@@ -249,6 +271,10 @@ class NeuronExecutable:
                     raise self._unsupported(ir.eqns[r.k], r.reason) from None
                 host[r.k] = r.reason
         self.stats = self._stats(host)
+        if fuse and _laid_out is None:
+            self._layout = self._plan_layouts(host)
+            if self._layout is not None:
+                self.stats["layout_weights"] = len(self._layout.inputs)
 
     # ------------------------------------------------------------------ compile
     def _unsupported(self, eqn: Eqn, reason: str) -> UnsupportedOpError:
@@ -267,15 +293,17 @@ class NeuronExecutable:
         from . import matmul
 
         def view(src: Any) -> Any:
-            if src is None:
+            if src is None or isinstance(src, _Tiled):
                 return None
             x, dims = src
             t = hbm_in(x)
             return t if dims is None or tuple(dims) == tuple(range(len(dims))) else t.permute(*dims)
 
-        matmul.lower_matmul_transposed(ctx, eqn, ins, outs, a_t=view(t[0]), b_t=view(t[1]))
+        tiled = t[1] if isinstance(t[1], _Tiled) else None
+        matmul.lower_matmul_transposed(ctx, eqn, ins, outs, a_t=view(t[0]), b_t=view(t[1]),
+                                       b_tiled=None if tiled is None else (hbm_in(tiled.var), tiled.layout))
 
-    def _plan_transposed(self, host: Dict[int, str]) -> Tuple[set, Dict[int, Any]]:
+    def _plan_transposed(self, host: Dict[int, str], skip: Any = ()) -> Tuple[set, Dict[int, Any]]:
         """Matmuls whose operand is a permute of the last two axes used only there: read the source
         transposed (``tn.lower.matmul.lower_matmul_transposed``) and skip the permute (and reshape)."""
         try:
@@ -298,7 +326,7 @@ class NeuronExecutable:
         elide: set = set()
         trans: Dict[int, Any] = {}
         for k, e in enumerate(ir.eqns):
-            if e.op.name != "matmul" or k in host or e.op.lowering is None or k in self._nofuse:
+            if e.op.name != "matmul" or k in host or e.op.lowering is None or k in self._nofuse or k in skip:
                 continue
             srcs: List[Any] = [None, None]
             chains: List[List[int]] = []
@@ -330,6 +358,8 @@ class NeuronExecutable:
                     u = ir.eqns[j].inputs[0]
                 if ok and chain:
                     srcs[i] = (x, dims)
+                    if i == 1 and x in self._laid_out and tuple(dims or (0, 1)) == (0, 1):
+                        srcs[i] = _Tiled(*self._laid_out[x])     # the weight's cached layout
                     chains.append(chain)
             if srcs[0] is None and srcs[1] is None:
                 continue
@@ -337,6 +367,107 @@ class NeuronExecutable:
             for c in chains:
                 elide.update(c)
         return elide, trans
+
+    def _weight_stream(self, prog: Any, k0: int, host: Dict[int, str], groups: Any, trans: Dict[int, Any],
+                       hbm_in: Any) -> Any:
+        """The :class:`tn.lower.layout.WeightStream` of a program starting at equation ``k0``: the laid-out
+        weight groups its Linear chains and single-row-tile matmuls will multiply by, in order (None if none)."""
+        if not self._laid_out:
+            return None
+        from . import chain, layout, matmul
+
+        seq = []
+        k = k0
+        n = len(self.ir.eqns)
+        while k < n and k not in host:
+            g = (groups or {}).get(k)
+            if isinstance(g, chain.LinearChain):
+                for L in g.layers:
+                    if L.w in self._laid_out:
+                        var, lay = self._laid_out[L.w]
+                        seq.extend((hbm_in(var), lay, j) for j in range(lay.NG))
+                k += len(g.eqns)
+                continue
+            t = trans.get(k)
+            if t is not None and isinstance(t[1], _Tiled) and matmul.streams_weight(self.ir.eqns[k]):
+                seq.extend((hbm_in(t[1].var), t[1].layout, j) for j in range(t[1].layout.NG))
+            k += 1 + (len(g.eqns) if isinstance(g, fusion_epilogue()) else 0)
+        seq = [x for x in seq if x[1].dtype == (seq[0][1].dtype if seq else None)]
+        if not seq:
+            return None
+        return layout.WeightStream(prog, seq, 128 * 1024)
+
+    def _plan_layouts(self, host: Dict[int, str]) -> Any:
+        """The :class:`tn.lower.layout.LayoutPolicy` of this executable, or None.
+
+        Candidates are 2-D program inputs ``W`` read by matmuls only as ``B = W^T``
+        (``permute(W, (1, 0))`` used by that matmul alone, the pattern of ``nn.Linear``),
+        not written back by the program (mutations) and of a TensorE dtype. The laid-out
+        variant reads them from their cached layout instead of transposing them on chip.
+        """
+        try:
+            from . import layout, matmul
+        except ImportError:
+            return None
+        _, trans = self._plan_transposed(host)
+        ir = self.ir
+        index = {v: i for i, v in enumerate(ir.inputs)}
+        mutated = {i for i, _ in ir.mutations}
+        cands: Dict[Var, Any] = {}
+        for k, (_, sb) in trans.items():
+            if sb is None or isinstance(sb, _Tiled):
+                continue
+            x, dims = sb
+            i = index.get(x)
+            if i is None or i in mutated or x.ndim != 2 or tuple(dims or (0, 1)) != (0, 1):
+                continue
+            a = ir.eqns[k].inputs[0]
+            if x.dtype not in NEURON_DTYPES or NEURON_DTYPES[x.dtype] not in matmul.MATMUL_DTYPES or \
+                    not isinstance(a, Var) or a.dtype != x.dtype or ir.eqns[k].outputs[0].ndim != 2:
+                continue
+            N, K = x.shape
+            cands.setdefault(x, (i, layout.b_layout(N, K, NEURON_DTYPES[x.dtype])))
+        if not cands:
+            return None
+        return layout.LayoutPolicy(sorted(cands.values(), key=lambda c: c[0]))
+
+    def _laid_out_variant(self) -> Optional["NeuronExecutable"]:
+        """The executable reading the policy's weights laid out (extra inputs after the IR's), built once."""
+        if self._layout_child is None:
+            ir = self.ir
+            extra = []
+            laid: Dict[Var, Any] = {}
+            for i, lay in self._layout.inputs:
+                w = ir.inputs[i]
+                v = Var(lay.shape, w.dtype)
+                extra.append(v)
+                laid[w] = (v, lay)
+            ir2 = IR(list(ir.inputs) + extra, ir.eqns, ir.outputs, ir.consts, ir.mutations)
+            try:
+                self._layout_child = NeuronExecutable(ir2, arch=self.arch, strict=self.strict, debug=self.debug,
+                                                      fuse=True, _laid_out=laid)
+            except Exception as e:  # never worse than the plain program
+                log.warning("tn.lower: the laid-out variant did not compile (%s: %s); keeping the plain program",
+                            type(e).__name__, e)
+                self._layout = None
+                return None
+        return self._layout_child
+
+    def _call_laid_out(self, tensors: Sequence[torch.Tensor]) -> Optional[List[Any]]:
+        """Run the laid-out variant when the policy says the weights are steady (else None: run the plain one)."""
+        if len(tensors) != len(self._in_slots):
+            return None
+        choice = self._layout.choose(tensors, self.arch)
+        if choice is None:
+            return None
+        child = self._laid_out_variant()
+        if child is None:
+            return None
+        laid, runs = choice
+        result = child(list(tensors) + laid)
+        prof = child.last_profile
+        self.last_profile = ExecProfile(list(runs) + list(prof.runs), prof.host_ops)
+        return result
 
     @staticmethod
     def _fold_empty(eqn: Eqn) -> Optional[List[torch.Tensor]]:
@@ -399,7 +530,26 @@ class NeuronExecutable:
                 last_use[a] = n
 
         groups = fusion.plan(ir, host, self._nofuse) if self.fuse else None
-        elide, trans = self._plan_transposed(host) if self.fuse else (set(), {})
+        in_chain: set = set()
+        if self.fuse:
+            # attention (tn.lower.attention) and Linear chains (tn.lower.chain) replace the groups and
+            # transposed reads inside them
+            from . import attention, chain
+
+            found = dict(attention.plan(ir, host, self._nofuse))
+            for k0, c in chain.plan(ir, host, self._nofuse, self._laid_out).items():
+                if not any(k0 <= a < k0 + len(c.eqns) or a <= k0 < a + len(g.eqns) for a, g in found.items()):
+                    found[k0] = c
+            for k0, c in sorted(found.items()):
+                rng = range(k0, k0 + len(c.eqns))
+                for kk in list(groups):
+                    if kk in rng:
+                        del groups[kk]
+                    elif kk < k0 and kk + len(groups[kk].eqns) + isinstance(groups[kk], fusion.EpilogueGroup) > k0:
+                        del groups[kk]     # a group or epilogue reaching into the chain
+                groups[k0] = c
+                in_chain.update(rng)
+        elide, trans = self._plan_transposed(host, in_chain) if self.fuse else (set(), {})
         steps: List[Any] = []
         cur: Optional[Dict[str, Any]] = None
         host_counts: Dict[str, int] = {}
@@ -411,6 +561,8 @@ class NeuronExecutable:
             if cur is None:
                 return
             prog = cur["prog"]
+            if cur["ctx"].weights is not None:
+                cur["ctx"].weights.close()
             outs = []
             for v, t in cur["made"].items():
                 if last_use.get(v, -1) >= end:
@@ -488,6 +640,10 @@ class NeuronExecutable:
                 define(v)
                 return t
 
+            if "stream" not in cur:
+                cur["stream"] = True
+                ctx.weights = self._weight_stream(prog, k, host, groups, trans, hbm_in)
+
             group = groups.get(k) if groups else None
             if isinstance(group, fusion.Group):
                 # a fused group: equations k .. k+len-1 lowered together
@@ -520,6 +676,8 @@ class NeuronExecutable:
 
                 ctx.eqn = eqn
                 ctx.store_hook = group.make_hook(ctx, outs[0], hbm_in, get_out)
+                if hasattr(group, "preload"):
+                    group.preload(ctx, hbm_in)
                 try:
                     self._lower_one(ctx, k, eqn, ins, outs, trans, hbm_in)
                 except CannotLower as e:
@@ -609,6 +767,10 @@ class NeuronExecutable:
     # ------------------------------------------------------------------ run
     def __call__(self, tensors: Sequence[torch.Tensor]) -> List[Any]:
         """Run on the flat input tensors (``ir.inputs`` order); returns the values of ``ir.outputs``."""
+        if self._layout is not None:      # weights read from their cached layout (tn.lower.layout)
+            laid = self._call_laid_out(tensors)
+            if laid is not None:
+                return laid
         if len(tensors) != len(self._in_slots):
             raise TnError(f"neuron executable: the program takes {len(self._in_slots)} input tensors, got "
                           f"{len(tensors)}; pass the flattened inputs in ir.inputs order")

@@ -54,6 +54,8 @@ NBUF = 2
 ROW_REDUCE = {"sum": "add", "amax": "max", "amin": "min", "prod": "multiply", "any": "logical_or"}
 #: Bytes per partition an epilogue may keep loaded across output tiles (row-invariant operands: biases).
 EPILOGUE_CACHE_BYTES = 16 * 1024
+#: Bytes per partition an epilogue may keep as double buffers of its values across output tiles.
+EPILOGUE_RING_BYTES = 24 * 1024
 #: Op categories whose lowerings write outputs through ctx.store (epilogue heads).
 EPILOGUE_HEADS = ("matmul", "conv", "reduction", "pool")
 
@@ -690,6 +692,8 @@ class EpilogueGroup:
         self.covered = 0
         self._cache: Dict[Any, Any] = {}
         self._cached_bytes = 0
+        self._rings: Dict[Any, Any] = {}
+        self._ring_bytes = 0
 
     def finish(self, prog: Any) -> None:
         """Free the operand tiles kept across tiles of the head lowering (call after it returns)."""
@@ -697,6 +701,65 @@ class EpilogueGroup:
             prog.free(t)
         self._cache.clear()
         self._cached_bytes = 0
+        for tiles, _ in self._rings.values():
+            for t in tiles:
+                prog.free(t)
+        self._rings.clear()
+        self._ring_bytes = 0
+
+    def _row_operand(self, ctx: Any, v: Var, off: int, dims: list, tshape: tuple, in_hbm: Any) -> Any:
+        """A row-invariant operand (a bias: the same for every partition) as a view of the whole of ``v``,
+        loaded once per head lowering into one partition and broadcast to all on GpSimd
+        (``partition_shuffle``): a DMA broadcasting it would move it once per partition. None when ``v`` is
+        not row-invariant here, too large to keep, or the region is not a view of it."""
+        from ..neuron import isa
+
+        if dims[0][1] != 0 or len(dims) != len(tshape) or any(n != m for (n, _), m in zip(dims[1:], tshape[1:])):
+            return None
+        n = max(1, v.numel)
+        isz = isa.DTYPE_SIZES[isa.dtype_code(NEURON_DTYPES[v.dtype])]
+        key = (v, "row")
+        whole = self._cache.get(key)
+        if whole is None:
+            if tshape[0] < 2:
+                return None
+            whole = self._load_row(ctx, v, in_hbm)
+            if whole is None:
+                return None
+        if any(s < 0 for _, s in dims[1:]) or off + sum((m - 1) * s for m, s in dims[1:]) >= n:
+            return None
+        return whole[:tshape[0]]._derive(offset=whole.offset + off * isz, dims=[(m, s) for m, s in dims[1:]])
+
+    def _load_row(self, ctx: Any, v: Var, in_hbm: Any) -> Any:
+        """All of ``v`` in every partition (one-partition DMA + GpSimd broadcast), cached; None if too large."""
+        from ..neuron import isa
+        from ..neuron.program import HbmView
+
+        prog = ctx.prog
+        P = ctx.arch.partitions
+        n = max(1, v.numel)
+        isz = isa.DTYPE_SIZES[isa.dtype_code(NEURON_DTYPES[v.dtype])]
+        if self._cached_bytes + n * isz > EPILOGUE_CACHE_BYTES:
+            return None
+        whole = prog.sbuf((P, n), NEURON_DTYPES[v.dtype])
+        stage = prog.sbuf((P, n), NEURON_DTYPES[v.dtype])
+        prog.dma_copy(stage[0:1, :], HbmView(in_hbm(v), 0, [(1, 0), (n, 1)]))
+        prog.partition_shuffle(whole, stage, [0] * P)
+        prog.free(stage)
+        self._cache[(v, "row")] = whole
+        self._cached_bytes += n * isz
+        return whole
+
+    def preload(self, ctx: Any, in_hbm: Any) -> None:
+        """Load the chain's row-invariant operands (biases: constant along every axis but the last) now,
+        before the head lowering's own DMAs (the DMA pipe serves transfers in program order)."""
+        shape = self.head.outputs[0].shape or (1,)
+        for v in self.inputs:
+            if v.dtype == torch.int64 or not _broadcastable(v.shape, shape) or len(shape) < 2:
+                continue
+            st = _space_strides(v.shape, shape)
+            if st[-1] == 1 and all(x == 0 for x in st[:-1]) and shape[-1] > 1:
+                self._load_row(ctx, v, in_hbm)
 
     def make_hook(self, ctx: Any, head_out: Any, in_hbm: Any, out_hbm: Any):
         """The ``ctx.store_hook`` applying this chain to tiles written into ``head_out``.
@@ -730,16 +793,37 @@ class EpilogueGroup:
             p = tshape[0]
             allocated = []
             env: Dict[Var, Any] = {}
+
+            def tmp(key: Any, dtype: str) -> Any:
+                # two buffers per value kept across stores (the next tile's epilogue need not wait for this
+                # tile's store to read its buffer), within EPILOGUE_RING_BYTES; beyond, one buffer per store
+                k = (key, tuple(tshape), dtype)
+                ring = self._rings.get(k)
+                if ring is None:
+                    nbytes = 2 * isa.DTYPE_SIZES[isa.dtype_code(dtype)] * max(1, _numel(tshape[1:]))
+                    if self._ring_bytes + nbytes <= EPILOGUE_RING_BYTES:
+                        ring = self._rings[k] = [[prog.sbuf(tshape, dtype) for _ in range(2)], 0]
+                        self._ring_bytes += nbytes
+                if ring is None:
+                    t = prog.sbuf(tshape, dtype)
+                    allocated.append(t)
+                    return t
+                ring[1] += 1
+                return ring[0][ring[1] % 2]
+
             src = tile
             if tile.mem == isa.MEM_PSUM and tile.dtype != NEURON_DTYPES[hv.dtype] or \
                     tile.dtype != NEURON_DTYPES[hv.dtype]:
-                src = prog.sbuf(tshape, NEURON_DTYPES[hv.dtype])
-                allocated.append(src)
+                src = tmp(hv, NEURON_DTYPES[hv.dtype])
                 prog.tensor_copy(src, tile, engine="scalar" if tile.mem == isa.MEM_PSUM else "vector")
             env[hv] = src
             if hv in self.outputs:
                 store_tile(prog, dst, src)
             for v, (off, dims) in maps.items():
+                row = self._row_operand(ctx, v, off, dims, tshape, in_hbm)
+                if row is not None:
+                    env[v] = row
+                    continue
                 # stride-0 free axes are loaded once and broadcast by a stride-0 tile view
                 lshape = (p,) + tuple(n if s != 0 else 1 for n, s in dims[1:])
                 ldims = [dims[0]] + [(n, s) if s != 0 else (1, 0) for n, s in dims[1:]]
@@ -762,8 +846,7 @@ class EpilogueGroup:
                     continue
                 outs = []
                 for v in e.outputs:
-                    t = prog.sbuf(tshape, NEURON_DTYPES[v.dtype])
-                    allocated.append(t)
+                    t = tmp(v, NEURON_DTYPES[v.dtype])
                     env[v] = t
                     outs.append(t)
                 args = [a.value if isinstance(a, Literal) else env[a] for a in e.inputs]

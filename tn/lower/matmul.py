@@ -106,29 +106,38 @@ def _sbuf_free(prog, ctx=None) -> int:
     return prog.arch.sbuf_partition_bytes - used - (_RESERVE_FUSED if fused else _RESERVE)
 
 
-def emit_matmul(ctx: Any, a, b, c, *, a_t=None, b_t=None, store: Optional[Callable[[Any, Any], None]] = None,
-                psum_banks: Optional[int] = None) -> None:
+def emit_matmul(ctx: Any, a, b, c, *, a_t=None, b_t=None, b_tiled=None,
+                store: Optional[Callable[[Any, Any], None]] = None, psum_banks: Optional[int] = None) -> None:
     """Emit ``c[i] = A[i] @ B[i]`` for every batch index ``i`` into ``ctx.prog``.
 
     Operands are HBM views (of HbmTensors, any strides a DMA can read):
     ``a`` ``[Bt, M, K]`` or, instead, ``a_t`` ``[Bt, K, M]`` (A already
     transposed: loaded directly as the stationary operand, no TensorE
     transposes); ``b`` ``[Bt, K, N]`` or, instead, ``b_t`` ``[Bt, N, K]``
-    (e.g. a ``Linear`` weight, transposed on chip); ``c`` ``[Bt, M, N]`` (any
+    (e.g. a ``Linear`` weight, transposed on chip), or ``b_tiled`` ``(HbmTensor,
+    BLayout)``: a weight laid out by :mod:`tn.lower.layout` (``Bt == 1``; its
+    groups are DMA'd straight into the B panels); ``c`` ``[Bt, M, N]`` (any
     dtype; the result is cast to it). Inputs share one TensorE dtype (fp32,
     bf16, fp16). ``store(dst_view, tile)`` writes a finished output tile
     (default ``ctx.store``, which applies a fused epilogue). Every SBUF/PSUM
     tile allocated is freed on return. Raises CannotLower for other dtypes.
     """
     prog = ctx.prog
-    if (a is None) == (a_t is None) or (b is None) == (b_t is None):
-        raise CannotLower("emit_matmul needs exactly one of a/a_t and one of b/b_t")
+    if (a is None) == (a_t is None) or sum(x is not None for x in (b, b_t, b_tiled)) != 1:
+        raise CannotLower("emit_matmul needs exactly one of a/a_t and one of b/b_t/b_tiled")
     Bt = (a if a is not None else a_t).shape[0]
     M, K = (a.shape[1], a.shape[2]) if a is not None else (a_t.shape[2], a_t.shape[1])
-    K2, N = (b.shape[1], b.shape[2]) if b is not None else (b_t.shape[2], b_t.shape[1])
-    bsrc = b if b is not None else b_t
+    if b_tiled is not None:
+        bt_hbm, lay = b_tiled
+        K2, N = lay.K, lay.N
+        bsrc = bt_hbm
+        if Bt != 1 or tuple(bt_hbm.shape) != tuple(lay.shape):
+            raise CannotLower(f"a laid-out weight {lay} multiplies one batch (got {Bt})")
+    else:
+        K2, N = (b.shape[1], b.shape[2]) if b is not None else (b_t.shape[2], b_t.shape[1])
+        bsrc = b if b is not None else b_t
     asrc = a if a is not None else a_t
-    if bsrc.shape[0] != Bt or K2 != K or tuple(c.shape) != (Bt, M, N):
+    if (bsrc.shape[0] != Bt and b_tiled is None) or K2 != K or tuple(c.shape) != (Bt, M, N):
         raise CannotLower(f"matmul shapes do not agree: A {tuple(asrc.shape)} (transposed={a_t is not None}), "
                           f"B {tuple(bsrc.shape)} (transposed={b_t is not None}), C {tuple(c.shape)}")
     dt = asrc.dtype
@@ -136,7 +145,10 @@ def emit_matmul(ctx: Any, a, b, c, *, a_t=None, b_t=None, store: Optional[Callab
         raise CannotLower(f"TensorE multiplies fp32/bf16/fp16 operands of one dtype, not {asrc.dtype} @ "
                           f"{bsrc.dtype}")
     store = ctx.store if store is None else store
-    mm = _Matmul(prog, a, a_t, b, b_t, c, Bt, M, K, N, store, psum_banks, _sbuf_free(prog, ctx))
+    stream = getattr(ctx, "weights", None)
+    if b_tiled is None or _cdiv(M, _P) != 1 or stream is None:
+        stream = None
+    mm = _Matmul(prog, a, a_t, b, b_t, c, Bt, M, K, N, store, psum_banks, _sbuf_free(prog, ctx), b_tiled, stream)
     bg = mm._slab_size()
     if bg:
         mm.emit_slabs(bg)
@@ -147,9 +159,12 @@ def emit_matmul(ctx: Any, a, b, c, *, a_t=None, b_t=None, store: Optional[Callab
 class _Matmul:
     """Tiling plan and emission of one (batched) matmul; see the module docstring."""
 
-    def __init__(self, prog, a, a_t, b, b_t, c, Bt, M, K, N, store, psum_banks, budget):
+    def __init__(self, prog, a, a_t, b, b_t, c, Bt, M, K, N, store, psum_banks, budget, b_tiled=None,
+                 stream=None):
         self.prog = prog
         self.a, self.a_t, self.b, self.b_t, self.c = a, a_t, b, b_t, c
+        self.b_tiled = b_tiled
+        self.stream = stream      # the program's WeightStream (a laid-out B read group by group, once)
         self.Bt, self.M, self.K, self.N = Bt, M, K, N
         self.store = store
         arch = prog.arch
@@ -165,7 +180,7 @@ class _Matmul:
         # B panel width: whole banks, >= 2 KiB contiguous per partition row when N allows
         run = _RUN_BYTES_FEW_ROWS if self.MT <= 2 else _RUN_BYTES
         want = max(_NB, (run // self.isz) // _NB * _NB)
-        self.ngw = min(N, want)
+        self.ngw = min(N, want) if b_tiled is None else b_tiled[1].ngw   # a laid-out weight: its groups
         self.nb = _cdiv(self.ngw, _NB)              # banks per output tile row
         self.NGn = _cdiv(N, self.ngw)
         self.MG = max(1, min(self.MT, 4 // self.nb))  # row tiles sharing each B chunk
@@ -195,6 +210,8 @@ class _Matmul:
                               f"even with K split into 128-row panels")
         self.KP = KP
         self.KPn = _cdiv(KC, KP)
+        if self.stream is not None and (self.KPn != 1 or self.MT != 1):
+            self.stream = None
         rest = budget - fixed(KP)
         b_all = KC * self.N * isz
         if self.KPn == 1:
@@ -254,8 +271,16 @@ class _Matmul:
         with TileScope(prog) as scope:
             sb, ps = scope.sbuf, scope.psum
             self.at_ring = _Ring(sb((_P, self.at_tiles, KP, _P), self.dt, f"mm_aT{i}") for i in range(self.at_bufs))
-            if self.b_resident:
-                self.b_ring = _Ring([sb((_P, self.KC, self.N), self.dt, "mm_b")])
+            if self.stream is not None:
+                self.b_resident = False
+                self.b_ring = None
+            elif self.b_resident:
+                if self.b_tiled is not None:
+                    # groups side by side: each group's region is contiguous (no false overlaps between loads)
+                    lay = self.b_tiled[1]
+                    self.b_ring = _Ring([sb((_P, lay.NG * self.KC * lay.ngw), self.dt, "mm_b")])
+                else:
+                    self.b_ring = _Ring([sb((_P, self.KC, self.N), self.dt, "mm_b")])
             else:
                 nbuf = 1 if (self.NGn == 1 and self.KPn == 1) else 2
                 self.b_ring = _Ring(sb((_P, KP, self.ngw), self.dt, f"mm_b{i}") for i in range(nbuf))
@@ -267,6 +292,8 @@ class _Matmul:
             self.copy = _Copier(prog)
             for bi in range(self.Bt):
                 self._emit_batch(bi)
+            if getattr(self, "_own_b", None) is not None:
+                prog.free(self._own_b)
 
     def _slab_size(self) -> int:
         """Batches per slab when each batch is one tile group (0: use the per-batch plan)."""
@@ -463,6 +490,8 @@ class _Matmul:
 
     def _prefetch_b(self, bi) -> None:
         """Start loading the B panel used after the current one (double buffering)."""
+        if self.stream is not None:
+            return      # the weight stream prefetches (and must not refill a panel still in use)
         pos = self._bpos + 1
         if pos < len(self._bseq) and pos not in self._bloaded:
             self._bloaded[pos] = self._load_b(bi, self._bseq[pos])
@@ -474,12 +503,32 @@ class _Matmul:
         nw = min(self.ngw, self.N - n0)
         kc0 = kpn * self.KP
         kc1 = min(self.KC, kc0 + self.KP)
+        if self.stream is not None:
+            self.stream.bind(self.b_tiled[0], self.b_tiled[0])
+            view = self.stream.get(self.b_tiled[0], ng)
+            if view is not None:
+                return view, 0
+            # not the stream's next group: a buffer of our own
+            self.stream = None
+            self.b_ring = _Ring([self.prog.sbuf((_P, self.KP, self.ngw), self.dt, name="mm_b_own")])
+            self._own_b = self.b_ring.tiles[0]
         if self.b_resident:
             t = self.b_ring.tiles[0]
             off = n0
+            if self.b_tiled is not None:
+                lay = self.b_tiled[1]
+                t = t[:, ng * self.KC * lay.ngw:(ng + 1) * self.KC * lay.ngw].reshape(_P, self.KC, lay.ngw)
+                off = 0
         else:
             t = self.b_ring.take()
             off = 0
+        if self.b_tiled is not None:
+            # a laid-out weight: group ng is [KP, KC, ngw] as the panel wants it (padded rows and columns are
+            # zeros and never read by the matmuls)
+            src = self.b_tiled[0]
+            kp = min(_P, self.K)
+            prog.dma_copy(t[:kp, 0:kc1 - kc0, off:off + nw], src[ng, :kp, kc0:kc1, :nw])
+            return t, off
         if self.b_t is not None:
             src = self.b_t[bi]
             k0, k1 = kc0 * _P, min(self.K, kc1 * _P)
@@ -592,6 +641,13 @@ def lower_matmul(ctx, eqn, ins, outs) -> None:
     emit_matmul(ctx, _as3(ins[0], lead, M, K), _as3(ins[1], lead, K, N), _as3(outs[0], lead, M, N))
 
 
+def streams_weight(eqn) -> bool:
+    """Whether the lowering of matmul ``eqn`` with a laid-out B reads it from the program's weight stream
+    (:class:`tn.lower.layout.WeightStream`): a 2-D matmul of one row tile (M <= 128) reads each group once."""
+    av = eqn.inputs[0]
+    return hasattr(av, "shape") and len(av.shape) == 2 and int(av.shape[0]) <= _P
+
+
 def transposed_source(var, producer: Callable[[Any], Any]):
     """``(X, dims)`` such that ``X.permute(dims)`` is matmul operand ``var`` with its last two axes swapped, or None.
 
@@ -631,7 +687,7 @@ def transposed_source(var, producer: Callable[[Any], Any]):
     return x, dims[:-2] + (dims[-1], dims[-2])
 
 
-def lower_matmul_transposed(ctx, eqn, ins, outs, a_t=None, b_t=None) -> None:
+def lower_matmul_transposed(ctx, eqn, ins, outs, a_t=None, b_t=None, b_tiled=None) -> None:
     """Lower matmul ``eqn`` reading transposed sources instead of its operands.
 
     ``a_t``: HbmTensor or HBM view ``[..., K, M]`` holding operand A
@@ -643,7 +699,7 @@ def lower_matmul_transposed(ctx, eqn, ins, outs, a_t=None, b_t=None) -> None:
     """
     lead, M, K, N = _check_matmul_eqn(ctx, eqn)
     a = None if a_t is not None else _as3(ins[0], lead, M, K)
-    b = None if b_t is not None else _as3(ins[1], lead, K, N)
+    b = None if (b_t is not None or b_tiled is not None) else _as3(ins[1], lead, K, N)
     emit_matmul(ctx, a, b, _as3(outs[0], lead, M, N),
                 a_t=None if a_t is None else _as3(a_t, lead, K, M),
-                b_t=None if b_t is None else _as3(b_t, lead, N, K))
+                b_t=None if b_t is None else _as3(b_t, lead, N, K), b_tiled=b_tiled)

@@ -1,0 +1,744 @@
+# Fused attention: S = Q K^T, elementwise/row-reduction chain (scale, mask, softmax), O = P V, with Q/K/V/O read and written through views.
+"""Attention as one lowering: ``O = softmax(mask(Q K^T * scale)) V`` per batch (head).
+
+Traced attention is a batched matmul, a chain of elementwise ops and row
+reductions (scale, ``where`` mask, ``amax``/``sub``/``exp``/``sum``/``div``,
+casts), a second batched matmul, and around them the head split and merge:
+``slice``/``reshape``/``permute`` of the projections. Lowered one equation
+at a time, every one of those is an HBM round trip (the scores of all heads
+twice) and every head split is a copy.
+
+:func:`plan` recognises the pattern by dataflow:
+
+* ``S = matmul(q, kt)`` whose operands are *view chains* (reshape, permute,
+  slice) of values computed elsewhere (the fused ``qkv`` projection),
+* then equations over S's shape (elementwise, keepdim reductions over the last
+  axis) with outside operands broadcast to it (the causal mask, ``-inf``),
+* ``O = matmul(p, v)`` with ``p`` the chain's result and ``v`` a view chain,
+* optionally a chain of reshapes/permutes of ``O`` (the head merge),
+
+all in one run of consecutive equations whose intermediates are used only
+there. :class:`AttentionGroup` then lowers it per batch with every value in
+SBUF: Q, K and V are loaded for a group of heads with one DMA each through
+their views (no head-split copies), ``Q^T``/``K^T`` come from TensorE
+transposes, the scores stay in PSUM/SBUF (rows = queries on the partitions,
+the softmax reductions along the free axis; ``exp`` and its row sum are one
+ScalarE instruction), ``P^T`` is a TensorE transpose and ``P V`` accumulates
+over key blocks in PSUM; O is written straight into the merged layout of the
+group's output. Rounding follows torch (each equation's result is rounded to
+its dtype).
+
+Limits (else equations are lowered one by one): head size <= 128, keys per row
+<= 512 (one PSUM bank of scores), float dtypes.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+import torch
+
+from ..ir import IR, Eqn, Literal, Var
+from .base import NEURON_DTYPES, CannotLower, TileScope
+from .fusion import Group, _broadcastable, _is_map, _row_reduce_r, _space_strides
+
+__all__ = ["AttentionGroup", "plan"]
+
+_P = 128
+_NB = 512
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_VIEW_OPS = ("reshape", "permute", "slice")
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _c3(shape) -> Optional[Tuple[int, int, int]]:
+    """``(batch, rows, cols)`` of a score-shaped value (all leading axes are batch), None below rank 2."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) < 2:
+        return None
+    b = 1
+    for s in shape[:-2]:
+        b *= s
+    return (b, shape[-2], shape[-1])
+
+
+def _alias3(e: Eqn) -> bool:
+    """A reshape that only regroups the batch axes (the per-batch tiles are the same)."""
+    return e.op.name == "reshape" and isinstance(e.inputs[0], Var) and \
+        e.inputs[0].dtype == e.outputs[0].dtype and _c3(e.inputs[0].shape) == _c3(e.outputs[0].shape) and \
+        _c3(e.outputs[0].shape) is not None
+
+
+# --------------------------------------------------------------------------- view chains
+
+def _apply_view(view: Any, e: Eqn) -> Any:
+    """``view`` (an HbmView with the shape of ``e``'s input) transformed by view equation ``e``."""
+    name = e.op.name
+    if name == "reshape":
+        return view.reshape(*[int(s) for s in (e.outputs[0].shape or (1,))])
+    if name == "permute":
+        return view.permute(*[int(d) for d in e.attrs["dims"]])
+    if name == "slice":
+        dim, start, end, step = (int(e.attrs[k]) for k in ("dim", "start", "end", "step"))
+        idx = [slice(None)] * len(view.shape)
+        idx[dim] = slice(start, end, step)
+        return view[tuple(idx)]
+    raise CannotLower(f"{name} is not a view op")
+
+
+def _invert_view(view: Any, e: Eqn) -> Any:
+    """``view`` (shaped like ``e``'s output) seen with the shape of ``e``'s input (reshape/permute only)."""
+    name = e.op.name
+    if name == "reshape":
+        return view.reshape(*[int(s) for s in (e.inputs[0].shape or (1,))])
+    if name == "permute":
+        dims = [int(d) for d in e.attrs["dims"]]
+        inv = [0] * len(dims)
+        for i, d in enumerate(dims):
+            inv[d] = i
+        return view.permute(*inv)
+    raise CannotLower(f"{name} cannot be inverted as a view")
+
+
+def _view_of(base_hbm: Any, chain: List[Eqn]) -> Any:
+    v = base_hbm.view()
+    for e in chain:
+        v = _apply_view(v, e)
+    return v
+
+
+def _dummy(var: Var) -> Any:
+    from ..neuron.program import HbmTensor
+
+    return HbmTensor(0, "_plan", tuple(var.shape) or (1,), NEURON_DTYPES[var.dtype], "scratch")
+
+
+# --------------------------------------------------------------------------- the group
+
+class AttentionGroup(Group):
+    """Equations ``k0 .. k0+len-1`` forming one attention (see the module docstring)."""
+
+    def __init__(self, eqns, inputs, outputs, s_eqn, o_eqn, q_chain, k_chain, v_chain, out_chain, body):
+        super().__init__(eqns, inputs, outputs)
+        self.s_eqn, self.o_eqn = s_eqn, o_eqn
+        self.q_chain, self.k_chain, self.v_chain, self.out_chain = q_chain, k_chain, v_chain, out_chain
+        self.body = body          # the equations between the matmuls, in order
+
+    def lower(self, ctx: Any, ins: List[Any], outs: List[Any]) -> None:
+        """Emit the attention into ``ctx.prog`` (``ins``/``outs``: HbmTensors of ``inputs``/``outputs``)."""
+        _Emitter(ctx, self, dict(zip(self.inputs, ins)), dict(zip(self.outputs, outs))).run()
+
+    def __repr__(self) -> str:
+        return f"<AttentionGroup S={self.s_eqn.outputs[0].aval} O={self.o_eqn.outputs[0].aval}>"
+
+
+def plan(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()) -> Dict[int, AttentionGroup]:
+    """Attention groups of ``ir``: first equation index -> :class:`AttentionGroup`."""
+    producer: Dict[Var, int] = {}
+    users: Dict[Var, List[int]] = {}
+    for k, e in enumerate(ir.eqns):
+        for v in e.outputs:
+            producer[v] = k
+        for a in e.inputs:
+            if isinstance(a, Var):
+                users.setdefault(a, []).append(k)
+    outset = {a for a in ir.outputs if isinstance(a, Var)}
+    groups: Dict[int, AttentionGroup] = {}
+    taken: Set[int] = set()
+    for ks, e in enumerate(ir.eqns):
+        if e.op.name != "matmul" or ks in host or ks in taken:
+            continue
+        g = _match(ir, ks, producer, users, outset, host, nofuse)
+        if g is not None:
+            k0 = min(g[0])
+            groups[k0] = g[1]
+            taken.update(g[0])
+    return groups
+
+
+def _back(ir, v, producer, users):
+    """View chain ending in ``v``: (base Var, [eqn indices base->v]) with single-use intermediates."""
+    idxs = []
+    while True:
+        k = producer.get(v)
+        if k is None:
+            break
+        e = ir.eqns[k]
+        if e.op.name not in _VIEW_OPS or not isinstance(e.inputs[0], Var):
+            break
+        idxs.append(k)
+        x = e.inputs[0]
+        if len(users.get(x, ())) != 1:
+            v = x
+            break
+        v = x
+    return v, list(reversed(idxs))
+
+
+def _match(ir, ks, producer, users, outset, host, nofuse):
+    eqns = ir.eqns
+    S = eqns[ks]
+    q, kt = S.inputs
+    if not all(isinstance(a, Var) and a.dtype in _FLOATS for a in (q, kt)) or q.dtype != kt.dtype:
+        return None
+    if q.ndim < 3 or S.outputs[0].dtype != q.dtype:
+        return None
+    sv = S.outputs[0]
+    T, d = int(q.shape[-2]), int(q.shape[-1])
+    Tk = int(kt.shape[-1])
+    if d > _P or Tk > _NB or Tk < 2 or T < 1:
+        return None
+    qb, qc = _back(ir, q, producer, users)
+    kb, kc = _back(ir, kt, producer, users)
+    canon = _c3(sv.shape)
+    row = canon[:-1] + (1,)
+    # the body: equations over S's shape reachable from S, until the second matmul
+    vals: Set[Var] = {sv}
+    body: List[int] = []
+    o_idx = None
+    k = ks + 1
+    pending_v: List[int] = []
+    n = len(eqns)
+    while k < n:
+        if k in host:
+            return None
+        e = eqns[k]
+        ins = [a for a in e.inputs if isinstance(a, Var)]
+        if e.op.name == "matmul" and isinstance(e.inputs[0], Var) and e.inputs[0] in vals:
+            o_idx = k
+            break
+        if any(a in vals for a in ins):
+            shp = _c3(e.outputs[0].shape)
+            if _alias3(e) or (_is_map(e) and not e.op.name == "reshape"):
+                if shp != canon and shp != row:
+                    return None
+            elif _row_reduce_r(e) == 1 and e.attrs.get("keepdim", False):
+                if shp != row:
+                    return None
+            else:
+                return None
+            for a in ins:
+                if a not in vals and not _broadcastable(a.shape, e.outputs[0].shape):
+                    return None
+                if a in vals and _c3(a.shape) not in (canon, row):
+                    return None
+            body.append(k)
+            vals.update(e.outputs)
+        elif e.op.name in _VIEW_OPS:
+            pending_v.append(k)         # maybe part of V's view chain (checked below)
+        else:
+            return None
+        k += 1
+    if o_idx is None:
+        return None
+    O = eqns[o_idx]
+    p, v = O.inputs
+    ov = O.outputs[0]
+    if not isinstance(v, Var) or v.dtype != p.dtype or p.dtype != q.dtype or ov.dtype != q.dtype:
+        return None
+    if tuple(p.shape[:-2]) != tuple(v.shape[:-2]) or int(v.shape[-2]) != Tk or int(v.shape[-1]) > _P:
+        return None
+    if _c3(p.shape) != canon or tuple(q.shape[:-2]) != tuple(p.shape[:-2]) or \
+            tuple(kt.shape[:-2]) != tuple(q.shape[:-2]):
+        return None
+    vb, vc = _back(ir, v, producer, users)
+    # the output chain: reshapes/permutes of O with single users
+    oc = []
+    cur = ov
+    while cur not in outset and len(users.get(cur, ())) == 1:
+        j = users[cur][0]
+        e = eqns[j]
+        if e.op.name not in ("reshape", "permute") or j != (oc[-1] if oc else o_idx) + 1:
+            break
+        oc.append(j)
+        cur = e.outputs[0]
+    out_var = cur
+    members = set([ks, o_idx] + body + qc + kc + vc + oc)
+    k0, k1 = min(members), max(members)
+    if any(j not in members for j in range(k0, k1 + 1)) or any(j in host or (j in nofuse and j != k0)
+                                                                 for j in range(k0, k1 + 1)):
+        return None
+    if k0 in nofuse:
+        return None
+    # intermediates used only inside
+    for j in members:
+        for w in eqns[j].outputs:
+            if w is out_var:
+                continue
+            if w in outset or any(u not in members for u in users.get(w, ())):
+                return None
+    # the softmax result feeds O only through alias reshapes; S feeds only the body
+    if p not in vals:
+        return None
+    # views must be expressible without copies
+    try:
+        _view_of(_dummy(qb), [eqns[j] for j in qc])
+        _view_of(_dummy(kb), [eqns[j] for j in kc])
+        _view_of(_dummy(vb), [eqns[j] for j in vc])
+        w = _dummy(out_var).view()
+        for j in reversed(oc):
+            w = _invert_view(w, eqns[j])
+    except Exception:
+        return None
+    inputs: List[Var] = []
+    for x in [qb, kb, vb] + [a for j in body for a in eqns[j].inputs if isinstance(a, Var) and a not in vals]:
+        if x not in inputs:
+            inputs.append(x)
+    if any(x in vals or x is ov for x in inputs):
+        return None
+    grp = AttentionGroup([eqns[j] for j in range(k0, k1 + 1)], inputs, [out_var], S, O,
+                         [eqns[j] for j in qc], [eqns[j] for j in kc], [eqns[j] for j in vc],
+                         [eqns[j] for j in oc], [eqns[j] for j in body])
+    grp.bases = (qb, kb, vb)
+    consts = {v: t for v, t in ir.consts}
+    grp.consts = {x: consts[x] for x in inputs if x in consts}
+    return members, grp
+
+
+# --------------------------------------------------------------------------- emission
+
+class _Ring:
+    def __init__(self, tiles):
+        self.tiles = list(tiles)
+        self.i = 0
+
+    def take(self):
+        t = self.tiles[self.i % len(self.tiles)]
+        self.i += 1
+        return t
+
+
+class _Emitter:
+    def __init__(self, ctx, g: AttentionGroup, env_in, env_out):
+        from ..neuron import isa
+
+        self.ctx, self.prog, self.g = ctx, ctx.prog, g
+        self.env_in, self.env_out = env_in, env_out
+        q, kt = g.s_eqn.inputs
+        self.dt = NEURON_DTYPES[q.dtype]
+        self.isz = isa.DTYPE_SIZES[isa.dtype_code(self.dt)]
+        self.B = 1
+        for s in q.shape[:-2]:
+            self.B *= int(s)
+        self.T, self.d = int(q.shape[-2]), int(q.shape[-1])
+        self.Tk = int(kt.shape[-1])
+        self.dv = int(g.o_eqn.inputs[1].shape[-1])
+        self.ncopy = 0
+
+    def copy(self, out, src):
+        self.ncopy += 1
+        self.prog.tensor_copy(out, src, engine="vector" if self.ncopy % 2 else "scalar")
+
+    def run(self) -> None:
+        g, prog = self.g, self.prog
+        B, T, d, Tk, dv = self.B, self.T, self.d, self.Tk, self.dv
+        qb, kb, vb = g.bases
+        # [B, T, d], [B, Tk, d] (K rows), [B, Tk, dv], O [B, T, dv] as views of the HBM tensors
+        qv = _view_of(self.env_in[qb], g.q_chain).reshape(B, T, d)
+        kv = _view_of(self.env_in[kb], g.k_chain).reshape(B, d, Tk).permute(0, 2, 1)
+        vv = _view_of(self.env_in[vb], g.v_chain).reshape(B, Tk, dv)
+        out_var = g.outputs[0]
+        w = self.env_out[out_var].view()
+        for e in reversed(g.out_chain):
+            w = _invert_view(w, e)
+        ov = w.reshape(B, T, dv)
+        KB = _cdiv(Tk, _P)
+        isz = self.isz
+        # heads per group: Q, K, V and O of a group stay in SBUF (double buffered)
+        per = (d + KB * d + KB * dv + dv) * isz + (Tk + _P) * isz
+        bg = max(1, min(B, (64 * 1024) // (2 * per)))
+        # heads per 128-partition chunk of Q^T / K^T (transposed together when the head size divides 128)
+        # (operands of an instruction start at partition 0/32/64/96: head sizes that are multiples of 32)
+        self.hpc = _P // d if _P % d == 0 and d % 32 == 0 else 1
+        with TileScope(prog) as scope:
+            self.scope = scope
+            G = max(1, min(prog.arch.psum_bank_bytes // (_P * isz), 8))
+            self.G = G
+            self.tp_ring = _Ring(scope.psum((_P, G, _P), self.dt, f"at_tp{i}") for i in range(2))
+            self.tp_slot = 0
+            # PSUM: scores of several heads per bank, outputs of several heads per bank (two banks each)
+            self.spb = max(1, _NB // Tk)
+            self.HB = min(4, self.spb) if self.spb > 1 else 1
+            self.s_ring = _Ring(scope.psum((_P, _NB), "float32", f"at_s{i}") for i in range(2 if self.spb > 1 else 3))
+            self.o_ring = _Ring(scope.psum((_P, _NB), "float32", f"at_o{i}") for i in range(2))
+            self.opb = max(1, _NB // dv)
+            self.s_slot = self.o_slot = 0
+            self.consts: Dict[Any, Any] = {}
+            q_ring = _Ring(scope.sbuf((_P, bg, d), self.dt, f"at_q{i}") for i in range(2))
+            k_ring = _Ring(scope.sbuf((_P, KB, bg, d), self.dt, f"at_k{i}") for i in range(2))
+            v_ring = _Ring(scope.sbuf((_P, KB, bg, dv), self.dt, f"at_v{i}") for i in range(2))
+            os_ring = _Ring(scope.sbuf((_P, bg, dv), NEURON_DTYPES[g.o_eqn.outputs[0].dtype], f"at_os{i}")
+                            for i in range(2))
+            self.rings: Dict[Any, Any] = {}
+            self._compile_body()
+            nch = _cdiv(bg, self.hpc)
+            qT_ring = _Ring(scope.sbuf((_P, nch, _P), self.dt, f"at_qT{i}") for i in range(2))
+            kT_ring = _Ring(scope.sbuf((_P, nch, Tk), self.dt, f"at_kT{i}") for i in range(2))
+            self.pt_ring = _Ring(scope.sbuf((_P, KB, _P), self.dt, f"at_pt{i}") for i in range(self.HB + 1))
+            for b0 in range(0, B, bg):
+                nb = min(bg, B - b0)
+                kt_ = k_ring.take()
+                vt_ = v_ring.take()
+                for j in range(KB):
+                    r0 = j * _P
+                    rp = min(_P, Tk - r0)
+                    prog.dma_copy(kt_[:rp, j, :nb, :], kv[b0:b0 + nb, r0:r0 + rp, :].permute(1, 0, 2))
+                kT = kT_ring.take()
+                for j in range(KB):
+                    r0 = j * _P
+                    rp = min(_P, Tk - r0)
+                    self._heads_T(kt_[:rp, j, :nb, :], rp, nb, lambda c, w, r0=r0, rp=rp: kT[:w, c, r0:r0 + rp])
+                for t0 in range(0, T, _P):
+                    tq = min(_P, T - t0)
+                    qt_ = q_ring.take()
+                    prog.dma_copy(qt_[:tq, :nb, :], qv[b0:b0 + nb, t0:t0 + tq, :].permute(1, 0, 2))
+                    if t0 == 0:
+                        for j in range(KB):
+                            r0 = j * _P
+                            rp = min(_P, Tk - r0)
+                            prog.dma_copy(vt_[:rp, j, :nb, :], vv[b0:b0 + nb, r0:r0 + rp, :].permute(1, 0, 2))
+                    qT = qT_ring.take()
+                    self._heads_T(qt_[:tq, :nb, :], tq, nb, lambda c, w, tq=tq: qT[:w, c, :tq])
+                    ot = os_ring.take()
+                    # software pipelining by blocks of heads: the scores and softmax of block i+1 are emitted
+                    # before block i's P V (each engine runs in order)
+                    HB = self.HB
+                    pend = None
+                    for h0 in range(0, nb + HB, HB):
+                        nxt = None
+                        if h0 < nb:
+                            heads = []
+                            for bi in range(h0, min(nb, h0 + HB)):
+                                c, po = divmod(bi, self.hpc)
+                                po *= d
+                                heads.append((b0 + bi, qT[po:po + d, c, :tq], kT[po:po + d, c, :Tk]))
+                            nxt = (h0, self._front(heads, t0, tq))
+                        if pend is not None:
+                            p0, ps = pend
+                            self._back([(pt, [vt_[:min(_P, Tk - j * _P), j, p0 + i, :] for j in range(KB)],
+                                         ot[:tq, p0 + i, :]) for i, pt in enumerate(ps)], tq)
+                        pend = nxt
+                    prog.dma_copy(ov[b0:b0 + nb, t0:t0 + tq, :].permute(1, 0, 2), ot[:tq, :nb, :])
+
+    # ---------------------------------------------------------------- one head
+    def _transpose(self, dst, src, rows, cols):
+        """``dst[:cols, :rows] = src[:rows, :cols]^T`` through PSUM (the next of the PSUM banks' 128-column
+        slots: consecutive transposes do not wait for each other's evacuation)."""
+        i = self.tp_slot
+        self.tp_slot += 1
+        tp = self.tp_ring.tiles[(i // self.G) % len(self.tp_ring.tiles)]
+        j = i % self.G
+        self.prog.transpose(tp[:cols, j, :rows], src)
+        self.copy(dst, tp[:cols, j, :rows])
+
+    def _tile(self, v: Var, full: bool, tq: int, dtype: Optional[str] = None):
+        """The next of two SBUF buffers of value ``v`` (consecutive heads overlap across engines)."""
+        dt = dtype or NEURON_DTYPES[v.dtype]
+        key = (v, dt)
+        ring = self.rings.get(key)
+        if ring is None:
+            ring = self.rings[key] = _Ring(self.scope.sbuf((_P, self.Tk if full else 1), dt, "at_val")
+                                           for _ in range(2 * self.HB + 1))
+        return ring.take()[:tq]
+
+    def _heads_T(self, rows, r, nb, dst) -> None:
+        """Transpose the per-head row tiles ``rows`` ``[r, nb, d]`` into ``dst(chunk, width)`` ``[width, r]``:
+        ``self.hpc`` heads per transpose (head ``h`` at partitions ``(h % hpc) * d`` of chunk ``h // hpc``)."""
+        d, hpc = self.d, self.hpc
+        for c in range(_cdiv(nb, hpc)):
+            h0 = c * hpc
+            h1 = min(nb, h0 + hpc)
+            w = (h1 - h0) * d
+            self._transpose(dst(c, w), rows[:, h0:h1, :].reshape(r, w), r, w)
+
+    def _front(self, heads, t0, tq):
+        """Scores and body of a block of heads ``[(b, qT [d, tq], kT [d, Tk]), ...]``, stage by stage (every
+        engine runs in order: each stage of a head finds the previous stage done, while the other heads' work
+        fills the engines). Returns the SBUF tiles of P."""
+        prog, g = self.prog, self.g
+        Tk = self.Tk
+        envs = []
+        for b, qT, kT in heads:
+            i = self.s_slot
+            self.s_slot += 1
+            bank = self.s_ring.tiles[(i // self.spb) % len(self.s_ring.tiles)]
+            j = (i % self.spb) * Tk
+            prog.matmul(bank[:tq, j:j + Tk], qT, kT, accumulate=False, stop=True)
+            envs.append(({"psum": bank[:tq, j:j + Tk]}, b))
+        for step in self.steps:
+            for env, b in envs:
+                step(env, b, t0, tq)
+        return [env[g.o_eqn.inputs[0]] for env, _ in envs]
+
+    def _back(self, items, tq):
+        """P^T and O = P V for a block of heads ``[(P tile, V blocks, O destination), ...]``, stage by stage."""
+        prog = self.prog
+        Tk, dv = self.Tk, self.dv
+        pts = []
+        for p_tile, v_blocks, _ in items:
+            pT = self.pt_ring.take()
+            for j in range(len(v_blocks)):
+                r0 = j * _P
+                rp = min(_P, Tk - r0)
+                self._transpose(pT[:rp, j, :tq], p_tile[:tq, r0:r0 + rp], tq, rp)
+            pts.append(pT)
+        outs = []
+        for (p_tile, v_blocks, o_dst), pT in zip(items, pts):
+            i = self.o_slot
+            self.o_slot += 1
+            bank = self.o_ring.tiles[(i // self.opb) % len(self.o_ring.tiles)]
+            c = (i % self.opb) * dv
+            KB = len(v_blocks)
+            for j in range(KB):
+                rp = min(_P, Tk - j * _P)
+                prog.matmul(bank[:tq, c:c + dv], pT[:rp, j, :tq], v_blocks[j], accumulate=j > 0, stop=j == KB - 1)
+            outs.append((o_dst, bank[:tq, c:c + dv]))
+        for o_dst, o_ps in outs:
+            self.copy(o_dst, o_ps)
+
+    # ---------------------------------------------------------------- the body, compiled once
+    def _compile_body(self) -> None:
+        """``self.steps``: closures computing the body for one head (``env`` maps Vars to tiles).
+
+        Peepholes (each exact under torch's rounding): the score evacuation absorbs a following multiply
+        by a power of two; ``x - rowvalue`` feeding a ScalarE function becomes that function's bias (and a
+        following row sum its fused reduce); an op feeding only a cast writes the cast's dtype (narrowing
+        from fp32, or widening a value it only moves); ``where`` with a constant triangular mask is a
+        GpSimd ``affine_select``.
+        """
+        import math
+
+        from .elementwise import ACT_FUNC_OF, TILE_RULES
+        from .fusion import ROW_REDUCE
+
+        g, prog = self.g, self.prog
+        sv = g.s_eqn.outputs[0]
+        canon = _c3(sv.shape)
+        body = list(g.body)
+        uses: Dict[Var, int] = {}
+        for e in body + [g.o_eqn]:
+            for a in e.inputs:
+                if isinstance(a, Var):
+                    uses[a] = uses.get(a, 0) + 1
+        alias: Dict[Var, Var] = {}
+        for e in body:
+            if _alias3(e):
+                alias[e.outputs[0]] = alias.get(e.inputs[0], e.inputs[0])
+
+        def root(v):
+            return alias.get(v, v)
+
+        def only_user(v) -> Optional[Eqn]:
+            """The single body equation reading ``v`` (through alias reshapes), or None."""
+            found = None
+            for e in body + [g.o_eqn]:
+                if _alias3(e):
+                    continue
+                if any(isinstance(a, Var) and root(a) is v for a in e.inputs):
+                    if found is not None:
+                        return None
+                    found = e
+            aliased = [e for e in body if _alias3(e) and root(e.inputs[0]) is v]
+            if any(uses.get(e.outputs[0], 0) > 1 for e in aliased) or uses.get(v, 0) > 1:
+                return None
+            return found
+
+        def full_of(v):
+            return _c3(v.shape) == canon
+
+        steps = []
+        done: Set[int] = set()
+        out_dt: Dict[Var, str] = {}          # dtype overrides (cast folding)
+
+        def dt_of(v):
+            return out_dt.get(v, NEURON_DTYPES[v.dtype])
+
+        # score evacuation (+ a multiply by a power of two)
+        first = next((j for j, e in enumerate(body) if not _alias3(e)), None)
+        scale = 1.0
+        if first is not None:
+            e = body[first]
+            c = e.inputs[1] if len(e.inputs) == 2 else None
+            if e.op.name == "mul" and root(e.inputs[0]) is sv and isinstance(c, Literal) and \
+                    isinstance(c.value, (int, float)) and not isinstance(c.value, bool) and c.value != 0 and \
+                    math.frexp(abs(float(c.value)))[0] == 0.5 and only_user(sv) is e and \
+                    e.outputs[0].dtype == sv.dtype:
+                scale = float(c.value)
+                done.add(first)
+                alias[e.outputs[0]] = sv
+
+        def evac(env, b, t0, tq, scale=scale):
+            t = self._tile(sv, True, tq)
+            if scale == 1.0:
+                self.copy(t, env["psum"])
+            else:
+                prog.activation(t, env["psum"], "identity", scale=scale)
+            env[sv] = t
+        steps.append(evac)
+        # cast folding
+        for j, e in enumerate(body):
+            if j in done or _alias3(e) or e.op.name == "convert":
+                continue
+            v = e.outputs[0]
+            u = only_user(v)
+            if u is None or u.op.name != "convert" or v not in uses:
+                continue
+            w = u.outputs[0]
+            moves = e.op.name in ("where",)
+            if (v.dtype == torch.float32 and w.dtype in _FLOATS) or (moves and w.dtype == torch.float32):
+                out_dt[v] = NEURON_DTYPES[w.dtype]
+                done.add(body.index(u))
+                alias[w] = v
+        for j, e in enumerate(body):
+            if j in done or _alias3(e):
+                continue
+            v = e.outputs[0]
+            full = full_of(v)
+            # x - r (r a row value) feeding only a ScalarE function: that function's bias
+            if e.op.name == "sub" and isinstance(e.inputs[1], Var) and not full_of(e.inputs[1]) and full and \
+                    v.dtype == torch.float32:
+                u = only_user(v)
+                if u is not None and u.op.name in ACT_FUNC_OF and len(u.inputs) == 1 and \
+                        u.outputs[0].dtype == torch.float32:
+                    ju = body.index(u)
+                    nxt = body[ju + 1] if ju + 1 < len(body) else None
+                    red = nxt is not None and nxt.op.name == "sum" and nxt.inputs[0] is u.outputs[0] and \
+                        _row_reduce_r(nxt) == 1 and nxt.outputs[0].dtype == torch.float32
+                    done.update({ju} | ({ju + 1} if red else set()))
+
+                    def act_bias(env, b, t0, tq, e=e, u=u, nxt=nxt, red=red):
+                        x = self._arg(env, e.inputs[0], tq, True, b, t0, e)
+                        r = self._arg(env, e.inputs[1], tq, False, b, t0, e)
+                        neg = self._tile(e.inputs[1], False, tq, "float32")
+                        prog.tensor_scalar(neg, r, "multiply", -1.0)
+                        out = self._tile(u.outputs[0], True, tq, dt_of(u.outputs[0]))
+                        env[u.outputs[0]] = out
+                        if red:
+                            rs = self._tile(nxt.outputs[0], False, tq, dt_of(nxt.outputs[0]))
+                            env[nxt.outputs[0]] = rs
+                            prog.activation(out, x, ACT_FUNC_OF[u.op.name], bias=neg, reduce_op="add", reduce_out=rs)
+                        else:
+                            prog.activation(out, x, ACT_FUNC_OF[u.op.name], bias=neg)
+                    steps.append(act_bias)
+                    continue
+            # an ScalarE function with its row sum
+            nxt = body[j + 1] if j + 1 < len(body) else None
+            if e.op.name in ACT_FUNC_OF and len(e.inputs) == 1 and v.dtype == torch.float32 and nxt is not None \
+                    and nxt.op.name == "sum" and nxt.inputs[0] is v and nxt.outputs[0].dtype == torch.float32 \
+                    and _row_reduce_r(nxt) == 1 and j + 1 not in done:
+                done.add(j + 1)
+
+                def act_red(env, b, t0, tq, e=e, nxt=nxt):
+                    out = self._tile(e.outputs[0], True, tq, dt_of(e.outputs[0]))
+                    rs = self._tile(nxt.outputs[0], False, tq, dt_of(nxt.outputs[0]))
+                    env[e.outputs[0]], env[nxt.outputs[0]] = out, rs
+                    prog.activation(out, self._arg(env, e.inputs[0], tq, True, b, t0, e), ACT_FUNC_OF[e.op.name],
+                                    reduce_op="add", reduce_out=rs)
+                steps.append(act_red)
+                continue
+            if _row_reduce_r(e) == 1:
+                def reduce(env, b, t0, tq, e=e):
+                    out = self._tile(e.outputs[0], False, tq, dt_of(e.outputs[0]))
+                    env[e.outputs[0]] = out
+                    prog.tensor_reduce(out, self._arg(env, e.inputs[0], tq, True, b, t0, e), ROW_REDUCE[e.op.name],
+                                       axis=-1)
+                steps.append(reduce)
+                continue
+            mask = self._causal(e) if e.op.name == "where" else None
+            if mask is not None:
+                src, fill, base, pattern = mask
+
+                def affsel(env, b, t0, tq, e=e, src=src, fill=fill, base=base):
+                    out = self._tile(e.outputs[0], True, tq, dt_of(e.outputs[0]))
+                    env[e.outputs[0]] = out
+                    prog.affine_select(out, self._arg(env, src, tq, True, b, t0, e), cmp="is_ge", base=base + t0,
+                                       channel_multiplier=1, pattern=[-1], fill=fill)
+                steps.append(affsel)
+                continue
+
+            def generic(env, b, t0, tq, e=e, full=full):
+                out = self._tile(e.outputs[0], full, tq, dt_of(e.outputs[0]))
+                env[e.outputs[0]] = out
+                args = [a.value if isinstance(a, Literal) else self._arg(env, a, tq, full, b, t0, e) for a in e.inputs]
+                TILE_RULES[e.op.name](self.ctx, e, out, args)
+            steps.append(generic)
+        self.alias = alias
+
+        def finish(env, b, t0, tq):
+            for w in alias:
+                v = w
+                while v not in env and v in alias:
+                    v = alias[v]
+                if v in env:
+                    env[w] = env[v]
+        steps.append(finish)
+        self.steps = steps
+
+    def _causal(self, e: Eqn):
+        """``(tensor operand, fill, base, pattern)`` when ``where(c, x, y)`` has a constant triangular mask ``c``
+        over (query, key) and one scalar constant side: an ``affine_select`` keeping ``base + q - k >= 0``."""
+        c, x, y = e.inputs
+        consts = self.g.consts
+        cv = consts.get(c) if isinstance(c, Var) else None
+        if cv is None or cv.dtype != torch.bool:
+            return None
+        m = cv.reshape(cv.shape[-2:]) if cv.dim() >= 2 and cv.numel() == cv.shape[-1] * cv.shape[-2] else None
+        if m is None or tuple(m.shape) != (self.T, self.Tk):
+            return None
+
+        def scalar(a):
+            if isinstance(a, Literal) and isinstance(a.value, (int, float)):
+                return float(a.value)
+            t = consts.get(a) if isinstance(a, Var) else None
+            return float(t.reshape(-1)[0]) if t is not None and t.numel() == 1 else None
+
+        ones = torch.ones(self.T, self.Tk, dtype=torch.bool)
+        for k in range(-self.T, self.Tk + 1):
+            if torch.equal(m, ones.tril(k)):       # c true where key <= query + k
+                fill = scalar(y)
+                if fill is not None and isinstance(x, Var):
+                    return x, fill, k, [-1]
+            if torch.equal(m, ones.triu(k)):       # c true where key >= query + k: keep y where key < query + k
+                fill = scalar(x)
+                if fill is not None and isinstance(y, Var):
+                    return y, fill, k - 1, [-1]
+        return None
+
+    def _arg(self, env, a: Var, tq: int, full: bool, b: int = 0, t0: int = 0, e: Optional[Eqn] = None):
+        """A body operand as a tile of the equation's shape ``[tq, Tk or 1]``."""
+        Tk = self.Tk
+        shape = (tq, Tk if full else 1)
+        while a not in env and a in self.alias:
+            a = self.alias[a]
+        if a in env:
+            t = env[a]
+            return t if tuple(t.shape) == shape else t.broadcast_to(shape)
+        return self._external(a, b, t0, tq, shape, e.outputs[0].shape)
+
+    def _external(self, a: Var, b: int, t0: int, tq: int, shape, space):
+        """An outside operand (mask, scalar, bias) for batch ``b``, loaded once per distinct region."""
+        from ..neuron.program import HbmView
+
+        space = tuple(int(x) for x in space)
+        st = _space_strides(a.shape, space)
+        bst = st[:-2]
+        off = 0
+        rem = b
+        for n, s in reversed(list(zip(space[:-2], bst))):
+            off += (rem % n) * s
+            rem //= n
+        sr, sc = st[-2], st[-1]
+        off += t0 * sr
+        key = (a, off, tq)
+        t = self.consts.get(key)
+        if t is None:
+            cols = self.Tk if sc != 0 else 1
+            if len(self.consts) > 32:
+                raise CannotLower("attention: too many distinct outside operand regions to keep in SBUF")
+            t = self.scope.sbuf((_P, cols), NEURON_DTYPES[a.dtype], "at_ext")
+            self.prog.dma_copy(t[:tq], HbmView(self.env_in[a], off, [(tq, sr), (cols, sc)]))
+            self.consts[key] = t
+        t = t[:tq]
+        return t if tuple(t.shape) == shape else t.broadcast_to(shape)
