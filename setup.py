@@ -11,8 +11,9 @@ from _native.build_cffi import c_sources  # noqa: E402
 
 C_SOURCES = c_sources()
 # No CPU-specific flags: -fno-math-errno and -fno-trapping-math only let GCC vectorise sqrt and if-convert
-# float selects (results are unchanged; tn never reads errno or FP exception flags).
-COMPILE_ARGS = ["-O3", "-std=gnu11", "-fno-math-errno", "-fno-trapping-math"]
+# float selects (results are unchanged; tn never reads errno or FP exception flags); -ffp-contract=off keeps
+# multiply-adds unfused in the AVX-512/AVX2 clones of the kernels (same rounding as the portable code).
+COMPILE_ARGS = ["-O3", "-std=gnu11", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off"]
 
 engine = Extension(
     "tn._native.engine",

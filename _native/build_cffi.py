@@ -43,7 +43,7 @@ ffibuilder.set_source(
     '#include "kernels.h"',
     sources=c_sources(),
     include_dirs=["_native"],
-    extra_compile_args=["-O3", "-std=gnu11", "-fno-math-errno", "-fno-trapping-math"],  # same as setup.py
+    extra_compile_args=["-O3", "-std=gnu11", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off"],  # same as setup.py
 )
 
 if __name__ == "__main__":

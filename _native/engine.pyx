@@ -19,6 +19,7 @@ instruction is emitted).
 from libc.stdint cimport int64_t, int32_t, uint16_t
 from libc.stdlib cimport malloc, free, realloc
 from libc.string cimport memcpy
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
 import numpy as np
 
@@ -793,12 +794,16 @@ cdef int exec_one(int64_t op, int64_t sub, int64_t flags, Opnd *ops, double *imm
 
 # ---------------------------------------------------------------- the run
 
+cdef inline double _ns(timespec *a, timespec *b) noexcept nogil:
+    return <double>(b.tv_sec - a.tv_sec) * 1e9 + <double>(b.tv_nsec - a.tv_nsec)
+
+
 def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] aux,
         unsigned char[:, ::1] sbuf, unsigned char[:, ::1] psum,
         const int64_t[::1] hbm_ptrs, const int64_t[::1] hbm_sizes,
         const int64_t[::1] limits, const double[::1] timing,
         double[:, ::1] times, double[::1] busy, int64_t[::1] counts, int64_t[::1] hbm_bytes,
-        int execute=1):
+        int execute=1, double[:, ::1] host_ns=None):
     """Validate, execute and time every instruction of an encoded program, in order.
 
     ``prog`` (n, REC_WIDTH) int64; ``deps``/``aux`` int64 side arrays;
@@ -811,6 +816,10 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
     ``counts[q]`` instructions per queue, ``hbm_bytes = [read, written]``.
     Returns the total time in ns. With ``execute=0`` only validation and
     timing run. Raises :class:`tn.NeuronError` on any violation.
+    Optional ``host_ns`` (n, 2) float64: filled with the host wall time (ns) each
+    instruction took here, ``[i, 0]`` validation + bookkeeping + timing model,
+    ``[i, 1]`` its C kernel (host-side profiling; costs two clock reads per
+    instruction, so it is only done when asked).
     """
     cdef int64_t n = prog.shape[0], i, j, d, q, op, sub, flags, nq, bank, nbanks, ndeps = deps.shape[0]
     cdef int64_t naux = aux.shape[0], dstart, rc, acc
@@ -831,12 +840,15 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
     cdef int64_t bank_bytes, s, b, b_lo, b_hi
     cdef Pipe *pipe
     cdef double *issue_end
+    cdef int want_host = host_ns is not None
+    cdef timespec ts0, ts1, ts2, ts3
     if prog.shape[1] != REC_WIDTH:
         from tn.errors import NeuronError
         raise NeuronError(f"encoded program has {prog.shape[1]} fields per record, expected {REC_WIDTH}")
     nq = limits[L_QUEUES]
     if nq < N_ENGINES + 1 or nq > 64 or times.shape[0] < n or busy.shape[0] < nq or counts.shape[0] < nq \
-            or hbm_bytes.shape[0] < 2 or hbm_ptrs.shape[0] != hbm_sizes.shape[0]:
+            or hbm_bytes.shape[0] < 2 or hbm_ptrs.shape[0] != hbm_sizes.shape[0] \
+            or (want_host and (host_ns.shape[0] < n or host_ns.shape[1] != 2)):
         from tn.errors import NeuronError
         raise NeuronError("run(): output arrays or queue count do not match the program and architecture")
     if execute and (sbuf.shape[0] < limits[L_PARTITIONS] or sbuf.shape[1] < limits[L_SBUF_BYTES]
@@ -880,6 +892,8 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
     pipe.n = 0
     try:
         for i in range(n):
+            if want_host:
+                clock_gettime(CLOCK_MONOTONIC, &ts0)
             rec = &prog[i, 0]
             check_record(i, rec, &c, ops, ndeps, naux, auxp)
             op = rec[H_OPCODE]
@@ -939,6 +953,8 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
                     live_b1[b] = ops[0].hi_byte
             # ---- execute (large instructions release the GIL so other Python threads can run)
             rc = 0
+            if want_host:
+                clock_gettime(CLOCK_MONOTONIC, &ts1)
             if execute:
                 if ops[0].nbytes >= 65536:
                     with nogil:
@@ -952,6 +968,8 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
                     raise MemoryError(f"instruction #{i}: the engine ran out of scratch memory")
                 if rc != 0:
                     _fail(i, rec, -1, f"the kernel rejected its arguments (code {rc})")
+            if want_host:
+                clock_gettime(CLOCK_MONOTONIC, &ts2)
             # ---- timing
             if q >= N_ENGINES:
                 if op == OP_DMA_GATHER:
@@ -988,6 +1006,10 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
             qfree[q] = issue_end[i]
             if end > total:
                 total = end
+            if want_host:
+                clock_gettime(CLOCK_MONOTONIC, &ts3)
+                host_ns[i, 0] = _ns(&ts0, &ts1) + _ns(&ts2, &ts3)
+                host_ns[i, 1] = _ns(&ts1, &ts2)
     finally:
         free(pipe)
         free(issue_end)

@@ -12,10 +12,12 @@
 
 int tn_abi_version(void) { return 2; }
 
-/* Hot loops get an AVX2 clone (no FMA: same rounding as the default) next to the portable SSE2 default, chosen by the
-   dynamic loader at load time (GCC target_clones on x86-64 Linux); elsewhere only the portable code is built. */
+/* Hot loops get AVX-512 and AVX2 clones next to the portable SSE2 default, chosen by the dynamic loader at load time
+   (GCC target_clones on x86-64 Linux); elsewhere only the portable code is built. The build passes
+   -ffp-contract=off, so no clone fuses a multiply and an add into an FMA: every clone rounds exactly like the
+   default and results do not depend on the CPU. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && !defined(TN_NO_CLONES)
-#define TN_HOT __attribute__((target_clones("avx2", "default")))
+#define TN_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define TN_HOT
 #endif
@@ -309,13 +311,28 @@ enum {
     ACT_SIN, ACT_COS, ACT_ERF
 };
 
-/* Vectorisable expf (Cephes polynomial, ~1 ulp): range reduction with the 1.5*2^23 rounding trick and
-   the exponent built in the integer domain, so GCC turns the loops below into SIMD code. Results
-   below FLT_MIN flush to 0; NaN propagates; overflow gives +inf. */
-static inline float vexpf(float x)
+/* Vectorisable float math (no libm calls, no branches: GCC turns the activation loops below into SIMD code, in
+   every clone of TN_HOT; -ffp-contract=off keeps the arithmetic identical in all of them). Accuracy over all
+   fp32 inputs (measured against double-precision libm): exp <= 1 ulp, log <= 1 ulp, tanh <= 1.5 ulp,
+   sigmoid/erf/sin/cos/softplus <= 2.5 ulp, silu/gelu/gelu_tanh a few ulp (more only where the result is tiny
+   and its own argument's rounding dominates, e.g. gelu(x) for x < -9). Subnormal results are kept; special
+   values follow C99 (exp(-inf) = 0, log(0) = -inf, log(x < 0) = NaN, NaN propagates). Polynomials: Cephes
+   (exp, tanh, erf near 0, log, sin, cos); erfc's was fitted for this file (minimax, relative error 6e-9 on
+   [1, 10.5] in t = 1/(1 + a/2)). */
+
+/* p * 2^k for integral k in [-151, 128] (p in [0.7, 1.5]): two exact power-of-two scalings, so results near
+   overflow and subnormal results round once. */
+static inline float tn_scale2k(float p, float k)
 {
-    const float hi = 88.7228317f, lo = -87.3365479f;
-    float xc = x > hi ? hi : (x < lo ? lo : x);
+    int32_t ki = (int32_t)k;
+    int32_t k1 = ki >> 1, k2 = ki - k1;
+    return p * bits_f32((uint32_t)(k1 + 127) << 23) * bits_f32((uint32_t)(k2 + 127) << 23);
+}
+
+/* e^x (Cephes expf polynomial, 1.5*2^23 rounding trick for the range reduction) */
+static inline float tn_expf(float x)
+{
+    float xc = x > 88.8f ? 88.8f : (x < -104.0f ? -104.0f : x);
     float k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     float r = xc - k * 0.693359375f;
     r = r - k * -2.12194440e-4f;
@@ -326,49 +343,172 @@ static inline float vexpf(float x)
     p = p * r + 1.6666665459E-1f;
     p = p * r + 5.0000001201E-1f;
     p = p * r * r + r + 1.0f;
-    float km = k > 0.0f ? k - 1.0f : k;            /* 2^k as 2^(k-1)*2 near overflow (k = 128) */
-    int32_t e = ((int32_t)km + 127) << 23;
-    float scale;
-    memcpy(&scale, &e, 4);
-    float y = p * scale * (k > 0.0f ? 2.0f : 1.0f);
-    y = x > hi ? INFINITY : y;
-    y = x < lo ? 0.0f : y;
+    float y = tn_scale2k(p, k);
     return x != x ? x : y;
 }
 
-/* Vectorisable tanhf: odd polynomial for |x| < 0.625 (Cephes), 1 - 2/(e^{2|x|}+1) beyond. */
-static inline float vtanhf(float x)
+/* tanh: odd polynomial below 0.625, 1 - 2/(e^{2|x|} + 1) above */
+static inline float tn_tanhf(float x)
 {
     float ax = fabsf(x);
     float z = x * x;
     float small = ((((-5.70498872745E-3f * z + 2.06390887954E-2f) * z - 5.37397155531E-2f) * z
                     + 1.33314422036E-1f) * z - 3.33332819422E-1f) * z * x + x;
-    float big = 1.0f - 2.0f / (vexpf(2.0f * (ax > 44.0f ? 44.0f : ax)) + 1.0f);
+    float big = 1.0f - 2.0f / (tn_expf(2.0f * (ax > 9.5f ? 9.5f : ax)) + 1.0f);
     big = x < 0.0f ? -big : big;
     return ax < 0.625f ? small : big;
+}
+
+/* 1 / (1 + e^-x) from e = e^-|x| (never overflows, keeps tiny results for x << 0) */
+static inline float tn_sigmoidf(float x)
+{
+    float e = tn_expf(-fabsf(x));
+    return (x < 0.0f ? e : 1.0f) / (1.0f + e);
+}
+
+/* erf(x) for |x| < 1: x * P(x^2) */
+static inline float tn_erf_small(float x)
+{
+    float z = x * x;
+    float p = 7.853861353153693E-5f;
+    p = p * z - 8.010193625184903E-4f;
+    p = p * z + 5.188327685732524E-3f;
+    p = p * z - 2.685381193529856E-2f;
+    p = p * z + 1.128358514861418E-1f;
+    p = p * z - 3.761262582423300E-1f;
+    p = p * z + 1.128379165726710E+0f;
+    return p * x;
+}
+
+/* s * erfc(a) for a >= 0.5: exp(-a^2) (a^2 = ah^2 + (a-ah)(a+ah), ah with 12 significant bits so ah^2 is exact)
+   times a degree-9 polynomial in t = 1/(1 + a/2) (fitted to erfc(a) e^(a^2) on [0.5, 10.5], relative error 2e-9
+   before float rounding); 0 (times s) beyond a = 10.5, where erfc underflows */
+static inline float tn_erfc_big_scaled(float a, float s)
+{
+    float ac = a > 10.5f ? 10.5f : a;
+    float ah = bits_f32(f32_bits(ac) & 0xfffff000u);
+    float e1 = tn_expf(-(ah * ah)), e2 = tn_expf(-((ac - ah) * (ac + ah)));
+    float t = 1.0f / (1.0f + 0.5f * ac);
+    float p = -0.07368303835391998f;
+    p = p * t + 0.3481689989566803f;
+    p = p * t - 0.6053896546363831f;
+    p = p * t + 0.4006786644458771f;
+    p = p * t - 0.10452351719141006f;
+    p = p * t + 0.23397386074066162f;
+    p = p * t + 0.2351951152086258f;
+    p = p * t + 0.2835836112499237f;
+    p = p * t + 0.2819855213165283f;
+    p = p * t + 3.4981831049663015e-06f;
+    float r = ((s * p) * e2) * e1;      /* e1 last: only it may be subnormal */
+    return a > 10.5f ? 0.0f * s : r;
+}
+
+static inline float tn_erff(float x)
+{
+    float ax = fabsf(x);
+    float big = 1.0f - tn_erfc_big_scaled(ax, 1.0f);
+    big = x < 0.0f ? -big : big;
+    float y = ax < 1.0f ? tn_erf_small(x) : big;
+    return x != x ? x : y;
+}
+
+/* gelu(x) = x/2 (1 + erf(x/sqrt(2))); erfc for z = x/sqrt(2) <= -0.5 (no cancellation in 1 + erf) and z >= 1 */
+static inline float tn_geluf(float x)
+{
+    float z = x * 0.70710678118654752f;
+    float az = fabsf(z);
+    float c = tn_erfc_big_scaled(az, 0.5f * x);
+    float big = z < 0.0f ? c : (az > 10.5f ? x : x - c);    /* gelu(inf) = inf, gelu(-inf) = NaN (as 0.5*x*(1+erf)) */
+    float small = 0.5f * x * (1.0f + tn_erf_small(z));
+    float y = (z > -0.5f && z < 1.0f) ? small : big;
+    return x != x ? x : y;
+}
+
+/* gelu with the tanh approximation: x/2 (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3) */
+static inline float tn_gelu_tanhf(float x)
+{
+    return x * tn_sigmoidf(2.0f * (0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+/* log(x): x = m 2^e, m in [sqrt(1/2), sqrt(2)); subnormal x scaled by 2^24 first */
+static inline float tn_logf(float x)
+{
+    int den = x < 1.17549435e-38f;
+    float xs = den ? x * 16777216.0f : x;
+    uint32_t b = f32_bits(xs);
+    float e = (float)((int32_t)(b >> 23) - 127) - (den ? 24.0f : 0.0f);
+    float m = bits_f32((b & 0x007fffffu) | 0x3f800000u);
+    int big = m > 1.41421356f;
+    m = big ? m * 0.5f : m;
+    e = big ? e + 1.0f : e;
+    float f = m - 1.0f;
+    float z = f * f;
+    float y = 7.0376836292E-2f;
+    y = y * f - 1.1514610310E-1f;
+    y = y * f + 1.1676998740E-1f;
+    y = y * f - 1.2420140846E-1f;
+    y = y * f + 1.4249322787E-1f;
+    y = y * f - 1.6668057665E-1f;
+    y = y * f + 2.0000714765E-1f;
+    y = y * f - 2.4999993993E-1f;
+    y = y * f + 3.3333331174E-1f;
+    y = y * f * z;
+    y = y + e * -2.12194440e-4f;
+    y = y - 0.5f * z;
+    float r = f + y;
+    r = r + e * 0.693359375f;
+    r = x == 0.0f ? -INFINITY : r;
+    r = x < 0.0f ? NAN : r;
+    r = x == INFINITY ? x : r;
+    return x != x ? x : r;
+}
+
+/* softplus(v) = max(v, 0) + log1p(e^-|v|); log1p(y) = log(1 + y) * y / ((1 + y) - 1) */
+static inline float tn_softplusf(float v)
+{
+    float y = tn_expf(-fabsf(v));
+    float u = 1.0f + y, d = u - 1.0f;
+    float l = d == 0.0f ? y : tn_logf(u) * (y / d);
+    float r = (v > 0.0f ? v : 0.0f) + l;
+    return v != v ? v : r;
+}
+
+/* sin (want_cos = 0) or cos of x for |x| <= TN_SINCOS_MAX: octant reduction with pi/4 in four parts of <= 10
+   significant bits (exact products for octants < 2^14); larger |x|, inf and NaN go to libm (see act_apply). */
+#define TN_SINCOS_MAX 8192.0f
+static inline float tn_sincosf(float x, int want_cos)
+{
+    float ax = fabsf(x);
+    float j = (float)(int32_t)(ax * 1.27323954473516f);
+    j = j + (float)((int32_t)j & 1);
+    int32_t q = (int32_t)j & 7;
+    float r = (((ax - j * 0x1.92p-1f) - j * 0x1.fb8p-13f) - j * -0x1.5ep-24f) - j * 0x1.0b4612p-35f;
+    float z = r * r;
+    float c = ((2.443315711809948E-005f * z - 1.388731625493765E-003f) * z + 4.166664568298827E-002f) * z * z;
+    c = c - 0.5f * z + 1.0f;
+    float s = ((-1.9515295891E-4f * z + 8.3321608736E-3f) * z - 1.6666654611E-1f) * z * r + r;
+    int32_t qq = want_cos ? q + 2 : q;
+    float y = (qq & 2) ? c : s;
+    y = (qq & 4) ? -y : y;
+    y = (!want_cos && x < 0.0f) ? -y : y;
+    return y;
 }
 
 TN_HOT static int act_apply(int func, float *x, int64_t n)
 {
     int64_t i;
+    int big = 0;
     switch (func) {
     case ACT_IDENTITY: break;
     case ACT_RELU: for (i = 0; i < n; i++) x[i] = x[i] > 0.0f ? x[i] : 0.0f; break;
-    case ACT_GELU_TANH:
-        for (i = 0; i < n; i++) {
-            float v = x[i];
-            x[i] = 0.5f * v * (1.0f + vtanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
-        }
-        break;
-    case ACT_GELU: for (i = 0; i < n; i++) x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.7071067811865476f)); break;
-    case ACT_SIGMOID: for (i = 0; i < n; i++) x[i] = 1.0f / (1.0f + vexpf(-x[i])); break;
-    case ACT_TANH: for (i = 0; i < n; i++) x[i] = vtanhf(x[i]); break;
-    case ACT_EXP: for (i = 0; i < n; i++) x[i] = vexpf(x[i]); break;
-    case ACT_LOG: for (i = 0; i < n; i++) x[i] = logf(x[i]); break;
-    case ACT_SILU: for (i = 0; i < n; i++) x[i] = x[i] / (1.0f + vexpf(-x[i])); break;
-    case ACT_SOFTPLUS:
-        for (i = 0; i < n; i++) { float v = x[i]; x[i] = (v > 0.0f ? v : 0.0f) + log1pf(expf(-fabsf(v))); }
-        break;
+    case ACT_GELU_TANH: for (i = 0; i < n; i++) x[i] = tn_gelu_tanhf(x[i]); break;
+    case ACT_GELU: for (i = 0; i < n; i++) x[i] = tn_geluf(x[i]); break;
+    case ACT_SIGMOID: for (i = 0; i < n; i++) x[i] = tn_sigmoidf(x[i]); break;
+    case ACT_TANH: for (i = 0; i < n; i++) x[i] = tn_tanhf(x[i]); break;
+    case ACT_EXP: for (i = 0; i < n; i++) x[i] = tn_expf(x[i]); break;
+    case ACT_LOG: for (i = 0; i < n; i++) x[i] = tn_logf(x[i]); break;
+    case ACT_SILU: for (i = 0; i < n; i++) x[i] = x[i] * tn_sigmoidf(x[i]); break;
+    case ACT_SOFTPLUS: for (i = 0; i < n; i++) x[i] = tn_softplusf(x[i]); break;
     case ACT_SQRT: for (i = 0; i < n; i++) x[i] = sqrtf(x[i]); break;
     case ACT_RSQRT: for (i = 0; i < n; i++) x[i] = 1.0f / sqrtf(x[i]); break;
     case ACT_RECIPROCAL: for (i = 0; i < n; i++) x[i] = 1.0f / x[i]; break;
@@ -377,9 +517,22 @@ TN_HOT static int act_apply(int func, float *x, int64_t n)
     case ACT_SIGN:
         for (i = 0; i < n; i++) x[i] = x[i] > 0.0f ? 1.0f : (x[i] < 0.0f ? -1.0f : x[i]);
         break;
-    case ACT_SIN: for (i = 0; i < n; i++) x[i] = sinf(x[i]); break;
-    case ACT_COS: for (i = 0; i < n; i++) x[i] = cosf(x[i]); break;
-    case ACT_ERF: for (i = 0; i < n; i++) x[i] = erff(x[i]); break;
+    case ACT_SIN:
+    case ACT_COS:
+        /* |x| > TN_SINCOS_MAX, inf and NaN (rare) go to libm, the rest through the vector loops */
+        for (i = 0; i < n; i++) big |= !(fabsf(x[i]) <= TN_SINCOS_MAX);
+        if (big)
+            for (i = 0; i < n; i++) {
+                float v = x[i];
+                int c = func == ACT_COS;
+                x[i] = fabsf(v) <= TN_SINCOS_MAX ? tn_sincosf(v, c) : (c ? cosf(v) : sinf(v));
+            }
+        else if (func == ACT_SIN)
+            for (i = 0; i < n; i++) x[i] = tn_sincosf(x[i], 0);
+        else
+            for (i = 0; i < n; i++) x[i] = tn_sincosf(x[i], 1);
+        break;
+    case ACT_ERF: for (i = 0; i < n; i++) x[i] = tn_erff(x[i]); break;
     default: return TN_EARGS;
     }
     return TN_OK;

@@ -1,0 +1,332 @@
+# Bench: host cost of each C kernel of the software NeuronCore engine (ns per element), optionally against a baseline build.
+"""Host cost per kernel of the NeuronCore engine (``_native/engine.pyx`` + ``kernels.c`` / ``matmul.c``).
+
+Usage::
+
+    python bench/engine_kernels.py [--repeats 7] [--only SUBSTR[,SUBSTR]] [--baseline PATH/engine.so] [--json PATH]
+
+Every row is one instruction kind on typical tile shapes (a GPT-2 block
+uses 128-partition tiles of 64..1024 elements). Its program holds ``R``
+copies of the instruction with the operands already in SBUF/PSUM (written
+into the memories before the run, no DMA), and the engine runs it whole; a
+row's time is ``(run(R copies) - run(0 copies)) / R``, so it counts the
+kernel plus the per-instruction validation and timing model, not the run's
+fixed cost. ``ns/elem`` divides by the output's element count (matmul: by
+``M*N``, its PSUM tile; DMA: by elements moved).
+
+Times are ``min / median`` over ``--repeats`` repeats; with ``--baseline``
+a second engine (an ``engine.*.so`` built from another checkout, e.g. the
+commit before a change) runs the same programs, interleaved with this one
+(A, B, A, B, ...) so machine noise hits both alike, and ``speedup`` is
+baseline median / this median. The engines are loaded side by side (each
+``.so`` links its own copy of the C kernels).
+
+``--host-split`` also prints, from this engine's ``host_ns`` accounting, the
+validation ns per instruction and the kernel ns per element separately.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from tn.neuron import Program, isa  # noqa: E402
+
+try:
+    from tabulate import tabulate
+except ImportError:  # pragma: no cover
+    tabulate = None
+
+P = 128
+R = 16  # instruction copies per program
+
+
+def load_engine(path=None):
+    """The engine module: this checkout's, or a copy of ``engine.*.so`` loaded from ``path`` (own module object)."""
+    if path is None:
+        from tn._native import engine
+        return engine
+    spec = importlib.util.spec_from_file_location("tn._native.engine", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# --------------------------------------------------------------------------- data
+
+def _bf16_bits(x):
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _values(dtype, shape, rng, lo, hi):
+    x = rng.uniform(lo, hi, size=shape).astype(np.float32)
+    if dtype == "bfloat16":
+        return _bf16_bits(x)
+    if dtype == "bool":
+        return (x > (lo + hi) / 2).astype(np.uint8)
+    if dtype == "int32":
+        return x.astype(np.int32)
+    return x
+
+
+class Case:
+    """One row: builds its program with n copies of the instruction and fills its operands."""
+
+    def __init__(self, name, elems, emit, tiles, lo=-4.0, hi=4.0, hbm=None):
+        self.name, self.elems, self.emit, self.tiles, self.lo, self.hi = name, elems, emit, tiles, lo, hi
+        self.hbm = hbm or []   # [(name, shape, dtype, kind)]
+
+    def build(self, n):
+        """(Encoded, {tile name: Tile}, [HbmTensor]) with n copies."""
+        prog = Program(f"bench_{self.name}")
+        hbm = {h[0]: prog.hbm(*h) for h in self.hbm}
+        t = {}
+        for key, (mem, shape, dtype) in self.tiles.items():
+            t[key] = (prog.sbuf if mem == "sbuf" else prog.psum)(shape, dtype, name=key)
+        for _ in range(n):
+            self.emit(prog, t, hbm)
+        return prog.build(check=False), t
+
+    def fill(self, tiles, sbuf, psum, rng):
+        """Write random operands into the memories; returns [(memory, rows, cols, bytes)] to restore them."""
+        saved = []
+        for key, tile in tiles.items():
+            mem = sbuf if tile.mem == isa.MEM_SBUF else psum
+            dtype = self.tiles[key][2]
+            nfree = int(np.prod(self.tiles[key][1][1:]))
+            vals = _values(dtype, (tile.pcount, nfree), rng, self.lo, self.hi)
+            raw = np.ascontiguousarray(vals).view(np.uint8).reshape(tile.pcount, -1)
+            rows, cols = slice(tile.pstart, tile.pstart + tile.pcount), slice(tile.offset, tile.offset + raw.shape[1])
+            mem[rows, cols] = raw
+            saved.append((mem, rows, cols, raw.copy()))
+        return saved
+
+
+def _cases():
+    cs = []
+    # ---- ScalarE activations, [128, 512]
+    funcs = [("identity", -4, 4), ("relu", -4, 4), ("gelu_tanh", -6, 6), ("gelu", -6, 6), ("sigmoid", -10, 10),
+             ("tanh", -6, 6), ("exp", -20, 20), ("silu", -10, 10), ("erf", -4, 4), ("softplus", -10, 10),
+             ("log", 0.01, 100), ("sqrt", 0.01, 100), ("rsqrt", 0.01, 100), ("reciprocal", 0.5, 100),
+             ("sin", -10, 10)]
+    F = 512
+    for dt in ("float32", "bfloat16"):
+        for fn, lo, hi in funcs:
+            cs.append(Case(f"act {fn} {dt}", P * F,
+                           (lambda fn: lambda p, t, h: p.activation(t["o"], t["i"], fn))(fn),
+                           {"o": ("sbuf", (P, F), dt), "i": ("sbuf", (P, F), dt)}, lo, hi))
+    cs.append(Case("act exp scale+bias+reduce f32", P * F,
+                   lambda p, t, h: p.activation(t["o"], t["i"], "exp", scale=0.125, bias=t["b"], reduce_op="add",
+                                                reduce_out=t["r"]),
+                   {"o": ("sbuf", (P, F), "float32"), "i": ("sbuf", (P, F), "float32"),
+                    "b": ("sbuf", (P, 1), "float32"), "r": ("sbuf", (P, 1), "float32")}))
+    cs.append(Case("act identity+bias PSUM->bf16", P * F,
+                   lambda p, t, h: p.activation(t["o"], t["i"], "identity", bias=t["b"]),
+                   {"o": ("sbuf", (P, F), "bfloat16"), "i": ("psum", (P, F), "float32"),
+                    "b": ("sbuf", (P, 1), "float32")}))
+    cs.append(Case("act gelu_tanh PSUM->bf16", P * F,
+                   lambda p, t, h: p.activation(t["o"], t["i"], "gelu_tanh", bias=t["b"]),
+                   {"o": ("sbuf", (P, F), "bfloat16"), "i": ("psum", (P, F), "float32"),
+                    "b": ("sbuf", (P, 1), "float32")}))
+    # ---- VectorE
+    for dt in ("float32", "bfloat16"):
+        for op in ("add", "multiply", "divide", "max"):
+            cs.append(Case(f"tt {op} {dt}", P * F, (lambda op: lambda p, t, h: p.tensor_tensor(t["o"], t["a"], t["b"], op))(op),
+                           {"o": ("sbuf", (P, F), dt), "a": ("sbuf", (P, F), dt), "b": ("sbuf", (P, F), dt)}, 0.5, 4))
+    cs.append(Case("tt add f32<-f32,bf16", P * F, lambda p, t, h: p.tensor_tensor(t["o"], t["a"], t["b"], "add"),
+                   {"o": ("sbuf", (P, F), "float32"), "a": ("sbuf", (P, F), "float32"),
+                    "b": ("sbuf", (P, F), "bfloat16")}))
+    cs.append(Case("tt subtract bcast f32 [8,128]-[8,1]", P * 1024,
+                   lambda p, t, h: p.tensor_tensor(t["o"], t["a"], t["b"].reshape(P, 8, 1).broadcast_to((P, 8, 128)),
+                                                   "subtract"),
+                   {"o": ("sbuf", (P, 8, 128), "float32"), "a": ("sbuf", (P, 8, 128), "float32"),
+                    "b": ("sbuf", (P, 8), "float32")}))
+    for dt in ("float32", "bfloat16"):
+        cs.append(Case(f"ts mult+add {dt}", P * F,
+                       lambda p, t, h: p.tensor_scalar(t["o"], t["a"], "multiply", 1.5, "add", t["s"]),
+                       {"o": ("sbuf", (P, F), dt), "a": ("sbuf", (P, F), dt), "s": ("sbuf", (P, 1), "float32")}))
+    cs.append(Case("select bf16 (bool pred, bcast)", P * 128,
+                   lambda p, t, h: p.select(t["o"], t["m"], t["a"], t["f"][:, 0:1].broadcast_to((P, 128))),
+                   {"o": ("sbuf", (P, 128), "bfloat16"), "m": ("sbuf", (P, 128), "bool"),
+                    "a": ("sbuf", (P, 128), "bfloat16"), "f": ("sbuf", (P, 1), "bfloat16")}))
+    cs.append(Case("reduce max f32 [8,128]->[8]", P * 1024,
+                   lambda p, t, h: p.tensor_reduce(t["o"], t["a"], "max"),
+                   {"o": ("sbuf", (P, 8), "float32"), "a": ("sbuf", (P, 8, 128), "float32")}))
+    cs.append(Case("reduce add f32 [768]->[1]", P * 768,
+                   lambda p, t, h: p.tensor_reduce(t["o"], t["a"], "add"),
+                   {"o": ("sbuf", (P, 1), "float32"), "a": ("sbuf", (P, 768), "float32")}))
+    cs.append(Case("bn_stats f32 [512]", P * 512, lambda p, t, h: p.bn_stats(t["o"], t["a"]),
+                   {"o": ("sbuf", (P, 3), "float32"), "a": ("sbuf", (P, 512), "float32")}))
+    # ---- copies and casts
+    cs.append(Case("copy PSUM f32->bf16", P * F, lambda p, t, h: p.tensor_copy(t["o"], t["i"]),
+                   {"o": ("sbuf", (P, F), "bfloat16"), "i": ("psum", (P, F), "float32")}))
+    cs.append(Case("copy PSUM f32->f32", P * F, lambda p, t, h: p.tensor_copy(t["o"], t["i"]),
+                   {"o": ("sbuf", (P, F), "float32"), "i": ("psum", (P, F), "float32")}))
+    cs.append(Case("copy bf16->f32", P * F, lambda p, t, h: p.tensor_copy(t["o"], t["i"]),
+                   {"o": ("sbuf", (P, F), "float32"), "i": ("sbuf", (P, F), "bfloat16")}))
+    cs.append(Case("copy f32->bf16", P * F, lambda p, t, h: p.tensor_copy(t["o"], t["i"]),
+                   {"o": ("sbuf", (P, F), "bfloat16"), "i": ("sbuf", (P, F), "float32")}))
+    for dt in ("float32", "bfloat16"):
+        cs.append(Case(f"copy {dt} [16,32] transposed view", P * 512,
+                       lambda p, t, h: p.tensor_copy(t["o"], t["i"].permute(0, 2, 1)),
+                       {"o": ("sbuf", (P, 32, 16), dt), "i": ("sbuf", (P, 16, 32), dt)}))
+        cs.append(Case(f"copy {dt} [12,64] head split", P * 768,
+                       lambda p, t, h: p.tensor_copy(t["o"], t["i"].reshape(P, 12, 64).permute(0, 1, 2)),
+                       {"o": ("sbuf", (P, 12, 64), dt), "i": ("sbuf", (P, 768), dt)}))
+    # ---- TensorE
+    for dt in ("float32", "bfloat16"):
+        cs.append(Case(f"transpose {dt} 128x128", P * 128, lambda p, t, h: p.transpose(t["o"], t["i"]),
+                       {"o": ("psum", (P, 128), "float32" if dt == "float32" else dt), "i": ("sbuf", (P, 128), dt)}))
+        for n in (128, 512):
+            cs.append(Case(f"matmul {dt} K128 M128 N{n}", P * n,
+                           lambda p, t, h: p.matmul(t["o"], t["s"], t["m"], accumulate=False, stop=True),
+                           {"o": ("psum", (P, n), "float32"), "s": ("sbuf", (P, 128), dt), "m": ("sbuf", (P, n), dt)},
+                           -1, 1))
+        cs.append(Case(f"matmul {dt} K64 M128 N128", P * 128,
+                       lambda p, t, h: p.matmul(t["o"], t["s"], t["m"], accumulate=False, stop=True),
+                       {"o": ("psum", (P, 128), "float32"), "s": ("sbuf", (64, 128), dt), "m": ("sbuf", (64, 128), dt)},
+                       -1, 1))
+    # ---- DMA
+    for dt in ("float32", "bfloat16"):
+        cs.append(Case(f"dma HBM->SBUF {dt} [128,768]", P * 768, lambda p, t, h: p.dma_copy(t["o"], h["x"]),
+                       {"o": ("sbuf", (P, 768), dt)}, hbm=[("x", (P, 768), dt, "input")]))
+        cs.append(Case(f"dma SBUF->HBM {dt} [128,768]", P * 768, lambda p, t, h: p.dma_copy(h["y"], t["i"]),
+                       {"i": ("sbuf", (P, 768), dt)}, hbm=[("y", (P, 768), dt, "output")]))
+    cs.append(Case("dma HBM->SBUF bf16 [6,1024] strided", P * 6144,
+                   lambda p, t, h: p.dma_copy(t["o"], h["w"].reshape(6, P, 1024).permute(1, 0, 2)),
+                   {"o": ("sbuf", (P, 6, 1024), "bfloat16")}, hbm=[("w", (768, 1024), "bfloat16", "input")]))
+    return cs
+
+
+# --------------------------------------------------------------------------- measurement
+
+class Runner:
+    """Runs one case's programs on one engine module with fixed memories and bindings."""
+
+    def __init__(self, engine, case, rng_seed=0):
+        self.engine = engine
+        self.case = case
+        self.progs = {}
+        for n in (0, R):
+            enc, tiles = case.build(n)
+            self.progs[n] = enc
+        arch = enc.arch
+        self.sbuf = np.zeros((arch.partitions, arch.sbuf_partition_bytes), dtype=np.uint8)
+        self.psum = np.zeros((arch.partitions, arch.psum_partition_bytes), dtype=np.uint8)
+        rng = np.random.default_rng(rng_seed)
+        self.saved = case.fill(tiles, self.sbuf, self.psum, rng)
+        self.hbm = []
+        for t in enc.hbm:
+            arr = _values(t.dtype, t.shape, rng, case.lo, case.hi)
+            self.hbm.append(np.ascontiguousarray(arr))
+        self.ptrs = np.array([a.__array_interface__["data"][0] for a in self.hbm], dtype=np.int64)
+
+    def _restore(self):
+        for mem, rows, cols, raw in self.saved:   # same inputs every time (in-place ops would drift)
+            mem[rows, cols] = raw
+
+    def _args(self, enc):
+        prep = enc.prepared()
+        n = len(enc)
+        nq = enc.arch.num_queues
+        return (prep["records"], prep["deps"], prep["aux"], self.sbuf, self.psum, self.ptrs, prep["sizes"],
+                prep["limits"], prep["timing"], np.zeros((max(n, 1), 2)), np.zeros(nq), np.zeros(nq, dtype=np.int64),
+                np.zeros(2, dtype=np.int64))
+
+    def time_once(self):
+        """Seconds per instruction copy: (run(R) - run(0)) / R, wall clock."""
+        out = []
+        for n in (0, R):
+            self._restore()
+            args = self._args(self.progs[n])
+            t0 = time.perf_counter()
+            self.engine.run(*args, 1)
+            out.append(time.perf_counter() - t0)
+        return (out[1] - out[0]) / R
+
+    def host_split(self):
+        """(validation ns per instruction, kernel ns per instruction) from the engine's host_ns accounting."""
+        enc = self.progs[R]
+        self._restore()
+        h = np.zeros((len(enc), 2))
+        self.engine.run(*self._args(enc), 1, h)
+        return float(np.median(h[:, 0])), float(np.median(h[:, 1]))
+
+
+def main(argv=None):
+    """Runs the bench and prints the table."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--only", help="comma-separated substrings of row names")
+    ap.add_argument("--baseline", help="path of another build's engine.*.so to compare against (interleaved)")
+    ap.add_argument("--host-split", action="store_true", help="also print validation vs kernel ns (host_ns)")
+    ap.add_argument("--json", help="write the rows as JSON to this path")
+    args = ap.parse_args(argv)
+    cur = load_engine()
+    base = load_engine(args.baseline) if args.baseline else None
+    rows = []
+    for case in _cases():
+        if args.only and not any(s.strip() and s.strip() in case.name for s in args.only.split(",")):
+            continue
+        ra = Runner(cur, case)
+        rb = Runner(base, case) if base else None
+        ra.time_once()
+        if rb:
+            rb.time_once()
+        ta, tb = [], []
+        for _ in range(args.repeats):
+            ta.append(ra.time_once())
+            if rb:
+                tb.append(rb.time_once())
+        row = {"kernel": case.name, "elems": case.elems,
+               "ns_per_elem": [min(ta) * 1e9 / case.elems, statistics.median(ta) * 1e9 / case.elems],
+               "us_per_instr": statistics.median(ta) * 1e6}
+        if rb:
+            row["base_ns_per_elem"] = [min(tb) * 1e9 / case.elems, statistics.median(tb) * 1e9 / case.elems]
+            row["speedup"] = statistics.median(tb) / statistics.median(ta) if statistics.median(ta) > 0 else float("nan")
+        if args.host_split:
+            chk, ker = ra.host_split()
+            row["check_ns"] = chk
+            row["kernel_ns_per_elem"] = ker / case.elems
+        rows.append(row)
+        print(f"... {case.name}", file=sys.stderr, flush=True)
+    headers = ["kernel", "elems", "ns/elem min/med", "us/instr"]
+    if base:
+        headers += ["baseline ns/elem min/med", "speedup"]
+    if args.host_split:
+        headers += ["check ns/instr", "kernel ns/elem"]
+    body = []
+    for r in rows:
+        line = [r["kernel"], r["elems"], f"{r['ns_per_elem'][0]:.3f} / {r['ns_per_elem'][1]:.3f}",
+                f"{r['us_per_instr']:.1f}"]
+        if base:
+            line += [f"{r['base_ns_per_elem'][0]:.3f} / {r['base_ns_per_elem'][1]:.3f}", f"{r['speedup']:.2f}x"]
+        if args.host_split:
+            line += [f"{r['check_ns']:.0f}", f"{r['kernel_ns_per_elem']:.3f}"]
+        body.append(line)
+    print(f"{R} instruction copies per program; times min / median of {args.repeats} (interleaved with the "
+          f"baseline when given)")
+    if tabulate:
+        print(tabulate(body, headers=headers, stralign="right"))
+    else:
+        print("\n".join(" | ".join(str(c) for c in b) for b in [headers] + body))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
