@@ -65,3 +65,23 @@ def test_device_backward_runs_are_profiled():
     assert len(prof.runs) > n_forward  # the backward ran in autograd's worker thread and was still seen
     expected = x_cpu.T @ ((x_cpu @ w_cpu) > 0).float()
     torch.testing.assert_close(w.grad.cpu(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_host_times_per_opcode():
+    f = tn.jit(lambda x: torch.tanh(x @ x.T) + 1)
+    x = torch.randn(64, 32)
+    f(x)
+    with tn.profile() as plain:
+        f(x)
+    assert plain.runs[0].host_ns is None and plain.runs[0].host_ns_by_opcode() == {}
+    assert "host_times=True" in plain.table(by="host", print_it=False)
+    with tn.profile(host_times=True) as prof:
+        f(x)
+    assert runtime.HOST_TIMES[0] is False          # restored on exit
+    r = prof.runs[0]
+    assert r.host_ns.shape == (len(r.opcodes), 2) and (r.host_ns >= 0).all() and r.host_ns.sum() > 0
+    by_op = r.host_ns_by_opcode()
+    assert sum(c for c, _, _ in by_op.values()) == len(r.opcodes)
+    assert {"matmul", "activation"} <= set(by_op)
+    text = prof.table(by="host", print_it=False)
+    assert "matmul" in text and "kernel_us" in text

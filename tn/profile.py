@@ -8,6 +8,10 @@
     print(prof.table())          # per program: time, engine utilisation, HBM traffic
     prof.save_trace("trace.json")  # open in ui.perfetto.dev or chrome://tracing
 
+    with tn.profile(host_times=True) as prof:   # also time the simulator itself
+        y = f(x)
+    prof.table(by="host")        # host us per opcode: validation + timing model, C kernel
+
 Profilers nest (each active one sees every run). They see runs from every
 thread, like ``torch.profiler``: autograd runs a device's backward pass in a
 worker thread, and ``loss.backward()`` inside the block must show up. Ops that
@@ -19,7 +23,7 @@ from __future__ import annotations
 import json
 
 from .neuron.arch import NUM_ENGINES
-from .neuron.runtime import RunResult, add_listener, remove_listener
+from .neuron.runtime import HOST_TIMES, RunResult, add_listener, remove_listener
 
 __all__ = ["profile", "Profile", "note_host_op"]
 
@@ -35,12 +39,17 @@ def note_host_op(name: str, n: int = 1) -> None:
 class Profile:
     """The runs collected by one ``tn.profile()`` block (``.runs`` is a list of :class:`RunResult`)."""
 
-    def __init__(self):
+    def __init__(self, host_times: bool = False):
         self.runs: list[RunResult] = []
         self.host_ops: dict[str, int] = {}  # op name -> calls that ran on the host instead of the chip
         self._token = None
+        self._host_times = host_times
+        self._host_prev = None
 
     def __enter__(self):
+        if self._host_times:
+            self._host_prev = HOST_TIMES[0]
+            HOST_TIMES[0] = True
         self._token = add_listener(self.runs.append)
         _ACTIVE.append(self)
         return self
@@ -48,6 +57,8 @@ class Profile:
     def __exit__(self, *exc):
         remove_listener(self._token)
         self._token = None
+        if self._host_times:
+            HOST_TIMES[0] = self._host_prev
         if self in _ACTIVE:
             _ACTIVE.remove(self)
         return False
@@ -115,25 +126,42 @@ class Profile:
                 for (e, o), (c, b) in agg.items()]
         return sorted(rows, key=lambda row: -row["busy_us"])
 
+    def host_rows(self) -> list[dict]:
+        """Host time the engine spent per opcode over the runs that recorded it (``tn.profile(host_times=True)``
+        or ``TN_ENGINE_HOST_TIMES=1``): validation + timing model and C kernel, in us."""
+        agg = {}
+        for r in self.runs:
+            for name, (c, v, k) in r.host_ns_by_opcode().items():
+                a = agg.setdefault(name, [0, 0.0, 0.0])
+                a[0] += c
+                a[1] += v
+                a[2] += k
+        total = sum(v + k for _, v, k in agg.values()) or 1.0
+        rows = [{"opcode": o, "count": c, "validate_us": v / 1e3, "kernel_us": k / 1e3, "kernel_ns/instr": k / c,
+                 "share %": 100 * (v + k) / total} for o, (c, v, k) in agg.items()]
+        return sorted(rows, key=lambda row: -(row["validate_us"] + row["kernel_us"]))
+
     def table(self, tablefmt: str = "simple", print_it: bool = True, by: str = "program") -> str:
         """A tabulate summary of the collected runs (printed unless ``print_it=False``); returns the text.
 
         ``by="program"`` (default): one row per program; ``by="opcode"``: busy
-        time per engine and opcode over all runs.
+        time per engine and opcode over all runs; ``by="host"``: the simulator's
+        own host time per opcode (runs recorded with ``host_times=True``).
         """
         from tabulate import tabulate
 
-        if by == "opcode":
-            rows = self.opcode_rows()
+        if by in ("opcode", "host"):
+            rows = self.opcode_rows() if by == "opcode" else self.host_rows()
             text = tabulate(rows, headers="keys", tablefmt=tablefmt, floatfmt=".3g") if rows else \
-                "tn.profile: no NeuronCore programs ran inside the block"
+                ("tn.profile: no NeuronCore programs ran inside the block" if by == "opcode" or not self.runs else
+                 "tn.profile: no host times recorded (use tn.profile(host_times=True))")
             if print_it:
                 print(text)
             return text
         if by != "program":
             from .errors import TnError
 
-            raise TnError(f"profile.table(by={by!r}): use 'program' or 'opcode'")
+            raise TnError(f"profile.table(by={by!r}): use 'program', 'opcode' or 'host'")
         rows = self.rows()
         if not rows:
             text = "tn.profile: no NeuronCore programs ran inside the block"
@@ -179,6 +207,9 @@ class Profile:
         return str(path)
 
 
-def profile() -> Profile:
-    """Context manager collecting every NeuronCore program run inside it: ``with tn.profile() as prof: ...``."""
-    return Profile()
+def profile(host_times: bool = False) -> Profile:
+    """Context manager collecting every NeuronCore program run inside it: ``with tn.profile() as prof: ...``.
+
+    ``host_times=True`` also records the engine's host time per instruction
+    inside the block (``prof.table(by="host")``)."""
+    return Profile(host_times)

@@ -21,6 +21,7 @@ bfloat16 on the host: numpy has no bf16, so bf16 HBM tensors bind to torch
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -91,12 +92,14 @@ class RunResult:
     partition), ``matmul_flops``, ``outputs`` (HBM tensor name -> bound or
     allocated array), ``times`` ((n, 2) start/end ns per instruction),
     ``queues`` / ``opcodes`` ((n,) per instruction), ``wall_s`` (host time of
-    the simulation). ``busy_ns``, ``counts`` and ``outputs`` are built on first
-    access (a run only keeps the engine's arrays).
+    the simulation), ``host_ns`` ((n, 2) host ns per instruction in the engine,
+    [validation + timing model, C kernel], when :data:`HOST_TIMES` is on; else
+    None; see :meth:`host_ns_by_opcode`). ``busy_ns``, ``counts`` and
+    ``outputs`` are built on first access (a run only keeps the engine's arrays).
     """
 
     __slots__ = ("name", "arch", "total_ns", "hbm_read_bytes", "hbm_write_bytes", "sbuf_peak_bytes",
-                 "psum_peak_bytes", "matmul_flops", "times", "queues", "opcodes", "wall_s",
+                 "psum_peak_bytes", "matmul_flops", "times", "queues", "opcodes", "wall_s", "host_ns",
                  "_busy", "_counts", "_outputs", "_lazy")
 
     def __init__(self, name, arch, total_ns, busy_ns, counts, hbm_read_bytes, hbm_write_bytes, sbuf_peak_bytes,
@@ -116,6 +119,7 @@ class RunResult:
         self.queues = queues
         self.opcodes = opcodes
         self.wall_s = wall_s
+        self.host_ns = None
         self._lazy = None
 
     @classmethod
@@ -133,6 +137,7 @@ class RunResult:
         r.queues = call.queues
         r.opcodes = call.opcodes
         r.wall_s = wall
+        r.host_ns = None
         r._busy = r._counts = r._outputs = None
         r._lazy = (call, busy, counts, values)
         return r
@@ -222,6 +227,18 @@ class RunResult:
     def tflops(self) -> float:
         """Achieved matmul TFLOP/s in modelled time."""
         return self.matmul_flops / (self.total_ns * 1e-9) / 1e12 if self.total_ns > 0 else 0.0
+
+    def host_ns_by_opcode(self) -> dict:
+        """Engine host time of this run per opcode name: ``{name: (instructions, validation_ns, kernel_ns)}``
+        (from :attr:`host_ns`; empty unless the run had :data:`HOST_TIMES` on)."""
+        if self.host_ns is None:
+            return {}
+        out = {}
+        for o, (v, k) in zip(self.opcodes.tolist(), self.host_ns.tolist()):
+            name = isa.OPCODE_NAMES.get(int(o), str(o))
+            c, a, b = out.get(name, (0, 0.0, 0.0))
+            out[name] = (c + 1, a + v, b + k)
+        return out
 
     def instructions(self):
         """Per-instruction records ``(queue name, start_ns, end_ns, opcode name)``."""
@@ -466,14 +483,17 @@ class PreparedCall:
         counts = np.empty(nq, _I64)
         hbm = np.empty(2, _I64)
         recs, deps, aux, sizes, limits, timing = self._args
+        host = np.zeros(self._times_shape) if HOST_TIMES[0] else None
         t0 = _perf_counter()
         try:
             total = self._engine_run(recs, deps, aux, sbuf, psum, np.array(ptrs, _I64), sizes, limits, timing,
-                                     times, busy, counts, hbm, 1)
+                                     times, busy, counts, hbm, 1, host)
         except NeuronError as e:
             raise _with_source(e, self) from None
         wall = _perf_counter() - t0
         res = RunResult._of_run(self, total, times if n else times[:0], busy, counts, hbm, bound, wall)
+        if host is not None:
+            res.host_ns = host[:n]
         if report:
             for _, fn in _LISTENERS:
                 fn(res)
@@ -482,6 +502,9 @@ class PreparedCall:
 
 _I64 = np.dtype(np.int64)
 _perf_counter = time.perf_counter
+#: ``HOST_TIMES[0]``: runs record the engine's host ns per instruction in ``RunResult.host_ns`` (profiling the
+#: simulator itself; two clock reads per instruction). Set by ``TN_ENGINE_HOST_TIMES=1`` or assigned directly.
+HOST_TIMES = [os.environ.get("TN_ENGINE_HOST_TIMES", "0") not in ("", "0")]
 _TENSOR = [None]  # torch.Tensor, set on first use (the fast binding path compares types exactly)
 
 
