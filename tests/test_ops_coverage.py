@@ -22,8 +22,9 @@ def _close(got, exp, exact_index=True):
             assert torch.equal(g, e), (g, e)
 
 
-def _check(fn, *args, backend, exact_index=True):
-    """``fn`` through tn.jit (strict on the neuron backend: no host fallback) equals eager."""
+def _check(fn, *args, backend, exact_index=True, exact=False):
+    """``fn`` through tn.jit (strict on the neuron backend: no host fallback) equals eager (bit for bit
+    with ``exact``, NaN equal to NaN)."""
     want = fn(*args)
     jf = tn.jit(fn, backend=backend)
     if backend == "neuron":
@@ -36,6 +37,10 @@ def _check(fn, *args, backend, exact_index=True):
     else:
         got = jf(*args)
     _close(got, want, exact_index)
+    if exact:
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            same = (g == w) | (g.isnan() & w.isnan()) if w.is_floating_point() else g == w
+            assert bool(same.all()), (g[~same], w[~same])
     return got
 
 
@@ -346,7 +351,7 @@ SPECIAL = {
 
 
 @pytest.mark.parametrize("name,dtype", [(n, torch.float32) for n in sorted(SPECIAL)] +
-                         [(n, torch.bfloat16) for n in ("erfcx", "i0e", "lgamma", "ndtri", "zeta_q")])
+                         [(n, torch.bfloat16) for n in ("erfcx", "i0e", "lgamma", "ndtri")])
 def test_special_functions(name, dtype, backend):
     fn, x = SPECIAL[name]
     x = x.to(dtype)
@@ -402,3 +407,84 @@ def test_linalg_gradient_through_host_ops(backend):
         return torch.autograd.grad(torch.linalg.inv(a), a, g)[0]
 
     torch.testing.assert_close(tn.jit(f, backend=backend)(a, g), f(a, g), rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- distances, counting, random draws
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 3.5, INF])
+def test_cdist_pdist(p, backend):
+    a, b = torch.randn(2, 7, 3), torch.randn(2, 5, 3)
+    _check(lambda a, b: torch.cdist(a, b, p), a, b, backend=backend)
+    _check(lambda a: F.pdist(a[0], p), a, backend=backend)
+    if p == 2.0:   # torch's matrix-product form (more than 25 rows, or forced)
+        big = torch.randn(30, 4)
+        _check(lambda x, y: torch.cdist(x, y), big, torch.randn(6, 4), backend=backend)
+        _check(lambda x, y: torch.cdist(x, y, compute_mode="use_mm_for_euclid_dist"), a, b, backend=backend)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bilinear(dtype, backend):
+    x1, x2 = torch.randn(8, 3).to(dtype), torch.randn(8, 4).to(dtype)
+    w, bias = torch.randn(5, 3, 4).to(dtype), torch.randn(5).to(dtype)
+    _check(F.bilinear, x1, x2, w, bias, backend=backend)
+
+
+def test_histc(backend):
+    x = torch.tensor([0., 1., 2.5, 10., 10.5, -1., NAN, 3.3, 9.99, 5.])
+    _check(lambda x: torch.histc(x, bins=4, min=0, max=10), x, backend=backend)    # 10 goes in the last bin
+    y = torch.randn(3, 50)
+    _check(lambda y: torch.histc(y, bins=7), y, backend=backend)                    # the data's range
+    _check(lambda y: torch.histc(y, bins=3), torch.full((4,), 2.0), backend=backend)   # one value: [1, 3]
+
+
+def test_nonzero_static(backend):
+    x = torch.tensor([[0., 1., 0.], [2., 0., 3.], [0., 0., 4.]])
+    for size in (0, 2, 4, 9):
+        _check(lambda x: torch.nonzero_static(x, size=size, fill_value=-7), x, backend=backend)
+    _check(lambda x: torch.nonzero_static(x, size=3), torch.zeros(0, 2), backend=backend)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "max", "min", "mean"])
+def test_segment_reduce(reduce, backend):
+    d = torch.randn(7, 3)
+    lengths = torch.tensor([2, 0, 4, 1])
+    offsets = torch.tensor([0, 2, 2, 6, 7])
+    _check(lambda d, l: torch.segment_reduce(d, reduce, lengths=l), d, lengths, backend=backend)
+    _check(lambda d, o: torch.segment_reduce(d, reduce, offsets=o, initial=0.5), d, offsets, backend=backend)
+    batched = torch.tensor([[1, 4, 0], [0, 2, 3]])
+    _check(lambda d, l: torch.segment_reduce(d, reduce, lengths=l, axis=1, initial=2.0), torch.randn(2, 5), batched,
+           backend=backend)
+
+
+def test_random_draws_from_rand():
+    """randint/multinomial/rrelu are built on rand: check their ranges and rules (values are random)."""
+    torch.manual_seed(0)
+    r = tn.jit(lambda: torch.randint(-3, 5, (400,)), backend="reference")()
+    assert r.dtype == torch.int64 and r.min() == -3 and r.max() == 4
+    r = tn.jit(lambda x: torch.randint_like(x, 9), backend="reference")(torch.zeros(300, dtype=torch.int32))
+    assert r.dtype == torch.int32 and 0 <= r.min() and r.max() == 8
+    p = torch.tensor([[0.0, 1.0, 3.0, 0.0, 2.0]] * 50)
+    s = tn.jit(lambda p: torch.multinomial(p, 20, replacement=True), backend="reference")(p)
+    assert s.shape == (50, 20) and set(s.unique().tolist()) == {1, 2, 4}
+    s = tn.jit(lambda p: torch.multinomial(p, 3), backend="reference")(p)
+    assert all(sorted(row) == [1, 2, 4] for row in s.tolist())
+    x, noise = torch.randn(200), torch.zeros(200)
+    y = tn.jit(lambda x, n: torch.ops.aten.rrelu_with_noise(x, n, 0.1, 0.3, True), backend="reference")(x, noise)
+    assert torch.equal(noise[x > 0], torch.ones_like(noise[x > 0]))
+    assert ((noise[x <= 0] >= 0.1) & (noise[x <= 0] <= 0.3)).all() and torch.allclose(y, x * noise)
+    _check(lambda x: F.rrelu(x, 0.1, 0.3, training=False), x, backend="neuron")
+
+
+def test_frexp(backend):
+    x = torch.tensor([0., -0., 1., 0.5, 3., -5., INF, -INF, NAN, 1e-40, -3e-39, 3e38, 0.75, 1 - 2 ** -24, 2 ** 100])
+    x = torch.cat([x, torch.randn(200) * 1e3])
+    _check(lambda x: tuple(torch.frexp(x)), x, backend=backend, exact=True)
+    _check(lambda x: tuple(torch.frexp(x)), x.bfloat16(), backend=backend, exact=True)
+
+
+def test_nextafter(backend):
+    x = torch.tensor([0., -0., 1., 1., -1., 0.5, 3e38, 3.4028234663852886e38, INF, -INF, NAN, 1e-45, 1e-39, 2., 5.])
+    y = torch.tensor([1., -1., 2., 0., 0., 0., INF, INF, 0., 0., 1., 0., 1., 2., NAN])
+    x, y = torch.cat([x, torch.randn(100) * 100]), torch.cat([y, torch.randn(100) * 100])
+    _check(torch.nextafter, x, y, backend=backend, exact=True)

@@ -2071,4 +2071,284 @@ def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, o
     return g
 
 
+
+# --------------------------------------------------------------------------- distances, bilinear forms
+
+
+def _pnorm_last(d: Tensor, p: float) -> Tensor:
+    """The ``p``-norm of ``d`` over its last axis (``p = 0`` counts non-zeros), as torch's cdist/pdist."""
+    if p == 0:
+        return aten.sum.dim_IntList(aten._to_copy.default(aten.ne.Scalar(d, 0), dtype=d.dtype), [-1], False)
+    a = aten.abs.default(d)
+    if p == math.inf:
+        return aten.amax.default(a, [-1], False)
+    if p == 1:
+        return aten.sum.dim_IntList(a, [-1], False)
+    if p == 2:
+        return aten.sqrt.default(aten.sum.dim_IntList(aten.mul.Tensor(d, d), [-1], False))
+    return aten.pow.Tensor_Scalar(aten.sum.dim_IntList(aten.pow.Tensor_Scalar(a, p), [-1], False), 1.0 / p)
+
+
+@decomposition(aten._cdist_forward.default)
+def _cdist_forward(x1, x2, p, compute_mode=None):
+    """Pairwise ``p``-norm distances of the rows of ``x1`` and ``x2`` (torch's choice of the
+    matrix-product form for ``p = 2`` included, so results round alike)."""
+    n1, n2 = x1.shape[-2], x2.shape[-2]
+    if p == 2 and (compute_mode == 1 or (compute_mode in (None, 0) and (n1 > 25 or n2 > 25))):
+        x1n = aten.sum.dim_IntList(aten.mul.Tensor(x1, x1), [-1], True)
+        x2n = aten.sum.dim_IntList(aten.mul.Tensor(x2, x2), [-1], True)
+        a = aten.cat.default([aten.mul.Tensor(x1, -2), x1n, aten.full_like.default(x1n, 1)], -1)
+        b = aten.cat.default([x2, aten.full_like.default(x2n, 1), x2n], -1)
+        r = aten.matmul.default(a, aten.transpose.int(b, -1, -2))
+        return aten.sqrt.default(aten.clamp.default(r, 1e-30))
+    d = aten.sub.Tensor(aten.unsqueeze.default(x1, -2), aten.unsqueeze.default(x2, -3))
+    return _pnorm_last(d, float(p))
+
+
+@decomposition(aten._pdist_forward.default)
+def _pdist_forward(x, p=2.0):
+    """Distances between rows ``i < j`` of ``x`` (row-major pair order)."""
+    n = x.shape[0]
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    if not pairs:
+        return aten.full.default([0], 0, dtype=x.dtype)
+    ii = torch.tensor([i for i, _ in pairs], dtype=torch.int64)
+    jj = torch.tensor([j for _, j in pairs], dtype=torch.int64)
+    d = aten.sub.Tensor(aten.index.Tensor(x, [ii]), aten.index.Tensor(x, [jj]))
+    return _pnorm_last(d, float(p))
+
+
+@decomposition(aten._trilinear.default)
+def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """``sum over sumdim of i1.unsqueeze(expand1) * i2.unsqueeze(expand2) * i3.unsqueeze(expand3)`` as
+    one einsum (matrix products, no broadcast product of all three)."""
+    n = i1.dim() + len(expand1)
+    letters = "abcdefghijklmnopqrstuvwxyz"[:n]
+    subs = ["".join(letters[d] for d in range(n) if d not in set(e)) for e in (expand1, expand2, expand3)]
+    out = "".join(letters[d] for d in range(n) if d not in set(sumdim))
+    return torch.einsum(f"{subs[0]},{subs[1]},{subs[2]}->{out}", i1, i2, i3)
+
+
+# --------------------------------------------------------------------------- counting
+
+
+@decomposition(aten.histc.default)
+def _histc(x, bins=100, min=0, max=0):
+    """Counts of ``x`` in ``bins`` equal bins over ``[min, max]`` (the data's range when they are equal),
+    binned as torch does: ``trunc((x - min) * bins / (max - min))``, ``max`` in the last bin."""
+    flat = aten.view.default(x, [-1])
+    if flat.shape[0] == 0:
+        return aten.full.default([bins], 0, dtype=x.dtype)
+    if min == max:
+        lo, hi = aten.amin.default(flat, [0], True), aten.amax.default(flat, [0], True)
+        same = aten.eq.Tensor(lo, hi)
+        lo = aten.where.self(same, aten.sub.Tensor(lo, 1), lo)
+        hi = aten.where.self(same, aten.add.Tensor(hi, 1), hi)
+    else:
+        lo = aten.full.default([1], min, dtype=x.dtype)
+        hi = aten.full.default([1], max, dtype=x.dtype)
+    pos = aten.trunc.default(aten.div.Tensor(aten.mul.Tensor(aten.sub.Tensor(flat, lo), bins), aten.sub.Tensor(hi, lo)))
+    pos = aten.clamp.default(pos, None, bins - 1)
+    inside = aten.logical_and.default(aten.ge.Tensor(flat, lo), aten.le.Tensor(flat, hi))
+    onehot = aten.logical_and.default(aten.unsqueeze.default(inside, 1), aten.eq.Tensor(
+        aten.unsqueeze.default(pos, 1), aten.arange.start_step(0, bins, 1, dtype=x.dtype)))
+    return aten.sum.dim_IntList(onehot, [0], False, dtype=x.dtype)
+
+
+@decomposition(aten.nonzero_static.default)
+def _nonzero_static(x, *, size, fill_value=-1):
+    """Coordinates of the first ``size`` non-zero elements (row-major), rows past them ``fill_value``:
+    each non-zero's rank (a prefix count) places its flat index."""
+    size = int(size)
+    n = x.numel()
+    if n == 0:
+        return aten.full.default([size, x.dim()], fill_value, dtype=torch.int64)
+    nz = aten.ne.Scalar(aten.view.default(x, [-1]), 0)
+    rank = aten.sub.Tensor(aten.cumsum.default(nz, 0, dtype=torch.int64), 1)
+    slot = aten.where.self(aten.logical_and.default(nz, aten.lt.Scalar(rank, size)), rank,
+                           aten.full.default([], size, dtype=torch.int64))
+    buf = aten.scatter.src(aten.full.default([size + 1], -1, dtype=torch.int64), 0, slot,
+                           aten.arange.start_step(0, n, 1, dtype=torch.int64))
+    first = aten.slice.Tensor(buf, 0, 0, size)
+    found = aten.ge.Scalar(first, 0)
+    cols = []
+    stride = n
+    for d in x.shape:
+        stride //= d
+        c = aten.remainder.Scalar(aten.div.Tensor_mode(first, stride, rounding_mode="floor"), d)
+        cols.append(aten.where.self(found, c, aten.full.default([], fill_value, dtype=torch.int64)))
+    if not cols:
+        return aten.full.default([size, 0], 0, dtype=torch.int64)
+    return aten.stack.default(cols, 1)
+
+
+@decomposition(aten.segment_reduce.default)
+def _segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    """Reduction of consecutive segments along ``axis`` (``lengths``/``offsets`` batched over the axes
+    before it) by scatter_reduce; an ``initial`` value takes part in every segment, as in torch (for
+    ``mean`` it is added to the sum, not counted)."""
+    if indices is not None:
+        return NotImplemented
+    if lengths is not None:
+        ends = aten.cumsum.default(lengths, -1)
+    elif offsets is not None:
+        ends = aten.slice.Tensor(offsets, -1, 1, offsets.shape[-1])
+    else:
+        return NotImplemented
+    axis = ends.dim() - 1
+    nseg, rows = ends.shape[-1], data.shape[axis]
+    r = aten.view.default(aten.arange.start_step(0, rows, 1, dtype=ends.dtype), [rows, 1])
+    # segment of each row: how many segment ends lie at or before it (rows past the last end: slot nseg)
+    seg = aten.sum.dim_IntList(aten.le.Tensor(aten.unsqueeze.default(ends, -2), r), [-1], False, dtype=torch.int64)
+    rest = list(data.shape[axis + 1:])
+    idx = aten.expand.default(aten.view.default(seg, list(seg.shape) + [1] * len(rest)), list(data.shape))
+    red = {"sum": "sum", "prod": "prod", "max": "amax", "min": "amin", "mean": "sum"}[reduce]
+    empty = {"sum": 0.0, "prod": 1.0, "max": -math.inf, "min": math.inf, "mean": 0.0}[reduce]
+    shape = list(data.shape[:axis]) + [nseg + 1] + rest
+    start = empty if initial is None else initial
+    out = aten.scatter_reduce.two(aten.full.default(shape, start, dtype=data.dtype), axis, idx, data, red,
+                                  include_self=True)
+    out = aten.slice.Tensor(out, axis, 0, nseg)
+    if reduce == "mean":
+        count = aten.scatter_add.default(aten.full.default(shape, 0, dtype=data.dtype), axis, idx,
+                                         aten.full.default(list(data.shape), 1, dtype=data.dtype))
+        count = aten.slice.Tensor(count, axis, 0, nseg)
+        if initial is None:
+            out = aten.div.Tensor(out, count)                                # 0 / 0: NaN for empty segments
+        else:
+            out = aten.where.self(aten.gt.Scalar(count, 0), aten.div.Tensor(out, count), out)
+    return out
+
+
+# --------------------------------------------------------------------------- random draws from rand
+
+
+def _randint(low, high, size, dtype):
+    span = int(high) - int(low)
+    u = aten.rand.default(list(size), dtype=torch.float32 if span <= (1 << 24) else torch.float64)
+    k = aten.clamp.default(aten.floor.default(aten.mul.Tensor(u, span)), None, max(span - 1, 0))
+    return aten._to_copy.default(aten.add.Tensor(k, int(low)), dtype=dtype or torch.int64)
+
+
+@decomposition(aten.randint.default, aten.randint.generator)
+def _randint_high(high, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
+    """Uniform integers in ``[0, high)``: ``floor(rand * high)``."""
+    return _randint(0, high, size, dtype)
+
+
+@decomposition(aten.randint.low, aten.randint.low_generator)
+def _randint_low(low, high, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
+    """Uniform integers in ``[low, high)``."""
+    return _randint(low, high, size, dtype)
+
+
+@decomposition(aten.randint_like.default)
+def _randint_like(x, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """randint shaped like ``x`` (its dtype by default)."""
+    return _randint(0, high, tuple(x.shape), dtype or x.dtype)
+
+
+@decomposition(aten.randint_like.low_dtype)
+def _randint_like_low(x, low, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """randint in ``[low, high)`` shaped like ``x``."""
+    return _randint(low, high, tuple(x.shape), dtype or x.dtype)
+
+
+@decomposition(aten.multinomial.default)
+def _multinomial(probs, num_samples, replacement=False, *, generator=None):
+    """Category draws: with replacement by inverting the running sum of ``probs`` at uniform points,
+    without by the ``num_samples`` largest of ``log(p) + Gumbel noise``."""
+    n = probs.shape[-1]
+    lead = list(probs.shape[:-1])
+    p = probs if probs.dtype == torch.float32 else aten._to_copy.default(probs, dtype=torch.float32)
+    if replacement:
+        cdf = aten.cumsum.default(p, -1)
+        u = aten.mul.Tensor(aten.rand.default(lead + [int(num_samples)], dtype=torch.float32),
+                            aten.slice.Tensor(cdf, -1, n - 1, n))
+        return aten.clamp.default(aten.searchsorted.Tensor(cdf, u, right=True), None, n - 1)
+    u = aten.rand.default(lead + [n], dtype=torch.float32)
+    gumbel = aten.neg.default(aten.log.default(aten.neg.default(aten.log.default(aten.clamp.default(u, 1e-38)))))
+    keys = aten.add.Tensor(aten.log.default(p), gumbel)
+    return aten.topk.default(keys, int(num_samples), -1)[1]
+
+
+@decomposition(aten.rrelu_with_noise.default)
+def _rrelu_with_noise(x, noise, lower=0.125, upper=1 / 3, training=False, generator=None):
+    """Randomized leaky ReLU: in training, slopes drawn uniformly from ``[lower, upper]`` where
+    ``x <= 0`` (written into ``noise``, 1 elsewhere); in eval the mean slope."""
+    if not training:
+        return aten.leaky_relu.default(x, (lower + upper) / 2)
+    slope = aten.add.Tensor(aten.mul.Tensor(aten.rand.default(list(x.shape), dtype=x.dtype), upper - lower), lower)
+    new = aten.where.self(aten.le.Scalar(x, 0), slope, aten.full.default([], 1, dtype=x.dtype))
+    aten.copy_.default(noise, new)
+    return aten.mul.Tensor(x, new)
+
+
+# --------------------------------------------------------------------------- float representation
+
+
+def _pow2(k: Tensor) -> Tensor:
+    """``2**k`` for integral fp32 ``k`` in [-149, 127], exactly (pow, not exp2, which may round)."""
+    return aten.pow.Scalar(2.0, k)
+
+
+def _frexp32(xf: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """(mantissa, fp32 exponent, finite-and-non-zero mask) of fp32 ``xf``; the exponent from log2 is
+    corrected by one either way, the scaling split in two so no factor over- or underflows."""
+    a = aten.abs.default(xf)
+    finite = aten.logical_and.default(aten.logical_not.default(aten.isinf.default(xf)),
+                                      aten.logical_not.default(aten.isnan.default(xf)))
+    ok = aten.logical_and.default(finite, aten.gt.Scalar(a, 0))
+    safe = aten.where.self(ok, a, aten.full.default([], 1.0, dtype=torch.float32))
+    e = aten.add.Tensor(aten.floor.default(aten.log2.default(safe)), 1)
+
+    def scaled(e):
+        h = aten.floor.default(aten.div.Tensor(e, 2))
+        return aten.mul.Tensor(aten.mul.Tensor(safe, _pow2(aten.neg.default(h))),
+                               _pow2(aten.neg.default(aten.sub.Tensor(e, h))))
+
+    m = scaled(e)
+    e = aten.add.Tensor(e, aten.sub.Tensor(aten._to_copy.default(aten.ge.Scalar(m, 1.0), dtype=torch.float32),
+                                           aten._to_copy.default(aten.lt.Scalar(m, 0.5), dtype=torch.float32)))
+    m = scaled(e)
+    m = aten.where.self(ok, aten.where.self(aten.lt.Scalar(xf, 0), aten.neg.default(m), m), xf)
+    e = aten.where.self(ok, e, aten.full.default([], 0.0, dtype=torch.float32))
+    return m, e, ok
+
+
+@decomposition(torch.ops.prims.frexp.default, aten.frexp.Tensor)
+def _frexp(x):
+    """(mantissa in ``[0.5, 1)`` by magnitude, int32 exponent) with ``x = mantissa * 2**exponent``; zero,
+    infinities and NaN keep exponent 0."""
+    if not x.is_floating_point() or x.dtype == torch.float64:
+        return NotImplemented
+    xf = x if x.dtype == torch.float32 else aten._to_copy.default(x, dtype=torch.float32)
+    m, e, _ = _frexp32(xf)
+    if m.dtype != x.dtype:
+        m = aten._to_copy.default(m, dtype=x.dtype)
+    return m, aten._to_copy.default(e, dtype=torch.int32)
+
+
+@decomposition(torch.ops.prims.nextafter.default, aten.nextafter.default)
+def _nextafter(x, y):
+    """The fp32 number after ``x`` towards ``y``: ``x`` plus or minus its ulp (``2**(e-24)`` from frexp,
+    half that stepping down from a power of two, ``2**-149`` among subnormals)."""
+    if x.dtype != torch.float32 or y.dtype != torch.float32:
+        return NotImplemented
+    m, e, ok = _frexp32(x)
+    ulp = _pow2(aten.clamp.default(aten.sub.Tensor(e, 24), -149.0))
+    up = aten.gt.Tensor(y, x)
+    away = aten.eq.Tensor(up, aten.gt.Scalar(x, 0))                       # the step grows |x|
+    halve = aten.logical_and.default(aten.eq.Scalar(aten.abs.default(m), 0.5), aten.gt.Scalar(e, -125))
+    step = aten.where.self(aten.logical_and.default(aten.logical_not.default(away), halve),
+                           aten.mul.Tensor(ulp, 0.5), ulp)
+    r = aten.where.self(up, aten.add.Tensor(x, step), aten.sub.Tensor(x, step))
+    tiny = aten.full.default([], 2.0 ** -149, dtype=torch.float32)
+    r = aten.where.self(aten.eq.Scalar(x, 0), aten.where.self(up, tiny, aten.neg.default(tiny)), r)
+    big = aten.full.default([], 3.4028234663852886e38, dtype=torch.float32)
+    r = aten.where.self(aten.isinf.default(x), aten.where.self(aten.gt.Scalar(x, 0), big, aten.neg.default(big)), r)
+    r = aten.where.self(aten.eq.Tensor(x, y), y, r)
+    nan = aten.logical_or.default(aten.isnan.default(x), aten.isnan.default(y))
+    return aten.where.self(nan, aten.full.default([], math.nan, dtype=torch.float32), r)
+
 from . import special  # noqa: E402,F401  (registers the special-function decompositions)
