@@ -333,7 +333,8 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
                 users_in.setdefault(a, []).append(j)
     alias: Dict[Var, Var] = {}
     for e in eqns:
-        if is_alias_reshape(e):
+        if is_alias_reshape(e) or (_widening(e) and e.outputs[0] not in out_set):
+            # a widening float cast is the same tile for the engines (they compute in fp32 anyway)
             x = e.inputs[0]
             alias[e.outputs[0]] = alias.get(x, x)
     lazy: Dict[Var, Tuple[Var, float, float]] = {}
@@ -348,6 +349,25 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             u0, a0, b0 = aff
             root, A, B = lazy.get(u0, (u0, 1.0, 0.0))
             lazy[v] = (root, a0 * A, a0 * B + b0)
+
+    # a narrowing cast of an fp32 value used by nothing else: the producer writes the cast's dtype (the
+    # engine rounds its fp32 result once, as torch rounds the fp32 value), into the stored buffer if stored
+    narrow: Dict[Var, Var] = {}
+    for j, e in enumerate(eqns):
+        if e.op.name != "convert" or not isinstance(e.inputs[0], Var):
+            continue
+        x, y = e.inputs[0], e.outputs[0]
+        if x.dtype == torch.float32 and y.dtype in (torch.bfloat16, torch.float16) and \
+                x not in out_set and x not in lazy and x not in alias and x not in in_vars and \
+                users_in.get(x) == [j] and any(x in ee.outputs and ee.op.name != "convert" for ee in eqns[:j]):
+            narrow[x] = y
+            alias[y] = x
+    for v in list(alias):           # aliases of aliases: straight to the value computed
+        r = alias[v]
+        while r in alias:
+            r = alias[r]
+        alias[v] = r
+    narrow_stored = {x for x, y in narrow.items() if y in out_set}
 
     def resolve(a: Var) -> Tuple[Var, float, float]:
         a = alias.get(a, a)
@@ -364,15 +384,17 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
     live_b = peak_b = 0
     for j, e in enumerate(eqns):
         for v in e.outputs:
-            if v not in out_set and v not in lazy and v not in alias:
+            if v not in out_set and v not in lazy and v not in alias and v not in narrow_stored:
                 live_b += _itemsize(v.dtype)
         peak_b = max(peak_b, live_b)
         for v in e.outputs:
-            if v not in out_set and v not in lazy and v not in alias and last_use.get(v, j) <= j:
+            if v not in out_set and v not in lazy and v not in alias and v not in narrow_stored and \
+                    last_use.get(v, j) <= j:
                 frees_after.setdefault(j, []).append(v)
                 live_b -= _itemsize(v.dtype)
         for a in dict.fromkeys(resolve(a)[0] for a in e.inputs if isinstance(a, Var)):
-            if a not in out_set and a not in in_vars and last_use.get(a) == j and a not in e.outputs:
+            if a not in out_set and a not in in_vars and last_use.get(a) == j and a not in e.outputs and \
+                    a not in narrow_stored:
                 frees_after.setdefault(j, []).append(a)
                 live_b -= _itemsize(a.dtype)
     # an activation whose only consumer... or first consumer is the next equation's row sum: one ScalarE
@@ -419,6 +441,7 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             if st[nout_] == 0 and all(s == 0 for s in st[:nout_]) and in_vars[in_index.index(i)].dtype != torch.int64:
                 hoist.add(i)
     hoisted: Dict[Tuple[int, int, int], Any] = {}
+    stages: List[Any] = []
     # inputs and stored outputs get NBUF ring buffers allocated once (never recycled by the
     # intermediates freed inside an iteration), so the DMA of the next tile overlaps this tile's compute
     rings: Dict[Var, List[Any]] = {}
@@ -451,7 +474,7 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
                 if t is None:
                     hp = min(lay.parts, lay.R)
                     t = prog.sbuf((hp, 1, shp[2]), _tdt(v))
-                    prog.dma_copy(t, HbmView(t_hbm, offs[i] + c0 * sc, [(hp, 0), (1, 0), (shp[2], sc)]))
+                    _bcast_load(prog, t, HbmView(t_hbm, offs[i] + c0 * sc, [(1, 0), (1, 0), (shp[2], sc)]), stages)
                     hoisted[(i, c0, f)] = t
                 env[v] = t[:p]
                 continue
@@ -459,6 +482,9 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             t = ring(v, i, shp, it)
             if v.dtype == torch.int64:
                 _load_i64(ctx, t, t_hbm, offs[i] + r0 * sr + c0 * sc, dims3)
+            elif sr == 0 and p > 1 and p * _numel(shp[1:]) * _itemsize(v.dtype) >= _BCAST_MIN_BYTES:
+                # the same elements for every partition (a LayerNorm weight): one row, broadcast on chip
+                _bcast_load(prog, t, HbmView(t_hbm, offs[i] + c0 * sc, [(1, 0)] + dims3[1:]), stages)
             else:
                 prog.dma_copy(t, HbmView(t_hbm, offs[i] + r0 * sr + c0 * sc, dims3))
             env[v] = t
@@ -474,7 +500,12 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
                 env[e.outputs[0]] = src.broadcast_to(oshape) if src.shape != oshape else src
             elif j != done:
                 for v in e.outputs:
-                    t = ring(v, index[v], oshape, it) if v in out_set else prog.sbuf(oshape, _tdt(v))
+                    if v in narrow_stored:
+                        t = ring(narrow[v], index[narrow[v]], oshape, it)
+                    elif v in narrow:
+                        t = prog.sbuf(oshape, _tdt(narrow[v]))
+                    else:
+                        t = ring(v, index[v], oshape, it) if v in out_set else prog.sbuf(oshape, _tdt(v))
                     env[v] = t
                     outs.append(t)
             if j == done or e.outputs[0] in alias:
@@ -538,6 +569,35 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             prog.free(t)
     for t in hoisted.values():
         prog.free(t)
+    for t in reversed(stages):
+        prog.free(t)
+
+
+#: A partition-broadcast load moving at least this many bytes is one row + a GpSimd broadcast instead.
+_BCAST_MIN_BYTES = 16 * 1024
+
+
+def _bcast_load(prog: Any, t: Any, row: Any, keep: Optional[list] = None) -> None:
+    """``t[p] = row`` for every partition of tile ``t``: a one-partition DMA and a GpSimd ``partition_shuffle``
+    (a DMA broadcasting ``row`` would move it once per partition). The staging tile goes to ``keep`` (freed
+    by the caller later: freed now, the next allocation would reuse it and wait for the shuffle)."""
+    p = t.shape[0]
+    if p == 1:
+        prog.dma_copy(t, row)
+        return
+    stage = prog.sbuf(t.shape, t.dtype)
+    prog.dma_copy(stage[0:1], row)
+    prog.partition_shuffle(t, stage, [0] * p)
+    if keep is None:
+        prog.free(stage)
+    else:
+        keep.append(stage)
+
+
+def _widening(e: Eqn) -> bool:
+    """A cast of a bf16/fp16 value to fp32 (exact: the same value for every engine consumer)."""
+    return e.op.name == "convert" and isinstance(e.inputs[0], Var) and \
+        e.inputs[0].dtype in (torch.bfloat16, torch.float16) and e.outputs[0].dtype == torch.float32
 
 
 def _affine_of(e: Eqn) -> Optional[Tuple[Var, float, float]]:

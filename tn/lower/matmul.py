@@ -413,9 +413,17 @@ class _Matmul:
                     nxt = groups[gi + 1]
                     self._prefetch_rows(bi, nxt[0], nxt[3], 0 if KPn > 1 else kpn)
                 self._prefetch_b(bi)
+                if KPn == 1 and len(mts) == 1 and nb > 1:
+                    # one row tile: bank by bank, each stored (and its epilogue run) while TensorE fills
+                    # the next bank
+                    for j in range(nb):
+                        self._matmuls(at, sg0, bt, boff, mts, accs, kpn, nw, nb, banks=(j,))
+                        self._evacuate(bi, mts[0], n0, nw, nb, accs, banks=(j,))
+                    break
                 self._matmuls(at, sg0, bt, boff, mts, accs, kpn, nw, nb)
-            for mt in mts:
-                self._evacuate(bi, mt, n0, nw, nb, accs)
+            else:
+                for mt in mts:
+                    self._evacuate(bi, mt, n0, nw, nb, accs)
 
     def _at_for(self, bi, sg0, sg_tiles, kpn, mts):
         """The A^T buffer of supergroup ``sg0`` / K panel ``kpn``, with the row tiles ``mts`` filled."""
@@ -547,7 +555,7 @@ class _Matmul:
             prog.dma_copy(t[:kp, kc - kc0, off:off + nw], src[kk:kk + kp, n0:n0 + nw])
         return t, off
 
-    def _matmuls(self, at, sg0, bt, boff, mts, accs, kpn, nw, nb) -> None:
+    def _matmuls(self, at, sg0, bt, boff, mts, accs, kpn, nw, nb, banks=None) -> None:
         prog = self.prog
         M = self.M
         kc0 = kpn * self.KP
@@ -558,16 +566,23 @@ class _Matmul:
                 m0 = mt * _P
                 mp = min(_P, M - m0)
                 stat = at[:kp, mt - sg0, kc - kc0, :mp]
-                for j in range(nb):
+                for j in (range(nb) if banks is None else banks):
                     c0 = j * _NB
                     cw = min(_NB, nw - c0)
                     prog.matmul(accs[(mt, j)][:mp, :cw], stat, bt[:kp, kc - kc0, boff + c0:boff + c0 + cw],
                                 accumulate=kc > 0, stop=kc == self.KC - 1)
 
-    def _evacuate(self, bi, mt, n0, nw, nb, accs) -> None:
+    def _evacuate(self, bi, mt, n0, nw, nb, accs, banks=None) -> None:
         m0 = mt * _P
         mp = min(_P, self.M - m0)
         ot = self.out_ring.take()
+        if banks is not None:       # some banks of the row tile, stored on their own
+            for j in banks:
+                c0 = j * _NB
+                cw = min(_NB, nw - c0)
+                self.copy(ot[:mp, c0:c0 + cw], accs[(mt, j)][:mp, :cw])
+                self.store(self.c[bi, m0:m0 + mp, n0 + c0:n0 + c0 + cw], ot[:mp, c0:c0 + cw])
+            return
         for j in range(nb):
             c0 = j * _NB
             cw = min(_NB, nw - c0)
