@@ -1,36 +1,82 @@
-# tn.adaptive.independence: proves from a traced IR that no op mixes positions along a dimension (so padding it is exact).
-"""Dimension independence analysis on :class:`tn.ir.IR`.
+# tn.adaptive.independence: proves from a traced IR that padding a dimension at its end cannot change the real results.
+"""Dimension analysis on :class:`tn.ir.IR`: may a dimension be padded at its end and sliced back?
 
-:func:`independent_axes` follows one symbolic dimension (e.g. the batch)
-from the inputs that carry it through every equation. It answers with the
-axis of each output that carries the dimension (or None), or raises
-:class:`Mixed` naming the first equation that mixes positions along it: a
-reduction, scan, sort or contraction over it, a slice/cat/pad/flip along it,
-an elementwise op with a fixed-size tensor along it, or an op the analysis
-does not know. Only a proof lets the controller pad a call to a bucket and
-slice the results back: padded positions can then never reach real ones.
+The controller pads a call along a dimension D (the batch, or a sequence)
+from its size ``n`` up to a bucket size and slices the results back to
+``n``. That is exact when every result position ``i < n`` depends only on
+input positions ``< n``. :func:`independent_axes` proves the stronger,
+size-free property that a result position ``i`` depends only on input
+positions ``<= i`` ("prefix" dependence), by following D through every
+equation. Each variable that carries D gets a label:
+
+* ``P``: D on one axis; position ``i`` depends on input positions ``<= i``
+  (elementwise ops, reductions and matmuls over other axes, reshapes that
+  keep D whole, prefix scans along D).
+* ``PAIR``: D on two axes (``q @ k.T`` over a sequence); element ``(i, j)``
+  depends on positions ``<= max(i, j)``.
+* ``TRI``: D on two axes ``(q, k)`` after a causal mask; element ``(i, j)``
+  depends on positions ``<= i`` and the elements with ``j > i`` are known:
+  ``neginf`` (``-inf`` or below ``-1e30``, as ``masked_fill(~tril, -inf)``
+  and HF's additive ``finfo.min`` masks leave them), ``zero`` (``exp`` of
+  those, softmax weights), or unknown. A reduction along ``k`` is exact
+  only when the known value is its identity (``amax`` of ``neginf``, ``sum``
+  of ``zero``); a matmul contracting ``k`` is exact when the ``TRI`` side is
+  ``zero`` there (``softmax(...) @ v``): padded keys then meet exact zero
+  weights. Causal masks are recognised in constants: a bool tensor that is
+  ``j > i`` (used by ``where(mask, fill, s)``) or ``j <= i`` (by
+  ``where(mask, s, fill)``), or an additive tensor of 0 and ``neginf``.
+
+Anything else that mixes positions along D (a reduction, sort or
+contraction over it, a slice/cat/pad/flip along it, an elementwise op with
+a fixed tensor that has D's size, an unknown op) raises :class:`Mixed`
+naming the equation. Assumption, as for any padding: values computed at
+real positions are finite (a zero weight times a finite padded value is
+zero). :func:`same_program` compares the IR traced at one size with the IR
+traced at a bucket size, so Python code that bakes a size into a literal or
+an attribute (``x / x.shape[1]``) is refused too.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
 
 from ..errors import TnError
-from ..ir import IR, Var
+from ..ir import IR, Literal, Var
 
-__all__ = ["Mixed", "independent_axes"]
+__all__ = ["Mixed", "Lab", "independent_axes", "same_program"]
+
+NEG_BIG = -1e30  # values at or below this behave as -inf under exp/amax
 
 
 class Mixed(TnError):
     """An equation mixes positions along the followed dimension (the message names it)."""
 
 
+class Lab(NamedTuple):
+    """How a variable carries the followed dimension (see the module docstring)."""
+    kind: str                                  # "P", "PAIR" or "TRI"
+    axes: Tuple[Tuple[int, int, int], ...]     # (axis, outer, inner) per D axis; TRI: (q, k)
+    upper: Optional[str] = None                # TRI only: "neginf", "zero" or None
+
+
 def _shape(v) -> tuple:
     return tuple(getattr(v, "shape", ()) or ())
+
+
+def _opname(op) -> str:
+    return getattr(op, "name", op)
 
 
 def _where(eqn) -> str:
     src = f" at {eqn.source}" if getattr(eqn, "source", None) else ""
     return f"{_opname(eqn.op)}{src}"
+
+
+def _category(name: str) -> str:
+    from .. import ops
+    op = ops.OPS.get(name)
+    return op.category if op is not None else ""
 
 
 def _prod(xs) -> int:
@@ -53,118 +99,388 @@ def _reshape_axis(src: tuple, dst: tuple, a: int, t: int, inner: int) -> Optiona
     return None
 
 
-def independent_axes(ir: IR, input_axes: Dict[int, int]) -> List[Optional[Tuple[int, int]]]:
-    """Follow a dimension through ``ir``; returns ``(axis, inner)`` per output (None: not carried).
+def _shift(lab: Optional[Lab], by: int) -> Optional[Lab]:
+    if lab is None or by == 0:
+        return lab
+    return lab._replace(axes=tuple((a + by, o, i) for a, o, i in lab.axes))
 
-    ``input_axes`` maps an input index of ``ir.inputs`` to the axis that holds the
-    dimension. An output axis of size ``n * inner`` holds the dimension as its
-    outer factor (``inner > 1`` when a reshape merged it with inner axes, as a
-    Linear on a 3-d input does): the first ``n * inner`` positions are the
-    first ``n`` of the dimension. Raises :class:`Mixed` when an equation mixes
-    positions along it.
+
+def _with_axes(lab: Lab, axes) -> Lab:
+    return lab._replace(axes=tuple(axes))
+
+
+def _scalar_value(v, consts) -> Optional[float]:
+    """The value of a Literal or a one-element constant, else None."""
+    if isinstance(v, Literal):
+        return float(v.value)
+    t = consts.get(id(v)) if isinstance(v, Var) else None
+    if t is not None and t.numel() == 1:
+        return float(t.reshape(()).item())
+    return None
+
+
+def _value_class(x: Optional[float]) -> Optional[str]:
+    if x is None:
+        return None
+    if x <= NEG_BIG:
+        return "neginf"
+    if x == 0.0:
+        return "zero"
+    return None
+
+
+def _aligned(t: torch.Tensor, r: int) -> torch.Tensor:
+    return t.reshape((1,) * (r - t.dim()) + tuple(t.shape))
+
+
+def _causal_pattern(t: torch.Tensor, r: int, a: int, b: int, n: int) -> Optional[str]:
+    """How constant ``t`` (aligned to rank ``r``) masks axes ``(a, b)``, both of size ``n``.
+
+    Returns ``"upper"`` (``t[i, j]`` is True exactly where ``j > i``, i on ``a``),
+    ``"lower"`` (True where ``j <= i``), ``"additive"`` (0 where ``j <= i``, neginf where
+    ``j > i``), or None. Every other axis of ``t`` must repeat the pattern.
+    """
+    t = _aligned(t, r)
+    if t.shape[a] != n or t.shape[b] != n:
+        return None
+    i = torch.arange(n).reshape([n if d == a else 1 for d in range(r)])
+    j = torch.arange(n).reshape([n if d == b else 1 for d in range(r)])
+    up = (j > i).expand(t.shape)
+    if t.dtype == torch.bool:
+        if torch.equal(t, up):
+            return "upper"
+        if torch.equal(t, ~up):
+            return "lower"
+        return None
+    if t.is_floating_point():
+        ok = bool(((t <= NEG_BIG) == up).all()) and bool((t[~up] == 0).all())
+        return "additive" if ok else None
+    return None
+
+
+def _progression(t: torch.Tensor, r: int, a: int, n: int) -> bool:
+    """True when constant ``t`` (aligned to rank ``r``) is an arithmetic progression of size ``n``
+    along axis ``a`` (arange or constant), the same along every other axis: its first ``k``
+    positions are then what the same code computes at size ``k``."""
+    t = _aligned(t, r)
+    if t.shape[a] != n or t.is_complex() or t.dtype == torch.bool:
+        return False
+    x = t.movedim(a, 0).reshape(n, -1).to(torch.float64)
+    if not bool((x == x[:, :1]).all()):
+        return False
+    col = x[:, 0]
+    if n < 2:
+        return True
+    step = col[1] - col[0]
+    return bool((col == col[0] + step * torch.arange(n, dtype=torch.float64)).all())
+
+
+def _upper_of(op: str, ins, aligned, consts, out_dtype) -> Optional[str]:
+    """Value class of the masked elements of a TRI result of an elementwise op."""
+    cls = [l.upper if (l is not None and l.kind == "TRI") else ("finite" if l is not None or isinstance(v, Var)
+                                                                 else "lit") for v, l in zip(ins, aligned)]
+    lit = [_scalar_value(v, consts) if l is None else None for v, l in zip(ins, aligned)]
+    if op == "exp" and cls == ["neginf"]:
+        return "zero"
+    if op in ("convert", "neg") and cls[0] == "zero":
+        return "zero"
+    if op == "convert" and cls[0] == "neginf" and out_dtype is not None and out_dtype.is_floating_point:
+        return "neginf"
+    if len(cls) != 2:
+        return None
+    a, b = cls
+    nontri = ("finite", "lit")
+    if op == "add" and ((a == "neginf" and b in nontri) or (b == "neginf" and a in nontri)):
+        return "neginf"
+    if op == "sub" and a == "neginf" and b in nontri:
+        return "neginf"
+    if op == "mul":
+        if (a == "zero" and b in nontri + ("zero",)) or (b == "zero" and a in nontri):
+            return "zero"
+        if (a == "neginf" and lit[1] is not None and lit[1] > 0) or (b == "neginf" and lit[0] is not None
+                                                                      and lit[0] > 0):
+            return "neginf"
+    if op == "div":
+        if a == "zero" and b in nontri:
+            return "zero"
+        if a == "neginf" and lit[1] is not None and lit[1] > 0:
+            return "neginf"
+    return None
+
+
+def _elementwise(eqn, ins, labels, n, consts) -> Lab:
+    op = _opname(eqn.op)
+    out = eqn.outputs[0]
+    r = len(_shape(out))
+    aligned = [_shift(l, r - len(_shape(v))) for v, l in zip(ins, labels)]
+    D: Dict[int, Tuple[int, int]] = {}
+    for l in aligned:
+        if l is None:
+            continue
+        for a, o, i in l.axes:
+            if D.setdefault(a, (o, i)) != (o, i):
+                raise Mixed(f"{_where(eqn)} combines the dimension merged with different axes")
+    tri = [l for l in aligned if l is not None and l.kind == "TRI"]
+    # causal masks: where(upper, fill, s), where(lower, s, fill), s + additive
+    if len(D) == 2 or (len(D) == 1 and op in ("where", "add")):
+        masked = _mask(op, eqn, ins, aligned, D, r, n, consts)
+        if masked is not None:
+            return masked
+    for v, l in zip(ins, aligned):
+        if l is None and isinstance(v, Var):
+            sh = (1,) * (r - len(_shape(v))) + _shape(v)
+            for a in D:
+                if sh[a] == 1:
+                    continue
+                t = consts.get(id(v))
+                if t is not None and D[a] == (1, 1) and _progression(t, r, a, n):
+                    continue  # arange-like or constant along D: the same at every size
+                raise Mixed(f"{_where(eqn)} combines it with a fixed tensor of shape {list(_shape(v))} along it")
+    if len(D) == 1:
+        (a, (o, i)), = D.items()
+        return Lab("P", ((a, o, i),))
+    if len(D) == 2:
+        if tri:
+            q, k = tri[0].axes
+            same = all(l.kind == "P" and l.axes[0][0] == q[0] or l.kind == "TRI" and l.axes == (q, k)
+                       for l in aligned if l is not None)
+            if same:
+                return Lab("TRI", (q, k), _upper_of(op, ins, aligned, consts, out.dtype))
+        return Lab("PAIR", tuple((a, o, i) for a, (o, i) in sorted(D.items())))
+    raise Mixed(f"{_where(eqn)} meets the dimension on more than two axes")
+
+
+def _mask(op, eqn, ins, aligned, D, r, n, consts) -> Optional[Lab]:
+    """The TRI label of a causal masking op, or None when ``eqn`` is not one."""
+    if op == "where":
+        c, x, y = ins
+        lc, lx, ly = aligned
+        if lc is not None or not isinstance(c, Var) or id(c) not in consts:
+            return None
+        cases = ((x, lx, y, ly, "upper"), (y, ly, x, lx, "lower"))  # (fill, its label, s, its label, pattern)
+    elif op == "add":
+        (p, lp), (s, ls) = zip(ins, aligned)
+        if lp is None and ls is not None:
+            m, s_lab = p, ls
+        elif ls is None and lp is not None:
+            m, s_lab = s, lp
+        else:
+            return None
+        if not isinstance(m, Var) or id(m) not in consts:
+            return None
+        c = m
+        cases = ((None, None, None, s_lab, "additive"),)
+    else:
+        return None
+    t = consts[id(c)]
+    for fill, lfill, s, ls, want in cases:
+        if op == "where" and (lfill is not None or ls is None):
+            continue
+        axes = [a for a, oi in D.items() if oi == (1, 1)]
+        if len(axes) == 1:  # s carries D on one axis; the mask brings the other
+            a0 = axes[0]
+            cand = [b for b in range(r) if b != a0 and _aligned(t, r).shape[b] == n]
+            pairs = [(a0, b) for b in cand] + [(b, a0) for b in cand]
+        elif len(axes) == 2:
+            pairs = [(axes[0], axes[1]), (axes[1], axes[0])]
+        else:
+            return None
+        for q, k in pairs:
+            if _causal_pattern(t, r, q, k, n) != want:
+                continue
+            if op == "where":
+                fsh = (1,) * (r - len(_shape(fill))) + _shape(fill)
+                if fsh[q] != 1 or fsh[k] != 1:
+                    continue
+                upper = _value_class(_scalar_value(fill, consts))
+            else:
+                upper = "neginf"
+            if ls.kind == "TRI" and ls.axes[0][0] != q:
+                continue
+            if ls.kind == "P" and ls.axes[0][0] not in (q, k):
+                continue
+            return Lab("TRI", ((q, 1, 1), (k, 1, 1)), upper)
+    return None
+
+
+def _reduce_dims(eqn, rank: int) -> Tuple[int, ...]:
+    a = eqn.attrs
+    dims = a.get("dims")
+    if dims is None:
+        dims = (a.get("dim"),) if a.get("dim") is not None else tuple(range(rank))
+    if isinstance(dims, int):
+        dims = (dims,)
+    return tuple(d % max(1, rank) for d in dims)
+
+
+def _reduction(eqn, lab: Lab, rank: int) -> Lab:
+    op = _opname(eqn.op)
+    dims = _reduce_dims(eqn, rank)
+    keep = bool(eqn.attrs.get("keepdim"))
+    D = [a for a, _, _ in lab.axes]
+    hit = [a for a in D if a in dims]
+
+    def moved(a):
+        return a if keep else a - sum(1 for d in dims if d < a)
+
+    if not hit:
+        return _with_axes(lab, [(moved(a), o, i) for a, o, i in lab.axes])
+    if lab.kind == "TRI" and hit == [lab.axes[1][0]]:
+        q = lab.axes[0]
+        ident = {"amax": "neginf", "sum": "zero", "any": "zero"}.get(op)
+        if ident is not None and lab.upper == ident:
+            return Lab("P", ((moved(q[0]), q[1], q[2]),))
+        raise Mixed(f"{_where(eqn)} reduces along the masked axis, whose masked value "
+                    f"({lab.upper or 'unknown'}) is not the identity of {op}")
+    raise Mixed(f"{_where(eqn)} reduces along it")
+
+
+def _matmul(eqn, ins, labels) -> Lab:
+    A, B = ins
+    la, lb = labels
+    ra, rb, r = len(_shape(A)), len(_shape(B)), len(_shape(eqn.outputs[0]))
+    if ra < 2 or rb < 2:
+        if (ra < 2 and la is not None) or (rb < 2 and lb is not None):
+            raise Mixed(f"{_where(eqn)}: a vector operand carries it (not analysed)")
+    ca, cb = ra - 1, (rb - 2 if rb >= 2 else 0)  # contracted axes
+
+    def out_axis(x, rank, side):
+        if side == "a":
+            return r - 2 if x == rank - 2 else x + r - rank
+        return r - 1 if x == rank - 1 else x + r - rank
+
+    # contraction along the dimension: only through exact zeros of a causal TRI operand
+    if la is not None and any(x == ca for x, _, _ in la.axes) or lb is not None and any(x == cb for x, _, _ in lb.axes):
+        for tl, other, side, cx in ((la, lb, "a", ca), (lb, la, "b", cb)):
+            if tl is None or tl.kind != "TRI" or tl.upper != "zero" or tl.axes[1][0] != cx:
+                continue
+            oc = cb if side == "a" else ca
+            if other is None or other.kind != "P" or other.axes[0][0] != oc or other.axes[0][1:] != tl.axes[1][1:]:
+                continue
+            q = tl.axes[0]
+            rank = ra if side == "a" else rb
+            if side == "a" and q[0] != ra - 2 or side == "b" and q[0] != rb - 1:
+                continue  # the row index must be the free matrix axis
+            return Lab("P", ((out_axis(q[0], rank, side), q[1], q[2]),))
+        raise Mixed(f"{_where(eqn)} contracts over it")
+    D: Dict[int, Tuple[int, int]] = {}
+    kinds = []
+    for lab, rank, side in ((la, ra, "a"), (lb, rb, "b")):
+        if lab is None:
+            continue
+        kinds.append(lab.kind)
+        for x, o, i in lab.axes:
+            y = out_axis(x, rank, side)
+            if D.setdefault(y, (o, i)) != (o, i):
+                raise Mixed(f"{_where(eqn)} combines the dimension merged with different axes")
+    for v, lab, rank in ((A, la, ra), (B, lb, rb)):  # a batch axis of D against a fixed operand
+        if lab is not None:
+            continue
+        sh = _shape(v)
+        for y in D:
+            if y < r - 2:
+                k = y - (r - rank)
+                if 0 <= k < rank - 2 and sh[k] != 1:
+                    raise Mixed(f"{_where(eqn)} batches it with a fixed tensor")
+    if len(D) == 1:
+        (y, (o, i)), = D.items()
+        return Lab("P", ((y, o, i),))
+    if len(D) == 2:
+        return Lab("PAIR", tuple((y, o, i) for y, (o, i) in sorted(D.items())))
+    raise Mixed(f"{_where(eqn)} meets the dimension on more than two axes")
+
+
+def independent_axes(ir: IR, input_axes: Dict[int, int]) -> List[Optional[Tuple[Tuple[int, int], ...]]]:
+    """Follow a dimension through ``ir``: per output, the ``(axis, inner)`` pairs to slice back (None: not carried).
+
+    ``input_axes`` maps an input index of ``ir.inputs`` to the axis that holds
+    the dimension (several inputs may carry it). An output axis of size
+    ``n * inner`` holds the dimension as its outer factor (``inner > 1`` when a
+    reshape merged it with inner axes): its first ``k * inner`` positions are
+    those of the first ``k`` positions. Raises :class:`Mixed` when a result
+    position could depend on a later position along the dimension.
     """
     if ir.mutations:
         raise Mixed("the region writes back into its inputs or buffers (mutations): padded positions would be stored")
-    lab: Dict[int, Tuple[int, int, int]] = {}
+    consts = {id(v): t for v, t in ir.consts}
+    lab: Dict[int, Lab] = {}
     size = None
     for i, a in input_axes.items():
         v = ir.inputs[i]
-        lab[id(v)] = (a, 1, 1)
-        size = _shape(v)[a]
+        lab[id(v)] = Lab("P", ((a, 1, 1),))
+        s = _shape(v)[a]
+        if size is not None and s != size:
+            raise Mixed("the inputs disagree on the size of the dimension")
+        size = s
     if not size or size < 2:
         raise Mixed("the dimension has size < 2 in this trace: nothing to prove from it")
+    n = size
 
-    def get(v) -> Optional[Tuple[int, int, int]]:
+    def get(v) -> Optional[Lab]:
         return lab.get(id(v)) if isinstance(v, Var) else None
 
     for eqn in ir.eqns:
         ins = list(eqn.inputs)
-        full = [get(v) for v in ins]
-        if all(l is None for l in full):
+        labels = [get(v) for v in ins]
+        if all(l is None for l in labels):
             continue  # does not touch the dimension
-        factors = {l[1:] for l in full if l is not None}
-        if len(factors) != 1:
-            raise Mixed(f"{_where(eqn)} combines the dimension merged with different axes")
-        outer, inner = factors.pop()
-        labels = [None if l is None else l[0] for l in full]
         op = _opname(eqn.op)
         cat = _category(op)
         a = eqn.attrs
         outs = eqn.outputs
-        res: Optional[int] = None
+        res: Lab
+        first = next(l for l in labels if l is not None)
         if cat == "elementwise":
-            r = len(_shape(outs[0]))
-            pos = {l + r - len(_shape(v)) for v, l in zip(ins, labels) if l is not None}
-            if len(pos) != 1:
-                raise Mixed(f"{_where(eqn)} combines the dimension at different axes")
-            res = pos.pop()
-            for v, l in zip(ins, labels):
-                if l is None and isinstance(v, Var):
-                    sh = _shape(v)
-                    k = res - (r - len(sh))
-                    if 0 <= k < len(sh) and sh[k] != 1:
-                        raise Mixed(f"{_where(eqn)} combines it with a fixed tensor of shape {list(sh)} along it")
-        elif cat in ("reduction", "scan", "sort"):
+            res = _elementwise(eqn, ins, labels, n, consts)
+        elif cat == "reduction":
             (l,) = [l for l in labels if l is not None]
-            dims = a.get("dims")
-            if dims is None:
-                dims = (a.get("dim"),) if a.get("dim") is not None else tuple(range(len(_shape(ins[0]))))
-            dims = tuple(d % max(1, len(_shape(ins[0]))) for d in dims)
-            if l in dims:
-                raise Mixed(f"{_where(eqn)} reduces/scans along it")
-            res = l if (cat != "reduction" or a.get("keepdim")) else l - sum(1 for d in dims if d < l)
+            res = _reduction(eqn, l, len(_shape(ins[0])))
+        elif cat in ("scan", "sort"):
+            (l,) = [l for l in labels if l is not None]
+            d = _reduce_dims(eqn, len(_shape(ins[0])))
+            if any(x in d for x, _, _ in l.axes):
+                if not (cat == "scan" and l.kind == "P"):
+                    raise Mixed(f"{_where(eqn)} sorts or scans along it")
+            res = l if cat == "sort" or l.kind != "TRI" else l._replace(upper=None)
         elif op == "matmul":
-            A, B = ins
-            ra, rb, r = len(_shape(A)), len(_shape(B)), len(_shape(outs[0]))
-            la, lb = labels
-            cand = set()
-            if la is not None:
-                if la == ra - 1:
-                    raise Mixed(f"{_where(eqn)} contracts over it")
-                cand.add(r - 2 if la == ra - 2 else la + r - ra)
-            if lb is not None:
-                if lb == rb - 2:
-                    raise Mixed(f"{_where(eqn)} contracts over it")
-                cand.add(r - 1 if lb == rb - 1 else lb + r - rb)
-            if len(cand) != 1:
-                raise Mixed(f"{_where(eqn)} meets it on both operands at different axes")
-            res = cand.pop()
-            if res < r - 2:
-                for v, l in ((A, la), (B, lb)):
-                    sh = _shape(v)
-                    k = res - (r - len(sh))
-                    if l is None and 0 <= k < len(sh) - 2 and sh[k] != 1:
-                        raise Mixed(f"{_where(eqn)} batches it with a fixed tensor")
+            res = _matmul(eqn, ins, labels)
         elif op == "reshape":
             if any(l is not None for l in labels[1:]):
                 raise Mixed(f"{_where(eqn)} takes it as a shape")
-            hit = _reshape_axis(_shape(ins[0]), _shape(outs[0]), labels[0], size, inner)
-            if hit is None:
-                raise Mixed(f"{_where(eqn)} merges or splits it")
-            res, outer, inner = hit
+            axes = []
+            for x, o, i in first.axes:
+                hit = _reshape_axis(_shape(ins[0]), _shape(outs[0]), x, n, i)
+                if hit is None:
+                    raise Mixed(f"{_where(eqn)} merges or splits it")
+                axes.append(hit)
+            if len({x for x, _, _ in axes}) != len(axes):
+                raise Mixed(f"{_where(eqn)} merges its two axes")
+            res = _with_axes(first, axes)
         elif op == "permute":
-            res = list(a["dims"]).index(labels[0])
+            perm = list(a["dims"])
+            res = _with_axes(first, [(perm.index(x), o, i) for x, o, i in first.axes])
         elif op == "expand":
-            res = labels[0] + len(_shape(outs[0])) - len(_shape(ins[0]))
+            res = _shift(first, len(_shape(outs[0])) - len(_shape(ins[0])))
         elif op in ("slice", "cat", "slice_scatter", "flip"):
-            dims = a.get("dims", (a.get("dim"),))
             r = len(_shape(outs[0]))
-            dims = tuple(d % r for d in dims)
+            dims = a.get("dims", (a.get("dim"),))
+            dims = {d % r for d in dims}
             ls = {l for l in labels if l is not None}
-            if len(ls) != 1 or ls & set(dims):
+            if len(ls) != 1 or dims & {x for x, _, _ in first.axes}:
                 raise Mixed(f"{_where(eqn)} cuts, joins or reverses along it")
-            res = ls.pop()
             for v, l in zip(ins, labels):
-                if l is None and isinstance(v, Var) and _shape(v)[res] != 1:
+                if l is None and isinstance(v, Var) and any(_shape(v)[x] != 1 for x, _, _ in first.axes
+                                                            if x < len(_shape(v))):
                     raise Mixed(f"{_where(eqn)} joins it with a fixed tensor")
+            res = first
         elif op == "pad":
-            l = labels[0]
-            pad = list(a.get("pad", ()))
             r = len(_shape(ins[0]))
-            k = r - 1 - l
-            if 2 * k + 1 < len(pad) and (pad[2 * k] or pad[2 * k + 1]):
-                raise Mixed(f"{_where(eqn)} pads along it")
-            res = l
+            pad = list(a.get("pad", ()))
+            for x, _, _ in first.axes:
+                k = r - 1 - x
+                if 2 * k + 1 < len(pad) and (pad[2 * k] or pad[2 * k + 1]):
+                    raise Mixed(f"{_where(eqn)} pads along it")
+            res = first
         elif op == "index":
             dims = tuple(a.get("dims", ()))
             idx = ins[1:]
@@ -172,35 +488,80 @@ def independent_axes(ir: IR, input_axes: Dict[int, int]) -> List[Optional[Tuple[
             if len(dims) != 1 or len(idx) != 1:
                 raise Mixed(f"{_where(eqn)}: advanced indexing over several axes is not analysed")
             d, ni = dims[0], len(_shape(idx[0]))
-            if lx is not None and lidx[0] is None and lx != d:
-                res = lx if lx < d else lx + ni - 1
-            elif lx is None and lidx[0] is not None:
-                res = d + lidx[0]
+            if lx is not None and lidx[0] is None and lx.kind == "P" and lx.axes[0][0] != d:
+                x, o, i = lx.axes[0]
+                res = Lab("P", ((x if x < d else x + ni - 1, o, i),))
+            elif lx is None and lidx[0] is not None and lidx[0].kind == "P":
+                x, o, i = lidx[0].axes[0]
+                res = Lab("P", ((d + x, o, i),))
             else:
                 raise Mixed(f"{_where(eqn)} indexes along it")
-        elif op == "convolution" and labels[0] == 0 and inner == 1 and outer == 1 and all(l is None for l in labels[1:]):
-            res = 0
+        elif (op == "convolution" and first.kind == "P" and labels[0] is first and first.axes == ((0, 1, 1),)
+              and all(l is None for l in labels[1:])):
+            res = first
         else:
             raise Mixed(f"{_where(eqn)} is not analysed for independence (treated as mixing)")
         for o in outs:
-            if _shape(o) and res is not None and res < len(_shape(o)) and _shape(o)[res] == outer * size * inner:
-                lab[id(o)] = (res, outer, inner)
-            else:
-                raise Mixed(f"{_where(eqn)}: output {list(_shape(o))} does not carry the dimension")
-    result: List[Optional[Tuple[int, int]]] = []
+            sh = _shape(o)
+            for x, ou, i in res.axes:
+                if not (x < len(sh) and sh[x] == ou * n * i):
+                    raise Mixed(f"{_where(eqn)}: output {list(sh)} does not carry the dimension")
+            lab[id(o)] = res
+    result: List[Optional[Tuple[Tuple[int, int], ...]]] = []
     for v in ir.outputs:
         l = get(v)
-        if l is not None and l[1] != 1:
-            raise Mixed(f"an output {list(_shape(v))} holds the dimension inside a merged axis: it cannot be sliced back")
-        result.append(None if l is None else (l[0], l[2]))
+        if l is None:
+            result.append(None)
+            continue
+        if any(o != 1 for _, o, _ in l.axes):
+            raise Mixed(f"an output {list(_shape(v))} holds the dimension inside a merged axis: it cannot be sliced "
+                        f"back")
+        result.append(tuple((x, i) for x, _, i in l.axes))
     return result
 
 
-def _opname(op) -> str:
-    return getattr(op, "name", op)
+_SHAPE_ATTRS = {"reshape": ("shape",), "expand": ("shape", "size"), "full": ("shape",), "iota": ("length",)}
 
 
-def _category(name: str) -> str:
-    from .. import ops
-    op = ops.OPS.get(name)
-    return op.category if op is not None else ""
+def same_program(small: IR, big: IR, sized: Sequence[Tuple[int, int]]) -> Optional[str]:
+    """None when ``big`` is ``small`` traced at other sizes of the padded dimensions, else why not.
+
+    ``sized`` lists ``(input index, axis)`` of the padded dimensions. The two
+    programs must have the same equations, literals and attributes (shape
+    attributes of reshape/expand/full/iota excepted: the analysis checks how
+    those move the dimension), the same constants up to their sizes, and
+    inputs that differ only along the padded axes. A size baked into a
+    literal (``x / x.shape[1]``) or an attribute (a slice to the length) is
+    refused here.
+    """
+    if len(small.inputs) != len(big.inputs) or len(small.outputs) != len(big.outputs):
+        return "the program's inputs or outputs differ between sizes"
+    if len(small.eqns) != len(big.eqns) or len(small.consts) != len(big.consts):
+        return "the program differs between sizes (different equations or constants)"
+    padded = {}
+    for i, a in sized:
+        padded.setdefault(i, set()).add(a)
+    for k, (u, v) in enumerate(zip(small.inputs, big.inputs)):
+        su, sv = _shape(u), _shape(v)
+        if len(su) != len(sv) or u.dtype != v.dtype or any(
+                x != y and d not in padded.get(k, ()) for d, (x, y) in enumerate(zip(su, sv))):
+            return f"input {k} differs between sizes beyond the padded axes"
+    for (cu, tu), (cv, tv) in zip(small.consts, big.consts):
+        if tu.dtype != tv.dtype or tu.dim() != tv.dim():
+            return "a constant differs between sizes"
+        if tu.shape == tv.shape and not torch.equal(tu, tv):
+            return "a constant's values differ between sizes"
+    for eu, ev in zip(small.eqns, big.eqns):
+        if _opname(eu.op) != _opname(ev.op) or len(eu.inputs) != len(ev.inputs):
+            return f"{_where(ev)} differs between sizes"
+        for x, y in zip(eu.inputs, ev.inputs):
+            if isinstance(x, Literal) != isinstance(y, Literal) or (isinstance(x, Literal) and x != y):
+                return f"{_where(ev)} uses a literal that depends on the size ({_lit(x)} vs {_lit(y)})"
+        skip = _SHAPE_ATTRS.get(_opname(eu.op), ())
+        if set(eu.attrs) != set(ev.attrs) or any(eu.attrs[k] != ev.attrs[k] for k in eu.attrs if k not in skip):
+            return f"{_where(ev)} has attributes that depend on the size"
+    return None
+
+
+def _lit(x) -> str:
+    return repr(x.value) if isinstance(x, Literal) else "a tensor"

@@ -1,27 +1,37 @@
 # tn.adaptive.policy: the knobs of the adaptive controller and its explicit compile-or-not cost model.
 """Policy and cost model of :func:`tn.adaptive`.
 
-The controller compiles a signature (or a bucket of signatures) of a region
-when the compile is expected to pay back::
+Regions whose modules have the same structure (class, parameter shapes,
+Python attributes: the blocks of a transformer) form a *group*: they share
+signature statistics and compiled programs, so one compile serves every
+block. For a call of signature (or bucket) ``s`` that has no program yet,
+the controller compiles now when::
 
-    future * (t_eager - t_compiled) >= t_compile     and   seen >= min_calls
-    future = seen * r / (1 - r)
+    t_compile <= (t_now - t_compiled) + future * (t_eager - t_compiled)
+    future    = share * seen * r / (1 - r)
 
-* ``seen``: how often the signature occurred so far (its count in the
-  region's bounded signature table).
-* ``r``: the region's recurrence rate, the share of its last
-  ``churn_window`` calls whose signature (or bucket) it had seen before,
-  capped at ``max_recurrence``. A region in a stable phase has ``r`` near 1
-  and a hot signature is expected to keep coming (``future`` grows like
-  ``seen**2``: it compiles after a few calls); a churning region has ``r``
-  near 0 and even a signature seen twice is not expected back.
-* ``t_eager``: mean measured eager time per call of this signature (else of
-  the region).
-* ``t_compiled``: ``t_eager`` times the compiled/eager ratio measured on
-  this region's compiled calls, else on the model's, else
-  ``compiled_ratio_prior``.
-* ``t_compile``: mean measured compile time of this region, else of the
-  model's regions, else ``compile_time_prior`` seconds.
+* ``t_now``: what running eager costs for this very call. On the neuron
+  device the first eager call of a shape compiles one-op programs, so a
+  shape the group never ran eager costs the group's measured *cold* eager
+  time; else the *warm* time ``t_eager``.
+* ``t_eager``: measured warm eager time per call of ``s`` (else estimated
+  from its cold time with the group's warm/cold ratio).
+* ``t_compiled``: measured compiled time of ``s``, else ``t_eager`` times
+  the compiled/eager ratio measured in the group, else in the model, else
+  ``compiled_ratio_prior``. A region whose eager time is partly spent in
+  child regions (the root of a stack of blocks) leaves those to decide for
+  themselves (identical blocks share one cheaper compile): only its own
+  eager remainder is expected to speed up,
+  ``t_compiled = t_children + ratio * t_own``.
+* ``t_compile``: mean measured compile time of the group, else the model's
+  compile time per second of warm eager time times ``t_eager``, else
+  ``compile_time_prior``.
+* ``seen``: how often this region saw ``s``; ``share``: calls of ``s`` in the
+  group per call in this region (4 for four identical blocks); ``r``: the
+  region's recurrence rate, the share of its last ``churn_window`` calls
+  whose signature (or bucket) it had seen before, capped at
+  ``max_recurrence``. A stable region has ``r`` near 1 (``future`` grows like
+  ``seen**2``); a churning region has ``r`` near 0.
 
 A compiled signature whose measured compiled time is not below its eager
 time goes back to eager ("compiled slower"). Every time comes from
@@ -43,19 +53,25 @@ class Policy:
     """Knobs of :func:`tn.adaptive` (every keyword of ``tn.adaptive(model, **policy)`` is a field).
 
     Attributes:
-        min_calls: a signature is compiled only after it was seen this many times (default 2).
+        min_calls: a signature is compiled only after a region saw it this many times (1: the cost
+            model alone decides, e.g. compiling at first sight when a cold eager call costs about
+            as much as a compile).
+        min_gain: a compile must be expected to make a call at least this share faster (0.05): gains
+            within measurement noise never pay for a compile.
         compile_time_prior: assumed compile time in seconds before any region measured one (0.3).
-        compiled_ratio_prior: assumed compiled/eager time ratio before any region measured one (0.2).
-        max_recurrence: cap of the recurrence rate ``r`` of the cost model (0.97: ``future <= 32*seen``).
+        compiled_ratio_prior: assumed compiled/eager time ratio before any region measured one (0.3).
+        max_recurrence: cap of the recurrence rate ``r`` of the cost model (0.8: ``future <= 4*share*seen``,
+            so a compile that saves little per call waits until the calls so far nearly paid for it).
         churn_window: calls remembered per region to judge churn (32).
         churn_distinct: distinct signatures within the window that make a region "churning" (4);
             a churning region tries bucketing.
         bucket: ``"pow2"`` (round a bucketed size up to a power of two) or a sorted sequence of
             sizes (round up to the next listed size; larger sizes are not bucketed); ``None`` disables.
         max_bucket: largest bucket size for ``"pow2"`` (4096); larger sizes run unbucketed.
-        cache_size: compiled programs kept per region (LRU, 16).
-        max_signatures: signature statistics kept per region (LRU, 256): memory stays flat.
-        backend: the :func:`tn.jit` backend (``"neuron"`` when the compiler is importable).
+        cache_size: compiled programs kept per group of identical regions (LRU, 16).
+        max_signatures: signature statistics kept per region and per group (LRU, 256): memory stays flat.
+        share: regions of identical structure share statistics and programs (True).
+        backend: the :func:`tn.jit` backend (``TN_BACKEND``, else ``"neuron"`` when the compiler is importable).
         regions: module names (``"transformer.h.0"``) or module types overriding the default regions.
         autograd: compile regions that run under autograd through a ``torch.autograd.Function``
             whose backward is a jitted vjp (True); False keeps such calls eager.
@@ -64,16 +80,18 @@ class Policy:
             ``"compiled"``, ``"compile"`` (seconds), or ``callable(kind, region_name) -> seconds | None``.
     """
 
-    min_calls: int = 2
+    min_calls: int = 1
+    min_gain: float = 0.05
     compile_time_prior: float = 0.3
-    compiled_ratio_prior: float = 0.2
-    max_recurrence: float = 0.97
+    compiled_ratio_prior: float = 0.3
+    max_recurrence: float = 0.8
     churn_window: int = 32
     churn_distinct: int = 4
     bucket: Union[str, Sequence[int], None] = "pow2"
     max_bucket: int = 4096
     cache_size: int = 16
     max_signatures: int = 256
+    share: bool = True
     backend: Optional[str] = None
     regions: Optional[Sequence[Any]] = None
     autograd: bool = True
@@ -99,6 +117,8 @@ def make_policy(**kw: Any) -> Policy:
     p = Policy(**kw)
     if p.min_calls < 1 or p.cache_size < 1 or p.max_signatures < 1 or p.churn_window < 1:
         raise TnError("tn.adaptive: min_calls, cache_size, max_signatures and churn_window must be >= 1")
+    if not 0.0 <= p.max_recurrence < 1.0:
+        raise TnError(f"tn.adaptive: max_recurrence must be in [0, 1), got {p.max_recurrence}")
     if p.bucket is not None and p.bucket != "pow2":
         try:
             sizes = sorted(int(s) for s in p.bucket)
@@ -124,15 +144,16 @@ def bucket_size(policy: Policy, n: int) -> Optional[int]:
     return None
 
 
-def expected_future(policy: Policy, seen: int, recurrence: float) -> float:
-    """Expected further calls of a signature seen ``seen`` times in a region with recurrence rate ``recurrence``."""
+def expected_future(policy: Policy, seen: int, recurrence: float, share: float = 1.0) -> float:
+    """Expected further calls of a signature in its group: ``share * seen * r / (1 - r)``, ``r`` capped."""
     r = min(max(recurrence, 0.0), policy.max_recurrence)
-    return seen * r / (1.0 - r)
+    return share * seen * r / (1.0 - r)
 
 
-def should_compile(policy: Policy, seen: int, recurrence: float, t_eager: float, t_compiled: float,
+def should_compile(policy: Policy, seen: int, future: float, t_now: float, t_eager: float, t_compiled: float,
                    t_compile: float) -> bool:
-    """The cost model: ``seen >= min_calls`` and ``expected_future * (t_eager - t_compiled) >= t_compile``."""
+    """The cost model: ``seen >= min_calls`` and
+    ``t_compile <= (t_now - t_compiled) + future * (t_eager - t_compiled)``."""
     if seen < policy.min_calls:
         return False
-    return expected_future(policy, seen, recurrence) * (t_eager - t_compiled) >= t_compile
+    return t_compile <= (t_now - t_compiled) + future * (t_eager - t_compiled)

@@ -1,5 +1,15 @@
-# tn.adaptive.region: one region of a model: records signatures, runs eager or compiled (padded to buckets), under autograd too.
-"""A region: a module whose ``forward`` the adaptive controller dispatches.
+# tn.adaptive.region: regions of a model and the groups of identical regions that share statistics and programs.
+"""Regions and groups.
+
+A :class:`Region` is a module whose ``forward`` the adaptive controller
+dispatches. Regions whose modules have the same structure
+(:func:`fingerprint`: classes, parameter and buffer shapes, Python
+attributes) belong to one :class:`Group` (the blocks of a transformer): the
+group holds the signature statistics, the compiled programs and the
+bucketing decision, so one compile serves every block. A group's program
+is one :func:`tn.jit` function of ``(parameters, training flags, args,
+kwargs)`` over a private structural copy of the first member's module, so
+each member calls it with its own parameters.
 
 Each call computes the abstract signature of the arguments (tensor shapes,
 dtypes, devices, ``requires_grad``; other leaves by value; grad mode; the
@@ -7,11 +17,12 @@ module's training flag), then either
 
 * runs eager (:func:`run_eager`: the module's own PyTorch code, op by op, on
   the device the inputs are on: the ``neuron`` device when they are there),
-  measuring the time per call, or
-* runs the :func:`tn.jit` program of the signature (or of its bucket, with
-  inputs padded along the bucketed dimension and results sliced back), or
-* compiles the signature because the cost model of :mod:`tn.adaptive.policy`
-  says it pays back.
+  measuring the time per call (cold: the first eager call of a shape in
+  the group; warm: later ones), or
+* runs the group's program of the signature (or of its bucket, with inputs
+  padded at the end of the bucketed dimensions and results sliced back), or
+* compiles it because the cost model of :mod:`tn.adaptive.policy` says it
+  pays back.
 
 Under autograd a compiled call goes through :class:`_RegionFunction`: the
 forward is the jitted forward, the backward a jitted vjp that recomputes the
@@ -22,35 +33,38 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.utils._pytree as _pytree
 
+from ..pytree import HashedTuple
 from . import independence
 from .policy import Policy, bucket_size, expected_future, should_compile
 
-__all__ = ["Region", "run_eager"]
+__all__ = ["Region", "Group", "run_eager", "fingerprint"]
 
 log = logging.getLogger("tn")
 
 _PRIMITIVE = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.memory_format,
               torch.layout, slice, type(Ellipsis))
 
-
-def _jit_module():
-    return sys.modules["tn.jit"]
+Tensor = torch.Tensor
 
 
 def _tracing() -> bool:
-    """True while tn.jit traces (regions met inside a trace are inlined)."""
-    return bool(_jit_module()._tls.depth)
+    """True while tn.jit traces on this thread (regions met inside a trace are inlined)."""
+    global _tracing
+    from ..jit import is_tracing
+    _tracing = is_tracing
+    return is_tracing()
 
 
 def log_enabled() -> bool:
     """True when ``TN_LOG`` names ``adaptive`` (or ``all``): decisions are logged to logger ``"tn"``."""
     v = os.environ.get("TN_LOG", "")
+    if not v:
+        return False
     flags = set(v.replace(",", " ").lower().split())
     return "adaptive" in flags or "all" in flags
 
@@ -66,65 +80,466 @@ def run_eager(base_forward, module: torch.nn.Module, args: tuple, kwargs: dict) 
     return base_forward(module, *args, **kwargs)
 
 
+def _host_views(tree: Any) -> Tuple[Any, Dict[int, Tensor]]:
+    """``tree`` with every neuron-device tensor replaced by a CPU tensor on the same memory (no copy), and
+    ``{id(alias): device tensor}``. The device's memory is host memory: programs read parameters and inputs in
+    place and write mutations straight through (tn.jit's own route copies each input to the host and back)."""
+    back: Dict[int, Tensor] = {}
+
+    def view(t: Any) -> Any:
+        if isinstance(t, Tensor) and t.device.type == "neuron":
+            from ..device.allocator import cpu_alias
+            a = cpu_alias(t)
+            if t.requires_grad:
+                a.requires_grad_(True)
+            back[id(a)] = t
+            return a
+        return t
+
+    def walk(x: Any) -> Any:
+        if isinstance(x, Tensor):
+            return view(x)
+        t = type(x)
+        if t is tuple or t is list:
+            return t(walk(e) for e in x)
+        if t is dict:
+            return {k: walk(v) for k, v in x.items()}
+        if t in _LEAF_TYPES or _pytree.tree_is_leaf(x):
+            return x
+        return _pytree.tree_map(view, x)
+
+    return walk(tree), back
+
+
+def _on_host(fn, call: tuple) -> Any:
+    """``fn(*call)`` on host views of the neuron-device tensors of ``call``; tensor results come back on the
+    device (a result that is an input comes back as that input)."""
+    host, back = _host_views(call)
+    out = fn(*host)
+    if not back:
+        return out
+    from ..device.eager import to_device
+
+    def put(o: Any) -> Any:
+        if not isinstance(o, Tensor):
+            return o
+        d = back.get(id(o))
+        if d is not None:
+            return d
+        return to_device(o) if o.device.type == "cpu" else o
+
+    if type(out) is tuple and len(out) == 2 and isinstance(out[1], _OutStruct):
+        return tuple(put(o) for o in out[0]), out[1]
+    return [put(o) for o in out]
+
+
+def _module_state(module: torch.nn.Module):
+    from ..pytree import module_state
+    return module_state(module)
+
+
+# ------------------------------------------------------------------ structure
+
+_SKIP_ATTRS = frozenset({"_parameters", "_buffers", "_modules", "training", "_tn_region",
+                         "_non_persistent_buffers_set"})
+
+
+def _fp_value(v: Any, depth: int = 0) -> Any:
+    """A hashable stand-in of an attribute value: by value for plain data, by identity otherwise."""
+    if isinstance(v, _PRIMITIVE) or v is None:
+        return (type(v).__name__, v) if not isinstance(v, slice) else ("slice", v.start, v.stop, v.step)
+    if depth < 4 and isinstance(v, (tuple, list)):
+        return (type(v).__name__, tuple(_fp_value(x, depth + 1) for x in v))
+    if depth < 4 and isinstance(v, (set, frozenset)):
+        try:
+            return ("set", frozenset(_fp_value(x, depth + 1) for x in v))
+        except TypeError:
+            return ("id", id(v))
+    if depth < 4 and isinstance(v, dict):
+        return ("dict", tuple((_fp_value(k, depth + 1), _fp_value(x, depth + 1)) for k, x in v.items()))
+    return ("id", id(v))
+
+
+def fingerprint(module: torch.nn.Module) -> Any:
+    """What makes two modules run the same program up to parameter values.
+
+    Per submodule (in ``named_modules()`` order): its name and class, its
+    parameter and buffer names, shapes, dtypes and ``requires_grad``, and
+    every other attribute (plain data by value, other objects such as a
+    shared config or a hook by identity). Training flags are left out: they
+    are part of each call's signature.
+    """
+    items = []
+    for name, m in module.named_modules():
+        cls = getattr(type(m), "_tn_adaptive_base", type(m))
+        ps = tuple((k, None if p is None else (tuple(p.shape), p.dtype, p.requires_grad, p.device.type))
+                   for k, p in m._parameters.items())
+        bs = tuple((k, None if b is None else (tuple(b.shape), b.dtype, b.device.type))
+                   for k, b in m._buffers.items())
+        attrs = tuple((k, _fp_value(v)) for k, v in sorted(m.__dict__.items()) if k not in _SKIP_ATTRS)
+        items.append((name, cls, ps, bs, attrs))
+    return tuple(items)
+
+
+def _shadow(module: torch.nn.Module, memo: Dict[int, torch.nn.Module]) -> torch.nn.Module:
+    """A private structural copy of ``module`` (own parameter/buffer/child dicts, shared tensors)."""
+    c = memo.get(id(module))
+    if c is not None:
+        return c
+    import copy
+    c = copy.copy(module)
+    memo[id(module)] = c
+    d = c.__dict__
+    d["_parameters"] = dict(module._parameters)
+    d["_buffers"] = dict(module._buffers)
+    d["_modules"] = {k: (_shadow(v, memo) if v is not None else None) for k, v in module._modules.items()}
+    for k, v in d.items():
+        if type(v) is list:
+            d[k] = list(v)
+    return c
+
+
 class _Unsupported(Exception):
     pass
 
 
-class SigStats:
-    """Statistics of one signature (or bucket) of a region."""
+_LEAF_TYPES = frozenset(t for t in _PRIMITIVE)
 
-    __slots__ = ("count", "eager_n", "eager_s", "comp_n", "comp_s", "state", "reason")
+
+def _flatten(x: Any, out: list) -> Any:
+    """Spec of the pytree ``x`` (hashable, cheap for tuples, lists and dicts); its leaves are appended to ``out``
+    in ``torch.utils._pytree`` order. Spec: ``0`` a tensor, ``1`` another leaf, ``(tuple|list, children)``,
+    ``(dict, keys, children)``, ``("node", treespec, children)`` for other registered pytree nodes."""
+    if isinstance(x, Tensor):
+        out.append(x)
+        return 0
+    t = type(x)
+    if t is tuple or t is list:
+        return (t, tuple([_flatten(e, out) for e in x]))
+    if t is dict:
+        return (dict, tuple(x), tuple([_flatten(v, out) for v in x.values()]))
+    if t in _LEAF_TYPES or _pytree.tree_is_leaf(x):
+        out.append(x)
+        return 1
+    leaves, ts = _pytree.tree_flatten(x)
+    return ("node", ts, tuple([_flatten(e, out) for e in leaves]))
+
+
+def _unflatten(spec: Any, it) -> Any:
+    """The pytree of ``spec`` (from :func:`_flatten`) with leaves taken from iterator ``it``."""
+    if type(spec) is int:
+        return next(it)
+    kind = spec[0]
+    if kind is tuple:
+        return tuple([_unflatten(c, it) for c in spec[1]])
+    if kind is list:
+        return [_unflatten(c, it) for c in spec[1]]
+    if kind is dict:
+        return dict(zip(spec[1], [_unflatten(c, it) for c in spec[2]]))
+    return _pytree.tree_unflatten([_unflatten(c, it) for c in spec[2]], spec[1])
+
+
+def _args_of(leaves: list, spec: Any) -> Tuple[tuple, dict]:
+    return _unflatten(spec, iter(leaves))
+
+
+class _OutStruct:
+    """How a program's result pytree is rebuilt from its tensors (a static leaf of the jitted program)."""
+
+    __slots__ = ("spec", "leaves")
+
+    def __init__(self, spec: Any, leaves: list):
+        self.spec = spec
+        self.leaves = [None if isinstance(l, Tensor) else l for l in leaves]
+
+    def rebuild(self, tensors: list) -> Any:
+        it = iter(tensors)
+        return _pytree.tree_unflatten([next(it) if l is None else l for l in self.leaves], self.spec)
+
+
+class SigStats:
+    """Statistics of one signature (or bucket) in a group."""
+
+    __slots__ = ("count", "cold_n", "cold_s", "warm_n", "warm_s", "comp_n", "comp_s", "state", "reason",
+                 "frac_cc", "child_comp", "refused")
 
     def __init__(self) -> None:
         self.count = 0
-        self.eager_n = 0
-        self.eager_s = 0.0
-        self.comp_n = 0
-        self.comp_s = 0.0
-        self.state = "eager"  # eager | compiled | slower | failed
-        self.reason = ""
+        self.cold_n = self.warm_n = self.comp_n = 0
+        self.cold_s = self.warm_s = self.comp_s = 0.0
+        self.state = "eager"  # eager | compiled | slower
+        self.reason: Any = ""
+        self.frac_cc = 0.0  # share of the eager time spent in live child regions (moving average)
+        self.child_comp = 0.0  # compile time the child regions called per call stand for (moving average)
+        self.refused: Optional[str] = None
 
 
 class _Bucketing:
-    """How a region pads: the independent groups of (leaf, axis) and the output axes carrying each."""
+    """How a group pads: the independent groups of (leaf, axis) and the output axes carrying each."""
 
-    def __init__(self, pattern: Any, groups: List[Tuple[Tuple[int, int], ...]], out_axes: List[List[Optional[int]]]):
+    def __init__(self, pattern: Any, groups: List[Tuple[Tuple[int, int], ...]],
+                 out_axes: List[List[Optional[Tuple[Tuple[int, int], ...]]]], ir: Any, ckey: Any):
         self.pattern = pattern
         self.groups = groups
         self.out_axes = out_axes
+        self.ir = ir  # the IR the proof was made on (compared with each bucket's program)
+        self.ckey = ckey
+        self.positions = [p for g in groups for p in g]
 
 
 class _RegionFunction(torch.autograd.Function):
     """Autograd through a compiled region: jitted forward, jitted vjp (recomputing the forward) as backward."""
 
     @staticmethod
-    def forward(ctx, region, call, *tensors):  # type: ignore[override]
-        out = region._jitted()(*call["args"], **call["kwargs"])
-        leaves, spec = _pytree.tree_flatten(out)
-        call["spec"] = spec
-        call["leaves"] = leaves
-        ctx.region = region
+    def forward(ctx, group, call, *tensors):  # type: ignore[override]
+        touts, call["out"] = group.run(call["params"], call["flags"], call["args"], call["kwargs"])
+        ctx.group = group
         ctx.call = call
-        touts = tuple(l for l in leaves if isinstance(l, torch.Tensor))
         ctx.mark_non_differentiable(*[t for t in touts if not (t.is_floating_point() or t.is_complex())])
         ctx.shapes = [(t.shape, t.dtype, t.device) for t in touts]
-        return touts
+        return tuple(touts)
 
     @staticmethod
     def backward(ctx, *gys):  # type: ignore[override]
         call = ctx.call
         gys = [g if g is not None else torch.zeros(s, dtype=d, device=dev)
                for g, (s, d, dev) in zip(gys, ctx.shapes)]
-        grads = ctx.region._vjp()(ctx.region.module, call["args"], call["kwargs"], gys)
+        grads = _on_host(ctx.group.vjp(), (call["params"], call["flags"], call["args"], call["kwargs"], gys))
         return (None, None) + tuple(grads)
 
 
-def _bucket_shapes(key) -> list:
-    return [list(p[0]) for p in key[1] if p[0] != "v"]
+def _mean(s: float, n: int) -> Optional[float]:
+    return s / n if n else None
+
+
+class Group:
+    """Regions of identical structure: shared signature statistics, programs and bucketing."""
+
+    def __init__(self, ctl: Any, first: "Region"):
+        self.ctl = ctl
+        self.policy: Policy = ctl.policy
+        self.first = first
+        self.name = first.name
+        self.members: List["Region"] = []
+        self.base_forward = first.base_forward
+        self.sigs: "collections.OrderedDict[Any, SigStats]" = collections.OrderedDict()
+        self.compiled: "collections.OrderedDict[Any, None]" = collections.OrderedDict()
+        self.eager_keys: "collections.OrderedDict[Any, None]" = collections.OrderedDict()
+        self.bucketing: Optional[_Bucketing] = None
+        self.bucket_refused: Optional[str] = None
+        self.analyses: Dict[Any, Any] = {}
+        self.compile_n = self.cold_n = self.warm_n = self.ratio_n = 0
+        self.compile_s = self.cold_s = self.warm_s = self.ratio_sum = 0.0
+        self.frac_cc = 0.0
+        self.child_comp = 0.0
+        self._template = None
+        self._tmods = None
+        self._jf = None
+        self._vjp = None
+
+    # -- programs ----------------------------------------------------------
+    def template(self) -> torch.nn.Module:
+        """The private structural copy of the first member's module the programs are traced on."""
+        if self._template is None:
+            self._template = _shadow(self.first.module, {})
+            self._tmods = list(_module_state(self._template).mods)
+        return self._template
+
+    def call_template(self, params: Dict[str, Tensor], flags: tuple, args: tuple, kwargs: dict) -> Any:
+        """Run the region's forward on the template with ``params`` and training ``flags`` (traced)."""
+        from torch.nn.utils.stateless import _reparametrize_module
+        t = self.template()
+        for m, f in zip(self._tmods, flags):
+            m.training = f
+        with _reparametrize_module(t, params, tie_weights=True, strict=False):
+            return self.base_forward(t, *args, **kwargs)
+
+    def _program(self, params, flags, args, kwargs):
+        out = self.call_template(params, flags, args, kwargs)
+        leaves, spec = _pytree.tree_flatten(out)
+        return tuple(l for l in leaves if isinstance(l, Tensor)), _OutStruct(spec, leaves)
+
+    def jf(self):
+        """The group's jitted program: ``(params, flags, args, kwargs) -> (result tensors, _OutStruct)``."""
+        if self._jf is None:
+            from ..jit import jit
+            self.template()
+            self._jf = jit(self._program, static_argnums=(1,), backend=self.ctl.backend,
+                           cache_size=self.policy.cache_size)
+        return self._jf
+
+    def run(self, params, flags, args, kwargs) -> Tuple[tuple, "_OutStruct"]:
+        """Run the program (compiling it on a jit cache miss): ``(result tensors, how to rebuild the result)``."""
+        touts, struct = _on_host(self.jf(), (params, flags, args, kwargs))
+        return touts, struct
+
+    def lower(self, params, flags, args, kwargs):
+        """The IR of the program for these arguments (compiled now on a jit cache miss)."""
+        (hp, ha, hk), _ = _host_views((params, args, kwargs))
+        return self.jf().lower(hp, flags, ha, hk)
+
+    def vjp(self):
+        """The jitted vjp: ``(params, flags, args, kwargs, cotangents) -> grads`` of the inputs and
+        parameters that require grad (in that order)."""
+        if self._vjp is None:
+            from ..jit import jit
+
+            def region_vjp(params, flags, args, kwargs, gys):
+                """vjp of the region's forward at (args, kwargs) for output cotangents gys."""
+                with torch.enable_grad():
+                    out = self.call_template(params, flags, args, kwargs)
+                outs = [t for t in _pytree.tree_leaves(out) if isinstance(t, Tensor)]
+                targets = [t for t in _pytree.tree_leaves((args, kwargs)) if isinstance(t, Tensor) and t.requires_grad]
+                targets += [p for p in params.values() if p.requires_grad]
+                pairs = [(o, g) for o, g in zip(outs, gys) if o.requires_grad]
+                grads = torch.autograd.grad([o for o, _ in pairs], targets, [g for _, g in pairs], allow_unused=True)
+                return [g if g is not None else torch.zeros_like(t) for g, t in zip(grads, targets)]
+
+            self.template()
+            self._vjp = jit(region_vjp, static_argnums=(1,), backend=self.ctl.backend,
+                            cache_size=self.policy.cache_size)
+        return self._vjp
+
+    def trace_ir(self, params, flags, args, kwargs):
+        """The optimised IR of the program for these arguments (traced, not compiled)."""
+        from ..jit import make_ir
+        return make_ir(self._program, static_argnums=(1,))(params, flags, args, kwargs)
+
+    # -- statistics ------------------------------------------------------------
+    def stats(self, key: Any) -> SigStats:
+        st = self.sigs.get(key)
+        if st is None:
+            st = SigStats()
+            self.sigs[key] = st
+            if len(self.sigs) > self.policy.max_signatures:
+                old, _ = self.sigs.popitem(last=False)
+                self.compiled.pop(old, None)
+        else:
+            self.sigs.move_to_end(key)
+        return st
+
+    def note_eager(self, st: SigStats, key: Any, dt: float, frac_cc: float, child_comp: float) -> None:
+        """Record an eager call run at signature ``key`` (cold: the first of that shape in the group)."""
+        if key in self.eager_keys:
+            self.eager_keys.move_to_end(key)
+            st.warm_n += 1
+            st.warm_s += dt
+            self.warm_n += 1
+            self.warm_s += dt
+        else:
+            self.eager_keys[key] = None
+            if len(self.eager_keys) > self.policy.max_signatures:
+                self.eager_keys.popitem(last=False)
+            st.cold_n += 1
+            st.cold_s += dt
+            self.cold_n += 1
+            self.cold_s += dt
+        if st.cold_n + st.warm_n == 1:
+            st.frac_cc, st.child_comp = frac_cc, child_comp
+        else:
+            st.frac_cc, st.child_comp = 0.5 * (st.frac_cc + frac_cc), 0.5 * (st.child_comp + child_comp)
+        if self.cold_n + self.warm_n == 1:
+            self.frac_cc, self.child_comp = frac_cc, child_comp
+        else:
+            self.frac_cc = 0.9 * self.frac_cc + 0.1 * frac_cc
+            self.child_comp = 0.9 * self.child_comp + 0.1 * child_comp
+
+    def split(self, st: SigStats) -> Tuple[float, float]:
+        """``(share of eager time in child regions, compile time they stand for)`` of a signature, else of the
+        group's recent calls."""
+        if st.cold_n + st.warm_n:
+            return st.frac_cc, st.child_comp
+        return self.frac_cc, self.child_comp
+
+    def pad_eager(self) -> bool:
+        """True when eager calls should run padded to their bucket: a shape new to the group costs much more
+        than a known one (on the neuron device the first call of a shape compiles one-op programs), so
+        sharing the bucket's shape keeps eager calls warm."""
+        return (self.cold_n > 0 and self.warm_n > 0
+                and self.cold_s / self.cold_n > 1.5 * self.warm_s / self.warm_n)
+
+    def eager_key(self, key: Any, bkey: Any, pads: Optional[list]) -> Any:
+        """The signature an eager call of ``key`` (bucket ``bkey``) runs at: padded when that keeps it warm."""
+        if pads and key not in self.eager_keys and self.pad_eager():
+            return bkey
+        return key
+
+    def compile_equiv(self, warm: Optional[float]) -> float:
+        """Compile time one call of this group stands for (what a parent region compiling it inlines)."""
+        if self.compile_n:
+            return self.compile_s / self.compile_n
+        return self.ctl.compile_estimate(warm or 0.0)
+
+    def warm_estimate(self, st: SigStats) -> Optional[float]:
+        """Expected warm eager time of a signature: measured, else scaled from its cold time, else the group's."""
+        if st.warm_n:
+            return st.warm_s / st.warm_n
+        gw, gc = _mean(self.warm_s, self.warm_n), _mean(self.cold_s, self.cold_n)
+        if st.cold_n:
+            c = st.cold_s / st.cold_n
+            return c * min(1.0, gw / gc) if gw is not None and gc else c
+        return gw if gw is not None else gc
+
+    def cold_estimate(self, st: SigStats, warm: float) -> float:
+        """Expected eager time of a shape the group never ran eager (one-op programs to compile on the device)."""
+        if st.cold_n:
+            return st.cold_s / st.cold_n
+        gc = _mean(self.cold_s, self.cold_n)
+        return max(gc, warm) if gc is not None else warm
+
+    def ratio(self) -> float:
+        """Compiled/eager time ratio: measured in the group, else across the model, else the prior."""
+        if self.ratio_n:
+            return self.ratio_sum / self.ratio_n
+        return self.ctl.ratio_estimate()
+
+    def compile_estimate(self, warm: float, st: Optional[SigStats] = None) -> float:
+        """Expected compile time: the group's mean, else what its child regions stand for plus the model's compile
+        seconds per second of eager time for the rest, else the prior."""
+        if self.compile_n:
+            return self.compile_s / self.compile_n
+        frac, child_comp = self.split(st) if st is not None else (0.0, 0.0)
+        if child_comp:
+            return child_comp + self.ctl.compile_estimate(warm * (1.0 - frac))
+        return self.ctl.compile_estimate(warm)
+
+    # -- buckets -------------------------------------------------------------------
+    def pattern(self, key, positions) -> Any:
+        spec, parts, grad, training = key[:4]
+        parts = list(parts)
+        for (i, d) in positions:
+            shape = list(parts[i][0])
+            shape[d] = None
+            parts[i] = (tuple(shape),) + parts[i][1:]
+        return (spec, tuple(parts), grad, training)
+
+    def bucket_of(self, key) -> Tuple[Optional[list], Any]:
+        """``(pads, bucket key)`` of a call; pads ``[(leaf, axis, n, bucket)]``; (None, key) when not bucketed."""
+        b = self.bucketing
+        if self.pattern(key, b.positions) != b.pattern:
+            return None, key
+        spec, parts, grad, training = key
+        parts = [list(p) for p in parts]
+        pads = []
+        for g in b.groups:
+            sizes = {key[1][i][0][d] for (i, d) in g}
+            if len(sizes) != 1:
+                return None, key
+            n = sizes.pop()
+            bs = bucket_size(self.policy, n)
+            if bs is None:
+                return None, key
+            for (i, d) in g:
+                shape = list(parts[i][0])
+                shape[d] = bs
+                parts[i][0] = tuple(shape)
+                if bs != n:
+                    pads.append((i, d, n, bs))
+        return pads, HashedTuple((spec, tuple(tuple(p) for p in parts), grad, training))
 
 
 class Region:
-    """One adaptive region: the module, its signature table, its compiled programs and counters."""
+    """One adaptive region: the module, its signature counts, counters, and its group."""
 
     def __init__(self, controller: Any, name: str, module: torch.nn.Module, base_forward: Any):
         self.ctl = controller
@@ -132,22 +547,18 @@ class Region:
         self.name = name
         self.module = module
         self.base_forward = base_forward
-        self.sigs: "collections.OrderedDict[Any, SigStats]" = collections.OrderedDict()
-        self.compiled: "collections.OrderedDict[Any, None]" = collections.OrderedDict()
+        self.group: Group = None  # type: ignore[assignment]  (set by the controller)
+        self.seen: "collections.OrderedDict[Any, int]" = collections.OrderedDict()
+        self._raw: "collections.OrderedDict[Any, None]" = collections.OrderedDict()
         self.window: "collections.deque" = collections.deque(maxlen=self.policy.churn_window)
         self.repeats: "collections.deque" = collections.deque(maxlen=self.policy.churn_window)
         self.n_repeats = 0
+        # recent calls: 0 eager, 1 compiled, 2 compiled padded, 3 eager padded
+        self.modes: "collections.deque" = collections.deque(maxlen=self.policy.churn_window)
         self.dead: Optional[str] = None
-        self.bucketing: Optional[_Bucketing] = None
-        self.bucket_refused: Optional[str] = None
-        self.reason = "new: runs eager while it records signatures"
+        self.reason: Any = "new: runs eager while it records signatures"
         self.calls = self.compiles = self.hits = self.padded = self.distinct = 0
         self.eager_s = self.compiled_s = self.compile_s = 0.0
-        self._jm = None
-        self._vjp_fn = None
-        self._raw: "collections.OrderedDict[Any, None]" = collections.OrderedDict()
-        self.ratio_sum = 0.0  # measured compiled/eager time ratios of compiled calls
-        self.ratio_n = 0
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> "Region":
         # a copied model shares the region; the region inlines calls on modules other than its own
@@ -156,68 +567,35 @@ class Region:
     def __copy__(self) -> "Region":
         return self
 
-    # -- programs ---------------------------------------------------------
-    def _jitted(self):
-        if self._jm is None:
-            from ..jit import JittedModule
-            self._jm = JittedModule(self.module, backend=self.ctl.backend, cache_size=self.policy.cache_size)
-        return self._jm
-
-    def _vjp(self):
-        if self._vjp_fn is None:
-            from ..jit import jit
-            base = self.base_forward
-
-            def region_vjp(mod, args, kwargs, gys):
-                """vjp of the region's forward at (args, kwargs) for output cotangents gys."""
-                with torch.enable_grad():
-                    out = base(mod, *args, **kwargs)
-                outs = [t for t in _pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-                targets = [t for t in _pytree.tree_leaves((args, kwargs))
-                           if isinstance(t, torch.Tensor) and t.requires_grad]
-                targets += [p for p in mod.parameters() if p.requires_grad]
-                pairs = [(o, g) for o, g in zip(outs, gys) if o.requires_grad]
-                grads = torch.autograd.grad([o for o, _ in pairs], targets, [g for _, g in pairs], allow_unused=True)
-                return [g if g is not None else torch.zeros_like(t) for g, t in zip(grads, targets)]
-
-            self._vjp_fn = jit(region_vjp, backend=self.ctl.backend, cache_size=self.policy.cache_size)
-        return self._vjp_fn
-
     # -- bookkeeping --------------------------------------------------------
-    def _decide(self, msg: str) -> None:
+    def _decide(self, msg: Any) -> None:
         self.reason = msg
         if log_enabled():
-            log.warning("tn.adaptive: %s: %s", self.name, msg)
+            log.warning("tn.adaptive: %s: %s", self.name, msg() if callable(msg) else msg)
 
     def _cost(self, kind: str, measured: float) -> float:
         c = self.policy.injected(kind, self.name)
         return measured if c is None else float(c)
 
-    def _stats(self, key: Any) -> SigStats:
-        st = self.sigs.get(key)
-        if st is None:
-            st = SigStats()
-            self.sigs[key] = st
-            if len(self.sigs) > self.policy.max_signatures:
-                old, ost = self.sigs.popitem(last=False)
-                self.compiled.pop(old, None)
-        else:
-            self.sigs.move_to_end(key)
-        return st
-
     def signature(self, mod: torch.nn.Module, args: tuple, kwargs: dict):
         """``(key, leaves, spec)`` of a call; raises _Unsupported for a leaf tn.jit cannot take."""
-        leaves, spec = _pytree.tree_flatten((args, kwargs))
+        leaves: list = []
+        spec = _flatten((args, kwargs), leaves)
         parts = []
         for i, l in enumerate(leaves):
-            if isinstance(l, torch.Tensor):
+            if isinstance(l, Tensor):
                 parts.append((tuple(l.shape), l.dtype, l.device.type, l.requires_grad))
             elif isinstance(l, _PRIMITIVE):
                 parts.append(("v", type(l).__name__, l))
             else:
                 raise _Unsupported(f"argument leaf {i} is a {type(l).__name__} (not a tensor, pytree or Python "
                                    f"constant): tn.jit cannot take it")
-        return (spec, tuple(parts), torch.is_grad_enabled(), mod.training), leaves, spec
+        return HashedTuple((spec, tuple(parts), torch.is_grad_enabled(), mod.training)), leaves, spec
+
+    def recurrence(self) -> float:
+        """Share of the region's recent calls whose signature (or bucket) it had seen before."""
+        n = len(self.repeats)
+        return self.n_repeats / n if n else 0.0
 
     # -- the call -----------------------------------------------------------
     def dispatch(self, mod: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -226,47 +604,59 @@ class Region:
             return self.base_forward(mod, *args, **kwargs)  # a tracing copy: inline
         self.calls += 1
         if self.dead is not None:
-            return self._eager(None, args, kwargs)
+            return self._eager(None, None, args, kwargs)
         try:
             key, leaves, spec = self.signature(mod, args, kwargs)
         except _Unsupported as e:
             self._give_up(str(e))
-            return self._eager(None, args, kwargs)
+            return self._eager(None, None, args, kwargs)
+        pol = self.policy
+        g = self.group
         self.window.append(key)
-        if key in self._raw:
-            self._raw.move_to_end(key)
+        raw = self._raw
+        if key in raw:
+            raw.move_to_end(key)
         else:
-            self._raw[key] = None
+            raw[key] = None
             self.distinct += 1
-            if len(self._raw) > self.policy.max_signatures:
-                self._raw.popitem(last=False)
-        pads = None
-        if self.bucketing is None and self.bucket_refused is None and self.policy.bucket is not None:
-            if len(set(self.window)) >= self.policy.churn_distinct:
+            if len(raw) > pol.max_signatures:
+                raw.popitem(last=False)
+            if (g.bucketing is None and g.bucket_refused is None and pol.bucket is not None
+                    and len(self.window) >= pol.churn_distinct and len(set(self.window)) >= pol.churn_distinct):
                 self._try_bucketing(key, leaves, args, kwargs)
+        pads = None
         bkey = key
-        if self.bucketing is not None:
-            pads, bkey = self._bucket_of(key)
-        st = self._stats(bkey)
-        rep = st.count > 0
+        if g.bucketing is not None:
+            pads, bkey = g.bucket_of(key)
+        seen = self.seen.get(bkey, 0)
+        rep = seen > 0
+        self.seen[bkey] = seen + 1
+        if rep:
+            self.seen.move_to_end(bkey)
+        elif len(self.seen) > pol.max_signatures:
+            self.seen.popitem(last=False)
         if len(self.repeats) == self.repeats.maxlen:
             self.n_repeats -= self.repeats[0]
         self.repeats.append(rep)
         self.n_repeats += rep
+        st = g.stats(bkey)
         st.count += 1
         needs_grad = torch.is_grad_enabled() and (
-            any(isinstance(l, torch.Tensor) and l.requires_grad for l in leaves)
+            any(isinstance(l, Tensor) and l.requires_grad for l in leaves)
             or any(p.requires_grad for p in mod.parameters()))
         if needs_grad:
             why = self._autograd_blocker(mod)
             if why is not None:
                 st.reason = self.reason = why
-                return self._eager(st, args, kwargs)
+                return self._eager(st, key, args, kwargs)
         if st.state == "compiled":
             return self._compiled(bkey, st, leaves, spec, pads, needs_grad)
-        if st.state == "eager" and self._pays_back(st):
-            return self._compile(bkey, st, leaves, spec, pads, needs_grad, args, kwargs)
-        return self._eager(st, args, kwargs)
+        ekey = g.eager_key(key, bkey, pads)
+        if st.state == "eager" and st.refused is None and self._pays_back(st, ekey, seen + 1):
+            return self._compile(bkey, st, key, leaves, spec, pads, needs_grad, args, kwargs)
+        if ekey is not key:
+            return self._eager(st, ekey, args, kwargs, (leaves, spec, pads))
+        return self._eager(st, key, args, kwargs)
 
     def _autograd_blocker(self, mod: torch.nn.Module) -> Optional[str]:
         """Why a call under autograd must run eager, or None.
@@ -286,198 +676,258 @@ class Region:
                 return "training with buffers under autograd (the vjp would update them twice): eager"
         return None
 
-    def _eager(self, st: Optional[SigStats], args: tuple, kwargs: dict) -> Any:
+    def _eager(self, st: Optional[SigStats], key: Any, args: tuple, kwargs: dict, padded=None) -> Any:
+        """Run eager (``padded=(leaves, spec, pads)``: at the bucket's shape, results sliced back)."""
+        ctl = self.ctl
         clock = self.policy.clock
-        c0 = self.ctl.compile_total
+        frames = ctl.frames()
+        frame = [0.0, 0.0, 0.0]  # live child regions inside this call: [compiled s, eager s, compile-equivalent s]
+        frames.append(frame)
+        c0 = ctl.compile_total
         t0 = clock()
-        out = run_eager(self.base_forward, self.module, args, kwargs)
+        try:
+            if padded is None:
+                out = run_eager(self.base_forward, self.module, args, kwargs)
+            else:
+                leaves, spec, pads = padded
+                pargs, pkwargs = _args_of(self._padded(leaves, pads), spec)
+                out = run_eager(self.base_forward, self.module, pargs, pkwargs)
+                oleaves, ospec = _pytree.tree_flatten(out)
+                touts = self._sliced([l for l in oleaves if isinstance(l, Tensor)], pads)
+                it = iter(touts)
+                out = _pytree.tree_unflatten([next(it) if isinstance(l, Tensor) else l for l in oleaves], ospec)
+        finally:
+            frames.pop()
         # compiles of inner regions during this call are not eager time of this region
-        dt = self._cost("eager", clock() - t0 - (self.ctl.compile_total - c0))
+        dt = self._cost("eager", clock() - t0 - (ctl.compile_total - c0))
         self.eager_s += dt
+        self.modes.append(0 if padded is None else 3)
+        if padded is not None:
+            self.padded += 1
+        g = self.group
         if st is not None:
-            st.eager_n += 1
-            st.eager_s += dt
+            g.note_eager(st, key, dt, min(1.0, (frame[0] + frame[1]) / dt) if dt > 0 else 0.0, frame[2])
+        if frames and self.dead is None:
+            parent = frames[-1]
+            parent[1] += dt
+            parent[2] += g.compile_equiv(dt)
         return out
 
-    def _mean_eager(self, st: SigStats) -> Optional[float]:
-        if st.eager_n:
-            return st.eager_s / st.eager_n
-        n = sum(s.eager_n for s in self.sigs.values())
-        return self.eager_s / n if n else None
-
-    def _ratio(self) -> float:
-        """Compiled/eager time ratio: measured in this region, else across the model's regions, else the prior."""
-        if self.ratio_n:
-            return self.ratio_sum / self.ratio_n
-        return self.ctl.ratio_estimate()
-
-    def _pays_back(self, st: SigStats) -> bool:
-        te = self._mean_eager(st)
+    def _pays_back(self, st: SigStats, key: Any, seen: int) -> bool:
+        g = self.group
+        te = g.warm_estimate(st)
         if te is None:
-            return False
-        tc = te * self._ratio()
-        tcomp = self.compile_s / self.compiles if self.compiles else self.ctl.compile_estimate()
+            return False  # nothing measured in the group yet: run eager and measure
+        cold = key not in g.eager_keys
+        t_now = g.cold_estimate(st, te) if cold else te
+        ratio = g.ratio()
+        if st.comp_n:
+            tc = st.comp_s / st.comp_n
+        else:  # child regions decide for themselves (sharing programs): only the rest speeds up
+            frac = g.split(st)[0]
+            tc = te * (frac + ratio * (1.0 - frac))
+        tcomp = g.compile_estimate(te, st)
         r = self.recurrence()
-        ok = should_compile(self.policy, st.count, r, te, tc, tcomp)
-        fut = expected_future(self.policy, st.count, r)
-        why = (f"seen {st.count}x, recurrence {r:.2f}: ~{fut:.3g} more calls * (eager {te * 1e3:.3g} ms - "
-               f"compiled~{tc * 1e3:.3g} ms) {'>=' if ok else '<'} compile~{tcomp * 1e3:.3g} ms")
+        share = max(1.0, st.count / seen)
+        fut = expected_future(self.policy, seen, r, share)
+        ok = should_compile(self.policy, seen, fut, t_now, te, tc, tcomp) and te - tc >= self.policy.min_gain * te
+
+        def why(ok=ok, seen=seen, r=r, share=share, fut=fut, t_now=t_now, cold=cold, te=te, tc=tc, tcomp=tcomp):
+            return (f"seen {seen}x (x{share:.3g} in the group), recurrence {r:.2f}: compile~{tcomp * 1e3:.3g} ms "
+                    f"{'<=' if ok else '>'} now ({'cold ' if cold else ''}eager {t_now * 1e3:.3g} - compiled~"
+                    f"{tc * 1e3:.3g} ms) + ~{fut:.3g} more calls * (eager {te * 1e3:.3g} - compiled~{tc * 1e3:.3g} ms)")
+
         st.reason = why
         if not ok:
             self.reason = why
         return ok
 
-    def recurrence(self) -> float:
-        """Share of the region's recent calls whose signature (or bucket) had been seen before."""
-        n = len(self.repeats)
-        return self.n_repeats / n if n else 0.0
+    def _params(self):
+        ms = _module_state(self.module)
+        return {n: d[k] for n, (d, k) in zip(ms.names, ms.refs)}, tuple([m.training for m in ms.mods])
 
-    def _run_program(self, leaves, spec, pads, needs_grad) -> Any:
-        """Run the jitted program (padding to the bucket first and slicing back after, when bucketed)."""
+    def _padded(self, leaves, pads):
+        leaves = list(leaves)
+        for (i, d, n, b) in pads:
+            x = leaves[i]
+            last = x.narrow(d, n - 1, 1)
+            shape = list(x.shape)
+            shape[d] = b - n
+            leaves[i] = torch.cat([x, last.expand(shape)], d)
+        return leaves
+
+    def _run_program(self, st: SigStats, leaves, spec, pads, needs_grad) -> Any:
+        """Run the group's program (padding to the bucket first and slicing back after, when bucketed)."""
+        g = self.group
+        params, flags = self._params()
         if pads:
-            leaves = list(leaves)
-            for (i, d, n, b) in pads:
-                x = leaves[i]
-                last = x.narrow(d, n - 1, 1)
-                shape = list(x.shape)
-                shape[d] = b - n
-                leaves[i] = torch.cat([x, last.expand(shape)], d)
-        args, kwargs = _pytree.tree_unflatten(leaves, spec)
+            leaves = self._padded(leaves, pads)
+        args, kwargs = _args_of(leaves, spec)
         if needs_grad:
-            tensors = [l for l in leaves if isinstance(l, torch.Tensor) and l.requires_grad]
-            tensors += [p for p in self.module.parameters() if p.requires_grad]
-            call = {"args": args, "kwargs": kwargs}
-            touts = _RegionFunction.apply(self, call, *tensors)
-            it = iter(touts)
-            out_leaves = [next(it) if isinstance(l, torch.Tensor) else l for l in call["leaves"]]
-            ospec = call["spec"]
+            tensors = [l for l in leaves if isinstance(l, Tensor) and l.requires_grad]
+            tensors += [p for p in params.values() if p.requires_grad]
+            call = {"params": params, "flags": flags, "args": args, "kwargs": kwargs}
+            touts = list(_RegionFunction.apply(g, call, *tensors))
+            struct = call["out"]
         else:
-            out = self._jitted()(*args, **kwargs)
-            out_leaves, ospec = _pytree.tree_flatten(out)
+            touts, struct = g.run(params, flags, args, kwargs)
+            touts = list(touts)
         if pads:
-            by_group = {}
-            for (i, d, n, b) in pads:
-                by_group[self._group_of(i, d)] = n
-            for g, n in by_group.items():
-                for j, ax in enumerate(self.bucketing.out_axes[g]):
-                    if ax is not None and isinstance(out_leaves[j], torch.Tensor):
-                        out_leaves[j] = out_leaves[j].narrow(ax[0], 0, n * ax[1])
-        return _pytree.tree_unflatten(out_leaves, ospec)
+            touts = self._sliced(touts, pads)
+        return struct.rebuild(touts)
+
+    def _sliced(self, touts: list, pads: list) -> list:
+        """The result tensors of a padded call sliced back to the real sizes."""
+        touts = list(touts)
+        by_group = {}
+        for (i, d, n, b) in pads:
+            by_group[self._group_of(i, d)] = n
+        for gi, n in by_group.items():
+            for j, axes in enumerate(self.group.bucketing.out_axes[gi]):
+                for (ax, inner) in axes or ():
+                    touts[j] = touts[j].narrow(ax, 0, n * inner)
+        return touts
 
     def _compiled(self, key, st: SigStats, leaves, spec, pads, needs_grad) -> Any:
+        g = self.group
         clock = self.policy.clock
-        self.compiled.move_to_end(key)
+        if key in g.compiled:
+            g.compiled.move_to_end(key)
         t0 = clock()
         try:
-            out = self._run_program(leaves, spec, pads, needs_grad)
+            out = self._run_program(st, leaves, spec, pads, needs_grad)
         except Exception as e:  # the program failed: eager gives the user's result (or the user's error)
             return self._failed(st, e, leaves, spec)
         dt = self._cost("compiled", clock() - t0)
+        frames = self.ctl.frames()
+        if frames:
+            frames[-1][0] += dt
+            frames[-1][2] += g.compile_equiv(None)
         st.comp_n += 1
         st.comp_s += dt
         self.compiled_s += dt
         self.hits += 1
+        self.modes.append(2 if pads else 1)
         if pads:
             self.padded += 1
-        te = self._mean_eager(st)
+        te = g.warm_estimate(st)
         if te:
-            self.ratio_sum += dt / te
-            self.ratio_n += 1
+            g.ratio_sum += dt / te
+            g.ratio_n += 1
             self.ctl.note_ratio(dt / te)
-        if st.comp_n >= 2 and te is not None and st.comp_s / st.comp_n >= te:
+        if st.comp_n >= 4 and te is not None and st.comp_s / st.comp_n >= te:
             st.state = "slower"
-            self.compiled.pop(key, None)
+            g.compiled.pop(key, None)
             st.reason = (f"compiled {st.comp_s / st.comp_n * 1e3:.3g} ms/call is not faster than eager "
                          f"{te * 1e3:.3g} ms: back to eager")
             self._decide(st.reason)
         return out
 
-    def _compile(self, key, st: SigStats, leaves, spec, pads, needs_grad, args, kwargs) -> Any:
+    def _compile(self, bkey, st: SigStats, key, leaves, spec, pads, needs_grad, args, kwargs) -> Any:
+        g = self.group
         clock = self.policy.clock
-        what = "bucket " + str(_bucket_shapes(key)) if key[-1] == "bucket" else "signature"
-        self._decide(f"compiling {what} ({st.reason})")
+        what = "bucket " + str([list(p[0]) for p in bkey[1] if p[0] != "v"]) if pads is not None else "signature"
+        self._decide(lambda: f"compiling {what} ({st.reason() if callable(st.reason) else st.reason})")
+        ctl = self.ctl
+        c0 = ctl.compile_total
         t0 = clock()
         try:
-            out = self._run_program(leaves, spec, pads, needs_grad)
+            if pads and g.bucketing is not None:
+                why = self._verify_bucket(st, leaves, spec, pads)
+                if why is not None:
+                    dt = clock() - t0 - (ctl.compile_total - c0)
+                    ctl.note_compile(dt, None)
+                    self.compile_s += dt
+                    self.compiles += 1
+                    st.refused = why
+                    g.bucketing, g.bucket_refused = None, why
+                    self._decide(f"{what} not padded: {why}; the group stops bucketing")
+                    return self._eager(st, key, args, kwargs)
+            out = self._run_program(st, leaves, spec, pads, needs_grad)
         except Exception as e:  # cannot trace or compile: eager gives the user's result (or the user's error)
             return self._failed(st, e, leaves, spec)
-        dt = self._cost("compile", clock() - t0)
+        dt = self._cost("compile", clock() - t0 - (ctl.compile_total - c0))
+        te = g.warm_estimate(st)
+        ctl.note_compile(dt, te)
         self.compiles += 1
         self.compile_s += dt
-        self.ctl.note_compile(dt)
+        g.compile_n += 1
+        g.compile_s += dt
         self.hits += 1
+        self.modes.append(2 if pads else 1)
         if pads:
             self.padded += 1
+        frames = ctl.frames()
+        if frames:
+            frames[-1][0] += st.comp_s / st.comp_n if st.comp_n else 0.0
+            frames[-1][2] += g.compile_equiv(None)
         st.state = "compiled"
-        self.compiled[key] = None
-        while len(self.compiled) > self.policy.cache_size:
-            old, _ = self.compiled.popitem(last=False)
-            ost = self.sigs.get(old)
+        g.compiled[bkey] = None
+        while len(g.compiled) > self.policy.cache_size:
+            old, _ = g.compiled.popitem(last=False)
+            ost = g.sigs.get(old)
             if ost is not None:
                 ost.state, ost.reason = "eager", "compiled program evicted (cache_size)"
         return out
+
+    def _verify_bucket(self, st: SigStats, leaves, spec, pads) -> Optional[str]:
+        """Compile the bucket's program and check its IR is the analysed program at the bucket size, padding
+        exactly (None), else say why not."""
+        g = self.group
+        b = g.bucketing
+        params, flags = self._params()
+        args, kwargs = _args_of(self._padded(leaves, pads), spec)
+        big = g.lower(params, flags, args, kwargs)
+        offset = len(params)
+        tix = self.ctl.tensor_index(leaves)
+        sized = [(offset + tix[i], d) for grp in b.groups for (i, d) in grp]
+        why = independence.same_program(b.ir, big, sized)
+        if why is not None:
+            return why
+        for gi, grp in enumerate(b.groups):
+            i0, d0 = grp[0]
+            if bucket_size(self.policy, leaves[i0].shape[d0]) < 2:
+                continue  # calls of this bucket never pad these dims
+            try:
+                axes = independence.independent_axes(big, {offset + tix[i]: d for (i, d) in grp})
+            except independence.Mixed as e:
+                return f"dims {list(grp)} at the bucket size: {e}"
+            if axes != b.out_axes[gi]:
+                return f"dims {list(grp)}: the outputs carry them differently at the bucket size"
+        return None
 
     def _failed(self, st: SigStats, e: Exception, leaves, spec) -> Any:
         """A trace, compile or compiled run failed: eager for good (with the error as reason), this call eager."""
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         self._give_up(f"cannot be compiled ({type(e).__name__}: {msg[:300]})")
-        args, kwargs = _pytree.tree_unflatten(list(leaves), spec)
-        return self._eager(st, args, kwargs)
+        args, kwargs = _args_of(list(leaves), spec)
+        return self._eager(None, None, args, kwargs)
 
     def _give_up(self, why: str) -> None:
         if self.dead is None:
             self.dead = why
-            self.compiled.clear()
             self._decide(f"eager for good: {why}; its children become regions")
             self.ctl.add_children(self)
 
     # -- buckets ------------------------------------------------------------
     def _group_of(self, i: int, d: int) -> int:
-        for g, members in enumerate(self.bucketing.groups):
+        for gi, members in enumerate(self.group.bucketing.groups):
             if (i, d) in members:
-                return g
+                return gi
         return -1
 
-    def _pattern(self, key, positions) -> Any:
-        spec, parts, grad, training = key
-        parts = list(parts)
-        for (i, d) in positions:
-            shape = list(parts[i][0])
-            shape[d] = None
-            parts[i] = (tuple(shape),) + parts[i][1:]
-        return (spec, tuple(parts), grad, training)
-
-    def _bucket_of(self, key) -> Tuple[Optional[list], Any]:
-        b = self.bucketing
-        positions = [p for g in b.groups for p in g]
-        if self._pattern(key, positions) != b.pattern:
-            return None, key
-        spec, parts, grad, training = key
-        parts = [list(p) for p in parts]
-        pads = []
-        for g in b.groups:
-            sizes = {key[1][i][0][d] for (i, d) in g}
-            if len(sizes) != 1:
-                return None, key
-            n = sizes.pop()
-            bs = bucket_size(self.policy, n)
-            if bs is None:
-                return None, key
-            for (i, d) in g:
-                shape = list(parts[i][0])
-                shape[d] = bs
-                parts[i][0] = tuple(shape)
-                if bs != n:
-                    pads.append((i, d, n, bs))
-        return pads, (spec, tuple(tuple(p) for p in parts), grad, training, "bucket")
-
     def _try_bucketing(self, key, leaves, args, kwargs) -> None:
+        g = self.group
         spec, parts, grad, training = key
+        if g.frac_cc >= 0.8 and g.cold_n + g.warm_n >= 2:
+            g.bucket_refused = f"its eager time is {g.frac_cc:.0%} in child regions, which bucket for themselves"
+            return
 
         def struct(k):
             return (k[0], tuple((p[1:], len(p[0])) if p[0] != "v" else p for p in k[1]), k[2], k[3])
 
-        same = [k for k in set(self.window) if struct(k) == struct(key)]
+        sk = struct(key)
+        same = list({k for k in self.window if struct(k) == sk})
         if len(same) < self.policy.churn_distinct:
             return
         varying: Dict[Tuple, List[Tuple[int, int]]] = {}
@@ -490,70 +940,79 @@ class Region:
                     varying.setdefault(sizes, []).append((i, d))
         if not varying or any(parts[i][0][d] < 2 for ms in varying.values() for (i, d) in ms):
             return  # nothing varies, or this call's size is too small to prove anything from: next time
-        ckey = (getattr(type(self.module), "_tn_adaptive_base", type(self.module)), struct(key),
-                tuple(tuple(m) for m in varying.values()),
-                tuple((n, tuple(p.shape)) for n, p in self.module.named_parameters()))
-        cached = self.ctl.analyses.get(ckey)
+        ckey = (sk, tuple(tuple(m) for m in varying.values()))
+        cached = g.analyses.get(ckey)
         if cached is None:
             cached = self._analyse(varying, leaves, args, kwargs)
             if cached is None:
                 return
-            self.ctl.remember_analysis(ckey, cached)
-        groups, outs, refused = cached
+            if len(g.analyses) >= 16:
+                g.analyses.pop(next(iter(g.analyses)))
+            g.analyses[ckey] = cached
+        groups, outs, refused, ir = cached
         if not groups:
-            self.bucket_refused = "; ".join(refused)
-            self._decide(f"signatures churn; no bucketing: {self.bucket_refused}; its children become regions")
-            self.ctl.add_children(self)
+            g.bucket_refused = "; ".join(refused)
+            self._decide(f"signatures churn; no bucketing: {g.bucket_refused}; its children become regions")
+            for r in g.members:
+                r.ctl.add_children(r)
             return
-        positions = [p for g in groups for p in g]
-        self.bucketing = _Bucketing(self._pattern(key, positions), groups, outs)
-        note = f" (not bucketed: {'; '.join(refused)}; its children become regions)" if refused else ""
+        g.bucketing = _Bucketing(g.pattern(key, [p for gr in groups for p in gr]), groups, outs, ir, ckey)
+        note = f" (not bucketed: {'; '.join(refused)})" if refused else ""
         self._decide(f"signatures churn; bucketing (leaf, axis) groups {groups} to {self.policy.bucket}{note}")
         if refused:
-            self.bucket_refused = "; ".join(refused)
-            self.ctl.add_children(self)
+            g.bucket_refused = "; ".join(refused)
 
     def _analyse(self, varying, leaves, args, kwargs):
-        """Trace this call once and prove which varying groups are independent: ``(groups, out_axes, refused)``."""
+        """Trace this call once and prove which varying groups may be padded: ``(groups, out_axes, refused, ir)``."""
+        g = self.group
+        clock = self.policy.clock
+        t0 = clock()
         try:
-            jm = self._jitted()
-            core = jm._tn_core
-            _, jspec, tensors = core.key_of(args, kwargs)
-            ir, _out_tree, out_leaves = core.trace(jspec, tensors)
+            params, flags = self._params()
+            ir = g.trace_ir(params, flags, args, kwargs)
         except Exception as e:  # an untraceable region: the compile attempt will say so
-            self.bucket_refused = f"cannot trace to analyse ({type(e).__name__})"
+            g.bucket_refused = f"cannot trace to analyse ({type(e).__name__})"
             return None
-        flat_index = {id(t): j for j, t in enumerate(tensors)}
+        finally:
+            self.ctl.note_analysis(clock() - t0)
+        offset = len(params)
+        tix = self.ctl.tensor_index(leaves)
         groups, outs, refused = [], [], []
         for members in varying.values():
             try:
-                axes = {flat_index[id(leaves[i])]: d for (i, d) in members}
-                res = independence.independent_axes(ir, axes)
+                res = independence.independent_axes(ir, {offset + tix[i]: d for (i, d) in members})
             except (independence.Mixed, KeyError) as e:
                 refused.append(f"dims {members}: {e}")
                 continue
             groups.append(tuple(members))
-            outs.append([res[k] if isinstance(k, int) else None for k in out_leaves])
-        return groups, outs, refused
+            outs.append(res)
+        return groups, outs, refused, ir
 
     # -- report ---------------------------------------------------------------
     def mode(self) -> str:
-        """``eager``, ``eager (for good)``, ``compiled``, ``bucketed`` or ``mixed`` (some signatures compiled)."""
+        """Over the last 8 calls: ``eager``, ``eager (padded)``, ``eager (for good)``, ``compiled``, ``bucketed``
+        (compiled, some padded) or ``mixed``."""
         if self.dead is not None:
             return "eager (for good)"
-        if not self.compiled:
-            return "eager"
-        if self.bucketing is not None:
-            return "bucketed"
-        hot = sum(1 for s in self.sigs.values() if s.state != "compiled")
-        return "compiled" if hot == 0 else "mixed"
+        m = list(self.modes)[-8:]
+        comp = any(x in (1, 2) for x in m)
+        eag = any(x in (0, 3) for x in m)
+        if not comp:
+            return "eager (padded)" if 3 in m else "eager"
+        if not eag:
+            return "bucketed" if 2 in m else "compiled"
+        return "mixed"
 
     def row(self) -> Dict[str, Any]:
         """One report row."""
-        reason = self.dead and f"eager for good: {self.dead}" or self.reason
-        if self.dead is None and self.bucket_refused and not self.compiled:
-            reason = f"{reason}; no bucketing: {self.bucket_refused}"
+        g = self.group
+        reason = f"eager for good: {self.dead}" if self.dead else self.reason
+        if callable(reason):
+            reason = reason()
+        if self.dead is None and g.bucket_refused and not self.hits:
+            reason = f"{reason}; no bucketing: {g.bucket_refused}"
         return {"region": self.name, "mode": self.mode(), "calls": self.calls, "signatures": self.distinct,
                 "compiles": self.compiles, "hits": self.hits, "padded": self.padded,
                 "eager_s": round(self.eager_s, 4), "compiled_s": round(self.compiled_s, 4),
-                "compile_s": round(self.compile_s, 4), "reason": reason}
+                "compile_s": round(self.compile_s, 4),
+                "shares": g.name if g.name != self.name else "", "reason": reason}

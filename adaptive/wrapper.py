@@ -10,13 +10,14 @@ attribute to it and adds :meth:`AdaptiveModel.report`.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List
+import threading
+from typing import Any, Dict, List, Optional
 
 import torch
 
 from ..errors import TnError
 from .policy import Policy, make_policy
-from .region import Region
+from .region import Group, Region, fingerprint
 
 __all__ = ["adaptive", "adaptive_report", "AdaptiveModel", "default_regions"]
 
@@ -67,51 +68,82 @@ def default_regions(model: torch.nn.Module) -> List[str]:
 
 
 class _Controller:
-    """Holds the policy and the regions of one adaptive model."""
+    """Holds the policy, the regions and the groups of identical regions of one adaptive model."""
 
     def __init__(self, model: torch.nn.Module, policy: Policy):
         self.model = model
         self.policy = policy
         self.backend = policy.backend or _default_backend()
         self.regions: Dict[str, Region] = {}
-        self.compile_total = 0.0  # seconds spent compiling, all regions (eager times exclude it)
+        self.groups: Dict[Any, Group] = {}
+        self.compile_total = 0.0  # seconds spent compiling (and analysing), all regions: eager times exclude it
         self.compile_n = 0
+        self.compile_rate_s = 0.0  # compile seconds and the warm eager seconds of what was compiled
+        self.compile_rate_e = 0.0
         self.ratio_sum = 0.0
         self.ratio_n = 0
-        self.analyses: Dict[Any, Any] = {}  # independence proofs per (module class, call structure): blocks share one
+        self.analysis_s = 0.0
+        self._tls = threading.local()
 
-    def note_compile(self, seconds: float) -> None:
+    def frames(self) -> list:
+        """This thread's stack of running eager regions (each ``[compiled child s, eager child s]``)."""
+        f = getattr(self._tls, "frames", None)
+        if f is None:
+            f = self._tls.frames = []
+        return f
+
+    def note_compile(self, seconds: float, warm: Optional[float]) -> None:
         """Record one compile (its time feeds the estimate of regions that have not compiled yet)."""
         self.compile_total += seconds
         self.compile_n += 1
+        if warm:
+            self.compile_rate_s += seconds
+            self.compile_rate_e += warm
 
-    def compile_estimate(self) -> float:
-        """Expected compile time of a region that has not compiled: the mean measured so far, else the prior."""
-        return self.compile_total / self.compile_n if self.compile_n else self.policy.compile_time_prior
+    def note_analysis(self, seconds: float) -> None:
+        """Time spent tracing for the independence analysis (not eager time of the enclosing regions)."""
+        self.compile_total += seconds
+        self.analysis_s += seconds
+
+    def compile_estimate(self, warm: float) -> float:
+        """Expected compile time of a group that has not compiled: the model's compile seconds per second
+        of warm eager time times ``warm``, else the prior."""
+        if self.compile_rate_e > 0:
+            return self.compile_rate_s / self.compile_rate_e * warm
+        return self.policy.compile_time_prior
 
     def ratio_estimate(self) -> float:
-        """Expected compiled/eager time ratio of a region that measured none: the model's mean, else the prior."""
+        """Expected compiled/eager time ratio of a group that measured none: the model's mean, else the prior."""
         return self.ratio_sum / self.ratio_n if self.ratio_n else self.policy.compiled_ratio_prior
-
-    def remember_analysis(self, key: Any, result: Any) -> None:
-        """Keep an independence analysis for regions of the same class and call structure (bounded)."""
-        if len(self.analyses) >= 64:
-            self.analyses.pop(next(iter(self.analyses)))
-        self.analyses[key] = result
 
     def note_ratio(self, ratio: float) -> None:
         """Record the compiled/eager time ratio measured on one compiled call."""
         self.ratio_sum += ratio
         self.ratio_n += 1
 
+    @staticmethod
+    def tensor_index(leaves: list) -> Dict[int, int]:
+        """Leaf index -> index among the tensor leaves (the program's argument inputs follow its parameters)."""
+        out, k = {}, 0
+        for i, l in enumerate(leaves):
+            if isinstance(l, torch.Tensor):
+                out[i] = k
+                k += 1
+        return out
+
     def add(self, name: str, module: torch.nn.Module) -> None:
-        """Make ``module`` a region (idempotent)."""
+        """Make ``module`` a region (idempotent), in the group of the regions with its structure."""
         if "_tn_region" in module.__dict__:
             return
         cls = type(module)
         base = getattr(cls, "_tn_adaptive_base", cls)
-        base_forward = base.forward
-        region = Region(self, name or "<root>", module, base_forward)
+        region = Region(self, name or "<root>", module, base.forward)
+        fp = (base, fingerprint(module)) if self.policy.share else ("region", region.name)
+        g = self.groups.get(fp)
+        if g is None or g.base_forward is not base.forward:
+            g = self.groups[fp] = Group(self, region)
+        g.members.append(region)
+        region.group = g
         module.__dict__["_tn_region"] = region
         module.__class__ = _region_class(base)
         self.regions[region.name] = region
@@ -122,9 +154,9 @@ class _Controller:
         for cname, child in region.module.named_children():
             if any(True for _ in child.parameters()) and "_tn_region" not in child.__dict__:
                 if isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):
-                    for gname, g in child.named_children():
-                        if any(True for _ in g.parameters()):
-                            self.add(f"{prefix}{cname}.{gname}", g)
+                    for gname, gm in child.named_children():
+                        if any(True for _ in gm.parameters()):
+                            self.add(f"{prefix}{cname}.{gname}", gm)
                 else:
                     self.add(prefix + cname, child)
 

@@ -62,7 +62,7 @@ from .errors import TnError
 from .ir import IR
 
 __all__ = [
-    "jit", "make_ir", "register_backend", "backends", "default_backend", "CacheInfo",
+    "jit", "make_ir", "register_backend", "backends", "default_backend", "is_tracing", "CacheInfo",
     "JittedFunction", "JittedModule", "DEFAULT_BACKEND", "DEFAULT_CACHE_SIZE",
 ]
 
@@ -176,6 +176,15 @@ class _TLS(threading.local):
 
 _tls = _TLS()
 _TRACE_LOCK = threading.RLock()
+
+
+def is_tracing() -> bool:
+    """True while this thread traces a jitted function (``tn.jit``/``tn.make_ir``).
+
+    Jitted functions called meanwhile are inlined; code that dispatches on
+    its own (``tn.adaptive``'s regions) should run its plain PyTorch code too.
+    """
+    return _tls.depth > 0
 
 
 _any_autocast = torch._C._is_any_autocast_enabled
@@ -935,3 +944,4 @@ def make_ir(fn: Any, static_argnums: Any = (), static_argnames: Any = ()) -> Cal
 jit.register_backend = register_backend  # type: ignore[attr-defined]
 jit.backends = backends  # type: ignore[attr-defined]
 jit.default_backend = default_backend  # type: ignore[attr-defined]
+jit.is_tracing = is_tracing  # type: ignore[attr-defined]
