@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -145,6 +145,69 @@ def _run_on_device(jitted: Callable, flat: List[Any]) -> Any:
     return put(out)
 
 
+def _input_layouts(example_inputs: Sequence[Any]) -> Dict[int, Tuple[int, ...]]:
+    """``{input index: perm}`` for graph inputs laid out as a dense permutation of row-major.
+
+    tn traces a function from its inputs' shapes only, as if they were
+    contiguous; AOTAutograd graphs, though, were traced for their inputs'
+    strides and may ``view`` an input in a way only that layout allows (the
+    backward graph of a channels-last ConvNeXt block receives permuted saved
+    activations). ``x.permute(perm)`` of such an input is contiguous in
+    memory: the graph is handed that and permutes it back (a view with the
+    original strides), so no data moves and the graph sees the layout it
+    was traced for.
+    """
+    perms: Dict[int, Tuple[int, ...]] = {}
+    for i, x in enumerate(example_inputs):
+        if not isinstance(x, torch.Tensor) or x.dim() < 2:
+            continue
+        try:
+            if x.is_contiguous():
+                continue
+            strides = x.stride()
+            # largest stride first; size-1 dims keep their place among equals
+            perm = tuple(sorted(range(x.dim()), key=lambda d: (-strides[d], d)))
+            if x.permute(perm).is_contiguous():
+                perms[i] = perm
+        except Exception:  # symbolic sizes/strides we cannot read: trace as contiguous
+            continue
+    return perms
+
+
+def _mutated_placeholders(gm: Any) -> List[int]:
+    """Indices of the graph inputs some node of ``gm`` writes in place (e.g. ``copy_`` of BatchNorm stats)."""
+    graph = getattr(gm, "graph", None)
+    if graph is None:
+        return []
+    places = [n for n in graph.nodes if n.op == "placeholder"]
+    index = {n: i for i, n in enumerate(places)}
+    out = set()
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None:
+            continue
+        for k, arg in enumerate(schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            a = node.args[k] if k < len(node.args) else node.kwargs.get(arg.name)
+            for x in (a if isinstance(a, (list, tuple)) else (a,)):
+                if x in index:
+                    out.add(index[x])
+    return sorted(out)
+
+
+def _with_layouts(gm: Callable, perms: Dict[int, Tuple[int, ...]]) -> Callable:
+    """``gm`` taking the inputs of ``perms`` permuted into memory order (undone by a view before the graph)."""
+    inverse = {i: tuple(sorted(range(len(p)), key=lambda d: p[d])) for i, p in perms.items()}
+
+    def graph(*flat: Any) -> Any:
+        flat = [a.permute(inverse[i]) if i in inverse else a for i, a in enumerate(flat)]
+        return gm(*flat)
+
+    graph.__name__ = getattr(gm, "__name__", type(gm).__name__)
+    return graph
+
+
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], tn_backend: str) -> Callable:
     """Wrap one aten-level FX graph as a tn.jit function; ints become static (compile per value)."""
     global _graphs_compiled
@@ -155,10 +218,22 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], tn_b
         if not isinstance(example_inputs[i], (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
             raise TnError(f"torch.compile(backend='neuron'): graph input {i} is a "
                           f"{type(example_inputs[i]).__name__}; tn handles tensors and Python numbers")
-    jitted = jit(gm, static_argnums=static, backend=tn_backend)
+    perms = _input_layouts(example_inputs)
+    for i in _mutated_placeholders(gm):
+        perms.pop(i, None)  # written in place: keep the graph's own input object (write-back, aliasing)
+    if perms:
+        jitted = jit(_with_layouts(gm, perms), static_argnums=static, backend=tn_backend)
+    else:
+        jitted = jit(gm, static_argnums=static, backend=tn_backend)
     with _count_lock:
         _graphs_compiled += 1
         _jitted_graphs.add(jitted)
+
+    def call(*flat: Any) -> Any:
+        if perms:
+            flat = tuple(a.permute(perms[i]) if i in perms and isinstance(a, torch.Tensor) else a
+                         for i, a in enumerate(flat))
+        return jitted(*flat)
 
     def run(args: List[Any]) -> Any:
         # AOTAutograd's boxed calling convention: one list, which the callee may clear to free inputs early.
@@ -166,8 +241,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], tn_b
         args.clear()
         for a in flat:
             if isinstance(a, torch.Tensor) and a.device.type == _DEVICE:
-                return _run_on_device(jitted, flat)
-        return jitted(*flat)
+                return _run_on_device(call, flat)
+        return call(*flat)
 
     run._boxed_call = True
     run.tn_jitted = jitted  # for inspection: run.tn_jitted.cache_info(), .lower(...)

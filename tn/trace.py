@@ -804,7 +804,56 @@ def _h_decompose(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, 
         raise _unsupported(func, args, kwargs)
     if not _mutated_args(func):
         out = _fresh(tr, out, args)
+        out = _restride(tr, func, args, kwargs, out)
     return out
+
+
+def _dense(spec: _Spec) -> bool:
+    """Whether ``spec`` is a permutation of a row-major layout at offset 0 (a valid base of a store)."""
+    if spec.offset:
+        return False
+    perm = sorted(range(len(spec.shape)), key=lambda d: -spec.strides[d])
+    return _Spec(tuple(spec.shape[d] for d in perm), tuple(spec.strides[d] for d in perm), 0,
+                 spec.dtype).is_row_major()
+
+
+def _restride(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any], out: Any) -> Any:
+    """Give fresh results of a decomposed op the strides of the op's own meta kernel.
+
+    A decomposition computes the right values but not always the real kernel's
+    layout (``native_layer_norm`` of a permuted input keeps the input's strides
+    where the kernel returns a contiguous result). Code that follows, e.g. an
+    AOTAutograd graph's ``aten.view``, relies on the kernel's strides, so
+    results that do not alias an input take the meta kernel's layout.
+    """
+    single = type(out) is TracerTensor
+    if not single and not (isinstance(out, (list, tuple)) and any(type(o) is TracerTensor for o in out)):
+        return out
+    try:
+        spec = meta_call(func, args, kwargs)
+    except Exception:
+        return out  # no meta kernel: keep the decomposition's layout
+    outs = [out] if single else list(out)
+    specs = [spec] if type(spec) is _Spec else (list(spec) if isinstance(spec, (list, tuple)) else None)
+    if specs is None or len(specs) != len(outs):
+        return out
+    in_stores = set()
+    for a in list(args) + list(kwargs.values()):
+        for x in (a if isinstance(a, (list, tuple)) else (a,)):
+            if type(x) is TracerTensor:
+                in_stores.add(id(x._tn_store))
+    changed = False
+    for i, (o, m) in enumerate(zip(outs, specs)):
+        if (type(o) is TracerTensor and type(m) is _Spec and tuple(o.stride()) != m.strides
+                and tuple(o.shape) == m.shape and o.dtype == m.dtype and id(o._tn_store) not in in_stores
+                and _dense(m)):
+            outs[i] = tr.new(m, tr.var_of(o))
+            changed = True
+    if not changed:
+        return out
+    if single:
+        return outs[0]
+    return outs if isinstance(out, list) else tuple(outs)
 
 
 def _h_foreach(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
