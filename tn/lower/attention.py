@@ -377,31 +377,61 @@ class _Emitter:
             qT_ring = _Ring(scope.sbuf((_P, nch, _P), self.dt, f"at_qT{i}") for i in range(2))
             kT_ring = _Ring(scope.sbuf((_P, nch, Tk), self.dt, f"at_kT{i}") for i in range(2))
             self.pt_ring = _Ring(scope.sbuf((_P, KB, _P), self.dt, f"at_pt{i}") for i in range(self.HB + 1))
+            # SBUF hand-off: q/k/v sources left in SBUF by the previous lowering are read in place (when every
+            # view of them is a row block), the output is left in SBUF when the next lowerings want it
+            views = self._resident_views(qv, kv, vv, bg)
+            pub = None
+            if self.ctx.wants(out_var) if hasattr(self.ctx, "wants") else False:
+                from .base import HandoffError, handoff_shape, resident_view
+
+                rows, cols = handoff_shape(out_var)
+                pub = (prog.sbuf((rows, cols), NEURON_DTYPES[out_var.dtype], name="at_out"), cols)
             for b0 in range(0, B, bg):
                 nb = min(bg, B - b0)
                 kt_ = k_ring.take()
                 vt_ = v_ring.take()
+                kb_, vb_ = [], []
                 for j in range(KB):
                     r0 = j * _P
                     rp = min(_P, Tk - r0)
-                    prog.dma_copy(kt_[:rp, j, :nb, :], kv[b0:b0 + nb, r0:r0 + rp, :].permute(1, 0, 2))
+                    src = kv[b0:b0 + nb, r0:r0 + rp, :].permute(1, 0, 2)
+                    if views:
+                        kb_.append(views[id(kv)](src))
+                    else:
+                        prog.dma_copy(kt_[:rp, j, :nb, :], src)
+                        kb_.append(kt_[:rp, j, :nb, :])
                 kT = kT_ring.take()
                 for j in range(KB):
                     r0 = j * _P
                     rp = min(_P, Tk - r0)
-                    self._heads_T(kt_[:rp, j, :nb, :], rp, nb, lambda c, w, r0=r0, rp=rp: kT[:w, c, r0:r0 + rp])
+                    self._heads_T(kb_[j], rp, nb, lambda c, w, r0=r0, rp=rp: kT[:w, c, r0:r0 + rp])
                 for t0 in range(0, T, _P):
                     tq = min(_P, T - t0)
                     qt_ = q_ring.take()
-                    prog.dma_copy(qt_[:tq, :nb, :], qv[b0:b0 + nb, t0:t0 + tq, :].permute(1, 0, 2))
+                    src = qv[b0:b0 + nb, t0:t0 + tq, :].permute(1, 0, 2)
+                    if views:
+                        q_rows = views[id(qv)](src)
+                    else:
+                        prog.dma_copy(qt_[:tq, :nb, :], src)
+                        q_rows = qt_[:tq, :nb, :]
                     if t0 == 0:
                         for j in range(KB):
                             r0 = j * _P
                             rp = min(_P, Tk - r0)
-                            prog.dma_copy(vt_[:rp, j, :nb, :], vv[b0:b0 + nb, r0:r0 + rp, :].permute(1, 0, 2))
+                            src = vv[b0:b0 + nb, r0:r0 + rp, :].permute(1, 0, 2)
+                            if views:
+                                vb_.append(views[id(vv)](src))
+                            else:
+                                prog.dma_copy(vt_[:rp, j, :nb, :], src)
+                                vb_.append(vt_[:rp, j, :nb, :])
                     qT = qT_ring.take()
-                    self._heads_T(qt_[:tq, :nb, :], tq, nb, lambda c, w, tq=tq: qT[:w, c, :tq])
-                    ot = os_ring.take()
+                    self._heads_T(q_rows, tq, nb, lambda c, w, tq=tq: qT[:w, c, :tq])
+                    ot = os_ring.take()[:, :nb, :]
+                    if pub is not None:
+                        ot = resident_view(pub[0], pub[1], ov[b0:b0 + nb, t0:t0 + tq, :].permute(1, 0, 2))
+                        if ot is None:
+                            prog.free(pub[0])
+                            raise HandoffError(out_var, "attention: the output is not a row block of its SBUF tile")
                     # software pipelining by blocks of heads: the scores and softmax of block i+1 are emitted
                     # before block i's P V (each engine runs in order)
                     HB = self.HB
@@ -417,10 +447,42 @@ class _Emitter:
                             nxt = (h0, self._front(heads, t0, tq))
                         if pend is not None:
                             p0, ps = pend
-                            self._back([(pt, [vt_[:min(_P, Tk - j * _P), j, p0 + i, :] for j in range(KB)],
+                            self._back([(pt, [vb_[j][:, p0 + i, :] for j in range(KB)],
                                          ot[:tq, p0 + i, :]) for i, pt in enumerate(ps)], tq)
                         pend = nxt
-                    prog.dma_copy(ov[b0:b0 + nb, t0:t0 + tq, :].permute(1, 0, 2), ot[:tq, :nb, :])
+                    if pub is None:
+                        prog.dma_copy(ov[b0:b0 + nb, t0:t0 + tq, :].permute(1, 0, 2), ot[:tq, :nb, :])
+            if pub is not None:
+                self.ctx.publish(out_var, pub[0])
+
+    def _resident_views(self, qv, kv, vv, bg):
+        """``{id(view): fn(hbm region) -> SBUF view}`` when q, k and v's sources are all left in SBUF and every
+        region read is a row block of them (then they are taken), else None (loaded from HBM)."""
+        from .base import handoff_shape, resident_view
+
+        ctx, g = self.ctx, self.g
+        res = getattr(ctx, "resident", {})
+        bases = dict(zip((id(qv), id(kv), id(vv)), g.bases))
+        if not all(b in res for b in g.bases):
+            return None
+        fns = {}
+        for vid, base in bases.items():
+            fns[vid] = (lambda src, t=res[base], cols=handoff_shape(base)[1]: resident_view(t, cols, src))
+        # every region the loops read must map (checked with the same slicing as the loops)
+        B, T, Tk = self.B, self.T, self.Tk
+        for b0 in range(0, B, bg):
+            nb = min(bg, B - b0)
+            for r0 in range(0, Tk, _P):
+                rp = min(_P, Tk - r0)
+                for view in (kv, vv):
+                    if fns[id(view)](view[b0:b0 + nb, r0:r0 + rp, :].permute(1, 0, 2)) is None:
+                        return None
+            for t0 in range(0, T, _P):
+                if fns[id(qv)](qv[b0:b0 + nb, t0:t0 + min(_P, T - t0), :].permute(1, 0, 2)) is None:
+                    return None
+        for base in set(g.bases):
+            ctx.take(base)
+        return fns
 
     # ---------------------------------------------------------------- one head
     def _transpose(self, dst, src, rows, cols):

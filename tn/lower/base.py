@@ -69,7 +69,8 @@ import torch
 
 from ..errors import TnError
 
-__all__ = ["CannotLower", "LowerCtx", "lowering", "NEURON_DTYPES", "neuron_dtype", "TileScope"]
+__all__ = ["CannotLower", "HandoffError", "LowerCtx", "lowering", "NEURON_DTYPES", "neuron_dtype", "TileScope", "resident_view",
+           "handoff_shape"]
 
 
 class CannotLower(Exception):
@@ -78,6 +79,15 @@ class CannotLower(Exception):
     The message says why; the compiler runs the equation on the host instead
     (or raises :class:`tn.UnsupportedOpError` with that reason in strict mode).
     """
+
+
+class HandoffError(CannotLower):
+    """A lowering cannot keep or read ``var`` in SBUF as the compiler planned: it rebuilds the program with
+    that value going through HBM (see :meth:`LowerCtx.publish`)."""
+
+    def __init__(self, var: Any, reason: str):
+        super().__init__(reason)
+        self.var = var
 
 
 #: torch dtype -> NeuronCore dtype name.
@@ -121,6 +131,32 @@ class LowerCtx:
         self.flag_tile = None
         #: the program's :class:`tn.lower.layout.WeightStream` of laid-out weight groups, or None.
         self.weights = None
+        #: SBUF hand-off (see :meth:`publish`): Vars the current lowering should leave in SBUF,
+        self.publish_vars: set = set()
+        #: ... Vars whose whole value sits in an SBUF tile ``[rows, cols]`` (row-major), by Var,
+        self.resident: Dict[Any, Any] = {}
+        #: ... and the resident Vars the current lowering read from SBUF.
+        self.taken: set = set()
+
+    # ------------------------------------------------------------------ SBUF hand-off
+    def wants(self, var: Any) -> bool:
+        """Whether the compiler asks the current lowering to leave output ``var`` in SBUF (its consumers,
+        the next lowerings of the program, read it there; the HBM copy is then not written)."""
+        return var in self.publish_vars
+
+    def publish(self, var: Any, tile: Any) -> None:
+        """Hand over ``tile`` (SBUF ``[rows, cols]``: ``var`` row-major, rows = all axes but the last) as the
+        value of output ``var``; the compiler frees it after its last consumer. Only for :meth:`wants` Vars,
+        and then the lowering does not store ``var`` to HBM."""
+        self.resident[var] = tile
+
+    def take(self, var: Any) -> Any:
+        """The SBUF tile holding input ``var`` (``[rows, cols]``, row-major) when the producer left it there, else
+        None. A lowering that gets a tile must read ``var`` from it: its HBM copy may not have been written."""
+        t = self.resident.get(var)
+        if t is not None:
+            self.taken.add(var)
+        return t
 
     def range_check(self, bad: Any) -> None:
         """Record that the program's results are invalid where ``bad`` (an SBUF tile) is non-zero.
@@ -205,6 +241,33 @@ class TileScope:
             self.prog.free(t)
         self.tiles.clear()
         return False
+
+
+def handoff_shape(var: Any) -> Optional[tuple]:
+    """``(rows, cols)`` of ``var`` as an SBUF hand-off tile (rows = product of all axes but the last)."""
+    shape = tuple(int(s) for s in getattr(var, "shape", ())) or (1,)
+    rows = 1
+    for s in shape[:-1]:
+        rows *= s
+    return rows, shape[-1]
+
+
+def resident_view(tile: Any, cols: int, view: Any) -> Any:
+    """The SBUF view of resident ``tile`` (``[rows, cols]``, a value row-major) matching ``view``, an HBM view
+    of the same value whose first axis walks rows (stride ``cols``) and whose other axes stay inside a row.
+    None when ``view`` has another shape of access."""
+    dims = list(view.dims)
+    if not dims:
+        return None
+    n0, s0 = dims[0]
+    r, c = divmod(view.offset, cols)
+    if n0 > 1 and s0 != cols:
+        return None
+    free = dims[1:]
+    if any(s < 0 for _, s in free) or c + sum((n - 1) * s for n, s in free) >= cols or r + n0 > tile.shape[0]:
+        return None
+    sub = tile[r:r + n0]
+    return sub._derive(offset=sub.offset + c * sub.itemsize, dims=[(n, s) for n, s in free] or [(1, 1)])
 
 
 def store_tile(prog: Any, dst: Any, tile: Any) -> None:

@@ -488,13 +488,21 @@ class _Emitter:
             KC0 = _cdiv(L0.K, _P)
             hT = scope.sbuf((_P, KC0, M), self.dt, "lc_h0")
             tiles = [(m0, min(_P, M - m0)) for m0 in range(0, M, _P)]
-            staged = {b: self._stage(x, tiles[b][0], tiles[b][1], L0.K) for b in range(min(2, len(tiles)))}
+            stage_x = self._stage
+            res = self.ctx.resident.get(L0.a) if hasattr(self.ctx, "resident") else None
+            if res is not None and M <= _P and tuple(res.shape) == (M, L0.K):
+                # the input left in SBUF by the previous lowering: its rows are the staging tile
+                res = self.ctx.take(L0.a)
+
+                def stage_x(src, r0, rp, K, res=res):  # noqa: F811
+                    return res[r0:r0 + rp, :K]
+            staged = {b: stage_x(x, tiles[b][0], tiles[b][1], L0.K) for b in range(min(2, len(tiles)))}
             for d in range(self.ahead):
                 self._issue(d)
             for b, (m0, mt) in enumerate(tiles):
                 st = staged.pop(b)
                 if b + 2 < len(tiles):
-                    staged[b + 2] = self._stage(x, tiles[b + 2][0], tiles[b + 2][1], L0.K)
+                    staged[b + 2] = stage_x(x, tiles[b + 2][0], tiles[b + 2][1], L0.K)
                 self._transpose_rows(st, mt, L0.K, lambda q0, q1, kp, m0=m0, mt=mt: hT[:kp, q0:q1, m0:m0 + mt])
             s = 0
             for i, L in enumerate(self.layers):

@@ -29,7 +29,7 @@ import torch
 
 from ..errors import NeuronError, TnError, UnsupportedOpError
 from ..ir import IR, Eqn, Literal, Var
-from .base import NEURON_DTYPES, CannotLower, LowerCtx
+from .base import NEURON_DTYPES, CannotLower, HandoffError, LowerCtx
 
 __all__ = ["compile_ir", "NeuronExecutable", "ExecProfile", "strict_default"]
 
@@ -222,11 +222,12 @@ class _Tiled:
 class _Retry(Exception):
     """Rebuild: equation ``k`` goes to the host, or (``nofuse``) is lowered without fusing from ``k``."""
 
-    def __init__(self, k: int, reason: str, nofuse: bool = False):
+    def __init__(self, k: int, reason: str, nofuse: bool = False, no_handoff: Any = None):
         super().__init__(reason)
         self.k = k
         self.reason = reason
         self.nofuse = nofuse
+        self.no_handoff = no_handoff    # a Var whose SBUF hand-off its consumer could not take
 
 
 class NeuronExecutable:
@@ -257,11 +258,16 @@ class NeuronExecutable:
         self._laid_out: Dict[Var, Any] = dict(_laid_out or {})
         self._layout: Any = None
         self._layout_child: Any = None
-        for _ in range(2 * len(ir.eqns) + 2):
+        self._no_handoff: set = set()
+        for _ in range(3 * len(ir.eqns) + 2):
             try:
                 self._build(host)
                 break
             except _Retry as r:
+                if r.no_handoff is not None:
+                    log.debug("tn.lower: SBUF hand-off of %s not taken (%s); stored to HBM", r.no_handoff, r.reason)
+                    self._no_handoff.add(r.no_handoff)
+                    continue
                 if r.nofuse:
                     log.debug("tn.lower: fused group at equation %d not emitted (%s); lowering unfused", r.k,
                               r.reason)
@@ -396,6 +402,89 @@ class NeuronExecutable:
         if not seq:
             return None
         return layout.WeightStream(prog, seq, 128 * 1024)
+
+    def _plan_handoff(self, host: Dict[int, str], groups: Any, elide: set, trans: Dict[int, Any]) -> Dict[Var, Any]:
+        """Values left in SBUF by their producer for the next lowerings (``LowerCtx.publish``/``take``).
+
+        A value qualifies when its producer is a fused group, an attention group or a matmul epilogue
+        (lowerings that can publish a whole value), every consumer is a lowering that can read it from SBUF
+        (a fused group reading it as an input, a Linear chain's input, an attention group's q/k/v source, a
+        matmul's row-major A operand) in the same program, it is not a program result, and it fits in one
+        SBUF tile (rows = all axes but the last <= 128, <= 16 KiB per partition). Returns
+        ``{var: (producer unit, consumer units)}``; units are equation indices where a lowering starts.
+        """
+        from . import attention, chain, fusion
+        from .base import handoff_shape
+
+        ir = self.ir
+        n = len(ir.eqns)
+        unit: Dict[int, int] = {}
+        k = 0
+        while k < n:
+            g = (groups or {}).get(k)
+            span = 1
+            if isinstance(g, fusion.EpilogueGroup):
+                span = 1 + len(g.eqns)
+            elif isinstance(g, fusion.Group):
+                span = len(g.eqns)
+            for j in range(k, k + span):
+                unit[j] = k
+            k += span
+        users: Dict[Var, List[int]] = {}
+        for k, e in enumerate(ir.eqns):
+            for a in e.inputs:
+                if isinstance(a, Var):
+                    users.setdefault(a, []).append(k)
+        outset = {a for a in ir.outputs if isinstance(a, Var)}
+        host_idx = sorted(host)
+        plan: Dict[Var, Any] = {}
+        for k, g in (groups or {}).items():
+            if isinstance(g, chain.LinearChain):
+                continue
+            if isinstance(g, fusion.EpilogueGroup):
+                produced = [v for v in g.outputs]
+            elif isinstance(g, fusion.Group):
+                produced = list(g.outputs)
+            else:
+                continue
+            for v in produced:
+                if v in outset or v in self._no_handoff or v.dtype not in NEURON_DTYPES or v.dtype == torch.int64:
+                    continue
+                rows, cols = handoff_shape(v)
+                isz = torch.empty((), dtype=v.dtype).element_size()
+                if rows > 128 or cols * isz > 16 * 1024 or not users.get(v):
+                    continue
+                cons = set()
+                ok = True
+                for u in users[v]:
+                    c = unit.get(u)
+                    if c is None or c == k or u in elide:
+                        ok = False
+                        break
+                    cg = (groups or {}).get(c)
+                    e = ir.eqns[c]
+                    if isinstance(cg, chain.LinearChain):
+                        ok = cg.layers[0].a is v and u == ir.eqns.index(cg.layers[0].mm, c)
+                    elif isinstance(cg, attention.AttentionGroup):
+                        ok = v in cg.bases
+                    elif isinstance(cg, fusion.EpilogueGroup) or (cg is None and e.op.name == "matmul"):
+                        ok = u == c and e.op.name == "matmul" and e.inputs[0] is v and e.inputs[1] is not v and \
+                            v.ndim == 2 and (c not in trans or trans[c][0] is None) and \
+                            not (isinstance(cg, fusion.EpilogueGroup) and v in cg.inputs)
+                    elif type(cg) is fusion.Group:
+                        ok = v in cg.inputs
+                    else:
+                        ok = False
+                    if not ok:
+                        break
+                    cons.add(c)
+                if not ok or not cons:
+                    continue
+                last = max(max(users[v]), max(cons))
+                if any(k < h <= last for h in host_idx):
+                    continue
+                plan[v] = (k, cons)
+        return plan
 
     def _plan_layouts(self, host: Dict[int, str]) -> Any:
         """The :class:`tn.lower.layout.LayoutPolicy` of this executable, or None.
@@ -550,7 +639,29 @@ class NeuronExecutable:
                 groups[k0] = c
                 in_chain.update(rng)
         elide, trans = self._plan_transposed(host, in_chain) if self.fuse else (set(), {})
+        handoff = self._plan_handoff(host, groups, elide, trans) if self.fuse else {}
+        consumers_of: Dict[int, List[Var]] = {}
+        last_consumer: Dict[Var, int] = {}
+        for v, (_, cons) in handoff.items():
+            for c in cons:
+                consumers_of.setdefault(c, []).append(v)
+            last_consumer[v] = max(cons)
+
+        def begin_unit(ctx: Any, k: int, outputs: Sequence[Var]) -> None:
+            ctx.publish_vars = {v for v in outputs if v in handoff and handoff[v][0] == k}
+            ctx.taken = set()
+
+        def end_unit(ctx: Any, k: int) -> None:
+            for v in consumers_of.get(k, ()):
+                if v in ctx.resident and v not in ctx.taken:
+                    raise _Retry(k, f"equation {k} did not read {v.aval} from SBUF", no_handoff=v)
+            for v in list(ctx.resident):
+                if last_consumer.get(v, -1) <= k and v not in ctx.publish_vars:
+                    ctx.prog.free(ctx.resident.pop(v))
+            ctx.publish_vars = set()
+
         steps: List[Any] = []
+
         cur: Optional[Dict[str, Any]] = None
         host_counts: Dict[str, int] = {}
         instructions = 0
@@ -563,6 +674,9 @@ class NeuronExecutable:
             prog = cur["prog"]
             if cur["ctx"].weights is not None:
                 cur["ctx"].weights.close()
+            for t in cur["ctx"].resident.values():
+                prog.free(t)
+            cur["ctx"].resident.clear()
             outs = []
             for v, t in cur["made"].items():
                 if last_use.get(v, -1) >= end:
@@ -655,10 +769,14 @@ class NeuronExecutable:
                             define(v)
                 ctx.eqn = group.eqns[0]
                 ctx.store_hook = None
+                begin_unit(ctx, k, group.outputs)
                 try:
                     group.lower(ctx, ins, outs)
+                except HandoffError as e:
+                    raise _Retry(k, str(e), no_handoff=e.var) from None
                 except (CannotLower, NeuronError) as e:
                     raise _Retry(k, f"fused group failed: {e}", nofuse=True) from None
+                end_unit(ctx, k)
                 fused += len(group.eqns)
                 cur["eqns"].extend(range(k, k + len(group.eqns)))
                 k += len(group.eqns)
@@ -675,25 +793,35 @@ class NeuronExecutable:
                     return ep_out[v]
 
                 ctx.eqn = eqn
+                begin_unit(ctx, k, group.outputs)
                 ctx.store_hook = group.make_hook(ctx, outs[0], hbm_in, get_out)
                 if hasattr(group, "preload"):
                     group.preload(ctx, hbm_in)
                 try:
                     self._lower_one(ctx, k, eqn, ins, outs, trans, hbm_in)
+                except HandoffError as e:
+                    raise _Retry(k, str(e), no_handoff=e.var) from None
                 except CannotLower as e:
                     raise _Retry(k, str(e) or "the lowering cannot handle this case") from None
                 except NeuronError as e:
                     raise _Retry(k, f"fused epilogue failed: {e}", nofuse=True) from None
                 finally:
                     ctx.store_hook = None
-                    group.finish(prog)
+                    group.finish(prog, ctx)
                 numel = max(1, eqn.outputs[0].numel)
                 cur["eqns"].append(k)
                 if group.covered == 0:
+                    if ctx.publish_vars & set(ctx.resident):
+                        raise _Retry(k, "epilogue not applied", no_handoff=next(iter(ctx.publish_vars)))
+                    end_unit(ctx, k)
                     k += 1          # the lowering never called ctx.store: lower the chain normally
                     continue
                 if group.covered != numel:
                     raise _Retry(k, f"epilogue covered {group.covered} of {numel} elements", nofuse=True)
+                for v in group.outputs:
+                    if v not in hbm:
+                        get_out(v)  # (a value left in SBUF has its HBM tensor too, never written)
+                end_unit(ctx, k)
                 for e in group.eqns:
                     for v in e.outputs:
                         if v not in slot_of:
@@ -707,8 +835,11 @@ class NeuronExecutable:
             outs = [hbm_out(v) for v in eqn.outputs]
             ctx.eqn = eqn
             ctx.store_hook = None
+            begin_unit(ctx, k, ())
             try:
                 self._lower_one(ctx, k, eqn, ins, outs, trans, hbm_in)
+            except HandoffError as e:
+                raise _Retry(k, str(e), no_handoff=e.var) from None
             except CannotLower as e:
                 raise _Retry(k, str(e) or "the lowering cannot handle this case") from None
             except NeuronError as e:
@@ -718,6 +849,7 @@ class NeuronExecutable:
                 log.warning("tn.lower: lowering of %s (%s) failed (%s); running it on the host",
                             eqn.op.name, _avals(eqn), e)
                 raise _Retry(k, f"lowering error: {e}") from None
+            end_unit(ctx, k)
             cur["eqns"].append(k)
             k += 1
         close(n)

@@ -456,7 +456,33 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
         b = bufs[it % NBUF]
         return b if tuple(b.shape) == tuple(shp) else b[:shp[0], :shp[1], :shp[2]]
 
-    for it, (offs, nout, r0, p, k, c0, f) in enumerate(lay.tiles()):
+    # SBUF hand-off (LowerCtx.publish/take): with one tile holding whole values as [rows, cols], an input left
+    # in SBUF by the previous lowering is read in place and an output the next lowerings read is kept there
+    tile_list = list(lay.tiles())
+
+    def whole(v: Var) -> bool:
+        if len(tile_list) != 1 or v.dtype == torch.int64 or v in rowvars:
+            return False
+        offs_, nout_t, r0_, p_, k_, c0_, f_ = tile_list[0]
+        st_ = lay.strides[index[v]]
+        from .base import handoff_shape
+
+        return k_ == 1 and st_[nout_t + 1] == 1 and (p_ == 1 or st_[nout_t] == f_) and offs_[index[v]] == 0 and \
+            r0_ == 0 and c0_ == 0 and v.numel == p_ * f_ and handoff_shape(v) == (p_, f_)
+
+    publish = {v for v in out_vars if getattr(ctx, "wants", lambda _v: False)(v) and whole(v)}
+    # a published alias (reshape, cast) of a value computed here: that value is computed into the buffer
+    pub_root: Dict[Var, Var] = {}
+    for v in list(publish):
+        r = alias.get(v, v)
+        if r is v:
+            continue
+        if r in in_vars or r in lazy or r in pub_root:
+            publish.discard(v)
+        else:
+            pub_root[r] = v
+    published: Dict[Var, int] = {}
+    for it, (offs, nout, r0, p, k, c0, f) in enumerate(tile_list):
         allocated = []
         env: Dict[Var, Any] = {}
 
@@ -468,6 +494,10 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             st = lay.strides[i]
             sr, sc = st[nout], st[nout + 1]
             shp = tshape(i)
+            res = getattr(ctx, "resident", {}).get(v)
+            if res is not None and whole(v) and tuple(res.shape) == (p, f):
+                env[v] = ctx.take(v).reshape(p, 1, f)       # left in SBUF by the previous lowering
+                continue
             if i in hoist:
                 # the same rows for every tile: loaded once into all partitions, sliced per tile
                 t = hoisted.get((i, c0, f))
@@ -500,7 +530,9 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
                 env[e.outputs[0]] = src.broadcast_to(oshape) if src.shape != oshape else src
             elif j != done:
                 for v in e.outputs:
-                    if v in narrow_stored:
+                    if v in pub_root:
+                        t = ring(pub_root[v], index[pub_root[v]], oshape, it)
+                    elif v in narrow_stored:
                         t = ring(narrow[v], index[narrow[v]], oshape, it)
                     elif v in narrow:
                         t = prog.sbuf(oshape, _tdt(narrow[v]))
@@ -556,17 +588,25 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
                     sr, sc = st[nout], st[nout + 1]
                     shp = tshape(i)
                     dims3 = [(p, sr * k), (shp[1], sr), (shp[2], sc)]
-                    if v.dtype == torch.int64:
+                    if v in publish:
+                        published[v] = it % NBUF        # stays in SBUF for the next lowerings
+                    elif v.dtype == torch.int64:
                         _store_i64(ctx, out_hbm[out_pos[v]], offs[i] + r0 * sr + c0 * sc, dims3, env[v])
                     else:
                         prog.dma_copy(HbmView(out_hbm[out_pos[v]], offs[i] + r0 * sr + c0 * sc, dims3), env[v])
             for v in frees_after.get(j, ()):
+                if v in pub_root:
+                    continue        # computed into the published buffer
                 prog.free(env.pop(v))
         for t in allocated:
             prog.free(t)
-    for bufs in rings.values():
-        for t in bufs:
-            prog.free(t)
+    for v, bufs in rings.items():
+        for b, t in enumerate(bufs):
+            if published.get(v) == b:
+                _, _, _, p_, _, _, f_ = tile_list[0]
+                ctx.publish(v, t[:p_].reshape(p_, f_))
+            else:
+                prog.free(t)
     for t in hoisted.values():
         prog.free(t)
     for t in reversed(stages):
@@ -755,8 +795,16 @@ class EpilogueGroup:
         self._rings: Dict[Any, Any] = {}
         self._ring_bytes = 0
 
-    def finish(self, prog: Any) -> None:
-        """Free the operand tiles kept across tiles of the head lowering (call after it returns)."""
+    def finish(self, prog: Any, ctx: Any = None) -> None:
+        """Free the operand tiles kept across tiles of the head lowering (call after it returns); hand the
+        whole-value tiles of outputs left in SBUF to ``ctx`` (freed when not complete)."""
+        for v, (pv, t, _) in getattr(self, "_pub", {}).items():
+            numel = max(1, self.head.outputs[0].numel)
+            if ctx is not None and self.covered == numel:
+                ctx.publish(pv, t)
+            else:
+                prog.free(t)
+        self._pub = {}
         for t in self._cache.values():
             prog.free(t)
         self._cache.clear()
@@ -831,10 +879,30 @@ class EpilogueGroup:
         from ..neuron.program import HbmTensor, HbmView
         from .elementwise import TILE_RULES
 
+        from .base import handoff_shape, resident_view
+
         hv = self.head.outputs[0]
         shape = hv.shape or (1,)
         prog = ctx.prog
         self.covered = 0
+        # SBUF hand-off: outputs the next lowerings read from SBUF are written into whole-value tiles (the
+        # value computing them writes there directly; aliases resolved) and not stored
+        root: Dict[Var, Var] = {}
+        for e in self.eqns:
+            if is_alias_reshape(e):
+                root[e.outputs[0]] = root.get(e.inputs[0], e.inputs[0])
+        wants = getattr(ctx, "wants", lambda _v: False)
+        pub: Dict[Var, Any] = {}          # computed Var -> (published Var, whole tile, cols)
+        for v in self.outputs:
+            if wants(v) and handoff_shape(v) == (handoff_shape(hv)[0], shape[-1]):
+                rows, cols = handoff_shape(v)
+                t = prog.sbuf((rows, cols), NEURON_DTYPES[v.dtype])
+                pub[root.get(v, v)] = (v, t, cols)
+        self._pub = pub
+
+        def pub_view(v: Var, dst: Any) -> Any:
+            ent = pub.get(v)
+            return None if ent is None else resident_view(ent[1], ent[2], dst)
 
         def hook(dst: Any, tile: Any) -> bool:
             if isinstance(dst, HbmTensor):
@@ -871,13 +939,22 @@ class EpilogueGroup:
                 ring[1] += 1
                 return ring[0][ring[1] % 2]
 
+            views = {v: pub_view(v, dst) for v in pub}
+            for v, t in views.items():
+                if t is None:
+                    from .base import HandoffError
+
+                    raise HandoffError(pub[v][0], "epilogue: an output tile is not a row block of the SBUF hand-off")
             src = tile
-            if tile.mem == isa.MEM_PSUM and tile.dtype != NEURON_DTYPES[hv.dtype] or \
+            if hv in views:
+                src = views[hv]
+                prog.tensor_copy(src, tile, engine="scalar" if tile.mem == isa.MEM_PSUM else "vector")
+            elif tile.mem == isa.MEM_PSUM and tile.dtype != NEURON_DTYPES[hv.dtype] or \
                     tile.dtype != NEURON_DTYPES[hv.dtype]:
                 src = tmp(hv, NEURON_DTYPES[hv.dtype])
                 prog.tensor_copy(src, tile, engine="scalar" if tile.mem == isa.MEM_PSUM else "vector")
             env[hv] = src
-            if hv in self.outputs:
+            if hv in self.outputs and root.get(hv, hv) not in pub:
                 store_tile(prog, dst, src)
             for v, (off, dims) in maps.items():
                 row = self._row_operand(ctx, v, off, dims, tshape, in_hbm)
@@ -906,13 +983,13 @@ class EpilogueGroup:
                     continue
                 outs = []
                 for v in e.outputs:
-                    t = tmp(v, NEURON_DTYPES[v.dtype])
+                    t = views[v] if v in views else tmp(v, NEURON_DTYPES[v.dtype])
                     env[v] = t
                     outs.append(t)
                 args = [a.value if isinstance(a, Literal) else env[a] for a in e.inputs]
                 TILE_RULES[e.op.name](ctx, e, outs[0] if len(outs) == 1 else outs, args)
             for v in self.outputs:
-                if v is hv:
+                if v is hv or root.get(v, v) in pub:
                     continue
                 prog.dma_copy(HbmView(out_hbm(v), dst.offset, dst.dims), env[v])
             for t in allocated:

@@ -107,7 +107,8 @@ def _sbuf_free(prog, ctx=None) -> int:
 
 
 def emit_matmul(ctx: Any, a, b, c, *, a_t=None, b_t=None, b_tiled=None,
-                store: Optional[Callable[[Any, Any], None]] = None, psum_banks: Optional[int] = None) -> None:
+                store: Optional[Callable[[Any, Any], None]] = None, psum_banks: Optional[int] = None,
+                a_resident=None) -> None:
     """Emit ``c[i] = A[i] @ B[i]`` for every batch index ``i`` into ``ctx.prog``.
 
     Operands are HBM views (of HbmTensors, any strides a DMA can read):
@@ -149,6 +150,7 @@ def emit_matmul(ctx: Any, a, b, c, *, a_t=None, b_t=None, b_tiled=None,
     if b_tiled is None or _cdiv(M, _P) != 1 or stream is None:
         stream = None
     mm = _Matmul(prog, a, a_t, b, b_t, c, Bt, M, K, N, store, psum_banks, _sbuf_free(prog, ctx), b_tiled, stream)
+    mm.a_res = a_resident if a is not None and Bt == 1 else None
     bg = mm._slab_size()
     if bg:
         mm.emit_slabs(bg)
@@ -165,6 +167,7 @@ class _Matmul:
         self.a, self.a_t, self.b, self.b_t, self.c = a, a_t, b, b_t, c
         self.b_tiled = b_tiled
         self.stream = stream      # the program's WeightStream (a laid-out B read group by group, once)
+        self.a_res = None         # A [M, K] left in SBUF by the previous lowering
         self.Bt, self.M, self.K, self.N = Bt, M, K, N
         self.store = store
         arch = prog.arch
@@ -250,9 +253,12 @@ class _Matmul:
                 self.copy(dst(r0, r1, kp), tp[:kp, r0 - g0:r1 - g0, :rows])
                 r0 = r1
 
-    def _stage_rows(self, src, r0, rp, k0, k1):
+    def _stage_rows(self, src, r0, rp, k0, k1, is_a=False):
         """DMA rows ``src[r0:r0+rp, k0:k1]`` into the next staging tile, one DMA per PSUM bank of transposes
-        (so the first transposes start before the whole row block has arrived)."""
+        (so the first transposes start before the whole row block has arrived). Rows of A left in SBUF by
+        the previous lowering (``a_res``) are used where they are."""
+        if is_a and self.a_res is not None:
+            return self.a_res[r0:r0 + rp, k0:k1]
         st = self.stage_ring.take()
         step = self.G * _P
         for c0 in range(k0, k1, step):
@@ -456,7 +462,7 @@ class _Matmul:
                 continue
             _, _, k0, k1 = self._k_range(kpn)
             m0 = mt * _P
-            self._staged[key] = self._stage_rows(self.a[bi], m0, min(_P, self.M - m0), k0, k1)
+            self._staged[key] = self._stage_rows(self.a[bi], m0, min(_P, self.M - m0), k0, k1, is_a=True)
 
     def _load_at_t(self, bi, at, sg_tiles, kpn) -> None:
         """A^T given in HBM: DMA the supergroup's columns of every K chunk of the panel."""
@@ -482,7 +488,7 @@ class _Matmul:
         mp = min(_P, self.M - m0)
         st = self._staged.pop((sg0, kpn, mt), None)
         if st is None:
-            st = self._stage_rows(self.a[bi], m0, mp, k0, k1)
+            st = self._stage_rows(self.a[bi], m0, mp, k0, k1, is_a=True)
         j = mt - sg0
         self._transposed_in(
             kc1 - kc0, lambda t: st[:mp, t * _P:t * _P + self._kp(kc0 + t)], lambda t: self._kp(kc0 + t), mp,
@@ -653,7 +659,16 @@ def _check_matmul_eqn(ctx, eqn):
 def lower_matmul(ctx, eqn, ins, outs) -> None:
     """``[..., M, K] @ [..., K, N]`` (equal batch dims) on TensorE; see the module docstring."""
     lead, M, K, N = _check_matmul_eqn(ctx, eqn)
-    emit_matmul(ctx, _as3(ins[0], lead, M, K), _as3(ins[1], lead, K, N), _as3(outs[0], lead, M, N))
+    emit_matmul(ctx, _as3(ins[0], lead, M, K), _as3(ins[1], lead, K, N), _as3(outs[0], lead, M, N),
+                a_resident=_resident_a(ctx, eqn, lead, M, K))
+
+
+def _resident_a(ctx, eqn, lead: int, M: int, K: int):
+    """A left in SBUF (``[M, K]``) by the previous lowering (LowerCtx.take), when this matmul can read it."""
+    res = getattr(ctx, "resident", {}).get(eqn.inputs[0])
+    if res is None or lead != 1 or M > _P or tuple(res.shape) != (M, K):
+        return None
+    return ctx.take(eqn.inputs[0])
 
 
 def streams_weight(eqn) -> bool:
@@ -717,4 +732,5 @@ def lower_matmul_transposed(ctx, eqn, ins, outs, a_t=None, b_t=None, b_tiled=Non
     b = None if (b_t is not None or b_tiled is not None) else _as3(ins[1], lead, K, N)
     emit_matmul(ctx, a, b, _as3(outs[0], lead, M, N),
                 a_t=None if a_t is None else _as3(a_t, lead, K, M),
-                b_t=None if b_t is None else _as3(b_t, lead, N, K), b_tiled=b_tiled)
+                b_t=None if b_t is None else _as3(b_t, lead, N, K), b_tiled=b_tiled,
+                a_resident=_resident_a(ctx, eqn, lead, M, K) if a is not None else None)
