@@ -488,14 +488,15 @@ class _Emitter:
             KC0 = _cdiv(L0.K, _P)
             hT = scope.sbuf((_P, KC0, M), self.dt, "lc_h0")
             tiles = [(m0, min(_P, M - m0)) for m0 in range(0, M, _P)]
-            stage_x = self._stage
             res = self.ctx.resident.get(L0.a) if hasattr(self.ctx, "resident") else None
             if res is not None and M <= _P and tuple(res.shape) == (M, L0.K):
                 # the input left in SBUF by the previous lowering: its rows are the staging tile
                 res = self.ctx.take(L0.a)
+            else:
+                res = None
 
-                def stage_x(src, r0, rp, K, res=res):  # noqa: F811
-                    return res[r0:r0 + rp, :K]
+            def stage_x(src, r0, rp, K, res=res):
+                return self._stage(src, r0, rp, K) if res is None else res[r0:r0 + rp, :K]
             staged = {b: stage_x(x, tiles[b][0], tiles[b][1], L0.K) for b in range(min(2, len(tiles)))}
             for d in range(self.ahead):
                 self._issue(d)
