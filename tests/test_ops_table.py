@@ -21,6 +21,7 @@ def _samples():
                  "sigmoid", "erf", "erfinv", "relu", "sign", "floor", "ceil", "trunc", "round", "isnan", "isinf"):
         s[name] = [([x], {}), ([_x(5, dtype=torch.bfloat16)], {})]
     s["logical_not"] = [([x > 0], {})]
+    s["conj"] = [([torch.randn(3, dtype=torch.complex64)], {})]
     s["bitwise_not"] = [([torch.arange(4)], {}), ([x > 0], {})]
     s["gelu"] = [([x], {}), ([x], {"approximate": "tanh"})]
     s["convert"] = [([x], {"dtype": torch.bfloat16}), ([torch.arange(3)], {"dtype": torch.float32})]

@@ -29,7 +29,7 @@ category        ops
 elementwise     unary: neg abs exp exp2 expm1 log log2 log1p sqrt rsqrt reciprocal sin cos
                 tan asin acos atan sinh cosh tanh asinh acosh atanh sigmoid erf erfinv
                 relu gelu[approximate] sign floor ceil trunc round logical_not bitwise_not
-                isnan isinf;
+                isnan isinf conj (complex conjugate);
                 binary (either input may be a Literal): add sub mul div[rounding_mode]
                 pow maximum minimum eq ne lt le gt ge logical_and logical_or logical_xor
                 bitwise_and bitwise_or bitwise_xor remainder fmod atan2;
@@ -277,6 +277,21 @@ def _make_unary(name: str) -> Op:
 
 for _n in _UNARY:
     _make_unary(_n)
+
+
+@register("conj", "elementwise")
+def conj(x: Tensor) -> Tensor:
+    """Complex conjugate, materialized (aten._conj's conjugate view, aten.conj_physical)."""
+    return aten.conj_physical.default(x)
+
+
+@from_aten(conj, aten._conj.default, aten.conj_physical.default, aten._conj_physical.default)
+def _conj_conv(x):
+    # the view torch marks with a conjugate bit is a value here; real tensors are their own conjugate
+    return [x], {} if x.is_complex() else IDENTITY
+
+
+from_aten(OPS["neg"], aten._neg_view.default)(_unary_conv)   # the negative-bit view of conj(x).imag
 
 
 @register("round", "elementwise")
@@ -989,8 +1004,8 @@ def _randn_conv(size, *, generator=None, dtype=None, layout=None, device=None, p
 # --------------------------------------------------------------------------- host ops
 # FFTs and dense linear algebra (factorizations, solves, eigen- and singular values) have no
 # NeuronCore kernel: they stay torch calls on the host, visible in the IR as ``host[fn=...]``
-# and counted as host fallbacks by the compiler. (linalg_lstsq is left out: it has no meta
-# kernel, so its result shapes cannot be traced.)
+# and counted as host fallbacks by the compiler. (linalg_lstsq and geqrf are left out: they
+# have no meta kernel, so their result shapes cannot be traced.)
 
 #: aten overloads traced as the ``host`` op.
 HOST_OVERLOADS = tuple(
@@ -1001,7 +1016,7 @@ HOST_OVERLOADS = tuple(
         ("_linalg_solve_ex", "default"), ("linalg_lu_solve", "default"), ("_linalg_slogdet", "default"),
         ("linalg_cholesky_ex", "default"), ("linalg_eig", "default"), ("linalg_ldl_factor_ex", "default"),
         ("linalg_ldl_solve", "default"), ("cholesky", "default"),
-        ("cholesky_inverse", "default"), ("cholesky_solve", "default"), ("geqrf", "default"),
+        ("cholesky_inverse", "default"), ("cholesky_solve", "default"),
         ("ormqr", "default"), ("linalg_householder_product", "default"), ("lu_unpack", "default"),
         ("linalg_lu", "default"), ("linalg_matrix_exp", "default"), ("triangular_solve", "default"),
         ("linalg_solve_triangular", "default"), ("_linalg_det", "default"))
