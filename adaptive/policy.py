@@ -75,7 +75,8 @@ class Policy:
         regions: module names (``"transformer.h.0"``) or module types overriding the default regions.
         autograd: compile regions that run under autograd through a ``torch.autograd.Function``
             whose backward is a jitted vjp (True); False keeps such calls eager.
-        clock: ``() -> seconds`` used to measure (``time.perf_counter``).
+        clock: ``() -> seconds`` used to measure (``time.process_time``: the CPU time of the process, which
+            another tenant taking the core does not inflate; ``time.perf_counter`` measures wall time).
         costs: injected times replacing measurements: a dict with any of ``"eager"``,
             ``"compiled"``, ``"compile"`` (seconds), or ``callable(kind, region_name) -> seconds | None``.
     """
@@ -95,7 +96,7 @@ class Policy:
     backend: Optional[str] = None
     regions: Optional[Sequence[Any]] = None
     autograd: bool = True
-    clock: Callable[[], float] = time.perf_counter
+    clock: Callable[[], float] = time.process_time
     costs: Union[None, Dict[str, float], Callable[[str, str], Optional[float]]] = None
 
     def injected(self, kind: str, region: str) -> Optional[float]:

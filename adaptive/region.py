@@ -725,7 +725,7 @@ class Region:
             tc = st.comp_s / st.comp_n
         else:  # child regions decide for themselves (sharing programs): only the rest speeds up
             frac = g.split(st)[0]
-            tc = te * (frac + ratio * (1.0 - frac))
+            tc = max(te * (frac + ratio * (1.0 - frac)), self.ctl.comp_floor)
         tcomp = g.compile_estimate(te, st)
         r = self.recurrence()
         share = max(1.0, st.count / seen)
@@ -815,6 +815,8 @@ class Region:
             g.ratio_sum += dt / te
             g.ratio_n += 1
             self.ctl.note_ratio(dt / te)
+        if dt < self.ctl.comp_floor or not self.ctl.comp_floor:
+            self.ctl.comp_floor = dt
         if st.comp_n >= 4 and te is not None and st.comp_s / st.comp_n >= te:
             st.state = "slower"
             g.compiled.pop(key, None)

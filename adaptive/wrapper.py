@@ -82,6 +82,7 @@ class _Controller:
         self.compile_rate_e = 0.0
         self.ratio_sum = 0.0
         self.ratio_n = 0
+        self.comp_floor = 0.0  # the fastest compiled call measured (no program call is expected to be faster)
         self.analysis_s = 0.0
         self._tls = threading.local()
 
@@ -251,24 +252,31 @@ def adaptive(model: torch.nn.Module, **policy: Any) -> AdaptiveModel:
 
     Regions are by default each block of the model's first ``ModuleList``/
     ``Sequential`` of same-type blocks, plus the whole model (the remainder);
-    ``regions=[...]`` (module names or types) overrides them. Every region
-    starts eager and records its signatures; a signature is compiled with
-    :func:`tn.jit` when ``seen * r/(1-r) * (t_eager - t_compiled) >= t_compile``
-    (``r``: how often the region's recent calls repeated a signature; measured
-    times; see :mod:`tn.adaptive.policy`). A region whose signatures churn is
-    bucketed (inputs padded to a power of two along a dimension the traced IR
-    proves independent, results sliced back) or stays eager and hands over to
-    its children. A region that cannot be traced stays eager for good, and its
-    children holding parameters become regions. Under autograd a compiled
-    region runs as a ``torch.autograd.Function`` (jitted forward, jitted vjp).
+    ``regions=[...]`` (module names or types) overrides them. Regions of the
+    same structure (the blocks) form a group that shares statistics and one
+    compiled program per signature. Every region starts eager and records its
+    signatures; a signature is compiled with :func:`tn.jit` when the compile
+    is expected to pay back from measured times: a shape's first (cold) eager
+    call, warm eager calls, compiled calls, compile time, and how often the
+    region's signatures recur (see :mod:`tn.adaptive.policy`). A region whose
+    eager time is spent in child regions leaves compiling to them. A region
+    whose signatures churn is bucketed along the dimensions the traced IR
+    proves may be padded at their end (the batch; a sequence under a causal
+    mask): inputs padded to a power of two, results sliced back, compiled per
+    bucket or, when a new shape's first eager call is dear, run eager at the
+    bucket's shape. Otherwise it stays eager and hands over to its children.
+    A region that cannot be traced stays eager for good, and its children
+    holding parameters become regions. Under autograd a compiled region runs
+    as a ``torch.autograd.Function`` (jitted forward, jitted vjp).
 
-    Policy keywords (:class:`tn.adaptive.policy.Policy`): ``min_calls`` (2),
-    ``compile_time_prior`` (0.3 s), ``compiled_ratio_prior`` (0.2),
-    ``max_recurrence`` (0.97), ``churn_window`` (32), ``churn_distinct`` (4),
-    ``bucket`` ("pow2", a list of sizes, or None), ``max_bucket`` (4096),
-    ``cache_size`` (16 programs per region), ``max_signatures`` (256 per
-    region), ``backend`` (``TN_BACKEND``, else "neuron"), ``regions``,
-    ``autograd`` (True), ``clock``, ``costs`` (injected times).
+    Policy keywords (:class:`tn.adaptive.policy.Policy`): ``min_calls`` (1),
+    ``min_gain`` (0.05), ``compile_time_prior`` (0.3 s),
+    ``compiled_ratio_prior`` (0.3), ``max_recurrence`` (0.8),
+    ``churn_window`` (32), ``churn_distinct`` (4), ``bucket`` ("pow2", a list
+    of sizes, or None), ``max_bucket`` (4096), ``cache_size`` (16 programs per
+    group), ``max_signatures`` (256 per region and group), ``share`` (True),
+    ``backend`` (``TN_BACKEND``, else "neuron"), ``regions``, ``autograd``
+    (True), ``clock`` (``time.process_time``), ``costs`` (injected times).
     ``TN_LOG=adaptive`` logs each decision (logger ``"tn"``).
     """
     if isinstance(model, AdaptiveModel):
