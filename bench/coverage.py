@@ -3,7 +3,7 @@
 
 Usage::
 
-    python bench/coverage.py --mode jit --backend reference [--json PATH] [--ops a,b] [--limit N]
+    python bench/coverage.py --mode jit --backend reference [--json PATH] [--ops a,b] [--limit N] [--allow-host]
 
 For every OpInfo in ``torch.testing._internal.common_methods_invocations.op_db``
 that supports float32 on CPU, each sample from
@@ -15,7 +15,11 @@ atol 1e-5; integers and bools exactly; NaNs equal).
 
 An op **passes** only when every sample matches. An op tn refuses with a
 clear error (:class:`tn.UnsupportedOpError`, :class:`tn.TracingError`) is
-**skipped** with that reason, never passed. A mismatch, or any other exception,
+**skipped** with that reason, never passed. Backends other than
+``reference`` run in strict mode (``TN_STRICT=1``): an equation the
+NeuronCore compiler would run on the host is a refusal, so an op passes on
+``neuron`` only when it runs natively (``--allow-host`` counts host
+fallbacks as passes instead). A mismatch, or any other exception,
 makes it **failed** with the reason. Every op is isolated: whatever it raises
 is caught and recorded. Samples that eager PyTorch itself rejects are ignored.
 A sample whose eager result changes with the random seed (random ops,
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import signal
 import sys
@@ -355,8 +360,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--timeout", type=float, default=30.0,
                         help="CPU seconds per sample before the op fails (0: no limit)")
     parser.add_argument("--verbose", "-v", action="store_true", help="print one line per op as it runs")
+    parser.add_argument("--allow-host", action="store_true",
+                        help="let a compiling backend run equations on the host (default: strict, such ops skip)")
     ns = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if ns.backend != "reference" and not ns.allow_host:
+        os.environ["TN_STRICT"] = "1"     # host fallbacks are refusals (skipped), not passes
     ensure_backend(ns.backend)
     names = [n.strip() for n in ns.ops.split(",") if n.strip()] if ns.ops else None
     report = run(ns.backend, names, ns.limit, ns.max_samples, ns.timeout, ns.verbose)

@@ -126,3 +126,18 @@ def test_full_opinfo_run(backend, tmp_path):
         assert rec["status"] in ("passed", "failed", "skipped")
         assert rec["status"] == "passed" or rec["reason"]
     assert report["passed"] > report["total"] // 2
+
+
+def test_compiling_backend_runs_strict(monkeypatch, capsys, tmp_path):
+    """On neuron an op the compiler would run on the host is skipped unless --allow-host."""
+    pytest.importorskip("tn.lower")
+    monkeypatch.setenv("TN_STRICT", "0")      # restored after the test (main sets it to 1)
+    out = tmp_path / "r.json"
+    cov.main(["--backend", "neuron", "--ops", "linalg.inv", "--json", str(out)])   # linear algebra: host by design
+    import json
+
+    rec = json.loads(out.read_text())["ops"][0]
+    assert rec["status"] == "skipped" and "linalg_inv_ex" in rec["reason"]
+    monkeypatch.setenv("TN_STRICT", "0")
+    cov.main(["--backend", "neuron", "--ops", "linalg.inv", "--allow-host", "--json", str(out)])
+    assert json.loads(out.read_text())["ops"][0]["status"] == "passed"
