@@ -190,3 +190,37 @@ def test_engines_are_pipelined_access_is_latency():
     assert t[0][1] - t[0][0] == pytest.approx((512 + 60) * ns_dve)
     assert t[4][0] == pytest.approx(t[3][0] + 512 * ns_pe)
     assert res.busy_cycles["TensorE"] == 1024
+
+
+def test_same_engine_read_after_write_waits_for_the_latency():
+    # One engine, in order: a read of the previous instruction's result waits for its access latency; an
+    # overwrite of a tile an earlier instruction read (WAR) or wrote (WAW) only waits for the issue.
+    a = get_arch("trn2")
+    ns = 1e9 / a.clock_hz["act"]
+
+    def emit(p):
+        x = p.sbuf((128, 32))
+        y = p.sbuf((128, 32))
+        p.activation(y, x, "exp")        # 0 reads x
+        p.activation(y, y, "tanh")       # 1 reads y (RAW on 0)
+        p.activation(x, y, "exp")        # 2 writes x (WAR on 0), reads y (RAW on 1)
+        p.activation(y, x, "exp")        # 3 reads x (RAW on 2), writes y (WAW/WAR on 1, 2)
+    res = one("trn2", emit)
+    t = res.times
+    assert t[1][0] == pytest.approx(t[0][1]) and t[1][0] == pytest.approx((64 + 60) * ns)
+    assert t[2][0] == pytest.approx(t[1][1])
+    assert t[3][0] == pytest.approx(t[2][1])
+
+
+def test_same_engine_war_does_not_wait_for_the_latency():
+    a = get_arch("trn2")
+    ns = 1e9 / a.clock_hz["act"]
+
+    def emit(p):
+        x = p.sbuf((128, 32))
+        y = p.sbuf((128, 32))
+        z = p.sbuf((128, 32))
+        p.activation(y, x, "exp")        # 0 reads x
+        p.activation(x, z, "exp")        # 1 overwrites x (WAR on 0): issues right after 0
+    res = one("trn2", emit)
+    assert res.times[1][0] == pytest.approx(64 * ns)

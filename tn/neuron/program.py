@@ -766,8 +766,11 @@ class Program:
         i = len(self._recs)
         dep_set = {}
         if self.auto_deps:
-            for k, v in enumerate(operands):
-                if v is None:
+            # reads first: a write operand prunes the entries it covers, and an in-place instruction's read
+            # must still see the earlier write it depends on
+            order = sorted(range(len(operands)), key=lambda k: k == 0 or k in writes)
+            for k in order:
+                if operands[k] is None:
                     continue
                 w = k == 0 or k in writes
                 self._track(i, queue, rec, k, w, dep_set)
@@ -777,7 +780,6 @@ class Program:
                 raise NeuronError(f"{opcode}: explicit dependency {d} is not an earlier instruction (0..{i - 1})")
             q = self._recs[d][isa.H_QUEUE]
             dep_set[q] = max(dep_set.get(q, -1), d)
-        dep_set.pop(queue, None)  # same queue: in-order execution already waits
         if aux is not None and len(aux):
             rec[isa.H_AUX_START] = len(self._aux)
             self._aux.extend(int(a) for a in aux)
@@ -820,7 +822,11 @@ class Program:
                 ei, eq, ew, ep0, ep1, eb0, eb1 = ent
                 overlap = ep0 < p1 and p0 < ep1 and eb0 < b1 and b0 < eb1
                 if overlap and (write or ew) and ei != i:
-                    if dep_set.get(eq, -1) < ei:
+                    # on the same in-order queue only a read after a write waits (for the write's access
+                    # latency); write-after-read and write-after-write are ordered by the queue itself
+                    if eq == queue and (write or not ew):
+                        pass
+                    elif dep_set.get(eq, -1) < ei:
                         dep_set[eq] = ei
                 # an entry covered by this access is redundant when this is a write (later accesses wait on
                 # the write, which waited on the entry) or a read on the same in-order queue as an older read
