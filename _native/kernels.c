@@ -89,15 +89,27 @@ static inline int64_t sat_i64(float v)
 
 /* ------------------------------------------------------------------ row load/store */
 
-/* dst[i] = (float) src[i*stride] for a row of n elements of `dtype`. */
+/* dst[i] = (float) src[i*stride] for a row of n elements of `dtype`. Unit-stride and broadcast (stride 0) rows
+   have their own loops: the strided ones do not vectorise. */
 TN_HOT static void load_row(float *dst, const char *src, int dtype, int64_t stride, int64_t n)
 {
+    if (stride == 0 && n > 1) {
+        float v;
+        load_row(&v, src, dtype, 1, 1);
+        for (int64_t i = 0; i < n; i++) dst[i] = v;
+        return;
+    }
     switch (dtype) {
     case TN_F32:
         if (stride == 1) { memcpy(dst, src, (size_t)n * 4); return; }
         for (int64_t i = 0; i < n; i++) dst[i] = ((const float *)src)[i * stride];
         return;
     case TN_BF16:
+        if (stride == 1) {
+            const uint16_t *h = (const uint16_t *)src;
+            for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(h[i]);
+            return;
+        }
         for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(((const uint16_t *)src)[i * stride]);
         return;
     case TN_F16:
@@ -111,6 +123,11 @@ TN_HOT static void load_row(float *dst, const char *src, int dtype, int64_t stri
         return;
     case TN_U8:
     case TN_BOOL:
+        if (stride == 1) {
+            const uint8_t *b = (const uint8_t *)src;
+            for (int64_t i = 0; i < n; i++) dst[i] = (float)b[i];
+            return;
+        }
         for (int64_t i = 0; i < n; i++) dst[i] = (float)((const uint8_t *)src)[i * stride];
         return;
     default:
@@ -127,6 +144,11 @@ TN_HOT static void store_row(char *dst, int dtype, int64_t stride, const float *
         for (int64_t i = 0; i < n; i++) ((float *)dst)[i * stride] = src[i];
         return;
     case TN_BF16:
+        if (stride == 1) {
+            uint16_t *h = (uint16_t *)dst;
+            for (int64_t i = 0; i < n; i++) h[i] = f32_to_bf16(src[i]);
+            return;
+        }
         for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i * stride] = f32_to_bf16(src[i]);
         return;
     case TN_F16:
@@ -553,24 +575,62 @@ static int reduce_init(int op, float *init)
     }
 }
 
-/* Fold x[0..n) into acc with op (NaN propagates through max/min as in torch). */
+/* Fold x[0..n) into acc with op (NaN propagates through max/min as in torch). Sums, maxima and minima keep 16
+   partial results (element i goes to lane i % 16; the lanes are combined in a fixed tree): the loops vectorise,
+   and the order, hence the rounding, is the same in every clone. */
+#define TN_RED_LANES 16
+typedef float tn_v16f __attribute__((vector_size(64)));
+typedef int32_t tn_v16i __attribute__((vector_size(64)));
 TN_HOT static float reduce_row(int op, float acc, const float *x, int64_t n)
 {
     int64_t i;
+    float l[TN_RED_LANES];
+    int j, w;
     switch (op) {
-    case RED_ADD: {
-        float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        for (i = 0; i + 4 <= n; i += 4) { s0 += x[i]; s1 += x[i + 1]; s2 += x[i + 2]; s3 += x[i + 3]; }
-        for (; i < n; i++) s0 += x[i];
-        return acc + ((s0 + s1) + (s2 + s3));
+    case RED_ADD:
+        for (j = 0; j < TN_RED_LANES; j++) l[j] = 0.0f;
+        for (i = 0; i + TN_RED_LANES <= n; i += TN_RED_LANES)
+            for (j = 0; j < TN_RED_LANES; j++) l[j] += x[i + j];
+        for (j = 0; i + j < n; j++) l[j] += x[i + j];
+        for (w = TN_RED_LANES / 2; w >= 1; w /= 2)
+            for (j = 0; j < w; j++) l[j] += l[j + w];
+        return acc + l[0];
+    case RED_MAX:
+    case RED_MIN: {
+        /* lv: lane maxima (minima), qv: a NaN seen by the lane (0 if none), folded in at the end; GCC vector
+           extensions (split into SSE/AVX2 halves where AVX-512 is missing): the branchy scalar form does not
+           vectorise */
+        tn_v16f lv, qv = {0}, v;
+        for (j = 0; j < TN_RED_LANES; j++) lv[j] = acc;
+        int mx = op == RED_MAX;
+        for (i = 0; i + TN_RED_LANES <= n; i += TN_RED_LANES) {
+            memcpy(&v, x + i, sizeof v);
+            tn_v16i take = mx ? (v > lv) : (v < lv), isnan_ = v != v;
+            lv = (tn_v16f)(((tn_v16i)v & take) | ((tn_v16i)lv & ~take));
+            qv = (tn_v16f)(((tn_v16i)v & isnan_) | ((tn_v16i)qv & ~isnan_));
+        }
+        for (j = 0; i + j < n; j++) {
+            float e = x[i + j];
+            lv[j] = (mx ? e > lv[j] : e < lv[j]) ? e : lv[j];
+            qv[j] = e != e ? e : qv[j];
+        }
+        for (j = 0; j < TN_RED_LANES; j++) {
+            float e = lv[j];
+            acc = (mx ? e > acc : e < acc) || e != e ? e : acc;
+            acc = qv[j] != qv[j] ? qv[j] : acc;
+        }
+        return acc;
     }
-    case RED_MAX: for (i = 0; i < n; i++) acc = (x[i] > acc || x[i] != x[i]) ? x[i] : acc; return acc;
-    case RED_MIN: for (i = 0; i < n; i++) acc = (x[i] < acc || x[i] != x[i]) ? x[i] : acc; return acc;
     case RED_MUL: for (i = 0; i < n; i++) acc *= x[i]; return acc;
     case RED_AND: for (i = 0; i < n; i++) acc = (acc != 0.0f && x[i] != 0.0f) ? 1.0f : 0.0f; return acc;
     case RED_OR: for (i = 0; i < n; i++) acc = (acc != 0.0f || x[i] != 0.0f) ? 1.0f : 0.0f; return acc;
     default: return acc;
     }
+}
+
+TN_HOT static void scale_bias_row(float *x, int64_t n, float s, float b)
+{
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] * s + b;
 }
 
 int tn_activation(int func, const tn_ap *out, const tn_ap *in, const tn_ap *bias, double bias_imm,
@@ -586,7 +646,7 @@ int tn_activation(int func, const tn_ap *out, const tn_ap *in, const tn_ap *bias
         float s = scale ? load_scalar(scale, p) : (float)scale_imm;
         float b = (bias ? load_scalar(bias, p) : 0.0f) + (float)bias_imm;
         if (s != 1.0f || b != 0.0f)
-            for (int64_t i = 0; i < n; i++) x[i] = x[i] * s + b;
+            scale_bias_row(x, n, s, b);
         int rc = act_apply(func, x, n);
         if (rc) return rc;
         store_ap(out, p, x);
@@ -759,6 +819,12 @@ int tn_scatter_rows(const tn_ap *table, int64_t table_rows, const tn_ap *src, co
 
 /* ------------------------------------------------------------------ VectorE / GpSimd misc */
 
+/* x[i] = c[i] != 0 ? x[i] : y[i] (branch-free: a data-dependent branch mispredicts on real masks) */
+TN_HOT static void select_row(float *restrict x, const float *restrict c, const float *restrict y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) x[i] = c[i] != 0.0f ? x[i] : y[i];
+}
+
 int tn_select(const tn_ap *out, const tn_ap *pred, const tn_ap *a, const tn_ap *b, int64_t nparts)
 {
     int64_t n = ap_free(out);
@@ -768,7 +834,7 @@ int tn_select(const tn_ap *out, const tn_ap *pred, const tn_ap *a, const tn_ap *
         load_ap(c, pred, p);
         load_ap(x, a, p);
         load_ap(y, b, p);
-        for (int64_t i = 0; i < n; i++) x[i] = c[i] != 0.0f ? x[i] : y[i];
+        select_row(x, c, y, n);
         store_ap(out, p, x);
     }
     return TN_OK;
@@ -821,23 +887,77 @@ int tn_iota(const tn_ap *out, const double *coef, int64_t nparts)
 
 enum { CMP_GE = 0, CMP_GT, CMP_LE, CMP_LT, CMP_EQ, CMP_NE };
 
+/* Number of i in [0, n) with e(i) = b + c*i (in double, as fill_affine computes it) below 0 (strict) or at most 0
+   (!strict), for c >= 0, where e is nondecreasing in i (rounding is monotone), so those i form a prefix. */
+static int64_t affine_count_below(double b, double c, int64_t n, int strict)
+{
+    int64_t lo = 0, hi = n;   /* invariant: e(i) satisfies the predicate for i < lo and not for i >= hi */
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        double e = b + c * (double)mid;
+        if (strict ? e < 0 : e <= 0) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+static void fill_range(float *r, int64_t lo, int64_t hi, float f)
+{
+    for (int64_t i = lo; i < hi; i++) r[i] = f;
+}
+
+/* r[i] = (b + c*i) <cmp> 0 ? r[i] : f over a row of n. The expression is monotone in i, so the kept elements form
+   one interval (two for not_equal) found by binary search with the exact expression; non-finite b or c (NaN
+   comparisons) go element by element. */
+static void affine_select_row(int cmp, float *r, int64_t n, double b, double c, float f)
+{
+    if (!isfinite(b) || !isfinite(c)) {
+        for (int64_t i = 0; i < n; i++) {
+            double e = b + c * (double)i;
+            int keep = cmp == CMP_GE ? e >= 0 : cmp == CMP_GT ? e > 0 : cmp == CMP_LE ? e <= 0
+                     : cmp == CMP_LT ? e < 0 : cmp == CMP_EQ ? e == 0 : e != 0;
+            if (!keep) r[i] = f;
+        }
+        return;
+    }
+    /* for c < 0 work on the mirrored row j = n-1-i: e = (b + c*(n-1)) ... is not bit-identical, so count on
+       -e instead: b + c*i < 0  <=>  -(b + c*i) > 0, and -(b + c*i) = (-b) + (-c)*i exactly */
+    int neg = c < 0;
+    double bb = neg ? -b : b, cc = neg ? -c : c;
+    /* with e' = bb + cc*i nondecreasing: lt = #{e' < 0}, le = #{e' <= 0} (prefixes) */
+    int64_t lt = affine_count_below(bb, cc, n, 1), le = affine_count_below(bb, cc, n, 0);
+    /* sets of e (not e'): e >= 0 is e' >= 0 (suffix [lt, n)) or, mirrored, e' <= 0 (prefix [0, le)) */
+    int64_t klo, khi;
+    switch (cmp) {
+    case CMP_GE: klo = neg ? 0 : lt; khi = neg ? le : n; break;
+    case CMP_GT: klo = neg ? 0 : le; khi = neg ? lt : n; break;
+    case CMP_LE: klo = neg ? lt : 0; khi = neg ? n : le; break;
+    case CMP_LT: klo = neg ? le : 0; khi = neg ? n : lt; break;
+    case CMP_EQ: klo = lt; khi = le; break;
+    default:   /* not_equal: everything but [lt, le) */
+        fill_range(r, lt, le, f);
+        return;
+    }
+    fill_range(r, 0, klo, f);
+    fill_range(r, khi > klo ? khi : klo, n, f);
+}
+
 int tn_affine_select(int cmp, const tn_ap *out, const tn_ap *in, const double *coef, double fill, int64_t nparts)
 {
     if (cmp < CMP_GE || cmp > CMP_NE) return TN_EARGS;
-    int64_t n = ap_free(out);
-    double *v = (double *)scratch(3, 2 * n);
+    int64_t n = ap_free(out), n3 = out->num[3];
     float *x = scratch(0, n);
-    if (!v || !x) return TN_ENOMEM;
+    if (!x) return TN_ENOMEM;
     float f = (float)fill;
     for (int64_t p = 0; p < nparts; p++) {
-        fill_affine(v, out, coef, p);
         load_ap(x, in, p);
-        for (int64_t i = 0; i < n; i++) {
-            double e = v[i];
-            int keep = cmp == CMP_GE ? e >= 0 : cmp == CMP_GT ? e > 0 : cmp == CMP_LE ? e <= 0
-                     : cmp == CMP_LT ? e < 0 : cmp == CMP_EQ ? e == 0 : e != 0;
-            if (!keep) x[i] = f;
-        }
+        float *r = x;
+        for (int64_t i0 = 0; i0 < out->num[0]; i0++)
+            for (int64_t i1 = 0; i1 < out->num[1]; i1++)
+                for (int64_t i2 = 0; i2 < out->num[2]; i2++, r += n3) {
+                    double b = coef[0] + coef[1] * (double)p + coef[2] * (double)i0 + coef[3] * (double)i1
+                             + coef[4] * (double)i2;
+                    affine_select_row(cmp, r, n3, b, coef[5], f);
+                }
         store_ap(out, p, x);
     }
     return TN_OK;
@@ -898,6 +1018,21 @@ int tn_bn_aggr(const tn_ap *out, const tn_ap *in, int64_t nparts)
     return TN_OK;
 }
 
+/* acc[i] = acc[i] <op> x[i], exactly as reduce_row(op, acc[i], x + i, 1) (NaN propagates through max/min) */
+TN_HOT static void reduce_elementwise(int op, float *restrict acc, const float *restrict x, int64_t n)
+{
+    int64_t i;
+    switch (op) {
+    case RED_ADD: for (i = 0; i < n; i++) acc[i] = acc[i] + x[i]; break;
+    case RED_MAX: for (i = 0; i < n; i++) acc[i] = ((x[i] > acc[i]) | (x[i] != x[i])) ? x[i] : acc[i]; break;
+    case RED_MIN: for (i = 0; i < n; i++) acc[i] = ((x[i] < acc[i]) | (x[i] != x[i])) ? x[i] : acc[i]; break;
+    case RED_MUL: for (i = 0; i < n; i++) acc[i] = acc[i] * x[i]; break;
+    case RED_AND: for (i = 0; i < n; i++) acc[i] = (acc[i] != 0.0f && x[i] != 0.0f) ? 1.0f : 0.0f; break;
+    case RED_OR: for (i = 0; i < n; i++) acc[i] = (acc[i] != 0.0f || x[i] != 0.0f) ? 1.0f : 0.0f; break;
+    default: break;
+    }
+}
+
 int tn_partition_reduce(int op, const tn_ap *out, const tn_ap *in, int64_t nparts_out, int64_t nparts_in)
 {
     float init;
@@ -908,7 +1043,7 @@ int tn_partition_reduce(int op, const tn_ap *out, const tn_ap *in, int64_t npart
     for (int64_t i = 0; i < n; i++) acc[i] = init;
     for (int64_t q = 0; q < nparts_in; q++) {
         load_ap(x, in, q);
-        for (int64_t i = 0; i < n; i++) acc[i] = reduce_row(op, acc[i], x + i, 1);
+        reduce_elementwise(op, acc, x, n);
     }
     for (int64_t p = 0; p < nparts_out; p++) store_ap(out, p, acc);
     return TN_OK;
@@ -934,9 +1069,71 @@ int tn_partition_shuffle(const tn_ap *out, const tn_ap *in, const int64_t *perm,
     return TN_OK;
 }
 
+/* All free elements of a partition contiguous (one run of ap_free elements from base). */
+static int ap_free_contiguous(const tn_ap *a)
+{
+    int64_t expect = 1;
+    for (int d = 3; d >= 0; d--) {
+        if (a->num[d] != 1 && a->stride[d] != expect) return 0;
+        expect *= a->num[d];
+    }
+    return 1;
+}
+
+/* out[q][p] = in[p][q] (q < F, p < P) for T-typed elements, rows ips / ops bytes apart, in 8 x 8 blocks (each
+   input row read and each output row written 8 contiguous elements at a time; plain element stores: staging a
+   block in a local array and copying its rows out stalls on store forwarding). */
+#define TN_TRANSPOSE_BODY(T, CONV)                                                                        \
+    {                                                                                                    \
+        for (int64_t p0 = 0; p0 < P; p0 += 8)                                                            \
+            for (int64_t q0 = 0; q0 < F; q0 += 8) {                                                      \
+                int64_t pe = P - p0 < 8 ? P - p0 : 8, qe = F - q0 < 8 ? F - q0 : 8;                     \
+                for (int64_t j = 0; j < qe; j++) {                                                       \
+                    T *o = (T *)(ob + (q0 + j) * ops) + p0;                                              \
+                    const char *ic = ib + p0 * ips + (q0 + j) * (int64_t)sizeof(T##_in);                  \
+                    for (int64_t i = 0; i < pe; i++) o[i] = CONV(*(const T##_in *)(ic + i * ips));        \
+                }                                                                                        \
+            }                                                                                            \
+    }
+typedef uint32_t u32x_in;
+typedef uint32_t u32x;
+typedef uint16_t u16x_in;
+typedef uint16_t u16x;
+typedef uint16_t f32w_in;   /* bf16 bits in, fp32 out */
+typedef float f32w;
+#define TN_SAME(v) (v)
+
+static void transpose_u32(char *ob, int64_t ops, const char *ib, int64_t ips, int64_t P, int64_t F)
+TN_TRANSPOSE_BODY(u32x, TN_SAME)
+static void transpose_u16(char *ob, int64_t ops, const char *ib, int64_t ips, int64_t P, int64_t F)
+TN_TRANSPOSE_BODY(u16x, TN_SAME)
+static void transpose_bf16_f32(char *ob, int64_t ops, const char *ib, int64_t ips, int64_t P, int64_t F)
+TN_TRANSPOSE_BODY(f32w, bf16_to_f32)
+
 int tn_transpose(const tn_ap *out, const tn_ap *in, int64_t nparts_in)
 {
     int64_t f = ap_free(in);
+    if (ap_free_contiguous(in) && ap_free_contiguous(out)) {
+        /* The usual case, plain tiles: bit-exact copies, transposed into contiguous scratch and then copied out row
+           by row (partition rows lie a multiple of 4 KiB apart, in one L1 set: writing across 128 of them directly
+           would miss on every store). */
+        int oes = out->esize;
+        char *t = (char *)scratch(0, (f * nparts_in * oes + 3) / 4);
+        if (!t) return TN_ENOMEM;
+        int64_t trow = nparts_in * oes;
+        if (in->dtype == out->dtype && in->esize == 4)
+            transpose_u32(t, trow, in->base, in->pstride, nparts_in, f);
+        else if (in->dtype == out->dtype && in->esize == 2)
+            transpose_u16(t, trow, in->base, in->pstride, nparts_in, f);
+        else if (in->dtype == TN_BF16 && out->dtype == TN_F32)
+            transpose_bf16_f32(t, trow, in->base, in->pstride, nparts_in, f);
+        else
+            t = NULL;
+        if (t) {
+            for (int64_t q = 0; q < f; q++) memcpy(out->base + q * out->pstride, t + q * trow, (size_t)trow);
+            return TN_OK;
+        }
+    }
     float *all = scratch(0, f * nparts_in), *row = scratch(1, nparts_in);
     if (!all || !row) return TN_ENOMEM;
     for (int64_t p = 0; p < nparts_in; p++) load_ap(all + p * f, in, p);

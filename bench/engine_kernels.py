@@ -84,9 +84,10 @@ def _values(dtype, shape, rng, lo, hi):
 class Case:
     """One row: builds its program with n copies of the instruction and fills its operands."""
 
-    def __init__(self, name, elems, emit, tiles, lo=-4.0, hi=4.0, hbm=None):
+    def __init__(self, name, elems, emit, tiles, lo=-4.0, hi=4.0, hbm=None, neg_inf=0.0):
         self.name, self.elems, self.emit, self.tiles, self.lo, self.hi = name, elems, emit, tiles, lo, hi
         self.hbm = hbm or []   # [(name, shape, dtype, kind)]
+        self.neg_inf = neg_inf  # fraction of float inputs set to -inf (masked attention scores)
 
     def build(self, n):
         """(Encoded, {tile name: Tile}, [HbmTensor]) with n copies."""
@@ -107,6 +108,8 @@ class Case:
             dtype = self.tiles[key][2]
             nfree = int(np.prod(self.tiles[key][1][1:]))
             vals = _values(dtype, (tile.pcount, nfree), rng, self.lo, self.hi)
+            if self.neg_inf and dtype == "float32":
+                vals[rng.uniform(size=vals.shape) < self.neg_inf] = -np.inf
             raw = np.ascontiguousarray(vals).view(np.uint8).reshape(tile.pcount, -1)
             rows, cols = slice(tile.pstart, tile.pstart + tile.pcount), slice(tile.offset, tile.offset + raw.shape[1])
             mem[rows, cols] = raw
@@ -140,6 +143,39 @@ def _cases():
                    lambda p, t, h: p.activation(t["o"], t["i"], "gelu_tanh", bias=t["b"]),
                    {"o": ("sbuf", (P, F), "bfloat16"), "i": ("psum", (P, F), "float32"),
                     "b": ("sbuf", (P, 1), "float32")}))
+    # ---- small rows, as a GPT-2 block's attention and epilogues have them ([128, 128])
+    cs.append(Case("act exp+scale+bias+reduce f32 [128] half -inf", P * 128,
+                   lambda p, t, h: p.activation(t["o"], t["i"], "exp", scale=t["s"], bias=t["b"], reduce_op="add",
+                                                reduce_out=t["r"]),
+                   {"o": ("sbuf", (P, 128), "float32"), "i": ("sbuf", (P, 128), "float32"),
+                    "b": ("sbuf", (P, 1), "float32"), "s": ("sbuf", (P, 1), "float32"),
+                    "r": ("sbuf", (P, 1), "float32")}, -30, 0, neg_inf=0.5))
+    cs.append(Case("act gelu_tanh bf16 [128]", P * 128, lambda p, t, h: p.activation(t["o"], t["i"], "gelu_tanh"),
+                   {"o": ("sbuf", (P, 128), "bfloat16"), "i": ("sbuf", (P, 128), "bfloat16")}))
+    cs.append(Case("act identity+bias PSUM->bf16 [128]", P * 128,
+                   lambda p, t, h: p.activation(t["o"], t["i"], "identity", bias=t["b"]),
+                   {"o": ("sbuf", (P, 128), "bfloat16"), "i": ("psum", (P, 128), "float32"),
+                    "b": ("sbuf", (P, 1), "float32")}))
+    cs.append(Case("affine_select causal f32<-bf16 [128]", P * 128,
+                   lambda p, t, h: p.affine_select(t["o"], t["i"], cmp="is_ge", channel_multiplier=1, pattern=[-1],
+                                                   fill=-np.inf),
+                   {"o": ("sbuf", (P, 128), "float32"), "i": ("sbuf", (P, 128), "bfloat16")}))
+    cs.append(Case("reduce max f32 [128]->[1]", P * 128, lambda p, t, h: p.tensor_reduce(t["o"], t["a"], "max"),
+                   {"o": ("sbuf", (P, 1), "float32"), "a": ("sbuf", (P, 128), "float32")}))
+    cs.append(Case("ts divide bf16<-f32 [128] by [P,1]", P * 128,
+                   lambda p, t, h: p.tensor_scalar(t["o"], t["a"], "divide", t["s"]),
+                   {"o": ("sbuf", (P, 128), "bfloat16"), "a": ("sbuf", (P, 128), "float32"),
+                    "s": ("sbuf", (P, 1), "float32")}, 0.5, 4))
+    cs.append(Case("tt add bf16 [256]", P * 256, lambda p, t, h: p.tensor_tensor(t["o"], t["a"], t["b"], "add"),
+                   {"o": ("sbuf", (P, 256), "bfloat16"), "a": ("sbuf", (P, 256), "bfloat16"),
+                    "b": ("sbuf", (P, 256), "bfloat16")}))
+    cs.append(Case("copy PSUM f32->bf16 [128]", P * 128, lambda p, t, h: p.tensor_copy(t["o"], t["i"]),
+                   {"o": ("sbuf", (P, 128), "bfloat16"), "i": ("psum", (P, 128), "float32")}))
+    cs.append(Case("copy bf16->bf16 [128]", P * 128, lambda p, t, h: p.tensor_copy(t["o"], t["i"]),
+                   {"o": ("sbuf", (P, 128), "bfloat16"), "i": ("sbuf", (P, 128), "bfloat16")}))
+    cs.append(Case("partition_shuffle bf16 [768]", P * 768,
+                   lambda p, t, h: p.partition_shuffle(t["o"], t["i"], list(range(P))[::-1]),
+                   {"o": ("sbuf", (P, 768), "bfloat16"), "i": ("sbuf", (P, 768), "bfloat16")}))
     # ---- VectorE
     for dt in ("float32", "bfloat16"):
         for op in ("add", "multiply", "divide", "max"):

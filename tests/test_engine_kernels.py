@@ -1,0 +1,176 @@
+# Edge cases of the engine's fast kernel paths (kernels.c): blocked transposes, interval affine_select, 16-lane
+# reductions, branch-free select, elementwise partition reduce, broadcast (stride-0) row loads.
+import numpy as np
+import pytest
+
+from test_neuron_helpers import from_device, round_to, run_op, to_device
+from tn.neuron import Program
+
+RNG = np.random.default_rng(7)
+
+
+def rnd(*shape):
+    return RNG.standard_normal(shape)
+
+
+# ---------------------------------------------------------------- transpose
+
+@pytest.mark.parametrize("P,F", [(128, 128), (5, 77), (77, 5), (9, 8), (1, 1), (128, 3), (64, 128)])
+@pytest.mark.parametrize("src,dst", [("float32", "float32"), ("bfloat16", "bfloat16"), ("bfloat16", "float32"),
+                                     ("float16", "float32")])
+def test_transpose_dtypes_and_shapes(P, F, src, dst):
+    x = rnd(P, F) * 10
+    x.flat[::7] = 0.0
+    def emit(p, t):
+        ps = p.psum((F, P), dst)
+        p.transpose(ps, t["x"])
+        p.tensor_copy(t["y"], ps)
+    out, _ = run_op(emit, {"x": (x, src)}, {"y": ((F, P), dst)})
+    np.testing.assert_array_equal(out["y"], round_to(x, src).T)
+
+
+def test_transpose_is_a_bit_exact_copy():
+    """Same-dtype transposes move bits: NaN payloads, infinities and -0 come through unchanged."""
+    bits = RNG.integers(0, 2 ** 32, size=(32, 48), dtype=np.uint64).astype(np.uint32)
+    bits[0, :4] = [0x7F800001, 0xFFC00000, 0x80000000, 0x7F800000]   # sNaN, qNaN, -0, inf
+    prog = Program("tr_bits")
+    X = prog.hbm("x", (32, 48), "float32")
+    Y = prog.hbm("y", (48, 32), "float32", kind="output")
+    t = prog.sbuf((32, 48), "float32")
+    prog.dma_copy(t, X)
+    ps = prog.psum((48, 32))
+    prog.transpose(ps, t)
+    u = prog.sbuf((48, 32), "float32")
+    prog.tensor_copy(u, ps)
+    prog.dma_copy(Y, u)
+    res = prog.run({"x": bits.view(np.float32)})
+    np.testing.assert_array_equal(res.outputs["y"].view(np.uint32), bits.T)
+
+
+def test_transpose_of_a_strided_view_takes_the_general_path():
+    x = rnd(16, 40)
+    def emit(p, t):
+        ps = p.psum((20, 16))
+        p.transpose(ps, t["x"][:, ::2])
+        p.tensor_copy(t["y"], ps)
+    out, _ = run_op(emit, {"x": (x, "float32")}, {"y": ((20, 16), "float32")})
+    np.testing.assert_array_equal(out["y"], round_to(x, "float32")[:, ::2].T)
+
+
+# ---------------------------------------------------------------- affine_select
+
+CMPS = {"is_ge": np.greater_equal, "is_gt": np.greater, "is_le": np.less_equal, "is_lt": np.less,
+        "is_equal": np.equal, "not_equal": np.not_equal}
+
+
+def _affine_ref(shape, base, cm, pattern):
+    """The affine expression in double, evaluated as the engine does: base + cm*p + sum_d m_d*i_d (in order)."""
+    P, *free = shape
+    pat = [0.0] * (4 - len(pattern)) + [float(m) for m in pattern]
+    dims = [1] * (4 - len(free)) + list(free)
+    e = np.empty((P, *dims))
+    for idx in np.ndindex(P, *dims):
+        p, i0, i1, i2, i3 = idx
+        b = base + cm * p + pat[0] * i0 + pat[1] * i1 + pat[2] * i2
+        e[idx] = b + pat[3] * i3
+    return e.reshape(shape)
+
+
+@pytest.mark.parametrize("cmp", sorted(CMPS))
+@pytest.mark.parametrize("base,cm,pattern", [
+    (0, 1, [-1]),            # causal mask
+    (3, -1, [1]),            # decreasing along partitions, increasing along the row
+    (5, 0, [-1]),            # same for every partition, boundary mid-row
+    (0.5, 0.25, [-0.3]),     # fractional: boundaries between elements
+    (-2, 1, [0]),            # constant rows
+    (1e10, -1e10, [1e-3]),   # huge terms
+    (0, 1, [2, -1]),         # pattern over two free axes
+    (-7, 0, [1, 0, 3]),      # three free axes
+])
+def test_affine_select_against_the_double_expression(cmp, base, cm, pattern):
+    shape = (16, 37) if len(pattern) == 1 else ((16, 5, 9) if len(pattern) == 2 else (16, 3, 4, 5))
+    x = rnd(*shape)
+    out, _ = run_op(lambda p, t: p.affine_select(t["y"], t["x"], cmp=cmp, base=base, channel_multiplier=cm,
+                                                 pattern=pattern, fill=-5.0),
+                    {"x": (x, "float32")}, {"y": (shape, "float32")})
+    keep = CMPS[cmp](_affine_ref(shape, base, cm, pattern), 0)
+    np.testing.assert_array_equal(out["y"], np.where(keep, round_to(x, "float32"), -5.0))
+
+
+@pytest.mark.parametrize("cmp", sorted(CMPS))
+def test_affine_select_non_finite_coefficients(cmp):
+    x = rnd(8, 10)
+    for base, cm in [(np.inf, 0.0), (np.nan, 1.0), (-np.inf, 1.0)]:
+        out, _ = run_op(lambda p, t: p.affine_select(t["y"], t["x"], cmp=cmp, base=base, channel_multiplier=cm,
+                                                     pattern=[1], fill=9.0),
+                        {"x": (x, "float32")}, {"y": ((8, 10), "float32")})
+        with np.errstate(invalid="ignore"):
+            keep = CMPS[cmp](_affine_ref((8, 10), base, cm, [1]), 0)
+        np.testing.assert_array_equal(out["y"], np.where(keep, round_to(x, "float32"), 9.0))
+
+
+# ---------------------------------------------------------------- reductions
+
+@pytest.mark.parametrize("n", [1, 2, 15, 16, 17, 31, 33, 128, 130, 777])
+@pytest.mark.parametrize("op", ["add", "max", "min"])
+def test_reduce_lengths_and_specials(n, op):
+    P = 8
+    x = rnd(P, n) * 10
+    if n > 3:
+        x[1, n // 2] = np.nan          # NaN in the middle of a row
+        x[2, n - 1] = np.nan           # in the tail
+        x[3, 0] = np.inf
+        x[4, n // 3] = -np.inf
+        x[5, :] = -0.0
+        x[6, 0] = np.nan
+        x[6, 1] = np.inf
+    out, _ = run_op(lambda p, t: p.tensor_reduce(t["y"], t["x"], op), {"x": (x, "float32")},
+                    {"y": ((P, 1), "float32")})
+    xr = round_to(x, "float32")
+    ref = {"add": np.sum, "max": np.max, "min": np.min}[op](xr, axis=1)   # numpy max/min propagate NaN too
+    np.testing.assert_allclose(out["y"][:, 0], ref, rtol=2e-6, atol=1e-5)
+    if op != "add":
+        np.testing.assert_array_equal(out["y"][:, 0], ref)
+
+
+def test_activation_fused_max_reduce_with_nan():
+    x = rnd(4, 50)
+    x[2, 17] = np.nan
+    out, _ = run_op(lambda p, t: p.activation(t["y"], t["x"], "identity", reduce_op="max", reduce_out=t["r"]),
+                    {"x": (x, "float32")}, {"y": ((4, 50), "float32"), "r": ((4, 1), "float32")})
+    np.testing.assert_array_equal(out["r"][:, 0], np.max(round_to(x, "float32"), axis=1))
+
+
+@pytest.mark.parametrize("op", ["add", "max", "min", "multiply"])
+def test_partition_reduce_with_nan(op):
+    x = rnd(40, 33)
+    x[5, 3] = np.nan
+    x[7, 4] = np.inf
+    out, _ = run_op(lambda p, t: p.partition_reduce(t["y"], t["x"], op), {"x": (x, "float32")},
+                    {"y": ((4, 33), "float32")})
+    xr = round_to(x, "float32")
+    ref = {"add": np.sum, "max": np.max, "min": np.min, "multiply": np.prod}[op](xr, axis=0)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_allclose(out["y"], np.broadcast_to(ref, (4, 33)), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- select, broadcast rows
+
+@pytest.mark.parametrize("dt", ["float32", "bfloat16"])
+def test_select_random_mask_with_broadcast_operand(dt):
+    P, F = 64, 133
+    c = (RNG.random((P, F)) > 0.5)
+    x, y = rnd(P, F), rnd(P, 1)
+    out, _ = run_op(lambda p, t: p.select(t["z"], t["c"], t["x"], t["y"].broadcast_to((P, F))),
+                    {"c": (c, "bool"), "x": (x, dt), "y": (y, dt)}, {"z": ((P, F), dt)})
+    np.testing.assert_array_equal(out["z"], np.where(c, round_to(x, dt), np.broadcast_to(round_to(y, dt), (P, F))))
+
+
+@pytest.mark.parametrize("dt", ["float32", "bfloat16", "int32", "uint8", "float16"])
+def test_broadcast_row_operand_of_every_dtype(dt):
+    P, F = 32, 40
+    a = RNG.integers(0, 50, size=(P, F)).astype(np.float64)
+    b = RNG.integers(0, 50, size=(P, 1)).astype(np.float64)
+    out, _ = run_op(lambda p, t: p.tensor_tensor(t["z"], t["a"], t["b"].broadcast_to((P, F)), "add"),
+                    {"a": (a, dt), "b": (b, dt)}, {"z": ((P, F), "float32")})
+    np.testing.assert_array_equal(out["z"], from_device(to_device(a, dt), dt) + from_device(to_device(b, dt), dt))
