@@ -531,3 +531,16 @@ def test_neuron_sort_with_nan():
     from tn.lower.testing import check_lowering
 
     check_lowering("sort", _NAN_ROWS, dim=1, descending=False, stable=True)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("size,align", [((5, 11), False), ((13, 4), True), ((9, 7), False)])
+def test_antialiased_interpolate_and_gradient(mode, size, align, backend):
+    x = torch.randn(2, 3, 9, 7)
+
+    def f(x):
+        return F.interpolate(x, size=size, mode=mode, align_corners=align, antialias=True)
+
+    _check(f, x, backend=backend)
+    _check(_grad(f), x, torch.randn(2, 3, *size), backend=backend)
+    _check(f, x.bfloat16(), backend=backend)

@@ -1971,6 +1971,57 @@ def _adaptive_max_pool3d_backward(grad, x, indices):
     return _adaptive_max_backward(grad, x, indices, 3)
 
 
+
+# --------------------------------------------------------------------------- antialiased resampling
+# _upsample_bilinear2d_aa / _upsample_bicubic2d_aa are separable linear maps: output = A x B^T with
+# constant [out, in] weights per axis. The weights are read off torch's own kernel applied to unit
+# images at trace time (so they are torch's, window rules and normalisation included) and become
+# program constants; the maps are then two matrix products, in fp32 for fp16/bf16 inputs.
+
+
+def _aa_weights(op: Any, in_hw: Sequence[int], out_hw: Sequence[int], align_corners: bool, scales_h: Any,
+                scales_w: Any) -> Tuple[Tensor, Tensor]:
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    (ih, iw), (oh, ow) = in_hw, out_hw
+    with _disable_current_modes():   # real computation, outside the trace
+        eh = torch.eye(ih).reshape(ih, 1, ih, 1).expand(ih, 1, ih, iw).contiguous()
+        a = op(eh, [oh, ow], align_corners, scales_h, scales_w)[:, 0, :, 0].t().contiguous()   # [oh, ih]
+        ew = torch.eye(iw).reshape(iw, 1, 1, iw).expand(iw, 1, ih, iw).contiguous()
+        b = op(ew, [oh, ow], align_corners, scales_h, scales_w)[:, 0, 0, :].t().contiguous()   # [ow, iw]
+    return a, b
+
+
+def _aa_apply(x: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    acc = _acc_dtype(x.dtype)
+    y = x if x.dtype == acc else aten._to_copy.default(x, dtype=acc)
+    y = aten.matmul.default(aten.matmul.default(a, y), aten.t.default(b))
+    return y if y.dtype == x.dtype else aten._to_copy.default(y, dtype=x.dtype)
+
+
+def _aa_forward(op: Any) -> Callable[..., Tensor]:
+    def fn(x, output_size, align_corners, scales_h=None, scales_w=None):
+        a, b = _aa_weights(op, x.shape[-2:], output_size, align_corners, scales_h, scales_w)
+        return _aa_apply(x, a, b)
+    fn.__doc__ = f"{op}: two matrix products with torch's own per-axis weights."
+    return fn
+
+
+def _aa_backward(op: Any) -> Callable[..., Tensor]:
+    def fn(grad, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+        a, b = _aa_weights(op, input_size[-2:], output_size, align_corners, scales_h, scales_w)
+        return _aa_apply(grad, aten.t.default(a), aten.t.default(b))
+    fn.__doc__ = f"Gradient of {op}: the transposed weights."
+    return fn
+
+
+for _fwd, _bwd in (("_upsample_bilinear2d_aa", "_upsample_bilinear2d_aa_backward"),
+                   ("_upsample_bicubic2d_aa", "_upsample_bicubic2d_aa_backward")):
+    if hasattr(aten, _fwd) and hasattr(aten, _bwd):
+        decomposition(getattr(aten, _fwd).default)(_aa_forward(getattr(aten, _fwd).default))
+        decomposition(getattr(aten, _bwd).default)(_aa_backward(getattr(aten, _fwd).default))
+
+
 # --------------------------------------------------------------------------- embedding_bag
 
 
