@@ -543,4 +543,5 @@ def test_antialiased_interpolate_and_gradient(mode, size, align, backend):
 
     _check(f, x, backend=backend)
     _check(_grad(f), x, torch.randn(2, 3, *size), backend=backend)
-    _check(f, x.bfloat16(), backend=backend)
+    # eager has no bf16 kernel: bf16 through tn against fp32 eager, rounded
+    _close(tn.jit(f, backend=backend)(x.bfloat16()), f(x.bfloat16().float()).bfloat16())
