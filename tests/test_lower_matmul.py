@@ -241,3 +241,28 @@ def test_large_matmul_with_long_fused_epilogue():
     (got,) = exe([x, w, b, r, s])
     want = f(x.float(), w.float(), b.float(), r.float(), s.float())
     torch.testing.assert_close(got.float(), want, rtol=3e-2, atol=3e-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("m,k,n", [(128, 768, 2304), (100, 130, 700), (1, 64, 33)])
+def test_linear_bias_added_in_psum(m, k, n, dtype):
+    """matmul -> + bias (a row of the matmul's dtype) -> gelu: the bias goes into the PSUM accumulation (a K=1
+    matmul), the epilogue does the rest; agrees with torch's Linear."""
+    import tn
+    import tn.passes
+    from tn.lower.compiler import compile_ir
+
+    torch.manual_seed(m + n)
+    lin = torch.nn.Linear(k, n).to(dtype)
+    x = torch.randn(m, k).to(dtype)
+
+    def f(lin, x):
+        return torch.nn.functional.gelu(lin(x))
+
+    ir = tn.passes.optimize(tn.make_ir(f)(lin, x))
+    exe = compile_ir(ir, strict=True)
+    with torch.no_grad():
+        want = f(lin, x)
+    for _ in range(2):
+        (got,) = exe([lin.weight, lin.bias, x])
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)

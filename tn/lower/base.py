@@ -137,6 +137,10 @@ class LowerCtx:
         self.resident: Dict[Any, Any] = {}
         #: ... and the resident Vars the current lowering read from SBUF.
         self.taken: set = set()
+        #: a row-vector HbmTensor the matmul being lowered may add to its result in PSUM (its fused epilogue
+        #: starts with ``+ bias``); the matmul sets ``bias_added`` when it does.
+        self.matmul_bias = None
+        self.bias_added = False
 
     # ------------------------------------------------------------------ SBUF hand-off
     def wants(self, var: Any) -> bool:

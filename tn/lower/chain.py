@@ -618,6 +618,7 @@ class _Emitter:
                         ins.append(a)
             outs = [v for v in self.chain.outputs]
             group = EpilogueGroup(L.mm, list(L.epi), ins, outs)
+            group.bias = None           # (the chain's own matmuls add no bias in PSUM)
             hook = group.make_hook(ctx, head_out, lambda v: self.env_in[v], lambda v: self.env_out[v])
         else:
             def hook(dst, tile):

@@ -795,6 +795,9 @@ class NeuronExecutable:
                 ctx.eqn = eqn
                 begin_unit(ctx, k, group.outputs)
                 ctx.store_hook = group.make_hook(ctx, outs[0], hbm_in, get_out)
+                ctx.bias_added = False
+                ctx.matmul_bias = hbm_in(group.bias[0]) if getattr(group, "bias", None) is not None else None
+                group.absorbed = False
                 if hasattr(group, "preload"):
                     group.preload(ctx, hbm_in)
                 try:
@@ -807,7 +810,9 @@ class NeuronExecutable:
                     raise _Retry(k, f"fused epilogue failed: {e}", nofuse=True) from None
                 finally:
                     ctx.store_hook = None
+                    ctx.matmul_bias = None
                     group.finish(prog, ctx)
+                    ctx.bias_added = False
                 numel = max(1, eqn.outputs[0].numel)
                 cur["eqns"].append(k)
                 if group.covered == 0:

@@ -48,6 +48,8 @@ MAX_FREE = 8192
 PIPELINE_TILES = 8
 #: ... but tiles keep at least this many elements per partition (DMA and instruction overheads).
 MIN_FREE = 512
+#: Elements per partition below which a small elementwise group uses fewer partitions (the instruction floor).
+SMALL_FREE = 64
 #: Tiles of this many consecutive iterations stay allocated (2 = double buffering).
 NBUF = 2
 #: Reductions a row group computes with tensor_reduce: op name -> reduce op.
@@ -147,6 +149,13 @@ class _Layout:
         if not dims:
             dims = [1]
             strides = [[0] for _ in strides]
+        # a small elementwise space (< SMALL_FREE elements per partition over all partitions) uses only as
+        # many partitions as keep SMALL_FREE elements in each: every instruction costs the same (its issue
+        # interval is the 64-cycle floor either way), DMAs move fewer, longer runs, and the host simulates
+        # fewer partition rows
+        n = _numel(dims)
+        if not whole_c and n < parts * SMALL_FREE:
+            parts = max(1, -(-n // SMALL_FREE))
         if len(dims) == 1:
             if whole_c:
                 dims = [1, dims[0]]
@@ -794,6 +803,28 @@ class EpilogueGroup:
         self._cached_bytes = 0
         self._rings: Dict[Any, Any] = {}
         self._ring_bytes = 0
+        #: ``(bias Var, add Eqn)`` when the chain starts with ``head + bias`` (a row vector of the head's dtype)
+        #: that the head matmul may add in PSUM instead (set ``absorbed`` when it does)
+        self.bias = self._bias_candidate()
+        self.absorbed = False
+
+    def _bias_candidate(self) -> Optional[Tuple[Var, Eqn]]:
+        hv = self.head.outputs[0]
+        if self.head.op.name != "matmul" or hv.ndim != 2 or not self.eqns or hv in self.outputs or \
+                hv.dtype not in (torch.bfloat16, torch.float16):
+            return None
+        e0 = self.eqns[0]
+        if e0.op.name != "add" or len(e0.inputs) != 2:
+            return None
+        a, b = e0.inputs
+        if b is hv:
+            a, b = b, a
+        if a is not hv or not isinstance(b, Var) or b is hv or b.dtype != hv.dtype or \
+                _lstrip1(b.shape) != (int(hv.shape[-1]),) or e0.outputs[0].dtype != hv.dtype:
+            return None
+        if any(hv in ee.inputs for ee in self.eqns[1:]):
+            return None
+        return b, e0
 
     def finish(self, prog: Any, ctx: Any = None) -> None:
         """Free the operand tiles kept across tiles of the head lowering (call after it returns); hand the
@@ -863,6 +894,8 @@ class EpilogueGroup:
         before the head lowering's own DMAs (the DMA pipe serves transfers in program order)."""
         shape = self.head.outputs[0].shape or (1,)
         for v in self.inputs:
+            if self.bias is not None and v is self.bias[0] and not any(v in ee.inputs for ee in self.eqns[1:]):
+                continue
             if v.dtype == torch.int64 or not _broadcastable(v.shape, shape) or len(shape) < 2:
                 continue
             st = _space_strides(v.shape, shape)
@@ -905,6 +938,7 @@ class EpilogueGroup:
             return None if ent is None else resident_view(ent[1], ent[2], dst)
 
         def hook(dst: Any, tile: Any) -> bool:
+            self.absorbed = self.bias is not None and bool(getattr(ctx, "bias_added", False))
             if isinstance(dst, HbmTensor):
                 dst = dst.view()
             if not isinstance(dst, HbmView) or dst.tensor is not head_out:
@@ -946,8 +980,10 @@ class EpilogueGroup:
 
                     raise HandoffError(pub[v][0], "epilogue: an output tile is not a row block of the SBUF hand-off")
             src = tile
-            if hv in views:
-                src = views[hv]
+            hv_pub = hv if hv in views else (self.bias[1].outputs[0] if self.absorbed else None)
+            if hv_pub is not None and hv_pub in views:
+                # the head's tile is (or, with the bias added in PSUM, the first value is) left in SBUF
+                src = views[hv_pub]
                 prog.tensor_copy(src, tile, engine="scalar" if tile.mem == isa.MEM_PSUM else "vector")
             elif tile.mem == isa.MEM_PSUM and tile.dtype != NEURON_DTYPES[hv.dtype] or \
                     tile.dtype != NEURON_DTYPES[hv.dtype]:
@@ -957,6 +993,8 @@ class EpilogueGroup:
             if hv in self.outputs and root.get(hv, hv) not in pub:
                 store_tile(prog, dst, src)
             for v, (off, dims) in maps.items():
+                if self.absorbed and v is self.bias[0] and not any(v in ee.inputs for ee in self.eqns[1:]):
+                    continue            # added in PSUM by the head matmul
                 row = self._row_operand(ctx, v, off, dims, tshape, in_hbm)
                 if row is not None:
                     env[v] = row
@@ -980,6 +1018,9 @@ class EpilogueGroup:
             for e in self.eqns:
                 if is_alias_reshape(e):
                     env[e.outputs[0]] = env[e.inputs[0]]
+                    continue
+                if self.absorbed and e is self.bias[1]:
+                    env[e.outputs[0]] = env[hv]     # the head's tile already holds head + bias
                     continue
                 outs = []
                 for v in e.outputs:

@@ -152,6 +152,13 @@ def emit_matmul(ctx: Any, a, b, c, *, a_t=None, b_t=None, b_tiled=None,
     mm = _Matmul(prog, a, a_t, b, b_t, c, Bt, M, K, N, store, psum_banks, _sbuf_free(prog, ctx), b_tiled, stream)
     mm.a_res = a_resident if a is not None and Bt == 1 else None
     bg = mm._slab_size()
+    bias = getattr(ctx, "matmul_bias", None)
+    if bias is not None and not bg and Bt == 1 and dt != "float32" and bias.dtype == dt and \
+            bias.nbytes == N * mm.isz and store == ctx.store:
+        # the fused epilogue starts with + bias: one K=1 matmul (ones x bias row) adds it in PSUM, in fp32
+        # before the result's rounding (as a fused-bias GEMM does), instead of a VectorE pass per tile
+        mm.bias = bias
+        ctx.bias_added = True
     if bg:
         mm.emit_slabs(bg)
     else:
@@ -168,6 +175,7 @@ class _Matmul:
         self.b_tiled = b_tiled
         self.stream = stream      # the program's WeightStream (a laid-out B read group by group, once)
         self.a_res = None         # A [M, K] left in SBUF by the previous lowering
+        self.bias = None          # a bias row (HbmTensor, N elements) added in PSUM
         self.Bt, self.M, self.K, self.N = Bt, M, K, N
         self.store = store
         arch = prog.arch
@@ -296,6 +304,11 @@ class _Matmul:
                 self.tp_ring = _Ring(ps((_P, self.G, _P), self.dt, f"mm_tp{i}") for i in range(self.tbanks))
             self.acc_ring = _Ring(ps((_P, _NB), "float32", f"mm_acc{i}") for i in range(self.abanks))
             self.copy = _Copier(prog)
+            if self.bias is not None:
+                self.brow = sb((1, self.N), self.dt, "mm_bias")
+                self.ones = sb((1, _P), self.dt, "mm_ones")
+                prog.dma_copy(self.brow, self.bias.view().reshape(1, self.N))
+                prog.memset(self.ones, 1.0, engine="gpsimd")
             for bi in range(self.Bt):
                 self._emit_batch(bi)
             if getattr(self, "_own_b", None) is not None:
@@ -408,6 +421,7 @@ class _Matmul:
         self._staged = {}
         for gi, (sg0, sg_tiles, ng, mts) in enumerate(groups):
             n0 = ng * self.ngw
+            self._n0 = n0
             nw = min(self.ngw, self.N - n0)
             nb = _cdiv(nw, _NB)
             accs = {(mt, j): self.acc_ring.take() for mt in mts for j in range(nb)}
@@ -575,8 +589,12 @@ class _Matmul:
                 for j in (range(nb) if banks is None else banks):
                     c0 = j * _NB
                     cw = min(_NB, nw - c0)
+                    if kc == 0 and self.bias is not None:
+                        n0 = self._n0
+                        prog.matmul(accs[(mt, j)][:mp, :cw], self.ones[:1, :mp],
+                                    self.brow[:1, n0 + c0:n0 + c0 + cw], accumulate=False, stop=False)
                     prog.matmul(accs[(mt, j)][:mp, :cw], stat, bt[:kp, kc - kc0, boff + c0:boff + c0 + cw],
-                                accumulate=kc > 0, stop=kc == self.KC - 1)
+                                accumulate=kc > 0 or self.bias is not None, stop=kc == self.KC - 1)
 
     def _evacuate(self, bi, mt, n0, nw, nb, accs, banks=None) -> None:
         m0 = mt * _P
