@@ -498,6 +498,7 @@ class _Emitter:
             def stage_x(src, r0, rp, K, res=res):
                 return self._stage(src, r0, rp, K) if res is None else res[r0:r0 + rp, :K]
             staged = {b: stage_x(x, tiles[b][0], tiles[b][1], L0.K) for b in range(min(2, len(tiles)))}
+            self._small_operands()
             for d in range(self.ahead):
                 self._issue(d)
             for b, (m0, mt) in enumerate(tiles):
@@ -513,6 +514,49 @@ class _Emitter:
                 else:
                     self._last(L, hT, s, ngroups, fm_back)
                 s += ngroups
+
+    def _small_operands(self) -> None:
+        """Per-feature vectors of the middle layers and the last epilogue's row operands (biases), loaded
+        before the weights: the DMA pipe serves transfers in program order, and these are needed early."""
+        self.vecs = []
+        for i, L in enumerate(self.layers[:-1]):
+            vecs = {}
+            for e in L.epi:
+                for a in e.inputs:
+                    if isinstance(a, Var) and a not in L.values and a not in vecs:
+                        vecs[a] = self._load_vec(a, L.N)
+            self.vecs.append(vecs)
+        L = self.layers[-1]
+        self.head_out = self.env_out.get(L.out)
+        if self.head_out is None:
+            self.head_out = self.ctx.scratch((self.M, L.N), L.out.dtype)
+        self.last_group = None
+        if L.epi:
+            produced = {v for e in L.epi for v in e.outputs}
+            ins = []
+            for e in L.epi:
+                for a in e.inputs:
+                    if isinstance(a, Var) and a is not L.out and a not in produced and a not in ins:
+                        ins.append(a)
+            group = EpilogueGroup(L.mm, list(L.epi), ins, list(self.chain.outputs))
+            # + bias first: added by the last layer itself (feature-major: in the evacuation, as a per-partition
+            # bias; token-major: a K=1 matmul into PSUM, bf16/fp16 only); the epilogue skips it
+            group.bias = group._bias_candidate(any_dtype=True)
+            self.last_bias = None
+            if group.bias is not None:
+                tm, fm = _fm_cost(self.M, L.K, L.N)
+                if fm < tm:
+                    self.last_bias = ("fm", self._load_vec(group.bias[0], L.N)[0])
+                elif L.out.dtype != torch.float32:
+                    row = self.scope.sbuf((1, L.N), self.dt, "lc_brow")
+                    ones = self.scope.sbuf((1, _P), self.dt, "lc_ones")
+                    self.prog.dma_copy(row, self.env_in[group.bias[0]].view().reshape(1, L.N))
+                    self.prog.memset(ones, 1.0, engine="gpsimd")
+                    self.last_bias = ("tm", row, ones)
+                else:
+                    group.bias = None
+            group.preload(self.ctx, lambda v: self.env_in[v])
+            self.last_group = group
 
     def _next_group(self, s: int):
         stream = self.ctx.weights
@@ -536,11 +580,7 @@ class _Emitter:
         KC = _cdiv(K, _P)
         NBo = _cdiv(N, _P)
         hT2 = self.scope.sbuf((_P, NBo, M), self.dt, f"lc_h{i + 1}")
-        vecs = {}
-        for e in L.epi:
-            for a in e.inputs:
-                if isinstance(a, Var) and a not in L.values and a not in vecs:
-                    vecs[a] = self._load_vec(a, N)
+        vecs = self.vecs[i]
         out_dt = NEURON_DTYPES[L.out.dtype]
         temps: Dict[Tuple[Var, int], Any] = {}
         for g in range(ngroups):
@@ -605,21 +645,11 @@ class _Emitter:
         M, K, N = self.M, L.K, L.N
         KC = _cdiv(K, _P)
         ctx = self.ctx
-        head_out = self.env_out.get(L.out)
-        if head_out is None:
-            head_out = ctx.scratch((M, N), L.out.dtype)
-        group = None
-        if L.epi:
-            produced = {v for e in L.epi for v in e.outputs}
-            ins = []
-            for e in L.epi:
-                for a in e.inputs:
-                    if isinstance(a, Var) and a is not L.out and a not in produced and a not in ins:
-                        ins.append(a)
-            outs = [v for v in self.chain.outputs]
-            group = EpilogueGroup(L.mm, list(L.epi), ins, outs)
-            group.bias = None           # (the chain's own matmuls add no bias in PSUM)
+        head_out, group = self.head_out, self.last_group
+        lb = getattr(self, "last_bias", None)
+        if group is not None:
             hook = group.make_hook(ctx, head_out, lambda v: self.env_in[v], lambda v: self.env_out[v])
+            ctx.bias_added = lb is not None
         else:
             def hook(dst, tile):
                 return False
@@ -655,7 +685,11 @@ class _Emitter:
                                 prog.matmul(acc[:npart, :M], W[:kp, kc, j0:j0 + npart], hT[:kp, kc, 0:M],
                                             accumulate=kc > 0, stop=kc == KC - 1)
                             ct = cts.take()
-                            self.copy(ct[:npart, :M], acc[:npart, :M])
+                            if lb is not None:
+                                nb = (n0 + j0) // _P
+                                prog.activation(ct[:npart, :M], acc[:npart, :M], "identity", bias=lb[1][:npart, nb:nb + 1])
+                            else:
+                                self.copy(ct[:npart, :M], acc[:npart, :M])
                             prog.transpose(tp[:M, jj, :npart], ct[:npart, :M])
                         j0 = grp[0]
                         if all(min(_P, nw - jb) == _P for jb in grp):
@@ -672,13 +706,17 @@ class _Emitter:
                         for c0 in range(0, nw, _NB):
                             cw = min(_NB, nw - c0)
                             acc = self.acc_ring.take()
+                            if lb is not None:
+                                prog.matmul(acc[:mt, :cw], lb[2][:1, :mt], lb[1][:1, n0 + c0:n0 + c0 + cw],
+                                            accumulate=False, stop=False)
                             for kc in range(KC):
                                 kp = min(_P, K - kc * _P)
                                 prog.matmul(acc[:mt, :cw], hT[:kp, kc, m0:m0 + mt], W[:kp, kc, c0:c0 + cw],
-                                            accumulate=kc > 0, stop=kc == KC - 1)
+                                            accumulate=kc > 0 or lb is not None, stop=kc == KC - 1)
                             self.copy(ot[:mt, c0:c0 + cw], acc[:mt, :cw])
                         store(head_out[m0:m0 + mt, n0:n0 + nw], ot[:mt, :nw])
         finally:
+            ctx.bias_added = False
             if group is not None:
                 group.finish(prog)
         if group is not None and group.covered != M * N:

@@ -808,10 +808,10 @@ class EpilogueGroup:
         self.bias = self._bias_candidate()
         self.absorbed = False
 
-    def _bias_candidate(self) -> Optional[Tuple[Var, Eqn]]:
+    def _bias_candidate(self, any_dtype: bool = False) -> Optional[Tuple[Var, Eqn]]:
         hv = self.head.outputs[0]
         if self.head.op.name != "matmul" or hv.ndim != 2 or not self.eqns or hv in self.outputs or \
-                hv.dtype not in (torch.bfloat16, torch.float16):
+                (hv.dtype not in (torch.bfloat16, torch.float16) and not any_dtype):
             return None
         e0 = self.eqns[0]
         if e0.op.name != "add" or len(e0.inputs) != 2:
