@@ -25,7 +25,9 @@ the controller compiles now when::
   ``t_compiled = t_children + ratio * t_own``.
 * ``t_compile``: mean measured compile time of the group, else the model's
   compile time per second of warm eager time times ``t_eager``, else
-  ``compile_time_prior``.
+  ``compile_time_prior`` (or twice the group's cold eager time when that is
+  less and cold calls are dear: a cold eager call compiles each op's one-op
+  program).
 * ``seen``: how often this region saw ``s``; ``share``: calls of ``s`` in the
   group per call in this region (4 for four identical blocks); ``r``: the
   region's recurrence rate, the share of its last ``churn_window`` calls

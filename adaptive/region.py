@@ -501,7 +501,12 @@ class Group:
         frac, child_comp = self.split(st) if st is not None else (0.0, 0.0)
         if child_comp:
             return child_comp + self.ctl.compile_estimate(warm * (1.0 - frac))
-        return self.ctl.compile_estimate(warm)
+        est = self.ctl.compile_estimate(warm)
+        if not self.ctl.compile_rate_e and self.pad_eager():
+            # nothing compiled yet, but a shape's first eager call here compiles one-op programs for each of its
+            # ops: compiling the whole region costs about as much (measured: 0.5-2x on the neuron device)
+            est = min(est, 2.0 * self.cold_s / self.cold_n)
+        return est
 
     # -- buckets -------------------------------------------------------------------
     def pattern(self, key, positions) -> Any:
