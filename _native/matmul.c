@@ -488,17 +488,10 @@ static int tn_matmul_bf16_amx(const uint16_t *stat, int64_t ss, const uint16_t *
     for (int m0 = 0; m0 < Mp; m0 += 32) {
         for (int n0 = 0; n0 < Np; n0 += 32) {
             int full = m0 + 32 <= M && n0 + 32 <= N;
-            /* full blocks live in PSUM: accumulation starts from the stored result (loaded into the tiles) */
-            float *c = full ? psum + (int64_t)m0 * ps + n0 : tmp;
-            int64_t cst = full ? ps * 4 : 32 * 4;
-            if (full && accumulate) {
-                _tile_loadd(0, c, cst);
-                _tile_loadd(1, c + 16, cst);
-                _tile_loadd(2, (char *)c + 16 * cst, cst);
-                _tile_loadd(3, (char *)c + 16 * cst + 64, cst);
-            } else {
-                _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-            }
+            int direct = full && !accumulate;
+            float *c = direct ? psum + (int64_t)m0 * ps + n0 : tmp;
+            int64_t cst = direct ? ps * 4 : 32 * 4;
+            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
             for (int k0 = 0; k0 < Kp; k0 += 32) {
                 const uint16_t *a0 = s->abf + (int64_t)m0 * Kp + k0;
                 const uint16_t *b0 = s->bbf + (int64_t)(k0 / 2) * TN_AMX_VROW(Np) + 2 * n0;
@@ -515,7 +508,13 @@ static int tn_matmul_bf16_amx(const uint16_t *stat, int64_t ss, const uint16_t *
             _tile_stored(1, c + 16, cst);
             _tile_stored(2, (char *)c + 16 * cst, cst);
             _tile_stored(3, (char *)c + 16 * cst + 64, cst);
-            if (!full) {
+            if (full && accumulate) {
+                for (int i = 0; i < 32; i++) {
+                    float *out = psum + (int64_t)(m0 + i) * ps + n0;
+                    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), _mm512_load_ps(tmp + i * 32)));
+                    _mm512_storeu_ps(out + 16, _mm512_add_ps(_mm512_loadu_ps(out + 16), _mm512_load_ps(tmp + i * 32 + 16)));
+                }
+            } else if (!full) {
                 int mr = M - m0 < 32 ? M - m0 : 32, nr = N - n0 < 32 ? N - n0 : 32;
                 for (int i = 0; i < mr; i++) {
                     float *out = psum + (int64_t)(m0 + i) * ps + n0;
