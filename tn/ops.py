@@ -1567,8 +1567,9 @@ def _first_true(mask: Tensor, dim: int) -> Tensor:
     return aten.argmax.default(aten._to_copy.default(mask, dtype=torch.int32), dim, True)
 
 
-def _sort_nan_last(x: Tensor, dim: int) -> Tuple[Tensor, Tensor, Any]:
-    """(values, indices, NaN count or None) of a stable ascending sort along ``dim`` with NaN last.
+def _sort_nan_last(x: Tensor, dim: int) -> Tuple[Tensor, Tensor, Any, Any]:
+    """(values, indices, isnan(x), keepdim NaN count) of a stable ascending sort along ``dim`` with NaN
+    last (the last two None for non-float ``x``).
 
     The values are exact. Inside the trailing block of +inf and NaN values an index may point at
     a NaN where torch's points at a +inf (the sort saw both as +inf); :func:`_sorted_pick` mends
@@ -1576,7 +1577,7 @@ def _sort_nan_last(x: Tensor, dim: int) -> Tuple[Tensor, Tensor, Any]:
     """
     if not x.is_floating_point():
         vals, idx = aten.sort.stable(x, stable=True, dim=dim)
-        return vals, idx, None
+        return vals, idx, None, None
     n = x.shape[dim]
     isn = aten.isnan.default(x)
     nans = aten.sum.dim_IntList(isn, [dim], True, dtype=torch.int64)
@@ -1584,22 +1585,24 @@ def _sort_nan_last(x: Tensor, dim: int) -> Tuple[Tensor, Tensor, Any]:
                                  stable=True, dim=dim)
     tail = aten.ge.Tensor(_line_iota(n, dim, x.dim()), aten.rsub.Scalar(nans, n))
     vals = aten.where.self(tail, aten.full.default([], float("nan"), dtype=x.dtype), vals)
-    return vals, idx, nans
+    return vals, idx, isn, nans
 
 
 def _sorted_pick(x: Tensor, dim: int, keepdim: bool, pos: Any) -> Tuple[Tensor, Tensor]:
-    """(values, indices) at sorted position ``pos`` (an int, or an int64 keepdim tensor) along
-    ``dim``; a NaN result has the index of the first NaN, a +inf one that of a +inf."""
-    vals, idx, nans = _sort_nan_last(x, dim)
+    """(values, indices) at sorted position ``pos`` along ``dim``: an int, or a function of the keepdim
+    NaN count giving int64 keepdim positions. A NaN result has the index of the first NaN, a +inf
+    one the index of a +inf."""
+    vals, idx, isn, nans = _sort_nan_last(x, dim)
+    if callable(pos):
+        pos = pos(nans)
     if isinstance(pos, int):
         v, i = aten.slice.Tensor(vals, dim, pos, pos + 1), aten.slice.Tensor(idx, dim, pos, pos + 1)
     else:
         v, i = aten.gather.default(vals, dim, pos), aten.gather.default(idx, dim, pos)
-    if nans is not None:
-        isn = aten.isnan.default(x)
-        not_inf = aten.logical_not.default(aten.isnan.default(aten.gather.default(x, dim, i)))
+    if isn is not None:
+        picked_nan = aten.isnan.default(aten.gather.default(x, dim, i))
         i = aten.where.self(aten.isnan.default(v), _first_true(isn, dim),
-                            aten.where.self(not_inf, i, _first_true(aten.eq.Scalar(x, float("inf")), dim)))
+                            aten.where.self(picked_nan, _first_true(aten.eq.Scalar(x, float("inf")), dim), i))
     return _keep(v, dim, keepdim), _keep(i, dim, keepdim)
 
 
@@ -1610,12 +1613,13 @@ def _median_dim(x: Tensor, dim: int, keepdim: bool, ignore_nan: bool) -> Tuple[T
     n = x.shape[d]
     if not x.is_floating_point():
         return _sorted_pick(x, d, keepdim, (n - 1) // 2)
-    nans = aten.sum.dim_IntList(aten.isnan.default(x), [d], True, dtype=torch.int64)
     if ignore_nan:   # the median of the non-NaN values (position 0, a NaN, when all are NaN)
-        pos = aten.clamp.default(aten.div.Tensor_mode(aten.rsub.Scalar(nans, n - 1), 2, rounding_mode="floor"), 0)
+        def pos(nans):
+            return aten.clamp.default(aten.div.Tensor_mode(aten.rsub.Scalar(nans, n - 1), 2, rounding_mode="floor"), 0)
     else:            # a NaN makes the median NaN (sorted last, from position n - nans)
-        pos = aten.where.self(aten.gt.Scalar(nans, 0), aten.rsub.Scalar(nans, n),
-                              aten.full.default([], (n - 1) // 2, dtype=torch.int64))
+        def pos(nans):
+            return aten.where.self(aten.gt.Scalar(nans, 0), aten.rsub.Scalar(nans, n),
+                                   aten.full.default([], (n - 1) // 2, dtype=torch.int64))
     return _sorted_pick(x, d, keepdim, pos)
 
 

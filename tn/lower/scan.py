@@ -38,14 +38,6 @@ _EXACT = 1 << 24
 _FLOATS = ("float32", "bfloat16", "float16")
 
 
-def _row_strides(shape) -> List[int]:
-    st, s = [], 1
-    for n in reversed(shape):
-        st.append(s)
-        s *= n
-    return list(reversed(st))
-
-
 def _line_axes(shape, d) -> List[Tuple[int, int]]:
     """The lines of a scan along ``d`` as (extent, stride) axes: the axes before ``d`` merged, and
     those after it (size-1 axes left out)."""
@@ -114,8 +106,7 @@ class _Scan:
 
     def emit(self) -> None:
         prog = self.prog
-        st = _row_strides(self.shape)
-        sd = st[self.d]
+        sd = math.prod(self.shape[self.d + 1:])        # stride of the scanned axis
         lines = _line_axes(self.shape, self.d) or [(1, 0)]
         pi = max(range(len(lines)), key=lambda i: lines[i][0])
         part = lines[pi]
