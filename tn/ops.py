@@ -56,9 +56,12 @@ host            host[fn ...]: an aten op of :data:`HOST_OVERLOADS` (FFTs, linear
 Unary functions stay ops rather than formulas (``asinh`` as a log/sqrt
 expression loses accuracy): the compiler maps them to ScalarE activation
 functions or runs them on the host. Everything else (softmax, layer/batch
-norm, linear, mean, var, dropout, embedding, losses, backward ops ...) is
-decomposed into these by
-:data:`DECOMPOSITIONS` or ``torch._decomp``. ``slice`` always has a
+norm, linear, mean, var, dropout, embedding, losses, backward ops, 3-d and
+adaptive pooling, embedding_bag, median/kthvalue/mode from ``sort``,
+searchsorted, distances ...) is decomposed into these by
+:data:`DECOMPOSITIONS` or ``torch._decomp``; special functions (erfcx,
+lgamma, digamma, zeta, Bessel functions, ndtri ...) by :mod:`tn.special`,
+in elementwise ops. ``slice`` always has a
 non-negative ``start <= end`` within bounds and ``step >= 1``; ``dims`` of
 reductions are sorted and non-negative and list every reduced dimension.
 
