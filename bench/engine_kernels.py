@@ -150,8 +150,12 @@ def _cases():
                    {"o": ("sbuf", (P, 128), "float32"), "i": ("sbuf", (P, 128), "float32"),
                     "b": ("sbuf", (P, 1), "float32"), "s": ("sbuf", (P, 1), "float32"),
                     "r": ("sbuf", (P, 1), "float32")}, -30, 0, neg_inf=0.5))
-    cs.append(Case("act gelu_tanh bf16 [128]", P * 128, lambda p, t, h: p.activation(t["o"], t["i"], "gelu_tanh"),
-                   {"o": ("sbuf", (P, 128), "bfloat16"), "i": ("sbuf", (P, 128), "bfloat16")}))
+    for dt in ("float32", "bfloat16"):
+        cs.append(Case(f"act gelu_tanh {dt} [128]", P * 128,
+                       lambda p, t, h: p.activation(t["o"], t["i"], "gelu_tanh"),
+                       {"o": ("sbuf", (P, 128), dt), "i": ("sbuf", (P, 128), dt)}))
+    cs.append(Case("act gelu_tanh f32 [128] in place", P * 128, lambda p, t, h: p.activation(t["o"], t["o"], "gelu_tanh"),
+                   {"o": ("sbuf", (P, 128), "float32")}))
     cs.append(Case("act identity+bias PSUM->bf16 [128]", P * 128,
                    lambda p, t, h: p.activation(t["o"], t["i"], "identity", bias=t["b"]),
                    {"o": ("sbuf", (P, 128), "bfloat16"), "i": ("psum", (P, 128), "float32"),

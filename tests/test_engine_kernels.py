@@ -174,3 +174,34 @@ def test_broadcast_row_operand_of_every_dtype(dt):
     out, _ = run_op(lambda p, t: p.tensor_tensor(t["z"], t["a"], t["b"].broadcast_to((P, F)), "add"),
                     {"a": (a, dt), "b": (b, dt)}, {"z": ((P, F), "float32")})
     np.testing.assert_array_equal(out["z"], from_device(to_device(a, dt), dt) + from_device(to_device(b, dt), dt))
+
+
+# ---------------------------------------------------------------- overlapping operands (row-wise semantics)
+
+@pytest.mark.parametrize("dt", ["float32", "bfloat16"])
+def test_elementwise_with_overlapping_rows_reads_inputs_before_writing(dt):
+    """Every partition's inputs are read whole before its output row is written, whatever the kernel path
+    (fp32 rows in place, bf16 blocks through scratch): outputs shifted by one element over their own input."""
+    P, F = 64, 40
+    x, y = rnd(P, F + 8), rnd(P, F)
+    def emit(p, t):
+        a = t["a"]
+        p.tensor_copy(t["s1"], a)
+        p.tensor_copy(t["s2"], a)
+        p.tensor_copy(t["s3"], a)
+        p.tensor_tensor(t["s1"][:, 1:F + 1], t["s1"][:, 0:F], t["b"], "add")          # shifted onto itself
+        p.tensor_scalar(t["s2"][:, 1:F + 1], t["s2"][:, 0:F], "multiply", 2.0, "add", 1.0)
+        p.activation(t["s3"][:, 1:F + 1], t["s3"][:, 0:F], "tanh", bias=t["s3"][:, 5:6])   # bias inside the output
+        p.tensor_copy(t["s4"], a)
+        p.tensor_tensor(t["s4"], t["s4"], t["s4"], "multiply")                        # exact in place
+    out, _ = run_op(emit, {"a": (x, dt), "b": (y, dt)}, {k: ((P, F + 8), dt) for k in ("s1", "s2", "s3", "s4")})
+    xr, yr = round_to(x, dt), round_to(y, dt)
+    want1, want2, want3 = xr.copy(), xr.copy(), xr.copy()
+    want1[:, 1:F + 1] = round_to(xr[:, :F] + yr, dt)
+    want2[:, 1:F + 1] = round_to(xr[:, :F] * 2.0 + 1.0, dt)
+    want3[:, 1:F + 1] = round_to(np.tanh(xr[:, :F] + xr[:, 5:6]), dt)
+    tol = dict(rtol=1e-6, atol=1e-6) if dt == "float32" else dict(rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(out["s1"], want1, **tol)
+    np.testing.assert_allclose(out["s2"], want2, **tol)
+    np.testing.assert_allclose(out["s3"], want3, **tol)
+    np.testing.assert_allclose(out["s4"], round_to(xr * xr, dt), **tol)
