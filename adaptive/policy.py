@@ -17,8 +17,10 @@ the controller compiles now when::
 * ``t_eager``: measured warm eager time per call of ``s`` (else estimated
   from its cold time with the group's warm/cold ratio).
 * ``t_compiled``: measured compiled time of ``s``, else ``t_eager`` times
-  the compiled/eager ratio measured in the group, else in the model, else
-  ``compiled_ratio_prior``. A region whose eager time is partly spent in
+  the compiled/eager ratio measured in the group, else in the model (from
+  calls at least 4x the fastest compiled call, so the fixed cost of tiny
+  programs does not spread), else ``compiled_ratio_prior``; never below the
+  fastest compiled call measured. A region whose eager time is partly spent in
   child regions (the root of a stack of blocks) leaves those to decide for
   themselves (identical blocks share one cheaper compile): only its own
   eager remainder is expected to speed up,

@@ -816,12 +816,16 @@ class Region:
         if pads:
             self.padded += 1
         te = g.warm_estimate(st)
+        ctl = self.ctl
+        if dt < ctl.comp_floor or not ctl.comp_floor:
+            ctl.comp_floor = dt
         if te:
             g.ratio_sum += dt / te
             g.ratio_n += 1
-            self.ctl.note_ratio(dt / te)
-        if dt < self.ctl.comp_floor or not self.ctl.comp_floor:
-            self.ctl.comp_floor = dt
+            if te >= 4.0 * ctl.comp_floor:
+                # other groups learn the speed-up only from calls the fixed cost of a program call does not
+                # dominate (tiny regions are modelled by the floor: ``t_compiled >= comp_floor``)
+                ctl.note_ratio(dt / te)
         if st.comp_n >= 4 and te is not None and st.comp_s / st.comp_n >= te:
             st.state = "slower"
             g.compiled.pop(key, None)
