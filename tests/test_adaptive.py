@@ -623,3 +623,25 @@ def test_neuron_device_inputs_stay_on_the_device():
     blocks = [a.regions["0"], a.regions["1"]]
     assert sum(r.compiles for r in blocks) >= 1 and all(r.hits >= 1 for r in blocks)
     assert blocks[0].padded > 0
+
+
+def test_estimates_of_parents_and_tiny_regions():
+    """A parent whose eager time is spent in child regions expects little from compiling itself (and a compile as
+    dear as theirs); no compiled call is expected faster than the fastest one measured."""
+    a = tn.adaptive(nn.Sequential(MLPBlock(), MLPBlock()), **FAST)
+    g = a.regions["<root>"].group
+    ctl = a.regions["<root>"].ctl
+    st = g.stats("k")
+    g.note_eager(st, "k", 0.010, 0.9, 0.05)  # 90% of its time in child regions, which stand for 50 ms of compiles
+    assert g.split(st) == (0.9, 0.05)
+    assert g.compile_estimate(0.010, st) >= 0.05
+    assert g.split(g.stats("other")) == (g.frac_cc, g.child_comp) == (0.9, 0.05)  # a new signature: the group's
+    ctl.comp_floor = 0.004
+    g.note_eager(st, "k", 0.010, 0.9, 0.05)  # now warm
+    assert not a.regions["<root>"]._pays_back(st, "k", 100)
+    assert " > now" in st.reason()
+    small = a.regions["0"].group
+    s2 = small.stats("s")
+    small.note_eager(s2, "s", 0.001, 0.0, 0.0)
+    small.note_eager(s2, "s", 0.001, 0.0, 0.0)
+    assert not a.regions["0"]._pays_back(s2, "s", 100)  # eager 1 ms < the 4 ms floor of a program call
