@@ -450,22 +450,28 @@ static void tn_amx_pack(uint16_t *at, uint16_t *bv, const uint16_t *stat, int64_
             _mm512_store_si512((void *)(dst + 2 * n + 32), _mm512_permutex2var_epi16(x0, hi, x1));
         }
     }
-    /* stationary: pair rows (2j, 2j+1) into 32-bit words, then transpose 16 x 16 word blocks */
-    for (int m0 = 0; m0 < Mp; m0 += 16) {
+    /* stationary: pair rows (2j, 2j+1) into 32-bit words, then transpose 16 x 16 word blocks; 32 columns (one
+       64-byte line of a row) per load, so every line of the operand is read once (the rows of a tile lie a
+       partition pitch apart, in one cache set: a line read twice is usually gone the second time) */
+    for (int m0 = 0; m0 < Mp; m0 += 32) {
         int cnt = M - m0;
-        cnt = cnt < 0 ? 0 : cnt > 16 ? 16 : cnt;
-        __mmask32 mk = (__mmask32)((1u << cnt) - 1u);
+        cnt = cnt < 0 ? 0 : cnt > 32 ? 32 : cnt;
+        __mmask32 mk = cnt == 32 ? 0xffffffffu : (__mmask32)((1u << cnt) - 1u);
         for (int jb = 0; jb < Kp / 2; jb += 16) {
-            __m512i r[16];
+            __m512i r[16], h[16];
             for (int jj = 0; jj < 16; jj++) {
                 int k0 = 2 * (jb + jj), k1 = k0 + 1;
                 __m512i x0 = k0 < K ? _mm512_maskz_loadu_epi16(mk, stat + (int64_t)k0 * ss + m0) : _mm512_setzero_si512();
                 __m512i x1 = k1 < K ? _mm512_maskz_loadu_epi16(mk, stat + (int64_t)k1 * ss + m0) : _mm512_setzero_si512();
-                r[jj] = _mm512_permutex2var_epi16(x0, lo, x1);
+                r[jj] = _mm512_permutex2var_epi16(x0, lo, x1);   /* columns m0 .. m0+15 */
+                h[jj] = _mm512_permutex2var_epi16(x0, hi, x1);   /* columns m0+16 .. m0+31 */
             }
             tn_tr16x16_epi32(r);
             for (int c = 0; c < 16; c++)
                 _mm512_store_si512((void *)(at + (int64_t)(m0 + c) * Kp + 2 * jb), r[c]);
+            tn_tr16x16_epi32(h);
+            for (int c = 0; c < 16; c++)
+                _mm512_store_si512((void *)(at + (int64_t)(m0 + 16 + c) * Kp + 2 * jb), h[c]);
         }
     }
 }
