@@ -11,15 +11,17 @@ copies of the instruction with the operands already in SBUF/PSUM (written
 into the memories before the run, no DMA), and the engine runs it whole; a
 row's time is ``(run(R copies) - run(0 copies)) / R``, so it counts the
 kernel plus the per-instruction validation and timing model, not the run's
-fixed cost. ``ns/elem`` divides by the output's element count (matmul: by
+fixed cost (each of the two is taken as its own min / median over the
+repeats, then subtracted). ``ns/elem`` divides by the output's element count (matmul: by
 ``M*N``, its PSUM tile; DMA: by elements moved).
 
 Times are ``min / median`` over ``--repeats`` repeats; with ``--baseline``
 a second engine (an ``engine.*.so`` built from another checkout, e.g. the
 commit before a change) runs the same programs, interleaved with this one
 (A, B, A, B, ...) so machine noise hits both alike, and ``speedup`` is
-baseline median / this median. The engines are loaded side by side (each
-``.so`` links its own copy of the C kernels).
+baseline min / this min (on a shared machine the minimum is the stable
+statistic; medians move with other processes). The engines are loaded side
+by side (each ``.so`` links its own copy of the C kernels).
 
 ``--host-split`` also prints, from this engine's ``host_ns`` accounting, the
 validation ns per instruction and the kernel ns per element separately.
@@ -286,7 +288,7 @@ class Runner:
                 np.zeros(2, dtype=np.int64))
 
     def time_once(self):
-        """Seconds per instruction copy: (run(R) - run(0)) / R, wall clock."""
+        """Wall seconds of one run of the program with 0 and with R instruction copies."""
         out = []
         for n in (0, R):
             self._restore()
@@ -294,7 +296,7 @@ class Runner:
             t0 = time.perf_counter()
             self.engine.run(*args, 1)
             out.append(time.perf_counter() - t0)
-        return (out[1] - out[0]) / R
+        return out
 
     def host_split(self):
         """(validation ns per instruction, kernel ns per instruction) from the engine's host_ns accounting."""
@@ -330,12 +332,19 @@ def main(argv=None):
             ta.append(ra.time_once())
             if rb:
                 tb.append(rb.time_once())
+
+        def per_copy(ts):
+            """(min, median) seconds per instruction copy: statistics of run(R) minus those of run(0), over R."""
+            t0s, tRs = [t[0] for t in ts], [t[1] for t in ts]
+            return ((min(tRs) - min(t0s)) / R, (statistics.median(tRs) - statistics.median(t0s)) / R)
+
+        a_min, a_med = per_copy(ta)
         row = {"kernel": case.name, "elems": case.elems,
-               "ns_per_elem": [min(ta) * 1e9 / case.elems, statistics.median(ta) * 1e9 / case.elems],
-               "us_per_instr": statistics.median(ta) * 1e6}
+               "ns_per_elem": [a_min * 1e9 / case.elems, a_med * 1e9 / case.elems], "us_per_instr": a_med * 1e6}
         if rb:
-            row["base_ns_per_elem"] = [min(tb) * 1e9 / case.elems, statistics.median(tb) * 1e9 / case.elems]
-            row["speedup"] = statistics.median(tb) / statistics.median(ta) if statistics.median(ta) > 0 else float("nan")
+            b_min, b_med = per_copy(tb)
+            row["base_ns_per_elem"] = [b_min * 1e9 / case.elems, b_med * 1e9 / case.elems]
+            row["speedup"] = b_min / a_min if a_min > 0 else float("nan")
         if args.host_split:
             chk, ker = ra.host_split()
             row["check_ns"] = chk
