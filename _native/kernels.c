@@ -15,9 +15,14 @@ int tn_abi_version(void) { return 2; }
 /* Hot loops get AVX-512 and AVX2 clones next to the portable SSE2 default, chosen by the dynamic loader at load time
    (GCC target_clones on x86-64 Linux); elsewhere only the portable code is built. The build passes
    -ffp-contract=off, so no clone fuses a multiply and an add into an FMA: every clone rounds exactly like the
-   default and results do not depend on the CPU. */
+   default and results do not depend on the CPU. The AVX-512 clone targets x86-64-v4 (AVX-512 F+BW+DQ+VL: bf16
+   conversions need 16-bit lanes of the full width) where GCC knows it (12+). */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && !defined(TN_NO_CLONES)
+#if __GNUC__ >= 12
+#define TN_HOT __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
 #define TN_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 #else
 #define TN_HOT
 #endif
