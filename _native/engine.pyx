@@ -208,6 +208,8 @@ cdef object _fail(int64_t i, const int64_t *rec, int slot, str msg):
 cdef struct Ctx:
     char *sbuf
     char *psum
+    int64_t sbuf_pitch       # host bytes between partitions of the SBUF/PSUM arrays: their row length, at least
+    int64_t psum_pitch       # the architecture's partition size (see run())
     const int64_t *hbm_ptr
     const int64_t *hbm_size
     int64_t nbufs
@@ -322,6 +324,7 @@ cdef int decode(int64_t i, const int64_t *rec, int slot, Ctx *c, Opnd *o) except
             _fail(i, rec, slot, f"bytes {off + lo * es}..{off + (hi + 1) * es - 1} of each partition fall outside "
                   f"{MEM_NAMES[mem]} ({pitch} bytes per partition); the tile does not fit")
         base = c.sbuf if mem == MEM_SBUF else c.psum
+        pitch = c.sbuf_pitch if mem == MEM_SBUF else c.psum_pitch    # host layout (bounds checked above)
         o.ap.base = (base + o.pstart * pitch + off) if c.execute else NULL
         o.ap.pstride = pitch
         o.lo_byte = off + lo * es
@@ -623,6 +626,8 @@ def check(rec, limits, hbm_sizes, aux=None):
     tmp[H_DEP_COUNT] = 0
     c.sbuf = NULL
     c.psum = NULL
+    c.sbuf_pitch = lim[L_SBUF_BYTES]
+    c.psum_pitch = lim[L_PSUM_BYTES]
     c.hbm_ptr = &hs[0]
     c.hbm_size = &hs[0]
     c.nbufs = nb
@@ -807,7 +812,9 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
     """Validate, execute and time every instruction of an encoded program, in order.
 
     ``prog`` (n, REC_WIDTH) int64; ``deps``/``aux`` int64 side arrays;
-    ``sbuf``/``psum`` the memories (partitions x bytes, uint8); ``hbm_ptrs``/
+    ``sbuf``/``psum`` the memories (partitions x bytes, uint8; rows may be
+    longer than the architecture's partition size: partition p is row p, so
+    padded rows spread the partitions over the host's cache sets); ``hbm_ptrs``/
     ``hbm_sizes`` the address and byte size of every bound HBM buffer (the
     caller keeps them alive); ``limits``/``timing`` from :class:`Arch`.
     Outputs: ``times[i] = (start_ns, end_ns)`` (end = when the result is
@@ -866,6 +873,8 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
         raise NeuronError(f"PSUM has {nbanks} banks; the engine supports 1..{MAX_BANKS}")
     c.sbuf = <char *>&sbuf[0, 0] if execute else NULL
     c.psum = <char *>&psum[0, 0] if execute else NULL
+    c.sbuf_pitch = sbuf.shape[1] if execute else limits[L_SBUF_BYTES]
+    c.psum_pitch = psum.shape[1] if execute else limits[L_PSUM_BYTES]
     c.hbm_ptr = &hbm_ptrs[0] if hbm_ptrs.shape[0] else NULL
     c.hbm_size = &hbm_sizes[0] if hbm_sizes.shape[0] else NULL
     c.nbufs = hbm_ptrs.shape[0]

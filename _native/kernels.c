@@ -1265,8 +1265,40 @@ typedef uint16_t f32w_in;   /* bf16 bits in, fp32 out */
 typedef float f32w;
 #define TN_SAME(v) (v)
 
-static void transpose_u32(char *ob, int64_t ops, const char *ib, int64_t ips, int64_t P, int64_t F)
+static void transpose_u32_scalar(char *ob, int64_t ops, const char *ib, int64_t ips, int64_t P, int64_t F)
 TN_TRANSPOSE_BODY(u32x, TN_SAME)
+
+/* 8 x 8 blocks of 32-bit words transposed in registers (GCC vector shuffles: the unpack / shuffle / 128-bit
+   permute sequence of the classic AVX transpose, lowered to what each clone has); partial blocks by the scalar
+   body. */
+typedef uint32_t tn_v8u __attribute__((vector_size(32)));
+TN_HOT static void transpose_u32(char *ob, int64_t ops, const char *ib, int64_t ips, int64_t P, int64_t F)
+{
+    int64_t P8 = P & ~(int64_t)7, F8 = F & ~(int64_t)7;
+    for (int64_t p0 = 0; p0 < P8; p0 += 8)
+        for (int64_t q0 = 0; q0 < F8; q0 += 8) {
+            tn_v8u r[8], t[8], u[8];
+            for (int i = 0; i < 8; i++) memcpy(&r[i], ib + (p0 + i) * ips + q0 * 4, 32);
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = __builtin_shuffle(r[i], r[i + 1], (tn_v8u){0, 8, 1, 9, 4, 12, 5, 13});
+                t[i + 1] = __builtin_shuffle(r[i], r[i + 1], (tn_v8u){2, 10, 3, 11, 6, 14, 7, 15});
+            }
+            for (int i = 0; i < 8; i += 4) {
+                u[i] = __builtin_shuffle(t[i], t[i + 2], (tn_v8u){0, 1, 8, 9, 4, 5, 12, 13});
+                u[i + 1] = __builtin_shuffle(t[i], t[i + 2], (tn_v8u){2, 3, 10, 11, 6, 7, 14, 15});
+                u[i + 2] = __builtin_shuffle(t[i + 1], t[i + 3], (tn_v8u){0, 1, 8, 9, 4, 5, 12, 13});
+                u[i + 3] = __builtin_shuffle(t[i + 1], t[i + 3], (tn_v8u){2, 3, 10, 11, 6, 7, 14, 15});
+            }
+            for (int i = 0; i < 4; i++) {
+                tn_v8u lo = __builtin_shuffle(u[i], u[i + 4], (tn_v8u){0, 1, 2, 3, 8, 9, 10, 11});
+                tn_v8u hi = __builtin_shuffle(u[i], u[i + 4], (tn_v8u){4, 5, 6, 7, 12, 13, 14, 15});
+                memcpy(ob + (q0 + i) * ops + p0 * 4, &lo, 32);
+                memcpy(ob + (q0 + i + 4) * ops + p0 * 4, &hi, 32);
+            }
+        }
+    if (F8 < F) transpose_u32_scalar(ob + F8 * ops, ops, ib + F8 * 4, ips, P, F - F8);
+    if (P8 < P) transpose_u32_scalar(ob + P8 * 4, ops, ib + P8 * ips, ips, P - P8, F8);
+}
 static void transpose_u16(char *ob, int64_t ops, const char *ib, int64_t ips, int64_t P, int64_t F)
 TN_TRANSPOSE_BODY(u16x, TN_SAME)
 static void transpose_bf16_f32(char *ob, int64_t ops, const char *ib, int64_t ips, int64_t P, int64_t F)

@@ -205,3 +205,57 @@ def test_elementwise_with_overlapping_rows_reads_inputs_before_writing(dt):
     np.testing.assert_allclose(out["s2"], want2, **tol)
     np.testing.assert_allclose(out["s3"], want3, **tol)
     np.testing.assert_allclose(out["s4"], round_to(xr * xr, dt), **tol)
+
+
+# ---------------------------------------------------------------- host layout of SBUF/PSUM
+
+def test_padded_memory_rows_give_the_same_results():
+    """The engine addresses partition p at row p of the SBUF/PSUM arrays it is given: rows longer than the
+    architecture's partition (the runtime pads them to spread partitions over cache sets) change nothing."""
+    from tn._native import engine
+    from tn.neuron import runtime
+
+    P, K, N = 128, 96, 80
+    rng = np.random.default_rng(3)
+    prog = Program("padded")
+    A = prog.hbm("a", (K, P), "bfloat16")
+    B = prog.hbm("b", (K, N), "bfloat16")
+    Y = prog.hbm("y", (P, N), "float32", kind="output")
+    a, b = prog.sbuf((K, P), "bfloat16"), prog.sbuf((K, N), "bfloat16")
+    prog.dma_copy(a, A)
+    prog.dma_copy(b, B)
+    ps = prog.psum((P, N))
+    prog.matmul(ps, a, b)
+    t = prog.sbuf((P, N), "float32")
+    prog.activation(t, ps, "gelu")
+    ps2 = prog.psum((N, P))
+    prog.transpose(ps2, t)
+    u = prog.sbuf((N, P), "float32")
+    prog.tensor_copy(u, ps2)
+    prog.transpose(ps, u)
+    prog.tensor_copy(t, ps)
+    prog.dma_copy(Y, t)
+    enc = prog.build()
+    av = to_device(rng.standard_normal((K, P)), "bfloat16")
+    bv = to_device(rng.standard_normal((K, N)), "bfloat16")
+    prep = enc.prepared()
+    arch = enc.arch
+    outs = []
+    for pad in (0, 64, 4096 + 8):
+        y = np.zeros((P, N), np.float32)
+        keep = [av, bv, y]
+        ptrs = np.array([x.__array_interface__["data"][0] for x in keep], np.int64)
+        sbuf = np.zeros((arch.partitions, arch.sbuf_partition_bytes + pad), np.uint8)
+        psum = np.zeros((arch.partitions, arch.psum_partition_bytes + pad), np.uint8)
+        nq = arch.num_queues
+        engine.run(prep["records"], prep["deps"], prep["aux"], sbuf, psum, ptrs, prep["sizes"], prep["limits"],
+                   prep["timing"], np.zeros((len(enc), 2)), np.zeros(nq), np.zeros(nq, np.int64),
+                   np.zeros(2, np.int64), 1)
+        outs.append(y)
+    np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+    np.testing.assert_array_equal(outs[0].view(np.uint32), outs[2].view(np.uint32))
+    assert np.isfinite(outs[0]).all() and np.abs(outs[0]).max() > 0
+    shapes = runtime._mem_shapes(arch)
+    assert shapes[0][1] > arch.sbuf_partition_bytes and shapes[1][1] > arch.psum_partition_bytes
+    res = prog.run({"a": av, "b": bv})                     # through the runtime's padded memories
+    np.testing.assert_array_equal(res.outputs["y"].view(np.uint32), outs[0].view(np.uint32))
