@@ -21,7 +21,10 @@ commit before a change) runs the same programs, interleaved with this one
 (A, B, A, B, ...) so machine noise hits both alike, and ``speedup`` is
 baseline min / this min (on a shared machine the minimum is the stable
 statistic; medians move with other processes). The engines are loaded side
-by side (each ``.so`` links its own copy of the C kernels).
+by side (each ``.so`` links its own copy of the C kernels). This engine
+gets the SBUF/PSUM layout the runtime gives runs (padded partition rows),
+the baseline unpadded rows (an older engine addresses partitions by the
+architecture's size).
 
 ``--host-split`` also prints, from this engine's ``host_ns`` accounting, the
 validation ns per instruction and the kernel ns per element separately.
@@ -43,7 +46,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from tn.neuron import Program, isa  # noqa: E402
+from tn.neuron import Program, isa, runtime  # noqa: E402
 
 try:
     from tabulate import tabulate
@@ -257,7 +260,7 @@ def _cases():
 class Runner:
     """Runs one case's programs on one engine module with fixed memories and bindings."""
 
-    def __init__(self, engine, case, rng_seed=0):
+    def __init__(self, engine, case, rng_seed=0, padded=True):
         self.engine = engine
         self.case = case
         self.progs = {}
@@ -265,8 +268,11 @@ class Runner:
             enc, tiles = case.build(n)
             self.progs[n] = enc
         arch = enc.arch
-        self.sbuf = np.zeros((arch.partitions, arch.sbuf_partition_bytes), dtype=np.uint8)
-        self.psum = np.zeros((arch.partitions, arch.psum_partition_bytes), dtype=np.uint8)
+        shapes = ((arch.partitions, arch.sbuf_partition_bytes), (arch.partitions, arch.psum_partition_bytes))
+        if padded and hasattr(runtime, "_mem_shapes"):
+            shapes = runtime._mem_shapes(arch)      # the rows the runtime gives runs (padded partitions)
+        self.sbuf = np.zeros(shapes[0], dtype=np.uint8)
+        self.psum = np.zeros(shapes[1], dtype=np.uint8)
         rng = np.random.default_rng(rng_seed)
         self.saved = case.fill(tiles, self.sbuf, self.psum, rng)
         self.hbm = []
@@ -323,7 +329,7 @@ def main(argv=None):
         if args.only and not any(s.strip() and s.strip() in case.name for s in args.only.split(",")):
             continue
         ra = Runner(cur, case)
-        rb = Runner(base, case) if base else None
+        rb = Runner(base, case, padded=False) if base else None   # an older engine may assume unpadded rows
         ra.time_once()
         if rb:
             rb.time_once()
