@@ -1277,6 +1277,11 @@ TN_TRANSPOSE_BODY(u32x, TN_SAME)
    permute sequence of the classic AVX transpose, lowered to what each clone has); partial blocks by the scalar
    body. */
 typedef uint32_t tn_v8u __attribute__((vector_size(32)));
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define TN_SHUF8(a, b, i0, i1, i2, i3, i4, i5, i6, i7) __builtin_shufflevector(a, b, i0, i1, i2, i3, i4, i5, i6, i7)
+#else
+#define TN_SHUF8(a, b, i0, i1, i2, i3, i4, i5, i6, i7) __builtin_shuffle(a, b, (tn_v8u){i0, i1, i2, i3, i4, i5, i6, i7})
+#endif
 TN_HOT static void transpose_u32(char *ob, int64_t ops, const char *ib, int64_t ips, int64_t P, int64_t F)
 {
     int64_t P8 = P & ~(int64_t)7, F8 = F & ~(int64_t)7;
@@ -1285,18 +1290,18 @@ TN_HOT static void transpose_u32(char *ob, int64_t ops, const char *ib, int64_t 
             tn_v8u r[8], t[8], u[8];
             for (int i = 0; i < 8; i++) memcpy(&r[i], ib + (p0 + i) * ips + q0 * 4, 32);
             for (int i = 0; i < 8; i += 2) {
-                t[i] = __builtin_shuffle(r[i], r[i + 1], (tn_v8u){0, 8, 1, 9, 4, 12, 5, 13});
-                t[i + 1] = __builtin_shuffle(r[i], r[i + 1], (tn_v8u){2, 10, 3, 11, 6, 14, 7, 15});
+                t[i] = TN_SHUF8(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+                t[i + 1] = TN_SHUF8(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
             }
             for (int i = 0; i < 8; i += 4) {
-                u[i] = __builtin_shuffle(t[i], t[i + 2], (tn_v8u){0, 1, 8, 9, 4, 5, 12, 13});
-                u[i + 1] = __builtin_shuffle(t[i], t[i + 2], (tn_v8u){2, 3, 10, 11, 6, 7, 14, 15});
-                u[i + 2] = __builtin_shuffle(t[i + 1], t[i + 3], (tn_v8u){0, 1, 8, 9, 4, 5, 12, 13});
-                u[i + 3] = __builtin_shuffle(t[i + 1], t[i + 3], (tn_v8u){2, 3, 10, 11, 6, 7, 14, 15});
+                u[i] = TN_SHUF8(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+                u[i + 1] = TN_SHUF8(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+                u[i + 2] = TN_SHUF8(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+                u[i + 3] = TN_SHUF8(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
             }
             for (int i = 0; i < 4; i++) {
-                tn_v8u lo = __builtin_shuffle(u[i], u[i + 4], (tn_v8u){0, 1, 2, 3, 8, 9, 10, 11});
-                tn_v8u hi = __builtin_shuffle(u[i], u[i + 4], (tn_v8u){4, 5, 6, 7, 12, 13, 14, 15});
+                tn_v8u lo = TN_SHUF8(u[i], u[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+                tn_v8u hi = TN_SHUF8(u[i], u[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
                 memcpy(ob + (q0 + i) * ops + p0 * 4, &lo, 32);
                 memcpy(ob + (q0 + i + 4) * ops + p0 * 4, &hi, 32);
             }
