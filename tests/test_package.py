@@ -21,7 +21,7 @@ def test_errors_share_a_base():
 
 
 def test_every_subpackage_is_installed_by_a_plain_pip_install():
-    """pyproject lists packages explicitly (adaptive/ and _native/ are mapped): a new tn/ subpackage must be listed."""
+    """pyproject lists packages explicitly (_native/ is mapped): a new tn/ subpackage must be listed."""
     import pathlib
     import tomllib
 
