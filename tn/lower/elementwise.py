@@ -13,7 +13,8 @@ tile engine of :mod:`tn.lower.fusion` (tiling, broadcasting by access
 patterns, double buffering), which also fuses chains of these rules.
 
 Numerics: the engines compute in fp32 and round to the output dtype, so
-integer arithmetic is exact only below 2**24. ``erfinv`` and int32 bitwise
+integer arithmetic is exact only below 2**24. ``erfinv`` is Giles' single
+precision approximation (log, sqrt and two polynomials on the engines). Int32 bitwise
 ops have no engine form (CannotLower: host). NaN handling follows the
 engines (``maximum``/``minimum``/``relu`` do not propagate NaN).
 """
@@ -514,13 +515,46 @@ def _isinf(ctx, eqn, out, ins):
     _ts(ctx, out, ins[0], "abs_max", 0.0, "is_equal", math.inf)
 
 
-def _erfinv_check(eqn):
-    raise CannotLower("erfinv has no ScalarE function and no cheap composition; it runs on the host")
+# Giles, "Approximating the erfinv function" (GPU Computing Gems, 2011), single precision: with
+# w = -log((1 - x)(1 + x)), erfinv(x) = x * p(w - 2.5) for w < 5 and x * q(sqrt(w) - 3) beyond.
+_ERFINV_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087,
+                   -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
+_ERFINV_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773,
+                -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
 
 
-@tile_rule("erfinv", precheck=_erfinv_check)
+def _horner(ctx, p, w, coefs):
+    """``p = ((c0 w + c1) w + c2) w + ...`` (fp32 tiles ``p``, ``w``; coefficients from the highest power)."""
+    _ts(ctx, p, w, "multiply", coefs[0], "add", coefs[1])
+    for c in coefs[2:]:
+        _tt(ctx, p, p, w, "multiply")
+        _ts(ctx, p, p, "add", c)
+
+
+@tile_rule("erfinv", precheck=_float_only, temps=6)
 def _erfinv(ctx, eqn, out, ins):
-    raise CannotLower("erfinv is not lowered")
+    x = ins[0]
+    with _Tmp(ctx, out) as tmp:
+        if not hasattr(x, "mem"):
+            x = tmp.const(float(x))
+        lg, b, w, p, q, m = tmp(), tmp(), tmp(), tmp(), tmp(), tmp()
+        _ts(ctx, lg, x, "subtract", 1.0, rev0=True)        # 1 - x (exact for x >= 1/2)
+        _ts(ctx, b, x, "add", 1.0)                         # 1 + x
+        _tt(ctx, lg, lg, b, "multiply")
+        _act(ctx, lg, lg, "log")                           # -w: -inf at |x| = 1, NaN beyond
+        _ts(ctx, w, lg, "multiply", -1.0, "add", -2.5)     # w - 2.5
+        _horner(ctx, p, w, _ERFINV_CENTRAL)
+        _act(ctx, w, lg, "sqrt", scale=-1.0)               # sqrt(w)
+        _ts(ctx, w, w, "subtract", 3.0)
+        _horner(ctx, q, w, _ERFINV_TAIL)
+        _ts(ctx, m, lg, "is_gt", -5.0)                     # w < 5 (false for NaN: the tail keeps it NaN)
+        ctx.prog.select(p, m, p, q)
+        _tt(ctx, p, p, x, "multiply")
+        # |x| = 1: the tail polynomial at sqrt(inf) is not +inf; the result is x * inf
+        _ts(ctx, m, x, "abs_max", 0.0, "is_equal", 1.0)
+        ctx.prog.tensor_scalar(b, x, "multiply", math.inf)   # (not an affine activation: 0 * inf bias)
+        _charge(ctx, "dve", max(64, _free(b)) + 60)
+        ctx.prog.select(out, m, b, p)
 
 
 # --------------------------------------------------------------------------- binary
