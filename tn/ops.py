@@ -800,8 +800,31 @@ def cat(*xs: Tensor, dim: int) -> Tensor:
 @from_aten(cat, aten.cat.default)
 def _cat_conv(xs, dim=0):
     nd = max(_ndim(x) for x in xs)
-    xs = [x for x in xs if not (x.dim() == 1 and x.shape[0] == 0 and nd > 1)]
+    # operands with no elements (legacy 1-d empties, zero length along ``dim``) add nothing: dropped, unless
+    # nothing else is left (the chip never sees a zero-size operand); when they take part in the dtype
+    # promotion, the others are cast first (_cat_decomp)
+    full = [x for x in xs if x.numel() > 0]
+    if full and len(full) < len(xs):
+        if _promoted(full) != _promoted(xs):
+            return None
+        xs = full
+    else:
+        xs = [x for x in xs if not (x.dim() == 1 and x.shape[0] == 0 and nd > 1)]
     return list(xs), {"dim": _dim(dim, nd)}
+
+
+def _cat_decomp(xs, dim=0):
+    """``cat`` whose empty operands promote the dtype: the non-empty operands cast, then concatenated."""
+    dt = _promoted(xs)
+    full = [x if x.dtype == dt else aten._to_copy.default(x, dtype=dt) for x in xs if x.numel() > 0]
+    return aten.cat.default(full, dim)
+
+
+def _promoted(xs: Sequence[Any]) -> torch.dtype:
+    dt = xs[0].dtype
+    for x in xs[1:]:
+        dt = torch.promote_types(dt, x.dtype)
+    return dt
 
 
 @register("pad", "shape")
@@ -1070,8 +1093,11 @@ for _ov in HOST_OVERLOADS:
 
 
 # --------------------------------------------------------------------------- tn decompositions
+
 # Functions over aten ops, run by the tracer on traced tensors; they bring
 # calls into the canonical forms above.
+
+DECOMPOSITIONS[aten.cat.default] = _cat_decomp
 
 
 @decomposition(aten.add.Tensor, aten.add.Scalar)

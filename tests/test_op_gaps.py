@@ -1,0 +1,114 @@
+# Tests of ops that used to fail or run on the host: erfinv, cat with empty operands, conv3d, out= forms, int bitwise.
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tn
+import tn.lower  # noqa: F401  (registers the lowerings and the neuron backend)
+from tn.lower.testing import check_lowering
+
+
+@pytest.fixture
+def strict(monkeypatch):
+    """Every equation must run on the NeuronCore (a host fallback is an UnsupportedOpError)."""
+    monkeypatch.setenv("TN_STRICT", "1")
+
+
+def _ulps(got: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    sp = torch.from_numpy(np.spacing(np.abs(ref.numpy())).astype(np.float64))
+    return (got.double() - ref.double()).abs() / sp
+
+
+# --------------------------------------------------------------------------- erfinv
+
+def test_erfinv_fp32_within_a_few_ulp_of_torch():
+    g = torch.Generator().manual_seed(0)
+    n = 1 << 16
+    x = torch.cat([torch.rand(n, generator=g) * 2 - 1,                       # central region
+                   1 - torch.logspace(-7.2, -1, n),                           # tail (w >= 5)
+                   -(1 - torch.logspace(-7.2, -1, n)),
+                   torch.logspace(-38, -1, n) * torch.sign(torch.randn(n, generator=g)),
+                   torch.tensor([1 - 2 ** -24, -1 + 2 ** -24, 2 ** -149, 0.5, -0.5])])
+    from tn.lower import compile_ir
+    from tn.lower.testing import build_eqn_ir
+
+    (y,) = compile_ir(build_eqn_ir("erfinv", x), strict=True)([x])
+    assert _ulps(y, torch.erfinv(x)).max().item() <= 4.0
+    check_lowering("erfinv", x[:4096].to(torch.bfloat16))
+
+
+def test_erfinv_special_values():
+    x = torch.tensor([1.0, -1.0, 0.0, -0.0, 1.5, -2.0, math.nan, math.inf, -math.inf, 1.0000001])
+    from tn.lower import compile_ir
+    from tn.lower.testing import build_eqn_ir
+
+    (y,) = compile_ir(build_eqn_ir("erfinv", x), strict=True)([x])
+    ref = torch.erfinv(x)
+    torch.testing.assert_close(y, ref, equal_nan=True, rtol=0, atol=0)
+    assert torch.equal(torch.signbit(y[:4]), torch.signbit(ref[:4]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_erfinv_jit_forward_backward(strict, dtype):
+    def f(x):
+        y = torch.special.erfinv(x)
+        return y, torch.autograd.grad((y * y).sum(), x)[0]
+
+    x = (torch.rand(37, 19, generator=torch.Generator().manual_seed(1)) * 1.98 - 0.99).to(dtype)
+    y, g = tn.jit(f, backend="neuron")(x.clone().requires_grad_())
+    yr, gr = f(x.clone().requires_grad_())
+    torch.testing.assert_close(y, yr.detach())
+    torch.testing.assert_close(g, gr, rtol=1e-4 if dtype == torch.float32 else 1.6e-2, atol=1e-4)
+
+
+def test_erfinv_on_the_neuron_device(monkeypatch):
+    monkeypatch.setenv("TN_STRICT", "1")
+    x = torch.rand(300) * 2 - 1
+    before = dict(torch.neuron.fallback_ops())
+    y = torch.erfinv(x.to("neuron"))
+    assert y.device.type == "neuron"
+    torch.testing.assert_close(y.cpu(), torch.erfinv(x))
+    assert torch.neuron.fallback_ops() == before
+
+
+# --------------------------------------------------------------------------- cat with empty operands
+
+_CATS = {
+    "1d_empty_between": lambda a, b: torch.cat([a, torch.empty(0), b]),
+    "zero_rows": lambda a, b: torch.cat([a, b[:0], b], 0),
+    "zero_cols": lambda a, b: torch.cat([a.t(), b.t()[:, :0], b.t()], 1),
+    "only_one_left": lambda a, b: torch.cat([a[:0], a, b[:0]]) * 2,
+    "all_empty": lambda a, b: torch.cat([a[:0], b[:0]]),
+    "promoting_empty": lambda a, b: torch.cat([a.to(torch.bfloat16), b[:0]]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_CATS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cat_with_empty_operands(strict, case, dtype):
+    f = _CATS[case]
+    a, b = torch.randn(3, 4).to(dtype), torch.randn(2, 4).to(dtype)
+    for backend in ("reference", "neuron"):
+        got = tn.jit(f, backend=backend)(a, b)
+        torch.testing.assert_close(got, f(a, b), rtol=0, atol=0)
+
+
+def test_cat_with_empty_operands_backward(strict):
+    def f(a, b, e):
+        y = torch.cat([a, e, b, torch.empty(0)]) * torch.arange(5.0).unsqueeze(1)
+        return torch.autograd.grad(y.sum(), (a, b, e))
+
+    a, b, e = torch.randn(3, 4), torch.randn(2, 4), torch.randn(0, 4)
+    got = tn.jit(f, backend="neuron")(a.requires_grad_(), b.requires_grad_(), e.requires_grad_())
+    for g, r in zip(got, f(a, b, e)):
+        torch.testing.assert_close(g, r)
+
+
+def test_cat_with_empty_operands_on_the_device(monkeypatch):
+    monkeypatch.setenv("TN_STRICT", "1")
+    a, b = torch.randn(3, 4), torch.randn(2, 4)
+    y = torch.cat([a.to("neuron"), torch.empty(0, 4, device="neuron"), b.to("neuron")])
+    torch.testing.assert_close(y.cpu(), torch.cat([a, b]))
