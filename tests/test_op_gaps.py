@@ -112,3 +112,106 @@ def test_cat_with_empty_operands_on_the_device(monkeypatch):
     a, b = torch.randn(3, 4), torch.randn(2, 4)
     y = torch.cat([a.to("neuron"), torch.empty(0, 4, device="neuron"), b.to("neuron")])
     torch.testing.assert_close(y.cpu(), torch.cat([a, b]))
+
+
+# --------------------------------------------------------------------------- out= forms
+
+def _out_add(a, b):
+    c = torch.empty_like(a)
+    torch.add(a, b, alpha=2, out=c)
+    return c
+
+
+def _out_matmul(a, b):
+    c = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype)
+    r = torch.matmul(a, b, out=c)
+    return c, r is c
+
+
+def _out_mm_bmm(a, b):
+    c = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype)
+    torch.mm(a, b, out=c)
+    d = torch.empty(2, a.shape[0], b.shape[1], dtype=a.dtype)
+    torch.bmm(torch.stack([a, a]), torch.stack([b, -b]), out=d)
+    return c, d
+
+
+def _out_sum(a, b):
+    o = torch.empty(a.shape[0], dtype=torch.float32)     # fp32 out: torch accumulates in the out dtype
+    torch.sum(a, 1, out=o)
+    return o
+
+
+def _out_max(a, b):
+    v, i = torch.empty(a.shape[0], dtype=a.dtype), torch.empty(a.shape[0], dtype=torch.int64)
+    torch.max(a, 1, out=(v, i))
+    return v, i
+
+
+def _out_into_slice(a, b):
+    c = torch.zeros(3, a.shape[0], a.shape[1], dtype=a.dtype)
+    torch.mul(a, b, out=c[1])
+    torch.cumsum(a, 1, out=c[2])
+    return c
+
+
+def _out_aliasing_input(a, b):
+    a = a.clone()
+    torch.sub(a, b, out=a)
+    torch.exp(a, out=a)
+    return a
+
+
+_OUTS = {f.__name__: f for f in (_out_add, _out_matmul, _out_mm_bmm, _out_sum, _out_max, _out_into_slice,
+                                 _out_aliasing_input)}
+
+
+@pytest.mark.parametrize("case", sorted(_OUTS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_out_forms_trace_functionally(strict, case, dtype):
+    f = _OUTS[case]
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(6, 6, generator=g).to(dtype), torch.randn(6, 6, generator=g).to(dtype)
+    ir = tn.make_ir(f)(a, b)
+    assert not any(e.op.name == "host" for e in ir.eqns)
+    for backend in ("reference", "neuron"):
+        got, ref = tn.jit(f, backend=backend)(a, b), f(a, b)
+        got, ref = (got, ref) if isinstance(got, tuple) else ((got,), (ref,))
+        for x, y in zip(got, ref):
+            if isinstance(y, torch.Tensor):
+                torch.testing.assert_close(x, y, rtol=1e-5 if dtype == torch.float32 else 1.6e-2, atol=1e-4)
+            else:
+                assert x == y
+
+
+def test_out_into_an_input_is_written_back(strict):
+    def f(a, b, c):
+        torch.add(a, b, out=c)
+        torch.matmul(a, b, out=a)
+        return c.sum()
+
+    a, b, c = torch.randn(4, 4), torch.randn(4, 4), torch.zeros(4, 4)
+    a2, b2, c2 = a.clone(), b.clone(), c.clone()
+    s = tn.jit(f, backend="neuron")(a, b, c)
+    s2 = f(a2, b2, c2)
+    torch.testing.assert_close(s, s2)
+    torch.testing.assert_close(c, c2)
+    torch.testing.assert_close(a, a2)
+
+
+def test_out_forms_that_cannot_be_traced_say_so():
+    def resize(a):
+        o = torch.empty(0)
+        torch.add(a, 1, out=o)
+        return o
+
+    with pytest.raises(tn.UnsupportedOpError, match=r"add.*resize its out= tensor"):
+        tn.make_ir(resize)(torch.randn(3))
+
+    def bad_cast(a):   # eager's own error: a float result into an int64 out tensor
+        o = torch.empty(3, dtype=torch.int64)
+        torch.add(a, 1, out=o)
+        return o
+
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        tn.make_ir(bad_cast)(torch.randn(3))

@@ -455,6 +455,33 @@ def _functional_variant(func: Any) -> Optional[Any]:
     return getattr(packet, func._overloadname, None)
 
 
+_OUT_FORMS: Dict[Any, Tuple[Optional[Any], Tuple[str, ...]]] = {}
+
+
+def _out_form(func: Any) -> Tuple[Optional[Any], Tuple[str, ...]]:
+    """For an ``out=`` overload (``mm.out``, ``sum.IntList_out``, ``max.dim_max`` ...): the functional
+    overload taking the same other arguments and the names of the out arguments; ``(None, ())`` otherwise."""
+    hit = _OUT_FORMS.get(func)
+    if hit is not None:
+        return hit
+    schema = func._schema
+    written = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    res: Tuple[Optional[Any], Tuple[str, ...]] = (None, ())
+    if written and all(a.kwarg_only for a in written):
+        outs = tuple(a.name for a in written)
+        ins = [(a.name, str(a.type)) for a in schema.arguments if a.name not in outs]
+        packet = getattr(aten, schema.name.split("::")[-1], None)
+        for ov in (packet.overloads() if packet is not None else ()):
+            cs = getattr(packet, ov)._schema
+            if any(r.alias_info is not None for r in cs.returns) or len(cs.returns) != len(outs):
+                continue
+            if [(a.name, str(a.type)) for a in cs.arguments] == ins:
+                res = (getattr(packet, ov), outs)
+                break
+    _OUT_FORMS[func] = res
+    return res
+
+
 def _is_view(func: Any) -> bool:
     rets = func._schema.returns
     if not rets:
@@ -496,6 +523,8 @@ def _resolve(func: Any) -> Callable[..., Any]:
                 h = _h_metadata_inplace
             elif _functional_variant(func) is not None and _mutated_args(func) == [0]:
                 h = _h_inplace
+            elif _out_form(func)[0] is not None:
+                h = _h_out
             else:
                 h = _h_decompose
         elif not _returns_tensors(func):
@@ -892,6 +921,35 @@ def _h_inplace(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, An
     new = tr.cast_to(tr.var_of(r), tuple(self_t.shape), self_t.dtype)
     tr.write(self_t, new)
     return self_t
+
+
+def _h_out(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    """An ``out=`` op: its functional form, then an in-place copy into each out tensor (as ``copy_``)."""
+    functional, names = _out_form(func)
+    outs = [kwargs.get(n) for n in names]
+    fkw = {k: v for k, v in kwargs.items() if k not in names}
+    if any(type(o) is not TracerTensor for o in outs):
+        raise _unsupported(func, args, kwargs, "an out= argument is not a tensor of the traced function")
+    try:
+        specs = meta_call(func, args, kwargs)   # eager's checks: result dtypes castable to the out dtypes ...
+    except NotImplementedError:
+        specs = None
+    if specs is not None:
+        specs = [specs] if type(specs) is _Spec else [m for m in specs if type(m) is _Spec]
+        for o, m in zip(outs, specs):
+            if tuple(o.shape) != tuple(m.shape):
+                raise UnsupportedOpError(
+                    f"{_where()}: {func} would resize its out= tensor {aval_str(tuple(o.shape), o.dtype)} to "
+                    f"{list(m.shape)}; tn traces values, not storage, and cannot resize a tensor in place. Pass "
+                    f"an out= tensor of the result's shape, or use the functional form (y = op(...)).")
+    if len(outs) == 1 and fkw.get("dtype") is None and \
+            any(a.name == "dtype" for a in functional._schema.arguments):
+        fkw["dtype"] = outs[0].dtype   # sum/cumsum/arange/full ... compute in the out tensor's dtype
+    r = tr.dispatch(functional, args, fkw)
+    rs = list(r) if isinstance(r, (list, tuple)) else [r]
+    for o, v in zip(outs, rs):
+        tr.dispatch(aten.copy_.default, (o, v), {})
+    return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 def _h_copy_(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
