@@ -215,3 +215,47 @@ def test_out_forms_that_cannot_be_traced_say_so():
 
     with pytest.raises(RuntimeError, match="can't be cast"):
         tn.make_ir(bad_cast)(torch.randn(3))
+
+
+# --------------------------------------------------------------------------- conv3d
+
+_CONV3D = [dict(), dict(padding=1), dict(stride=2, padding=(1, 0, 2)), dict(dilation=(2, 1, 1), padding=2),
+           dict(groups=2, stride=(2, 1, 2)), dict(stride=3, dilation=2, padding=(0, 1, 1))]
+
+
+@pytest.mark.parametrize("kw", _CONV3D, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "plain")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conv3d_forward_backward(strict, kw, dtype):
+    def f(x, w, b):
+        y = F.conv3d(x, w, b, **kw)
+        return (y,) + torch.autograd.grad((y * y.detach().sin()).sum(), (x, w, b))
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 7, 8, 9, generator=g).to(dtype)
+    w = torch.randn(6, 4 // kw.get("groups", 1), 3, 2, 3, generator=g).to(dtype)
+    b = torch.randn(6, generator=g).to(dtype)
+    ir = tn.make_ir(f)(*(t.clone().requires_grad_() for t in (x, w, b)))
+    assert all(len(e.inputs[0].shape) == 4 for e in ir.eqns if e.op.category == "conv")
+    ref = f(*(t.clone().requires_grad_() for t in (x, w, b)))
+    got = tn.jit(f, backend="neuron")(*(t.clone().requires_grad_() for t in (x, w, b)))
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+    for name, a, r in zip(("y", "gx", "gw", "gb"), got, ref):
+        scale = r.abs().max().item()
+        torch.testing.assert_close(a / scale, r / scale, **tol, msg=lambda m: f"{name}: {m}")
+
+
+def test_conv3d_module_on_the_neuron_device(monkeypatch):
+    monkeypatch.setenv("TN_STRICT", "1")
+    torch.manual_seed(0)
+    m = torch.nn.Conv3d(3, 5, 3, padding=1, stride=(1, 2, 2))
+    md = torch.nn.Conv3d(3, 5, 3, padding=1, stride=(1, 2, 2))
+    md.load_state_dict(m.state_dict())
+    md.to("neuron")
+    x = torch.randn(2, 3, 6, 8, 8, requires_grad=True)
+    xd = x.detach().to("neuron").requires_grad_()
+    y, yd = m(x), md(xd)
+    y.square().sum().backward()
+    yd.square().sum().backward()
+    torch.testing.assert_close(yd.cpu(), y)
+    for a, r in ((xd.grad, x.grad), (md.weight.grad, m.weight.grad), (md.bias.grad, m.bias.grad)):
+        torch.testing.assert_close(a.cpu(), r, rtol=1e-4, atol=1e-4)

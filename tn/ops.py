@@ -57,7 +57,9 @@ Unary functions stay ops rather than formulas (``asinh`` as a log/sqrt
 expression loses accuracy): the compiler maps them to ScalarE activation
 functions or runs them on the host. Everything else (softmax, layer/batch
 norm, linear, mean, var, dropout, embedding, losses, backward ops, 3-d and
-adaptive pooling, embedding_bag, median/kthvalue/mode from ``sort``,
+adaptive pooling, 3-d convolutions and their gradients (one 2-d convolution
+over depth-stacked channels), ``cat`` whose empty operands promote the dtype,
+embedding_bag, median/kthvalue/mode from ``sort``,
 searchsorted, distances ...) is decomposed into these by
 :data:`DECOMPOSITIONS` or ``torch._decomp``; special functions (erfcx,
 lgamma, digamma, zeta, Bessel functions, ndtri ...) by :mod:`tn.special`,
@@ -647,6 +649,8 @@ def convolution(x: Tensor, w: Tensor, b: Optional[Tensor] = None, *, stride: Tup
 
 @from_aten(convolution, aten.convolution.default)
 def _conv_conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    if _ndim(w) == 5 and not transposed:
+        return None     # 3-d: 2-d convolutions over depth-stacked channels (_conv3d_decomp)
     inputs = [x, w] if b is None else [x, w, b]
     return inputs, {"stride": tuple(stride), "padding": tuple(padding), "dilation": tuple(dilation),
                     "transposed": bool(transposed), "output_padding": tuple(output_padding),
@@ -668,11 +672,96 @@ def convolution_backward(grad: Tensor, x: Tensor, w: Tensor, *, bias_sizes: Opti
 @from_aten(convolution_backward, aten.convolution_backward.default)
 def _conv_bwd_conv(grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
                    groups, output_mask):
+    if _ndim(w) == 5 and not transposed:
+        return None     # 3-d: the gradients of the 2-d form (_conv3d_backward_decomp)
     return [grad, x, w], {
         "bias_sizes": None if bias_sizes is None else tuple(bias_sizes), "stride": tuple(stride),
         "padding": tuple(padding), "dilation": tuple(dilation), "transposed": bool(transposed),
         "output_padding": tuple(output_padding), "groups": int(groups),
         "output_mask": tuple(bool(m) for m in output_mask)}
+
+
+# 3-d convolution as one 2-d convolution: the kD depth taps of every output depth are stacked into the
+# channels (im2col along depth), so x [N, C, D, H, W] becomes x2 [N*Do, G*kD*Cg, H, W] (per group: tap-major,
+# then channel) and w [O, Cg, kD, kH, kW] becomes w2 [O, kD*Cg, kH, kW]; height and width keep their
+# stride, padding and dilation in the 2-d convolution, whose contraction covers all three kernel axes.
+
+def _conv3d_geometry(x, w, stride, padding, dilation):
+    N, C, D = int(x.shape[0]), int(x.shape[1]), int(x.shape[2])
+    kD = int(w.shape[2])
+    Do = (D + 2 * padding[0] - dilation[0] * (kD - 1) - 1) // stride[0] + 1
+    return N, C, D, kD, Do
+
+
+def _conv3d_x2(x, w, stride, padding, dilation, groups):
+    """x [N, C, D, H, W] -> [N*Do, G*kD*Cg, H, W]: for output depth j, channel (g, k, c) holds input
+    depth j*stride + k*dilation - padding of channel g*Cg + c (zero outside)."""
+    N, C, D, kD, Do = _conv3d_geometry(x, w, stride, padding, dilation)
+    H, W = int(x.shape[3]), int(x.shape[4])
+    sd, pd, dd = stride[0], padding[0], dilation[0]
+    xp = aten.constant_pad_nd.default(x, [0, 0, 0, 0, pd, pd]) if pd else x
+    taps = [aten.slice.Tensor(xp, 2, k * dd, k * dd + sd * (Do - 1) + 1, sd) for k in range(kD)]
+    st = aten.stack.default(taps, 1)                                   # [N, kD, C, Do, H, W]
+    st = aten.reshape.default(st, [N, kD, groups, C // groups, Do, H, W])
+    st = aten.permute.default(st, [0, 4, 2, 1, 3, 5, 6])               # [N, Do, G, kD, Cg, H, W]
+    return aten.reshape.default(st, [N * Do, C * kD, H, W])
+
+
+def _conv3d_w2(w):
+    O, Cg, kD, kH, kW = (int(n) for n in w.shape)
+    return aten.reshape.default(aten.permute.default(w, [0, 2, 1, 3, 4]), [O, kD * Cg, kH, kW])
+
+
+def _conv3d_decomp(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    """aten.convolution of a 5-d input (not transposed) as one 2-d convolution over depth-stacked channels."""
+    if _ndim(w) != 5 or transposed:
+        return NotImplemented
+    N, C, D, kD, Do = _conv3d_geometry(x, w, stride, padding, dilation)
+    y2 = aten.convolution.default(_conv3d_x2(x, w, stride, padding, dilation, groups), _conv3d_w2(w), b,
+                                  list(stride[1:]), list(padding[1:]), list(dilation[1:]), False, [0, 0],
+                                  groups)
+    O, Ho, Wo = int(y2.shape[1]), int(y2.shape[2]), int(y2.shape[3])
+    y = aten.reshape.default(y2, [N, Do, O, Ho, Wo])
+    return aten.clone.default(aten.permute.default(y, [0, 2, 1, 3, 4]), memory_format=torch.contiguous_format)
+
+
+def _conv3d_backward_decomp(grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                            groups, output_mask):
+    """aten.convolution_backward of a 5-d convolution (not transposed): the 2-d form's gradients, the input
+    gradient scattered back from the stacked depth taps (summed in fp32 for 16-bit dtypes)."""
+    if _ndim(w) != 5 or transposed:
+        return NotImplemented
+    N, C, D, kD, Do = _conv3d_geometry(x, w, stride, padding, dilation)
+    H, W = int(x.shape[3]), int(x.shape[4])
+    O, Cg = int(w.shape[0]), int(w.shape[1])
+    sd, pd, dd = stride[0], padding[0], dilation[0]
+    g2 = aten.permute.default(grad, [0, 2, 1, 3, 4])
+    g2 = aten.reshape.default(g2, [N * Do, O, int(grad.shape[3]), int(grad.shape[4])])
+    gx2, gw2, gb = aten.convolution_backward.default(
+        g2, _conv3d_x2(x, w, stride, padding, dilation, groups), _conv3d_w2(w), bias_sizes, list(stride[1:]),
+        list(padding[1:]), list(dilation[1:]), False, [0, 0], groups, list(output_mask))
+    gx = gw = None
+    if output_mask[1]:
+        gw = aten.reshape.default(gw2, [O, kD, Cg] + [int(n) for n in w.shape[3:]])
+        gw = aten.clone.default(aten.permute.default(gw, [0, 2, 1, 3, 4]), memory_format=torch.contiguous_format)
+    if output_mask[0]:
+        acc_dt = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+        t = aten.reshape.default(gx2, [N, Do, groups, kD, Cg, H, W])
+        t = aten.permute.default(t, [0, 3, 2, 4, 1, 5, 6])             # [N, kD, G, Cg, Do, H, W]
+        t = aten.reshape.default(t, [N, kD, C, Do, H, W])
+        if acc_dt != x.dtype:
+            t = aten._to_copy.default(t, dtype=acc_dt)
+        Dp = D + 2 * pd
+        acc = aten.full.default([N, C, Dp, H, W], 0, dtype=acc_dt)
+        for k in range(kD):
+            tk = aten.select.int(t, 1, k)
+            lo, hi = k * dd, k * dd + sd * (Do - 1) + 1
+            cur = aten.slice.Tensor(acc, 2, lo, hi, sd)
+            acc = aten.slice_scatter.default(acc, aten.add.Tensor(cur, tk), 2, lo, hi, sd)
+        gx = aten.slice.Tensor(acc, 2, pd, pd + D) if pd else acc
+        gx = aten._to_copy.default(gx, dtype=x.dtype, memory_format=torch.contiguous_format) \
+            if gx.dtype != x.dtype or pd else gx
+    return gx, gw, gb
 
 
 def _pool_attrs(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
@@ -1098,6 +1187,8 @@ for _ov in HOST_OVERLOADS:
 # calls into the canonical forms above.
 
 DECOMPOSITIONS[aten.cat.default] = _cat_decomp
+DECOMPOSITIONS[aten.convolution.default] = _conv3d_decomp
+DECOMPOSITIONS[aten.convolution_backward.default] = _conv3d_backward_decomp
 
 
 @decomposition(aten.add.Tensor, aten.add.Scalar)
