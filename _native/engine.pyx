@@ -136,6 +136,10 @@ DEF I64 = 4
 DEF U8 = 5
 DEF BOOL = 6
 
+# ALU ops: 0..18 compute in fp32; 19..23 (bitwise and/or/xor, shifts) on integer words
+DEF ALU_LAST = 23
+DEF ALU_FIRST_INT = 19
+
 DEF FLAG_ACCUMULATE = 1
 DEF FLAG_STOP = 8
 DEF FLAG_ALL = 15
@@ -235,6 +239,14 @@ cdef int64_t LIM_NUM = 1 << 24
 cdef int64_t LIM_STRIDE = 1 << 32
 cdef int64_t LIM_TOTAL = 1 << 28
 cdef int64_t LIM_OFFSET = 1 << 44
+
+
+cdef int need_int(int64_t i, const int64_t *rec, int slot, Opnd *o) except -1:
+    """Integer ALU ops (bitwise, shifts) read and write int32, uint8 or bool operands only."""
+    if o.ap.dtype != I32 and o.ap.dtype != U8 and o.ap.dtype != BOOL:
+        _fail(i, rec, slot, f"dtype {DTYPE_NAMES[o.ap.dtype]} is not an integer ALU operand (int32, uint8, bool); "
+              f"integer ALU ops (bitwise, shifts) work on integer words")
+    return 0
 
 
 cdef int decode(int64_t i, const int64_t *rec, int slot, Ctx *c, Opnd *o) except -1:
@@ -541,13 +553,16 @@ cdef int check_record(int64_t i, const int64_t *rec, Ctx *c, Opnd *ops, int64_t 
         if (sub >> 8) != 0 and not ops[4].present:
             _fail(i, rec, 4, "is required when a reduce op is set")
     elif op == OP_TENSOR_TENSOR or op == OP_SELECT:
-        if op == OP_TENSOR_TENSOR and (sub < 0 or sub > 18):
+        if op == OP_TENSOR_TENSOR and (sub < 0 or sub > ALU_LAST):
             _fail(i, rec, -1, f"unknown ALU op {sub}")
         for s in range(1, NSLOTS[op]):
             need_same_parts(i, rec, s, &ops[s], P)
             need_free(i, rec, s, &ops[s], ops[0].free)
+        if op == OP_TENSOR_TENSOR and sub >= ALU_FIRST_INT:
+            for s in range(3):
+                need_int(i, rec, s, &ops[s])
     elif op == OP_TENSOR_SCALAR:
-        if sub < 0 or (sub & 255) > 18 or (sub >> 8) > 18:
+        if sub < 0 or (sub & 255) > ALU_LAST or (sub >> 8) > ALU_LAST:
             _fail(i, rec, -1, f"unknown ALU ops in sub-operation {sub}")
         need_same_parts(i, rec, 1, &ops[1], P)
         need_free(i, rec, 1, &ops[1], ops[0].free)
@@ -555,6 +570,18 @@ cdef int check_record(int64_t i, const int64_t *rec, Ctx *c, Opnd *ops, int64_t 
             if ops[s].present:
                 need_same_parts(i, rec, s, &ops[s], P)
                 need_free(i, rec, s, &ops[s], 1)
+        if (sub & 255) >= ALU_FIRST_INT or (sub >> 8) >= ALU_FIRST_INT:
+            if (sub & 255) < ALU_FIRST_INT or ((sub >> 8) != 0 and (sub >> 8) < ALU_FIRST_INT):
+                _fail(i, rec, -1, "mixes an integer ALU op (bitwise, shift) with an fp32 one; use two instructions")
+            for s in range(4):
+                if ops[s].present and (s != 3 or (sub >> 8) != 0):
+                    need_int(i, rec, s, &ops[s])
+            for j in range(2):
+                if (j == 0 and not ops[2].present) or (j == 1 and (sub >> 8) != 0 and not ops[3].present):
+                    nred_d = (<double *>&rec[H_IMM])[j]
+                    if not (nred_d == <double>(<int64_t>nred_d) and -2147483648.0 <= nred_d <= 2147483647.0):
+                        _fail(i, rec, -1, f"immediate operand{j} = {nred_d!r} of an integer ALU op must be an "
+                              f"integer in the int32 range")
     elif op == OP_TENSOR_REDUCE:
         if sub < 1 or sub > 6:
             _fail(i, rec, -1, f"unknown reduce op {sub}")

@@ -338,8 +338,127 @@ static float *scratch(int i, int64_t n)
 
 enum {
     ALU_BYPASS = 0, ALU_ADD, ALU_SUB, ALU_MUL, ALU_DIV, ALU_MAX, ALU_MIN, ALU_POW, ALU_EQ, ALU_NE,
-    ALU_GE, ALU_GT, ALU_LE, ALU_LT, ALU_AND, ALU_OR, ALU_XOR, ALU_ABSMAX, ALU_MOD
+    ALU_GE, ALU_GT, ALU_LE, ALU_LT, ALU_AND, ALU_OR, ALU_XOR, ALU_ABSMAX, ALU_MOD,
+    /* integer ALU ops: on int32 words, not through fp32 */
+    ALU_BAND, ALU_BOR, ALU_BXOR, ALU_SHL, ALU_SHR
 };
+
+static inline int alu_is_int(int op) { return op >= ALU_BAND && op <= ALU_SHR; }
+
+/* ------------------------------------------------------------------ integer ALU
+   Operands are int32, uint8 or bool (the engine validates this), loaded as int32 values; results are stored
+   by two's-complement truncation (uint8: the low 8 bits; bool: != 0). Shift amounts outside 0..31 give 0 for
+   a left shift and the sign fill (x >> 31) for the arithmetic right shift, as torch's int32 shifts do. */
+
+static void load_row_i32(int32_t *dst, const char *src, int dtype, int64_t stride, int64_t n)
+{
+    switch (dtype) {
+    case TN_I32:
+        for (int64_t i = 0; i < n; i++) dst[i] = ((const int32_t *)src)[i * stride];
+        return;
+    case TN_U8:
+    case TN_BOOL:
+        for (int64_t i = 0; i < n; i++) dst[i] = (int32_t)((const uint8_t *)src)[i * stride];
+        return;
+    default:
+        memset(dst, 0, (size_t)n * 4);
+    }
+}
+
+static void store_row_i32(char *dst, int dtype, int64_t stride, const int32_t *src, int64_t n)
+{
+    switch (dtype) {
+    case TN_I32:
+        for (int64_t i = 0; i < n; i++) ((int32_t *)dst)[i * stride] = src[i];
+        return;
+    case TN_U8:
+        for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i * stride] = (uint8_t)((uint32_t)src[i] & 0xffu);
+        return;
+    case TN_BOOL:
+        for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i * stride] = (uint8_t)(src[i] != 0);
+        return;
+    default:
+        return;
+    }
+}
+
+static void load_ap_i32(int32_t *dst, const tn_ap *a, int64_t p)
+{
+    const char *base = a->base + p * a->pstride;
+    int64_t n3 = a->num[3];
+    for (int64_t i0 = 0; i0 < a->num[0]; i0++)
+        for (int64_t i1 = 0; i1 < a->num[1]; i1++)
+            for (int64_t i2 = 0; i2 < a->num[2]; i2++) {
+                int64_t off = (i0 * a->stride[0] + i1 * a->stride[1] + i2 * a->stride[2]) * a->esize;
+                load_row_i32(dst, base + off, a->dtype, a->stride[3], n3);
+                dst += n3;
+            }
+}
+
+static void store_ap_i32(const tn_ap *a, int64_t p, const int32_t *src)
+{
+    char *base = a->base + p * a->pstride;
+    int64_t n3 = a->num[3];
+    for (int64_t i0 = 0; i0 < a->num[0]; i0++)
+        for (int64_t i1 = 0; i1 < a->num[1]; i1++)
+            for (int64_t i2 = 0; i2 < a->num[2]; i2++) {
+                int64_t off = (i0 * a->stride[0] + i1 * a->stride[1] + i2 * a->stride[2]) * a->esize;
+                store_row_i32(base + off, a->dtype, a->stride[3], src, n3);
+                src += n3;
+            }
+}
+
+/* An immediate as an int32 value (the engine validates that it is integral and in range). */
+static inline int32_t imm_i32(double v)
+{
+    return v != v ? 0 : v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v;
+}
+
+/* o[i] = x[i] op y[i] on int32 values; o may alias x or y. */
+TN_HOT static int alu_i32(int op, int32_t *o, const int32_t *x, const int32_t *y, int64_t n)
+{
+    int64_t i;
+    switch (op) {
+    case ALU_BYPASS: if (o != x) memmove(o, x, (size_t)n * 4); break;
+    case ALU_BAND: for (i = 0; i < n; i++) o[i] = x[i] & y[i]; break;
+    case ALU_BOR: for (i = 0; i < n; i++) o[i] = x[i] | y[i]; break;
+    case ALU_BXOR: for (i = 0; i < n; i++) o[i] = x[i] ^ y[i]; break;
+    case ALU_SHL:
+        for (i = 0; i < n; i++) {
+            uint32_t s = (uint32_t)y[i];
+            o[i] = s < 32u ? (int32_t)((uint32_t)x[i] << s) : 0;
+        }
+        break;
+    case ALU_SHR:
+        for (i = 0; i < n; i++) {
+            uint32_t s = (uint32_t)y[i];
+            int32_t v = x[i];   /* arithmetic shift: the sign fills, without relying on >> of negatives */
+            uint32_t sh = s < 32u ? s : 31u;
+            uint32_t u = (uint32_t)v >> sh;
+            uint32_t fill = v < 0 ? ~(0xffffffffu >> sh) : 0u;
+            o[i] = (int32_t)(u | fill);
+        }
+        break;
+    default: return TN_EARGS;
+    }
+    return TN_OK;
+}
+
+static int tensor_tensor_i32(int op, const tn_ap *out, const tn_ap *a, const tn_ap *b, int64_t nparts)
+{
+    int64_t n = ap_free(out);
+    int32_t *x = (int32_t *)scratch(0, n), *y = (int32_t *)scratch(1, n);
+    if (!x || !y) return TN_ENOMEM;
+    for (int64_t p = 0; p < nparts; p++) {   /* partition by partition: every input row read before writing */
+        load_ap_i32(x, a, p);
+        load_ap_i32(y, b, p);
+        int rc = alu_i32(op, x, x, y, n);
+        if (rc) return rc;
+        store_ap_i32(out, p, x);
+    }
+    return TN_OK;
+}
+
 
 static inline float pymodf(float x, float y)
 {
@@ -388,6 +507,7 @@ static int alu_scalar(int op, float *o, const float *x, float s, int rev, float 
 
 int tn_tensor_tensor(int op, const tn_ap *out, const tn_ap *a, const tn_ap *b, int64_t nparts)
 {
+    if (alu_is_int(op)) return tensor_tensor_i32(op, out, a, b, nparts);
     int64_t n = ap_free(out), rows = block_rows(n);
     if (rows > nparts) rows = nparts > 0 ? nparts : 1;
     if (!rows_independent(out, a, nparts) || !rows_independent(out, b, nparts)) rows = 1;
@@ -417,9 +537,38 @@ int tn_tensor_tensor(int op, const tn_ap *out, const tn_ap *a, const tn_ap *b, i
 #define TN_FLAG_REV0 2
 #define TN_FLAG_REV1 4
 
+/* (in op0 s0) op1 s1 with integer ALU ops (op1 may be bypass), partition by partition */
+static int tensor_scalar_i32(const tn_ap *out, const tn_ap *in, int op0, const tn_ap *s0, double imm0,
+                             int op1, const tn_ap *s1, double imm1, int flags, int64_t nparts)
+{
+    int64_t n = ap_free(out);
+    int32_t *x = (int32_t *)scratch(0, n), *t = (int32_t *)scratch(1, n);
+    if (!x || !t) return TN_ENOMEM;
+    for (int64_t p = 0; p < nparts; p++) {
+        int32_t v0 = imm_i32(imm0), v1 = imm_i32(imm1);
+        if (s0) load_row_i32(&v0, s0->base + p * s0->pstride, s0->dtype, 1, 1);
+        if (s1 && op1 != ALU_BYPASS) load_row_i32(&v1, s1->base + p * s1->pstride, s1->dtype, 1, 1);
+        load_ap_i32(x, in, p);
+        for (int64_t i = 0; i < n; i++) t[i] = v0;
+        int rc = (flags & TN_FLAG_REV0) ? alu_i32(op0, x, t, x, n) : alu_i32(op0, x, x, t, n);
+        if (rc) return rc;
+        if (op1 != ALU_BYPASS) {
+            for (int64_t i = 0; i < n; i++) t[i] = v1;
+            rc = (flags & TN_FLAG_REV1) ? alu_i32(op1, x, t, x, n) : alu_i32(op1, x, x, t, n);
+            if (rc) return rc;
+        }
+        store_ap_i32(out, p, x);
+    }
+    return TN_OK;
+}
+
 int tn_tensor_scalar(const tn_ap *out, const tn_ap *in, int op0, const tn_ap *s0, double imm0,
                      int op1, const tn_ap *s1, double imm1, int flags, int64_t nparts)
 {
+    if (alu_is_int(op0) || alu_is_int(op1)) {
+        if ((!alu_is_int(op0) && op0 != ALU_BYPASS) || (!alu_is_int(op1) && op1 != ALU_BYPASS)) return TN_EARGS;
+        return tensor_scalar_i32(out, in, op0, s0, imm0, op1, s1, imm1, flags, nparts);
+    }
     int64_t n = ap_free(out), rows = block_rows(n);
     if (rows > nparts) rows = nparts > 0 ? nparts : 1;
     if (!rows_independent(out, in, nparts) || !rows_independent(out, s0, nparts) || !rows_independent(out, s1, nparts))

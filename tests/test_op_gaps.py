@@ -259,3 +259,76 @@ def test_conv3d_module_on_the_neuron_device(monkeypatch):
     torch.testing.assert_close(yd.cpu(), y)
     for a, r in ((xd.grad, x.grad), (md.weight.grad, m.weight.grad), (md.bias.grad, m.bias.grad)):
         torch.testing.assert_close(a.cpu(), r, rtol=1e-4, atol=1e-4)
+
+
+# --------------------------------------------------------------------------- integer bitwise ops
+
+_I32 = torch.iinfo(torch.int32)
+
+
+def _ints(shape, dtype=torch.int32, lo=None, hi=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lo = _I32.min if lo is None else lo
+    hi = _I32.max if hi is None else hi
+    return torch.randint(lo, hi, shape, generator=g, dtype=torch.int64).to(dtype)
+
+
+@pytest.mark.parametrize("op", ["bitwise_and", "bitwise_or", "bitwise_xor"])
+def test_int32_bitwise_full_range(op):
+    a, b = _ints((300, 70)), _ints((300, 70), seed=1)
+    check_lowering(op, a, b)                              # exact over all 32 bits (not through fp32)
+    check_lowering(op, a, 0x0F0F0F0F)
+    check_lowering(op, -12345, b)
+    check_lowering(op, a, b[:, :1].contiguous())          # per-partition scalar
+    check_lowering(op, a, b > 0)                          # bool promotes to 0/1
+    check_lowering(op, _ints((7, 9), torch.uint8, 0, 256), _ints((7, 9), torch.uint8, 0, 256, seed=2))
+    check_lowering(op, _ints((7, 9), torch.int64, -2 ** 24, 2 ** 24), _ints((7, 9), torch.int64, -99, 99))
+
+
+def test_int_bitwise_not():
+    check_lowering("bitwise_not", _ints((129, 33)))
+    check_lowering("bitwise_not", _ints((129, 33), torch.uint8, 0, 256))
+    check_lowering("bitwise_not", _ints((129, 33), torch.int64, -2 ** 24, 2 ** 24))
+
+
+@pytest.mark.parametrize("op", ["bitwise_left_shift", "bitwise_right_shift"])
+def test_int_shifts_match_torch_at_every_amount(op):
+    a = _ints((300, 80))
+    s = torch.arange(-8, 40, dtype=torch.int32).repeat(300, 2)[:, :80].contiguous()   # out-of-range amounts too
+    check_lowering(op, a, s)
+    check_lowering(op, a, 3)
+    check_lowering(op, 1, s.clamp(0, 31))
+    u = _ints((16, 20), torch.uint8, 0, 256)
+    check_lowering(op, u, _ints((16, 20), torch.uint8, 0, 12, seed=3))
+    if op == "bitwise_right_shift":
+        check_lowering(op, _ints((7, 9), torch.int64, -2 ** 24, 2 ** 24), _ints((7, 9), torch.int64, 0, 70))
+
+
+def test_integer_alu_rules_are_checked():
+    from tn.neuron import Program
+
+    p = Program("bad")
+    f, i = p.sbuf((4, 8), "float32"), p.sbuf((4, 8), "int32")
+    with pytest.raises(tn.NeuronError, match="not an integer ALU operand"):
+        p.tensor_tensor(i, i, f, "bitwise_and")
+    with pytest.raises(tn.NeuronError, match="int32 range"):
+        p.tensor_scalar(i, i, "left_shift", 1.5)
+    with pytest.raises(tn.NeuronError, match="mixes an integer ALU op"):
+        p.tensor_scalar(i, i, "bitwise_and", 3, "add", 1)
+
+
+def test_bitwise_through_jit_and_device(strict):
+    def f(x, y, m):
+        z = ((x >> 4) & 0xFF) ^ (y << 2) | ~m.to(torch.int32)
+        z ^= 7
+        return z, (z & 1).float() * 0.5, torch.bitwise_left_shift(1, y & 7)
+
+    x, y = _ints((64, 48)), _ints((64, 48), lo=0, hi=1 << 20, seed=1)
+    m = torch.rand(64, 48, generator=torch.Generator().manual_seed(2)) > 0.5
+    for backend in ("reference", "neuron"):
+        for g, r in zip(tn.jit(f, backend=backend)(x, y, m), f(x, y, m)):
+            torch.testing.assert_close(g, r, rtol=0, atol=0)
+    xd, yd = x.to("neuron"), y.to("neuron")
+    for g, r in (((xd & yd), x & y), ((xd >> 3), x >> 3), ((~xd), ~x), (torch.bitwise_xor(xd, yd), x ^ y)):
+        assert g.device.type == "neuron"
+        torch.testing.assert_close(g.cpu(), r, rtol=0, atol=0)

@@ -34,6 +34,9 @@ def _samples():
         s[name] = [([x > 0, y > 0], {})]
     for name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
         s[name] = [([torch.arange(4), torch.arange(4)], {}), ([x > 0, True], {})]
+    for name in ("bitwise_left_shift", "bitwise_right_shift"):
+        s[name] = [([torch.arange(4), torch.arange(4)], {}), ([torch.arange(4, dtype=torch.int32), 3], {}),
+                   ([1, torch.arange(4)], {})]
     s["where"] = [([x > 0, x, y], {}), ([x > 0, 1.0, x], {})]
     for name in ("sum", "prod"):
         s[name] = [([x], {"dims": (1,), "keepdim": False}), ([x], {"dims": (0, 1), "keepdim": True}),

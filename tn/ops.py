@@ -32,7 +32,8 @@ elementwise     unary: neg abs exp exp2 expm1 log log2 log1p sqrt rsqrt reciproc
                 isnan isinf conj (complex conjugate);
                 binary (either input may be a Literal): add sub mul div[rounding_mode]
                 pow maximum minimum eq ne lt le gt ge logical_and logical_or logical_xor
-                bitwise_and bitwise_or bitwise_xor remainder fmod atan2;
+                bitwise_and bitwise_or bitwise_xor bitwise_left_shift bitwise_right_shift
+                remainder fmod atan2;
                 ternary: where; cast: convert[dtype]
 reduction       sum[dims keepdim dtype] prod[dims keepdim dtype] amax[dims keepdim]
                 amin[dims keepdim] argmax[dim keepdim] argmin[dim keepdim] any[dims keepdim]
@@ -392,6 +393,14 @@ for _n in ("logical_and", "logical_or", "logical_xor"):
 for _n in ("bitwise_and", "bitwise_or", "bitwise_xor"):
     _make_binary(_n, _tensor_fn(getattr(torch, _n)),
                  [getattr(aten, _n).Tensor, getattr(aten, _n).Scalar])
+for _n, _dunder, _prim in (("bitwise_left_shift", "__lshift__", "shift_left"),
+                           ("bitwise_right_shift", "__rshift__", "shift_right_arithmetic")):
+    _make_binary(_n, _tensor_fn(getattr(torch, _n)),
+                 [getattr(aten, _n).Tensor, getattr(aten, _n).Tensor_Scalar, getattr(aten, _n).Scalar_Tensor,
+                  getattr(aten, _dunder).Tensor, getattr(aten, _dunder).Scalar,
+                  getattr(torch.ops.prims, _prim).default],
+                 doc=f"Elementwise {_n} of integers (torch's results for negative or too wide shift amounts); "
+                     f"either input may be a Python scalar.")
 
 
 @register("div", "elementwise")

@@ -14,8 +14,10 @@ patterns, double buffering), which also fuses chains of these rules.
 
 Numerics: the engines compute in fp32 and round to the output dtype, so
 integer arithmetic is exact only below 2**24. ``erfinv`` is Giles' single
-precision approximation (log, sqrt and two polynomials on the engines). Int32 bitwise
-ops have no engine form (CannotLower: host). NaN handling follows the
+precision approximation (log, sqrt and two polynomials on the engines). Bitwise
+ops and shifts of integers use VectorE's integer ALU ops (int32 words, exact
+at any value; int64 values as their range-checked int32 words, left shifts
+of int64 excepted). NaN handling follows the
 engines (``maximum``/``minimum``/``relu`` do not propagate NaN).
 """
 from __future__ import annotations
@@ -496,13 +498,17 @@ def _logical_not(ctx, eqn, out, ins):
 
 
 def _bitwise_not_check(eqn):
-    if eqn.inputs[0].dtype != torch.bool:
-        raise CannotLower("bitwise_not on integers needs integer ALU ops the engines lack")
+    if eqn.inputs[0].dtype not in _INT_DTYPES:
+        raise CannotLower(f"bitwise_not of {eqn.inputs[0].dtype} values is not lowered (integers and bool only)")
 
 
 @tile_rule("bitwise_not", precheck=_bitwise_not_check)
 def _bitwise_not(ctx, eqn, out, ins):
-    _ts(ctx, out, ins[0], "is_equal", 0.0)
+    if eqn.inputs[0].dtype == torch.bool:
+        _ts(ctx, out, ins[0], "is_equal", 0.0)
+    else:   # ~x = x ^ -1 (uint8 keeps the low 8 bits: 255 - x)
+        ctx.prog.tensor_scalar(out, ins[0], "bitwise_xor", -1.0)
+        _charge(ctx, "dve", max(64, _free(out)) + 60)
 
 
 @tile_rule("isnan")
@@ -576,20 +582,60 @@ def _alu_binary(ctx, eqn, out, ins):
     _binary(ctx, out, a, b, op, commutative=comm)
 
 
-def _bitwise_check(eqn):
-    for a in eqn.inputs:
-        if isinstance(a, Var) and a.dtype != torch.bool:
-            raise CannotLower(f"{eqn.op.name} on {a.dtype} needs integer ALU ops the engines lack (bool only)")
-        if not isinstance(a, Var) and not isinstance(a.value, bool):
-            raise CannotLower(f"{eqn.op.name} with an integer scalar needs integer ALU ops (bool only)")
-
+#: dtypes the integer ALU ops read (int64 values travel as range-checked int32 words, see tn.lower.fusion)
+_INT_DTYPES = (torch.int32, torch.uint8, torch.bool, torch.int64)
 
 _BITWISE = {"bitwise_and": "logical_and", "bitwise_or": "logical_or", "bitwise_xor": "logical_xor"}
 
+#: op -> integer ALU op of VectorE (int32 words, not fp32)
+_INT_ALU = {"bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or", "bitwise_xor": "bitwise_xor",
+            "bitwise_left_shift": "left_shift", "bitwise_right_shift": "arith_shift_right"}
 
-@tile_rule(*_BITWISE, precheck=_bitwise_check)
+
+def _bitwise_check(eqn):
+    name, out = eqn.op.name, eqn.outputs[0].dtype
+    if out == torch.bool and name in _BITWISE:
+        return      # logical ops on 0/1 values
+    if out not in _INT_DTYPES or out == torch.bool:
+        raise CannotLower(f"{name} with a {out} result is not lowered (integer ALU ops: int32, uint8, int64)")
+    for a in eqn.inputs:
+        if isinstance(a, Var):
+            if a.dtype not in _INT_DTYPES:
+                raise CannotLower(f"{name} on {a.dtype} values is not lowered (integers and bool only)")
+        elif isinstance(a.value, float) or not -2 ** 31 <= int(a.value) < 2 ** 31:
+            raise CannotLower(f"{name} with the scalar {a.value!r}: integer ALU immediates are int32")
+    if name == "bitwise_left_shift" and (out == torch.int64 or
+                                         any(isinstance(a, Var) and a.dtype == torch.int64 for a in eqn.inputs)):
+        raise CannotLower("bitwise_left_shift of int64 values is not lowered: the engines shift the int32 words "
+                          "int64 values travel as, and a shift past bit 31 would be lost without failing their "
+                          "range check")
+
+
+def _int_binary(ctx, out, a, b, op, *, commutative=False):
+    """``out = a op b`` with an integer ALU op; either side may be a Python int or a per-partition scalar tile."""
+    sa, sb = not hasattr(a, "mem"), not hasattr(b, "mem")
+    n = _free(out)
+    if sa and sb:
+        with _Tmp(ctx, out) as tmp:
+            ctx.prog.tensor_scalar(out, tmp.const(float(int(a)), "int32"), op, float(int(b)))
+    elif sb or (not sa and pp_scalar(b) is not None and pp_scalar(a) is None):
+        ctx.prog.tensor_scalar(out, a, op, float(int(b)) if sb else pp_scalar(b))
+    elif sa or (pp_scalar(a) is not None and pp_scalar(b) is None):
+        ctx.prog.tensor_scalar(out, b, op, float(int(a)) if sa else pp_scalar(a), reverse0=not commutative)
+    else:
+        ctx.prog.tensor_tensor(out, a, b, op)
+        _charge(ctx, "dve", max(64, 2 * n) + 60)
+        return
+    _charge(ctx, "dve", max(64, n) + 60)
+
+
+@tile_rule(*_INT_ALU, precheck=_bitwise_check)
 def _bitwise(ctx, eqn, out, ins):
-    _binary(ctx, out, ins[0], ins[1], _BITWISE[eqn.op.name], commutative=True)
+    name = eqn.op.name
+    if eqn.outputs[0].dtype == torch.bool:
+        _binary(ctx, out, ins[0], ins[1], _BITWISE[name], commutative=True)
+    else:
+        _int_binary(ctx, out, ins[0], ins[1], _INT_ALU[name], commutative=name in _BITWISE)
 
 
 @tile_rule("div", temps=4)

@@ -38,6 +38,14 @@ partition_shuffle   GpSimd     ``out[p, :] = in[perm[p], :]``.
 Arithmetic on Vector/Scalar/GpSimd engines is done in fp32 and rounded to the
 output dtype (bf16 round-to-nearest-even, fp16 IEEE, integers by C
 truncation toward zero after saturating, bool/uint8 as 0/1 or 0..255).
+The integer ALU ops (:data:`INT_ALU_OPS`: ``bitwise_and``, ``bitwise_or``,
+``bitwise_xor``, ``left_shift``, ``arith_shift_right``, as the hardware's
+bitwise ALU ops) are the exception: they work on the operands' integer values
+as int32 words (two's complement), every operand and the output int32, uint8
+or bool, immediates integers in the int32 range, results stored by
+truncation (uint8 keeps the low 8 bits, bool is ``!= 0``); shift amounts
+outside 0..31 give 0 (left) or the sign fill (right), as torch's int32
+shifts. A ``tensor_scalar`` does not mix them with fp32 ALU ops.
 
 Rules (checked before every instruction runs; a violation raises
 :class:`tn.NeuronError` naming the instruction, the operand and the limit):
@@ -71,7 +79,7 @@ dep_start+dep_count]`` are indices of earlier instructions this one waits for
 from __future__ import annotations
 
 __all__ = [
-    "DTYPES", "DTYPE_CODES", "DTYPE_SIZES", "OPCODES", "OPCODE_NAMES", "ALU_OPS", "ACT_FUNCS",
+    "DTYPES", "DTYPE_CODES", "DTYPE_SIZES", "OPCODES", "OPCODE_NAMES", "ALU_OPS", "INT_ALU_OPS", "ACT_FUNCS",
     "REDUCE_OPS", "CMP_OPS", "MEM_NONE", "MEM_HBM", "MEM_SBUF", "MEM_PSUM", "REC_WIDTH",
     "OPERAND_WIDTH", "cost_cycles", "numpy_dtype", "dtype_code",
 ]
@@ -131,7 +139,11 @@ ALU_OPS = {
     "bypass": 0, "add": 1, "subtract": 2, "multiply": 3, "divide": 4, "max": 5, "min": 6, "pow": 7,
     "is_equal": 8, "not_equal": 9, "is_ge": 10, "is_gt": 11, "is_le": 12, "is_lt": 13,
     "logical_and": 14, "logical_or": 15, "logical_xor": 16, "abs_max": 17, "mod": 18,
+    # integer ALU ops (as VectorE's bitwise ops, NKI nl.bitwise_and ...): int32/uint8/bool words, not fp32
+    "bitwise_and": 19, "bitwise_or": 20, "bitwise_xor": 21, "left_shift": 22, "arith_shift_right": 23,
 }
+#: The integer ALU ops (see the module docstring).
+INT_ALU_OPS = ("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "arith_shift_right")
 #: ScalarE activation functions.
 ACT_FUNCS = {
     "identity": 0, "relu": 1, "gelu_tanh": 2, "gelu": 3, "sigmoid": 4, "tanh": 5, "exp": 6, "log": 7,
