@@ -39,7 +39,7 @@ from ..errors import TnError
 from . import tracking
 from .allocator import (DEVICE, alloc_storage, contiguous_strides, cpu_alias, new_tensor, storage_nbytes)
 
-__all__ = ["register", "check_device"]
+__all__ = ["register", "check_device", "install_kernels"]
 
 aten = torch.ops.aten
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -176,32 +176,34 @@ def _set_empty(self):
     return aten.set_.source_Storage_storage_offset.redispatch(_CPU, self, st, 0, (0,), (1,))
 
 
+def install_kernels(libs: list, kernels: dict, key: str = "PrivateUse1") -> None:
+    """Implement each aten op named in ``kernels`` (overload name -> kernel) for dispatch key ``key``, in a new
+    ``torch.library.Library`` that ``libs`` keeps alive."""
+    lib = torch.library.Library("aten", "IMPL")
+    for name, kernel in kernels.items():
+        lib.impl(name, kernel, key)
+    libs.append(lib)
+
+
 def register() -> None:
     """Install the neuron device's aten kernels and the boxed fallback (idempotent)."""
     if _LIBS:
         return
     from .eager import fallback
 
-    lib = torch.library.Library("aten", "IMPL")
-    lib.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")
-    lib.impl("empty_strided", _empty_strided, "PrivateUse1")
-    lib.impl("_copy_from", _copy_from, "PrivateUse1")
-    lib.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
-    lib.impl("resize_", _resize, "PrivateUse1")
-    lib.impl("_local_scalar_dense", _local_scalar_dense, "PrivateUse1")
-    lib.impl("convolution_overrideable", _convolution_overrideable, "PrivateUse1")
-    lib.impl("convolution_backward_overrideable", _convolution_backward_overrideable, "PrivateUse1")
-    lib.impl("_to_copy", _to_copy, "PrivateUse1")
-    lib.impl("_has_compatible_shallow_copy_type", _has_compatible_shallow_copy_type, "PrivateUse1")
+    kernels = {"empty.memory_format": _empty_memory_format, "empty_strided": _empty_strided,
+               "_copy_from": _copy_from, "_copy_from_and_resize": _copy_from_and_resize, "resize_": _resize,
+               "_local_scalar_dense": _local_scalar_dense, "convolution_overrideable": _convolution_overrideable,
+               "convolution_backward_overrideable": _convolution_backward_overrideable, "_to_copy": _to_copy,
+               "_has_compatible_shallow_copy_type": _has_compatible_shallow_copy_type}
     for name in ("view", "view.dtype", "as_strided", "_reshape_alias", "set_.source_Storage_storage_offset",
                  "unfold", "alias"):
         packet, _, ov = name.partition(".")
         op = getattr(getattr(aten, packet), ov or "default")
-        lib.impl(name, _redispatch(op), "PrivateUse1")
-    lib.impl("set_.source_Storage", _set_source_storage, "PrivateUse1")
-    lib.impl("set_.source_Tensor", _set_source_tensor, "PrivateUse1")
-    lib.impl("set_", _set_empty, "PrivateUse1")
-    _LIBS.append(lib)
+        kernels[name] = _redispatch(op)
+    kernels.update({"set_.source_Storage": _set_source_storage, "set_.source_Tensor": _set_source_tensor,
+                    "set_": _set_empty})
+    install_kernels(_LIBS, kernels)
     fb = torch.library.Library("_", "IMPL")
     fb.fallback(fallback, "PrivateUse1")
     _LIBS.append(fb)

@@ -90,7 +90,6 @@ def register() -> None:
     """Install the CPU kernels of ``_pin_memory`` and ``is_pinned`` (idempotent)."""
     if _LIBS:
         return
-    lib = torch.library.Library("aten", "IMPL")
-    lib.impl("_pin_memory", _pin_memory, "CPU")
-    lib.impl("is_pinned", _is_pinned, "CPU")
-    _LIBS.append(lib)
+    from .aten import install_kernels
+
+    install_kernels(_LIBS, {"_pin_memory": _pin_memory, "is_pinned": _is_pinned}, "CPU")

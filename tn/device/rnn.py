@@ -90,9 +90,8 @@ def register() -> None:
     """Install the fused cell kernels for the neuron device (idempotent)."""
     if _LIBS:
         return
-    lib = torch.library.Library("aten", "IMPL")
-    lib.impl("_thnn_fused_lstm_cell", _lstm_cell, "PrivateUse1")
-    lib.impl("_thnn_fused_lstm_cell_backward_impl", _lstm_cell_backward_impl, "PrivateUse1")
-    lib.impl("_thnn_fused_gru_cell", _gru_cell, "PrivateUse1")
-    lib.impl("_thnn_fused_gru_cell_backward", _gru_cell_backward, "PrivateUse1")
-    _LIBS.append(lib)
+    from .aten import install_kernels
+
+    install_kernels(_LIBS, {"_thnn_fused_lstm_cell": _lstm_cell,
+                            "_thnn_fused_lstm_cell_backward_impl": _lstm_cell_backward_impl,
+                            "_thnn_fused_gru_cell": _gru_cell, "_thnn_fused_gru_cell_backward": _gru_cell_backward})

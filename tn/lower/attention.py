@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import torch
 
 from ..ir import IR, Eqn, Literal, Var
-from .base import NEURON_DTYPES, CannotLower, TileScope
+from .base import NEURON_DTYPES, CannotLower, Copier, Ring, TileScope, dataflow
 from .fusion import Group, _broadcastable, _is_map, _row_reduce_r, _space_strides
 
 __all__ = ["AttentionGroup", "plan"]
@@ -136,15 +136,7 @@ class AttentionGroup(Group):
 
 def plan(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()) -> Dict[int, AttentionGroup]:
     """Attention groups of ``ir``: first equation index -> :class:`AttentionGroup`."""
-    producer: Dict[Var, int] = {}
-    users: Dict[Var, List[int]] = {}
-    for k, e in enumerate(ir.eqns):
-        for v in e.outputs:
-            producer[v] = k
-        for a in e.inputs:
-            if isinstance(a, Var):
-                users.setdefault(a, []).append(k)
-    outset = {a for a in ir.outputs if isinstance(a, Var)}
+    producer, users, outset = dataflow(ir)
     groups: Dict[int, AttentionGroup] = {}
     taken: Set[int] = set()
     for ks, e in enumerate(ir.eqns):
@@ -299,17 +291,6 @@ def _match(ir, ks, producer, users, outset, host, nofuse):
 
 # --------------------------------------------------------------------------- emission
 
-class _Ring:
-    def __init__(self, tiles):
-        self.tiles = list(tiles)
-        self.i = 0
-
-    def take(self):
-        t = self.tiles[self.i % len(self.tiles)]
-        self.i += 1
-        return t
-
-
 class _Emitter:
     def __init__(self, ctx, g: AttentionGroup, env_in, env_out):
         from ..neuron import isa
@@ -325,11 +306,7 @@ class _Emitter:
         self.T, self.d = int(q.shape[-2]), int(q.shape[-1])
         self.Tk = int(kt.shape[-1])
         self.dv = int(g.o_eqn.inputs[1].shape[-1])
-        self.ncopy = 0
-
-    def copy(self, out, src):
-        self.ncopy += 1
-        self.prog.tensor_copy(out, src, engine="vector" if self.ncopy % 2 else "scalar")
+        self.copy = Copier(self.prog)   # PSUM/SBUF copies, VectorE and ScalarE in turn
 
     def run(self) -> None:
         g, prog = self.g, self.prog
@@ -356,27 +333,27 @@ class _Emitter:
             self.scope = scope
             G = max(1, min(prog.arch.psum_bank_bytes // (_P * isz), 8))
             self.G = G
-            self.tp_ring = _Ring(scope.psum((_P, G, _P), self.dt, f"at_tp{i}") for i in range(2))
+            self.tp_ring = Ring(scope.psum((_P, G, _P), self.dt, f"at_tp{i}") for i in range(2))
             self.tp_slot = 0
             # PSUM: scores of several heads per bank, outputs of several heads per bank (two banks each)
             self.spb = max(1, _NB // Tk)
             self.HB = min(4, self.spb) if self.spb > 1 else 1
-            self.s_ring = _Ring(scope.psum((_P, _NB), "float32", f"at_s{i}") for i in range(2 if self.spb > 1 else 3))
-            self.o_ring = _Ring(scope.psum((_P, _NB), "float32", f"at_o{i}") for i in range(2))
+            self.s_ring = Ring(scope.psum((_P, _NB), "float32", f"at_s{i}") for i in range(2 if self.spb > 1 else 3))
+            self.o_ring = Ring(scope.psum((_P, _NB), "float32", f"at_o{i}") for i in range(2))
             self.opb = max(1, _NB // dv)
             self.s_slot = self.o_slot = 0
             self.consts: Dict[Any, Any] = {}
-            q_ring = _Ring(scope.sbuf((_P, bg, d), self.dt, f"at_q{i}") for i in range(2))
-            k_ring = _Ring(scope.sbuf((_P, KB, bg, d), self.dt, f"at_k{i}") for i in range(2))
-            v_ring = _Ring(scope.sbuf((_P, KB, bg, dv), self.dt, f"at_v{i}") for i in range(2))
-            os_ring = _Ring(scope.sbuf((_P, bg, dv), NEURON_DTYPES[g.o_eqn.outputs[0].dtype], f"at_os{i}")
-                            for i in range(2))
+            q_ring = Ring(scope.sbuf((_P, bg, d), self.dt, f"at_q{i}") for i in range(2))
+            k_ring = Ring(scope.sbuf((_P, KB, bg, d), self.dt, f"at_k{i}") for i in range(2))
+            v_ring = Ring(scope.sbuf((_P, KB, bg, dv), self.dt, f"at_v{i}") for i in range(2))
+            os_ring = Ring(scope.sbuf((_P, bg, dv), NEURON_DTYPES[g.o_eqn.outputs[0].dtype], f"at_os{i}")
+                           for i in range(2))
             self.rings: Dict[Any, Any] = {}
             self._compile_body()
             nch = _cdiv(bg, self.hpc)
-            qT_ring = _Ring(scope.sbuf((_P, nch, _P), self.dt, f"at_qT{i}") for i in range(2))
-            kT_ring = _Ring(scope.sbuf((_P, nch, Tk), self.dt, f"at_kT{i}") for i in range(2))
-            self.pt_ring = _Ring(scope.sbuf((_P, KB, _P), self.dt, f"at_pt{i}") for i in range(self.HB + 1))
+            qT_ring = Ring(scope.sbuf((_P, nch, _P), self.dt, f"at_qT{i}") for i in range(2))
+            kT_ring = Ring(scope.sbuf((_P, nch, Tk), self.dt, f"at_kT{i}") for i in range(2))
+            self.pt_ring = Ring(scope.sbuf((_P, KB, _P), self.dt, f"at_pt{i}") for i in range(self.HB + 1))
             # SBUF hand-off: q/k/v sources left in SBUF by the previous lowering are read in place (when every
             # view of them is a row block), the output is left in SBUF when the next lowerings want it
             views = self._resident_views(qv, kv, vv, bg)
@@ -394,12 +371,7 @@ class _Emitter:
                 for j in range(KB):
                     r0 = j * _P
                     rp = min(_P, Tk - r0)
-                    src = kv[b0:b0 + nb, r0:r0 + rp, :].permute(1, 0, 2)
-                    if views:
-                        kb_.append(views[id(kv)](src))
-                    else:
-                        prog.dma_copy(kt_[:rp, j, :nb, :], src)
-                        kb_.append(kt_[:rp, j, :nb, :])
+                    kb_.append(self._rows_in(views, kv, kt_[:rp, j, :nb, :], b0, nb, r0, rp))
                 kT = kT_ring.take()
                 for j in range(KB):
                     r0 = j * _P
@@ -408,22 +380,12 @@ class _Emitter:
                 for t0 in range(0, T, _P):
                     tq = min(_P, T - t0)
                     qt_ = q_ring.take()
-                    src = qv[b0:b0 + nb, t0:t0 + tq, :].permute(1, 0, 2)
-                    if views:
-                        q_rows = views[id(qv)](src)
-                    else:
-                        prog.dma_copy(qt_[:tq, :nb, :], src)
-                        q_rows = qt_[:tq, :nb, :]
+                    q_rows = self._rows_in(views, qv, qt_[:tq, :nb, :], b0, nb, t0, tq)
                     if t0 == 0:
                         for j in range(KB):
                             r0 = j * _P
                             rp = min(_P, Tk - r0)
-                            src = vv[b0:b0 + nb, r0:r0 + rp, :].permute(1, 0, 2)
-                            if views:
-                                vb_.append(views[id(vv)](src))
-                            else:
-                                prog.dma_copy(vt_[:rp, j, :nb, :], src)
-                                vb_.append(vt_[:rp, j, :nb, :])
+                            vb_.append(self._rows_in(views, vv, vt_[:rp, j, :nb, :], b0, nb, r0, rp))
                     qT = qT_ring.take()
                     self._heads_T(q_rows, tq, nb, lambda c, w, tq=tq: qT[:w, c, :tq])
                     ot = os_ring.take()[:, :nb, :]
@@ -484,6 +446,16 @@ class _Emitter:
             ctx.take(base)
         return fns
 
+    def _rows_in(self, views, hv, dst, b0, nb, r0, rp):
+        """Rows ``r0 .. r0+rp`` of batches ``b0 .. b0+nb`` of ``hv`` (the HBM view ``[B, rows, cols]`` of q, k or
+        v) as an SBUF view ``[rp, nb, cols]``: read in place when the sources stay in SBUF (``views``, see
+        :meth:`_resident_views`), else DMA'd into ``dst``."""
+        src = hv[b0:b0 + nb, r0:r0 + rp, :].permute(1, 0, 2)
+        if views:
+            return views[id(hv)](src)
+        self.prog.dma_copy(dst, src)
+        return dst
+
     # ---------------------------------------------------------------- one head
     def _transpose(self, dst, src, rows, cols):
         """``dst[:cols, :rows] = src[:rows, :cols]^T`` through PSUM (the next of the PSUM banks' 128-column
@@ -501,8 +473,8 @@ class _Emitter:
         key = (v, dt)
         ring = self.rings.get(key)
         if ring is None:
-            ring = self.rings[key] = _Ring(self.scope.sbuf((_P, self.Tk if full else 1), dt, "at_val")
-                                           for _ in range(2 * self.HB + 1))
+            ring = self.rings[key] = Ring(self.scope.sbuf((_P, self.Tk if full else 1), dt, "at_val")
+                                          for _ in range(2 * self.HB + 1))
         return ring.take()[:tq]
 
     def _heads_T(self, rows, r, nb, dst) -> None:

@@ -60,17 +60,23 @@ Fusion hooks (how lowerings cooperate with the framework)
 ``ctx.scratch(shape, dtype)`` gives a fresh HBM temporary (spill space).
 ``ctx.range_check(bad_tile)`` flags results the chip computed out of its
 exact range (the compiler then recomputes that call on the host, visibly).
+
+Helpers shared by the lowerings: :class:`TileScope` (tiles freed together),
+:class:`Ring` (tiles handed out in turn, so consecutive users overlap),
+:class:`Copier` (PSUM/SBUF copies alternating VectorE/ScalarE) and
+:func:`dataflow` (producer/users/outputs of an IR, for the planners).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 
 from ..errors import TnError
+from ..ir import Var
 
 __all__ = ["CannotLower", "HandoffError", "LowerCtx", "lowering", "NEURON_DTYPES", "neuron_dtype", "TileScope", "resident_view",
-           "handoff_shape"]
+           "handoff_shape", "Ring", "Copier", "dataflow"]
 
 
 class CannotLower(Exception):
@@ -245,6 +251,51 @@ class TileScope:
             self.prog.free(t)
         self.tiles.clear()
         return False
+
+
+class Ring:
+    """Tiles handed out in turn (PSUM banks, staging buffers), so consecutive users overlap."""
+
+    def __init__(self, tiles: Any):
+        self.tiles = list(tiles)
+        self.i = 0
+
+    def take(self) -> Any:
+        """The next tile of the ring."""
+        t = self.tiles[self.i % len(self.tiles)]
+        self.i += 1
+        return t
+
+
+class Copier:
+    """PSUM/SBUF copies with dtype casts, alternating between VectorE and ScalarE (the first on VectorE)."""
+
+    def __init__(self, prog: Any):
+        self.prog = prog
+        self.n = 0
+
+    def __call__(self, out: Any, src: Any) -> None:
+        """``tensor_copy(out, src)`` on the next engine of the alternation."""
+        # tensor_copy on ScalarE costs what an identity activation does in the model, and its native kernel
+        # is several times faster for bf16 operands
+        self.n += 1
+        self.prog.tensor_copy(out, src, engine="vector" if self.n % 2 else "scalar")
+
+
+def dataflow(ir: Any) -> Tuple[Dict[Var, int], Dict[Var, List[int]], Set[Var]]:
+    """``(producer, users, outset)`` of ``ir`` for the planners: the index of the equation that makes each Var,
+    the indices of the equations that read each Var (in order, once per reading operand), and the Vars among
+    the program's outputs."""
+    producer: Dict[Var, int] = {}
+    users: Dict[Var, List[int]] = {}
+    for k, e in enumerate(ir.eqns):
+        for v in e.outputs:
+            producer[v] = k
+        for a in e.inputs:
+            if isinstance(a, Var):
+                users.setdefault(a, []).append(k)
+    outset = {a for a in ir.outputs if isinstance(a, Var)}
+    return producer, users, outset
 
 
 def handoff_shape(var: Any) -> Optional[tuple]:

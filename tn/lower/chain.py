@@ -47,7 +47,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import torch
 
 from ..ir import IR, Eqn, Literal, Var
-from .base import NEURON_DTYPES, CannotLower, TileScope
+from .base import NEURON_DTYPES, CannotLower, Copier, Ring, TileScope, dataflow
 from .fusion import EpilogueGroup, Group, _broadcastable, _is_map, _lstrip1, is_alias_reshape
 
 __all__ = ["LinearChain", "plan"]
@@ -140,12 +140,7 @@ def plan(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset(),
     """Linear chains of ``ir``: first equation index -> :class:`LinearChain` (consecutive equations)."""
     laid_out = laid_out or {}
     n = len(ir.eqns)
-    users: Dict[Var, List[int]] = {}
-    for k, e in enumerate(ir.eqns):
-        for a in e.inputs:
-            if isinstance(a, Var):
-                users.setdefault(a, []).append(k)
-    outset = {a for a in ir.outputs if isinstance(a, Var)}
+    _, users, outset = dataflow(ir)
     chains: Dict[int, LinearChain] = {}
     k = 0
     while k < n:
@@ -281,17 +276,6 @@ def _validate(ir, k, eqns, layers, idx, users, outset, laid_out) -> Optional[Lin
 
 # --------------------------------------------------------------------------- emission
 
-class _Ring:
-    def __init__(self, tiles):
-        self.tiles = list(tiles)
-        self.i = 0
-
-    def take(self):
-        t = self.tiles[self.i % len(self.tiles)]
-        self.i += 1
-        return t
-
-
 class _Emitter:
     """Emission of one :class:`LinearChain`."""
 
@@ -310,13 +294,9 @@ class _Emitter:
         self.isz = isa.DTYPE_SIZES[isa.dtype_code(self.dt)]
         arch = self.prog.arch
         self.G = max(1, min(arch.psum_bank_bytes // (_P * self.isz), 8))
-        self.ncopy = 0
+        self.copy = Copier(self.prog)   # PSUM/SBUF copies, VectorE and ScalarE in turn
 
     # ---------------------------------------------------------------- helpers
-    def copy(self, out, src):
-        self.ncopy += 1
-        self.prog.tensor_copy(out, src, engine="vector" if self.ncopy % 2 else "scalar")
-
     def _wsrc(self, L: _Layer):
         from .layout import b_layout
 
@@ -474,14 +454,14 @@ class _Emitter:
         M = self.M
         with TileScope(prog) as scope:
             self.scope = scope
-            self.wring = _Ring(scope.sbuf((_P, wbytes // self.isz), self.dt, f"lc_w{i}") for i in range(nbuf))
+            self.wring = Ring(scope.sbuf((_P, wbytes // self.isz), self.dt, f"lc_w{i}") for i in range(nbuf))
             self.wslot: Dict[int, Any] = {}
             self.ahead = max(0, nbuf - 1)
             stage_k = max([self.layers[0].K] + [L.K for L in self.layers if need_rows])
             self.fm_back = fm_back
-            self.stage_ring = _Ring(scope.sbuf((_P, stage_k), self.dt, f"lc_stage{i}") for i in range(3))
-            self.tp_ring = _Ring(scope.psum((_P, self.G, _P), self.dt, f"lc_tp{i}") for i in range(2))
-            self.acc_ring = _Ring(scope.psum((_P, _NB), "float32", f"lc_acc{i}") for i in range(5))
+            self.stage_ring = Ring(scope.sbuf((_P, stage_k), self.dt, f"lc_stage{i}") for i in range(3))
+            self.tp_ring = Ring(scope.psum((_P, self.G, _P), self.dt, f"lc_tp{i}") for i in range(2))
+            self.acc_ring = Ring(scope.psum((_P, _NB), "float32", f"lc_acc{i}") for i in range(5))
             # the chain's input, transposed: h0^T [128, KC0, M]
             L0 = self.layers[0]
             x = self.env_in[L0.a]
@@ -636,7 +616,7 @@ class _Emitter:
         key = (v, 0)
         ring = temps.get(key)
         if ring is None:
-            ring = temps[key] = _Ring(self.scope.sbuf((_P, min(self.M, _NB)), dt, "lc_tmp") for _ in range(2))
+            ring = temps[key] = Ring(self.scope.sbuf((_P, min(self.M, _NB)), dt, "lc_tmp") for _ in range(2))
         return ring.take()[:npart, :mc]
 
     def _last(self, L: _Layer, hT, s0: int, ngroups: int, fm_back: bool) -> None:
@@ -661,9 +641,9 @@ class _Emitter:
 
         out_dt = NEURON_DTYPES[L.out.dtype]      # == the matmul dtype (checked by the planner)
         ngw = max(w[4].ngw for w in self.wseq if w[0] == len(self.layers) - 1)
-        ot_ring = _Ring(self.scope.sbuf((_P, ngw), out_dt, "lc_out") for _ in range(2))
+        ot_ring = Ring(self.scope.sbuf((_P, ngw), out_dt, "lc_out") for _ in range(2))
         if fm_back:
-            cts = _Ring(self.scope.sbuf((_P, M), out_dt, "lc_ct") for _ in range(2))
+            cts = Ring(self.scope.sbuf((_P, M), out_dt, "lc_ct") for _ in range(2))
         try:
             for g in range(ngroups):
                 W = self._next_group(s0 + g)

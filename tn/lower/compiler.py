@@ -29,7 +29,7 @@ import torch
 
 from ..errors import NeuronError, TnError, UnsupportedOpError
 from ..ir import IR, Eqn, Literal, Var
-from .base import NEURON_DTYPES, CannotLower, HandoffError, LowerCtx
+from .base import NEURON_DTYPES, CannotLower, HandoffError, LowerCtx, dataflow
 
 __all__ = ["compile_ir", "NeuronExecutable", "ExecProfile", "strict_default"]
 
@@ -67,14 +67,18 @@ class ExecProfile:
         """Modelled device time in µs."""
         return self.total_ns / 1e3
 
+    def _per_queue(self, field: str, zero: Any) -> Dict[str, Any]:
+        """The RunResults' ``field`` (queue name -> number) summed over programs (``zero``: the start value)."""
+        out: Dict[str, Any] = {}
+        for r in self.runs:
+            for k, v in getattr(r, field).items():
+                out[k] = out.get(k, zero) + v
+        return out
+
     @property
     def busy_ns(self) -> Dict[str, float]:
         """Busy ns per engine/DMA queue, summed over programs."""
-        out: Dict[str, float] = {}
-        for r in self.runs:
-            for k, v in r.busy_ns.items():
-                out[k] = out.get(k, 0.0) + v
-        return out
+        return self._per_queue("busy_ns", 0.0)
 
     @property
     def utilisation(self) -> Dict[str, float]:
@@ -115,11 +119,7 @@ class ExecProfile:
     @property
     def counts(self) -> Dict[str, int]:
         """Instructions per queue, summed."""
-        out: Dict[str, int] = {}
-        for r in self.runs:
-            for k, v in r.counts.items():
-                out[k] = out.get(k, 0) + v
-        return out
+        return self._per_queue("counts", 0)
 
     @property
     def matmul_flops(self) -> int:
@@ -320,15 +320,7 @@ class NeuronExecutable:
         if find is None or not hasattr(matmul, "lower_matmul_transposed"):
             return set(), {}
         ir = self.ir
-        producer: Dict[Var, int] = {}
-        users: Dict[Var, List[int]] = {}
-        for k, e in enumerate(ir.eqns):
-            for v in e.outputs:
-                producer[v] = k
-            for a in e.inputs:
-                if isinstance(a, Var):
-                    users.setdefault(a, []).append(k)
-        outset = {a for a in ir.outputs if isinstance(a, Var)}
+        producer, users, outset = dataflow(ir)
         elide: set = set()
         trans: Dict[int, Any] = {}
         for k, e in enumerate(ir.eqns):
@@ -430,12 +422,7 @@ class NeuronExecutable:
             for j in range(k, k + span):
                 unit[j] = k
             k += span
-        users: Dict[Var, List[int]] = {}
-        for k, e in enumerate(ir.eqns):
-            for a in e.inputs:
-                if isinstance(a, Var):
-                    users.setdefault(a, []).append(k)
-        outset = {a for a in ir.outputs if isinstance(a, Var)}
+        _, users, outset = dataflow(ir)
         host_idx = sorted(host)
         plan: Dict[Var, Any] = {}
         for k, g in (groups or {}).items():

@@ -41,8 +41,8 @@ host, visibly).
 from __future__ import annotations
 
 from ..neuron import HbmTensor, Tile, isa
-from .base import CannotLower, TileScope, lowering
-from .matmul import MATMUL_DTYPES, _Copier, _Ring, _sbuf_free
+from .base import CannotLower, Copier, Ring, TileScope, lowering
+from .matmul import MATMUL_DTYPES, _sbuf_free
 
 __all__ = ["lower_convolution", "lower_avg_pool2d", "lower_avg_pool2d_backward"]
 
@@ -155,27 +155,27 @@ class _Conv:
         prog = self.prog
         with TileScope(prog) as scope:
             sb, ps = scope.sbuf, scope.psum
-            self.copy = _Copier(prog)
+            self.copy = Copier(prog)
             kpart = self.Cg * self.tg if self.stacked else _P
-            w_ring = _Ring(sb((kpart, self.wslots, self.wtaps, self.ocw), self.dt, f"cv_wT{i}")
-                           for i in range(self.wbufs))
+            w_ring = Ring(sb((kpart, self.wslots, self.wtaps, self.ocw), self.dt, f"cv_wT{i}")
+                          for i in range(self.wbufs))
             self.wn = sb((_P, max(self.Cg, self.Og) * self.T), self.dt, "cv_wnat")
-            self.tp_ring = _Ring(ps((_P, max(1, min(8, 2048 // (_P * self.isz))), _P), self.dt, f"cv_tp{i}")
-                                 for i in range(2))
+            self.tp_ring = Ring(ps((_P, max(1, min(8, 2048 // (_P * self.isz))), _P), self.dt, f"cv_tp{i}")
+                                for i in range(2))
             self.bias = None
             if self.b is not None:
                 self.bias = sb((_P, self.G * self.OT), "float32", "cv_bias")
                 self._load_bias()
-            self.band_ring = _Ring(sb((_P, self.CC, self.nb, self.bh, self.bw), self.dt, f"cv_band{i}")
+            self.band_ring = Ring(sb((_P, self.CC, self.nb, self.bh, self.bw), self.dt, f"cv_band{i}")
+                                  for i in range(2))
+            self.stage_ring = Ring(sb((_P, self.nb * self.bh * self.Wx), self.dt, f"cv_stage{i}")
                                    for i in range(2))
-            self.stage_ring = _Ring(sb((_P, self.nb * self.bh * self.Wx), self.dt, f"cv_stage{i}")
-                                    for i in range(2))
             if self.stacked:
-                self.col_ring = _Ring(sb((self.Cg * self.tg, self.TG, self.nb, self.bh * self.bw), self.dt,
-                                         f"cv_col{i}")
-                                      for i in range(2))
-            self.out_ring = _Ring(sb((_P, _NB), self.out.dtype, f"cv_out{i}") for i in range(2))
-            self.acc_ring = _Ring(ps((_P, _NB), "float32", f"cv_acc{i}") for i in range(4))
+                self.col_ring = Ring(sb((self.Cg * self.tg, self.TG, self.nb, self.bh * self.bw), self.dt,
+                                        f"cv_col{i}")
+                                     for i in range(2))
+            self.out_ring = Ring(sb((_P, _NB), self.out.dtype, f"cv_out{i}") for i in range(2))
+            self.acc_ring = Ring(ps((_P, _NB), "float32", f"cv_acc{i}") for i in range(4))
             for g in range(self.G):
                 for oc0 in range(0, self.Og, self.ocw):
                     oc1 = min(self.Og, oc0 + self.ocw)
@@ -398,7 +398,7 @@ def _grad_bias(ctx, grad, gb) -> None:
     gcol = gb.reshape(O, 1)
     tiles = []
     try:
-        ld = _Ring(prog.sbuf((_P, nb, npx), grad.dtype, name=f"cvb_g{i}") for i in range(2))
+        ld = Ring(prog.sbuf((_P, nb, npx), grad.dtype, name=f"cvb_g{i}") for i in range(2))
         part = prog.sbuf((_P, 1), "float32", name="cvb_part")
         tot = prog.sbuf((_P, 1), "float32", name="cvb_tot")
         res = prog.sbuf((_P, 1), gb.dtype, name="cvb_res")
@@ -457,26 +457,18 @@ def _grad_weight(ctx, grad, x, w, gw, stride, padding, dilation, groups) -> None
     if need > _sbuf_free(prog, ctx):
         raise CannotLower(f"weight-gradient working set ({need} bytes per partition) does not fit in SBUF")
     gw3 = gw.reshape(G * Og, Cg, T)
-    tiles = []
-
-    def sb(shape, dtype, name):
-        t = prog.sbuf(shape, dtype, name=name)
-        tiles.append(t)
-        return t
-
-    try:
-        fw.copy = copy = _Copier(prog)
-        fw.band_ring = _Ring(sb((_P, fw.CC, 1, fw.bh, fw.bw), fw.dt, f"cvw_band{i}") for i in range(2))
-        fw.stage_ring = _Ring(sb((_P, fw.bh * fw.Wx), fw.dt, f"cvw_stage{i}") for i in range(2))
-        g_ring = _Ring(sb((_P, OT, rr * Wo), fw.dt, f"cvw_g{i}") for i in range(2))
+    with TileScope(prog) as scope:
+        sb = scope.sbuf
+        fw.copy = copy = Copier(prog)
+        fw.band_ring = Ring(sb((_P, fw.CC, 1, fw.bh, fw.bw), fw.dt, f"cvw_band{i}") for i in range(2))
+        fw.stage_ring = Ring(sb((_P, fw.bh * fw.Wx), fw.dt, f"cvw_stage{i}") for i in range(2))
+        g_ring = Ring(sb((_P, OT, rr * Wo), fw.dt, f"cvw_g{i}") for i in range(2))
         gT = sb((_P, Og), fw.dt, "cvw_gT")
         xT = sb((_P, T, Cg), fw.dt, "cvw_xT")
         ot_t = sb((_P, Cg, T), gw.dtype, "cvw_out")
         G_tr = max(1, min(8, prog.arch.psum_bank_bytes // (_P * isz)))
-        tp_ring = _Ring(prog.psum((_P, G_tr, _P), fw.dt, name=f"cvw_tp{i}") for i in range(2))
-        tiles.extend(tp_ring.tiles)
-        accs = [prog.psum((_P, _NB), "float32", name=f"cvw_acc{i}") for i in range(per_pass)]
-        tiles.extend(accs)
+        tp_ring = Ring(scope.psum((_P, G_tr, _P), fw.dt, f"cvw_tp{i}") for i in range(2))
+        accs = [scope.psum((_P, _NB), "float32", f"cvw_acc{i}") for i in range(per_pass)]
 
         def transposes(items, npx):
             """items: (src view [kp, npx], kp, dst view [npx, kp]); grouped per PSUM bank."""
@@ -531,9 +523,6 @@ def _grad_weight(ctx, grad, x, w, gw, stride, padding, dilation, groups) -> None
                     dst = ot_t[:op, c0:c1, t0:t1]
                     copy(dst.permute(0, 2, 1), acc)
                     ctx.store(gw3[g * Og + o0:g * Og + o0 + op, c0:c1, t0:t1], dst)
-    finally:
-        for t in reversed(tiles):
-            prog.free(t)
 
 
 @lowering("convolution_backward")
@@ -696,12 +685,6 @@ def lower_avg_pool2d(ctx, eqn, ins, outs) -> None:
     single = rb >= Ho
     x3 = ins[0].reshape(pl.R, H, W)
     out3 = outs[0].reshape(pl.R, Ho, Wo)
-    tiles = []
-
-    def sb(shape, dtype, name):
-        t = prog.sbuf(shape, dtype, name=name)
-        tiles.append(t)
-        return t
 
     def band_counts(cnt, ih0, bh, rows, ind):
         """Divisors of the output rows of one band: pooled indicator of the counted region."""
@@ -715,11 +698,12 @@ def lower_avg_pool2d(ctx, eqn, ins, outs) -> None:
         win = _window(ind, 0, [(rows, sh * Wq), (Wo, pl.sw), (kh, Wq), (pl.kw, 1)])
         prog.tensor_reduce(cnt[:, :rows * Wo].reshape(_P, rows, Wo), win, "add", axis=(3, 4))
 
-    try:
-        xp_ring = _Ring(sb((_P, bhmax, Wq), ins[0].dtype, f"pool_x{i}") for i in range(2))
-        st_ring = _Ring(sb((_P, bhmax * W), ins[0].dtype, f"pool_st{i}") for i in range(2))
+    with TileScope(prog) as scope:
+        sb = scope.sbuf
+        xp_ring = Ring(sb((_P, bhmax, Wq), ins[0].dtype, f"pool_x{i}") for i in range(2))
+        st_ring = Ring(sb((_P, bhmax * W), ins[0].dtype, f"pool_st{i}") for i in range(2))
         s_t = sb((_P, rb * Wo), "float32", "pool_sum")
-        o_ring = _Ring(sb((_P, rb * Wo), outs[0].dtype, f"pool_o{i}") for i in range(2))
+        o_ring = Ring(sb((_P, rb * Wo), outs[0].dtype, f"pool_o{i}") for i in range(2))
         cnt = ind = None
         if not const:
             cnt = sb((_P, rb * Wo), "float32", "pool_cnt")
@@ -757,9 +741,6 @@ def lower_avg_pool2d(ctx, eqn, ins, outs) -> None:
                         band_counts(cnt, ih0, bh, rows, ind)
                     prog.tensor_tensor(ov, sv, cnt[:pc, :rows * Wo].reshape(pc, rows, Wo), "divide")
                 ctx.store(out3[r0:r0 + pc, oh0:oh0 + rows, :], ov)
-    finally:
-        for t in reversed(tiles):
-            prog.free(t)
 
 
 @lowering("avg_pool2d_backward")
@@ -776,10 +757,10 @@ def lower_avg_pool2d_backward(ctx, eqn, ins, outs) -> None:
     tiles = []
     try:
         cnt = pl.counts(tiles)
-        g_ring = _Ring(prog.sbuf((_P, Ho * Wo), ins[0].dtype, name=f"poolb_g{i}") for i in range(2))
-        acc_ring = _Ring(prog.sbuf((_P, Hq, Wq), "float32", name=f"poolb_acc{i}") for i in range(2))
+        g_ring = Ring(prog.sbuf((_P, Ho * Wo), ins[0].dtype, name=f"poolb_g{i}") for i in range(2))
+        acc_ring = Ring(prog.sbuf((_P, Hq, Wq), "float32", name=f"poolb_acc{i}") for i in range(2))
         gs = prog.sbuf((_P, Ho, Wo), "float32", name="poolb_gs")
-        o_ring = _Ring(prog.sbuf((_P, H * W), outs[0].dtype, name=f"poolb_o{i}") for i in range(2))
+        o_ring = Ring(prog.sbuf((_P, H * W), outs[0].dtype, name=f"poolb_o{i}") for i in range(2))
         tiles.extend([*g_ring.tiles, *acc_ring.tiles, gs, *o_ring.tiles])
         for r0 in range(0, pl.R, _P):
             pc = min(_P, pl.R - r0)

@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 import torch
 
 from ..ir import IR, Eqn, Literal, Var
-from .base import NEURON_DTYPES, CannotLower, store_tile
+from .base import NEURON_DTYPES, CannotLower, dataflow, store_tile
 
 __all__ = ["plan", "Group", "EpilogueGroup", "lower_map", "SBUF_BUDGET", "MAX_FREE", "ROW_REDUCE"]
 
@@ -1143,15 +1143,11 @@ def plan(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()) -> Dict[i
     except ImportError:
         return {}
     n = len(ir.eqns)
-    users: Dict[Var, List[int]] = {}
+    _, users, outset = dataflow(ir)
     host = dict(host)
     for k, e in enumerate(ir.eqns):
-        for a in e.inputs:
-            if isinstance(a, Var):
-                users.setdefault(a, []).append(k)
         if any(isinstance(a, Var) and a.numel == 0 for a in list(e.inputs) + list(e.outputs)):
             host[k] = "zero-size"   # never fused (the compiler folds or runs these on the host)
-    outset = {a for a in ir.outputs if isinstance(a, Var)}
     groups: Dict[int, Any] = {}
     k = 0
     while k < n:

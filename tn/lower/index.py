@@ -36,18 +36,11 @@ import math
 from typing import Any, List, Tuple
 
 from .base import CannotLower, lowering
-from .shape import FREE_BUDGET_BYTES, _merge, _parts, _tiles, copy_view, hview, split_rows
+from .shape import FREE_BUDGET_BYTES, _merge, _parts, _prod, _tiles, copy_view, hview, split_rows
 
 __all__ = ["row_gather"]
 
 _EXACT = 1 << 24
-
-
-def _prod(xs) -> int:
-    p = 1
-    for x in xs:
-        p *= int(x)
-    return p
 
 
 def _row_strides(shape):

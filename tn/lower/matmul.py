@@ -51,7 +51,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from ..neuron import HbmTensor, isa
-from .base import CannotLower, TileScope, lowering
+from .base import CannotLower, Copier, Ring, TileScope, lowering
 
 __all__ = ["emit_matmul", "lower_matmul", "lower_matmul_transposed", "transposed_source", "MATMUL_DTYPES"]
 
@@ -68,34 +68,6 @@ _RUN_BYTES_FEW_ROWS = 4096  # ... and this many when A has <= 2 row tiles (B str
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-class _Ring:
-    """Tiles handed out in turn (PSUM banks, staging buffers), so consecutive users overlap."""
-
-    def __init__(self, tiles):
-        self.tiles = list(tiles)
-        self.i = 0
-
-    def take(self):
-        """The next tile of the ring."""
-        t = self.tiles[self.i % len(self.tiles)]
-        self.i += 1
-        return t
-
-
-class _Copier:
-    """PSUM/SBUF copies with dtype casts, alternating between VectorE and ScalarE."""
-
-    def __init__(self, prog):
-        self.prog = prog
-        self.n = 0
-
-    def __call__(self, out, src):
-        # tensor_copy on ScalarE costs what an identity activation does in the model, and its native kernel
-        # is several times faster for bf16 operands
-        self.n += 1
-        self.prog.tensor_copy(out, src, engine="vector" if self.n % 2 else "scalar")
 
 
 def _sbuf_free(prog, ctx=None) -> int:
@@ -284,7 +256,7 @@ class _Matmul:
         KP = self.KP
         with TileScope(prog) as scope:
             sb, ps = scope.sbuf, scope.psum
-            self.at_ring = _Ring(sb((_P, self.at_tiles, KP, _P), self.dt, f"mm_aT{i}") for i in range(self.at_bufs))
+            self.at_ring = Ring(sb((_P, self.at_tiles, KP, _P), self.dt, f"mm_aT{i}") for i in range(self.at_bufs))
             if self.stream is not None:
                 self.b_resident = False
                 self.b_ring = None
@@ -292,18 +264,18 @@ class _Matmul:
                 if self.b_tiled is not None:
                     # groups side by side: each group's region is contiguous (no false overlaps between loads)
                     lay = self.b_tiled[1]
-                    self.b_ring = _Ring([sb((_P, lay.NG * self.KC * lay.ngw), self.dt, "mm_b")])
+                    self.b_ring = Ring([sb((_P, lay.NG * self.KC * lay.ngw), self.dt, "mm_b")])
                 else:
-                    self.b_ring = _Ring([sb((_P, self.KC, self.N), self.dt, "mm_b")])
+                    self.b_ring = Ring([sb((_P, self.KC, self.N), self.dt, "mm_b")])
             else:
                 nbuf = 1 if (self.NGn == 1 and self.KPn == 1) else 2
-                self.b_ring = _Ring(sb((_P, KP, self.ngw), self.dt, f"mm_b{i}") for i in range(nbuf))
-            self.out_ring = _Ring(sb((_P, self.ngw), self.c.dtype, f"mm_out{i}") for i in range(2))
+                self.b_ring = Ring(sb((_P, KP, self.ngw), self.dt, f"mm_b{i}") for i in range(nbuf))
+            self.out_ring = Ring(sb((_P, self.ngw), self.c.dtype, f"mm_out{i}") for i in range(2))
             if self.need_tr:
-                self.stage_ring = _Ring(sb((_P, KP * _P), self.dt, f"mm_stage{i}") for i in range(self.nstage))
-                self.tp_ring = _Ring(ps((_P, self.G, _P), self.dt, f"mm_tp{i}") for i in range(self.tbanks))
-            self.acc_ring = _Ring(ps((_P, _NB), "float32", f"mm_acc{i}") for i in range(self.abanks))
-            self.copy = _Copier(prog)
+                self.stage_ring = Ring(sb((_P, KP * _P), self.dt, f"mm_stage{i}") for i in range(self.nstage))
+                self.tp_ring = Ring(ps((_P, self.G, _P), self.dt, f"mm_tp{i}") for i in range(self.tbanks))
+            self.acc_ring = Ring(ps((_P, _NB), "float32", f"mm_acc{i}") for i in range(self.abanks))
+            self.copy = Copier(prog)
             if self.bias is not None:
                 self.brow = sb((1, self.N), self.dt, "mm_bias")
                 self.ones = sb((1, _P), self.dt, "mm_ones")
@@ -333,57 +305,27 @@ class _Matmul:
         """Small batched matmuls: operands of ``bg`` batches move in one DMA each (batch on the free axis)."""
         prog = self.prog
         KC, M, N, K = self.KC, self.M, self.N, self.K
-        tiles = []
-
-        def sb(shape, dtype, name):
-            t = prog.sbuf(shape, dtype, name=name)
-            tiles.append(t)
-            return t
-
-        try:
-            at_ring = _Ring(sb((_P, bg * KC, M), self.dt, f"mm_aT{i}") for i in range(2))
-            b_ring = _Ring(sb((_P, bg * KC, N), self.dt, f"mm_b{i}") for i in range(2))
-            o_ring = _Ring(sb((_P, bg, N), self.c.dtype, f"mm_out{i}") for i in range(2))
+        with TileScope(prog) as scope:
+            sb = scope.sbuf
+            at_ring = Ring(sb((_P, bg * KC, M), self.dt, f"mm_aT{i}") for i in range(2))
+            b_ring = Ring(sb((_P, bg * KC, N), self.dt, f"mm_b{i}") for i in range(2))
+            o_ring = Ring(sb((_P, bg, N), self.c.dtype, f"mm_out{i}") for i in range(2))
             nb = _cdiv(N, _NB)
-            acc_ring = _Ring(prog.psum((_P, _NB), "float32", name=f"mm_acc{i}") for i in range(self.abanks))
-            tiles.extend(acc_ring.tiles)
+            acc_ring = Ring(scope.psum((_P, _NB), "float32", f"mm_acc{i}") for i in range(self.abanks))
+            sa_ring = sb_ring = None
             if self.a is not None:
-                sa_ring = _Ring(sb((_P, bg, K), self.dt, f"mm_sa{i}") for i in range(2))
+                sa_ring = Ring(sb((_P, bg, K), self.dt, f"mm_sa{i}") for i in range(2))
             if self.b_t is not None:
-                sb_ring = _Ring(sb((_P, bg, K), self.dt, f"mm_sb{i}") for i in range(2))
+                sb_ring = Ring(sb((_P, bg, K), self.dt, f"mm_sb{i}") for i in range(2))
             if self.need_tr:
-                self.tp_ring = _Ring(prog.psum((_P, self.G, _P), self.dt, name=f"mm_tp{i}")
-                                     for i in range(self.tbanks))
-                tiles.extend(self.tp_ring.tiles)
-            self.copy = copy = _Copier(prog)
-            kp_flat = lambda t: self._kp(t % KC)  # noqa: E731  (flat block index j*KC + kc)
+                self.tp_ring = Ring(scope.psum((_P, self.G, _P), self.dt, f"mm_tp{i}") for i in range(self.tbanks))
+            self.copy = copy = Copier(prog)
             for b0 in range(0, self.Bt, bg):
                 g = min(bg, self.Bt - b0)
                 at = at_ring.take()
-                if self.a is not None:
-                    st = sa_ring.take()
-                    prog.dma_copy(st[:M, :g, :], self.a[b0:b0 + g].permute(1, 0, 2))
-                    self._transposed_in(
-                        g * KC, lambda t: st[:M, t // KC, (t % KC) * _P:(t % KC) * _P + kp_flat(t)], kp_flat, M,
-                        lambda t0, t1, kp: at[:kp, t0:t1, :])
-                else:
-                    atv = at.reshape(_P, bg, KC, M)
-                    for kc in range(KC):
-                        kp = self._kp(kc)
-                        prog.dma_copy(atv[:kp, :g, kc, :],
-                                      self.a_t[b0:b0 + g, kc * _P:kc * _P + kp, :].permute(1, 0, 2))
+                self._slab_in(at, sa_ring, self.a, self.a_t, M, b0, g, bg)
                 bt = b_ring.take()
-                if self.b_t is not None:
-                    st = sb_ring.take()
-                    prog.dma_copy(st[:N, :g, :], self.b_t[b0:b0 + g].permute(1, 0, 2))
-                    self._transposed_in(
-                        g * KC, lambda t: st[:N, t // KC, (t % KC) * _P:(t % KC) * _P + kp_flat(t)], kp_flat, N,
-                        lambda t0, t1, kp: bt[:kp, t0:t1, :])
-                else:
-                    btv = bt.reshape(_P, bg, KC, N)
-                    for kc in range(KC):
-                        kp = self._kp(kc)
-                        prog.dma_copy(btv[:kp, :g, kc, :], self.b[b0:b0 + g, kc * _P:kc * _P + kp, :].permute(1, 0, 2))
+                self._slab_in(bt, sb_ring, self.b_t, self.b, N, b0, g, bg)
                 ot = o_ring.take()
                 for j in range(g):
                     for jb in range(nb):
@@ -396,9 +338,24 @@ class _Matmul:
                                         accumulate=kc > 0, stop=kc == KC - 1)
                         copy(ot[:M, j, c0:c0 + cw], acc[:M, :cw])
                     self.store(self.c[b0 + j], ot[:M, j, :])
-        finally:
-            for t in reversed(tiles):
-                prog.free(t)
+
+    def _slab_in(self, dst, stage_ring, rows, kmajor, R: int, b0: int, g: int, bg: int) -> None:
+        """Fill ``dst`` (``[128, bg*KC, R]``, block ``j*KC + kc`` holds K chunk ``kc`` of batch ``j``) with one
+        operand of batches ``b0 .. b0+g-1``: from ``rows`` (``[B, R, K]``: one DMA into a tile of ``stage_ring``,
+        then TensorE transposes) or, when ``rows`` is None, from ``kmajor`` (``[B, K, R]``: one DMA per K chunk)."""
+        prog, KC = self.prog, self.KC
+        if rows is not None:
+            kp_flat = lambda t: self._kp(t % KC)  # noqa: E731  (flat block index j*KC + kc)
+            st = stage_ring.take()
+            prog.dma_copy(st[:R, :g, :], rows[b0:b0 + g].permute(1, 0, 2))
+            self._transposed_in(
+                g * KC, lambda t: st[:R, t // KC, (t % KC) * _P:(t % KC) * _P + kp_flat(t)], kp_flat, R,
+                lambda t0, t1, kp: dst[:kp, t0:t1, :])
+        else:
+            dv = dst.reshape(_P, bg, KC, R)
+            for kc in range(KC):
+                kp = self._kp(kc)
+                prog.dma_copy(dv[:kp, :g, kc, :], kmajor[b0:b0 + g, kc * _P:kc * _P + kp, :].permute(1, 0, 2))
 
     def _emit_batch(self, bi: int) -> None:
         MT, SG, MG, KPn = self.MT, self.SG, self.MG, self.KPn
@@ -538,7 +495,7 @@ class _Matmul:
                 return view, 0
             # not the stream's next group: a buffer of our own
             self.stream = None
-            self.b_ring = _Ring([self.prog.sbuf((_P, self.KP, self.ngw), self.dt, name="mm_b_own")])
+            self.b_ring = Ring([self.prog.sbuf((_P, self.KP, self.ngw), self.dt, name="mm_b_own")])
             self._own_b = self.b_ring.tiles[0]
         if self.b_resident:
             t = self.b_ring.tiles[0]

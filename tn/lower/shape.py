@@ -499,13 +499,11 @@ def _slice(ctx, eqn, ins, outs):
     n = len(range(start, end, step))
     if n == 0:
         return
-    dims = list(x.dims)
-    off = start * dims[dim][1]
-    dims[dim] = (n, dims[dim][1] * step)
-    copy_view(ctx, _real_view(outs[0], eqn.outputs[0]), hview(x, off, dims))
+    copy_view(ctx, _real_view(outs[0], eqn.outputs[0]), _slab(x, dim, start, n, step))
 
 
 def _slab(view: HbmView, dim: int, start: int, n: int, step: int = 1) -> HbmView:
+    """``n`` entries of ``view`` along axis ``dim`` from ``start`` every ``step``."""
     dims = list(view.dims)
     s = dims[dim][1]
     dims[dim] = (n, s * step)
