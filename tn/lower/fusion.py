@@ -372,10 +372,10 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             narrow[x] = y
             alias[y] = x
     for v in list(alias):           # aliases of aliases: straight to the value computed
-        r = alias[v]
-        while r in alias:
-            r = alias[r]
-        alias[v] = r
+        root = alias[v]
+        while root in alias:
+            root = alias[root]
+        alias[v] = root
     narrow_stored = {x for x, y in narrow.items() if y in out_set}
 
     def resolve(a: Var) -> Tuple[Var, float, float]:
@@ -483,13 +483,13 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
     # a published alias (reshape, cast) of a value computed here: that value is computed into the buffer
     pub_root: Dict[Var, Var] = {}
     for v in list(publish):
-        r = alias.get(v, v)
-        if r is v:
+        root = alias.get(v, v)
+        if root is v:
             continue
-        if r in in_vars or r in lazy or r in pub_root:
+        if root in in_vars or root in lazy or root in pub_root:
             publish.discard(v)
         else:
-            pub_root[r] = v
+            pub_root[root] = v
     published: Dict[Var, int] = {}
     for it, (offs, nout, r0, p, k, c0, f) in enumerate(tile_list):
         allocated = []
