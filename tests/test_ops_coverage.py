@@ -509,28 +509,29 @@ def test_nextafter(backend):
     _check(torch.nextafter, x, y, backend=backend, exact=True)
 
 
-# --------------------------------------------------------------------------- known NeuronCore gaps (tn/lower/reduce.py)
-# The argmax/argmin and sort/topk lowerings compare values without NaN rules: with a NaN on the
-# line their results differ from torch (which puts NaN first for argmax, last for an ascending
-# sort). This is why masked.argmax/argmin fail on the neuron backend (masked_fill with NaN is how
-# torch.masked builds them). The sort-based ops of tn.ops keep NaN away from the sort and are not
-# affected. These tests turn into failures (strict xfail) once the lowerings handle NaN.
+# --------------------------------------------------------------------------- NaN on the NeuronCore (tn/lower/reduce.py)
+# The argmax/argmin and sort/topk lowerings follow torch's NaN rules: the first NaN wins an
+# argmax/argmin, an ascending sort puts NaN last (descending: first), stably. masked.argmax/argmin
+# rely on it (masked_fill with NaN is how torch.masked builds them). More cases (bf16, long lines,
+# leading axes, topk) in tests/test_lower_nan_order.py.
 
 _NAN_ROWS = torch.tensor([[3., NAN, 1., 2.], [1., 2., INF, 0.], [NAN, 5., NAN, -1.]])
 
 
-@pytest.mark.xfail(strict=True, reason="reduce.py argmax/argmin lowering ignores NaN (torch: the first NaN wins)")
 def test_neuron_argmax_with_nan():
     from tn.lower.testing import check_lowering
 
     check_lowering("argmax", _NAN_ROWS, dim=1)
+    check_lowering("argmin", _NAN_ROWS, dim=1)
+    check_lowering("argmax", _NAN_ROWS, dim=0)
 
 
-@pytest.mark.xfail(strict=True, reason="reduce.py sort/topk lowering does not order NaN (torch: NaN sorts last)")
 def test_neuron_sort_with_nan():
     from tn.lower.testing import check_lowering
 
     check_lowering("sort", _NAN_ROWS, dim=1, descending=False, stable=True)
+    check_lowering("sort", _NAN_ROWS, dim=1, descending=True, stable=True)
+    check_lowering("topk", _NAN_ROWS, k=2, dim=1, largest=True, sorted=True)
 
 
 @pytest.mark.parametrize("mode", ["bilinear", "bicubic"])

@@ -19,11 +19,27 @@ elementwise (``tensor_tensor``) in an fp32 accumulator per output block. The
 result goes out through ``ctx.store`` (so the compiler can fuse an
 epilogue) or, for int64 results, as int32 word pairs.
 
-``argmax``/``argmin`` carry (value, index) pairs: a chunk's index is the
-smallest index holding its extreme value (``is_equal`` against the
-broadcast extreme, indices from ``iota``, ``min`` reduce); chunks replace
-the running pair only when strictly better, so the first occurrence wins as
-in torch (NaN is not treated specially).
+``amax``/``amin`` propagate NaN as torch does: ``tensor_reduce`` and
+``partition_reduce`` do, and partial results are combined by a
+``tensor_reduce`` over (running, new) pairs (the ALU's ``max``/``min`` would
+drop a NaN on its first operand).
+
+``argmax``/``argmin`` carry (value, index) pairs with torch's NaN rule (the
+first NaN wins, as NaN is the extreme). A chunk's extreme ``m`` comes from a
+NaN-propagating ``max``/``min`` reduce; from it, per line, ``s0`` (``m`` with
+NaN as -inf, +inf for argmin) and ``s1 = (m >= -inf)`` (0 on a line holding
+a NaN). An element is a candidate when ``(x >= s0) == s1``: on a NaN-free line
+the elements equal to the extreme, on a NaN line exactly the NaNs (``x >=
+-inf`` holds for every number, never for NaN). The chunk's index is the
+smallest candidate index (``select`` of indices from ``iota`` or a big
+constant, ``min`` reduce). With one line per partition ``s0``/``s1`` are
+per-partition scalars and the candidate test is one two-op ``tensor_scalar``;
+with several lines per partition (reductions over leading axes) it is one
+``is_ge`` against the broadcast ``s0``, and one ``select`` into keys
+``index - 2**24`` / ``2**24 - index`` whose ``min`` and ``max`` reduces give the
+first element that passes / fails it (``s1`` picks). Chunks replace the
+running pair only when strictly better, or with a NaN over a number, so the
+first occurrence wins as in torch.
 
 ``cumsum`` runs on TensorE: the scanned axis goes on the partitions and each
 128-block of the result is ``U^T x_I + 1^T carry`` with ``U`` the
@@ -32,9 +48,10 @@ column sums of the earlier blocks (a ones-vector matmul per block), all
 accumulated in fp32 PSUM: any length, three matmuls per block.
 
 ``sort``/``topk`` rank every element of a line by comparisons against the
-line broadcast to all partitions (ties broken by index: a stable sort), then
-output slot ``r`` selects the element of rank ``r``; O(n^2) VectorE work per
-line of n, lines up to ~8K elements.
+line broadcast to all partitions (ties broken by index: a stable sort; NaN
+after every number ascending, before them descending, in index order as in
+torch), then output slot ``r`` selects the element of rank ``r``; O(n^2)
+VectorE work per line of n, lines up to ~8K elements.
 
 Integer arithmetic happens in fp32 on the engines: int32/int64 inputs are
 range-checked on chip (values, and for sums ``count * max|v|``, below 2**24;
@@ -130,6 +147,18 @@ def _parts(axes: List[_Ax]):
     return "R", parts
 
 
+def _arg_plan(free: List[_Ax], fb: int, esize: int, idx: int, c: int):
+    """The tiling plan of an arg reduction, shrunk until its SBUF working set fits: per chunk the tile and two
+    fp32 key tiles, plus seven fp32 per-line tiles (running pair, extremes, keys, index, flags)."""
+    while True:
+        tile = [c if i == 0 else a.n for i, a in enumerate(free[idx:])]
+        kept = _prod(n for n, a in zip(tile, free[idx:]) if not a.red)
+        if (2 * 4 + max(esize, 4)) * _prod(tile) + 7 * 4 * kept <= 160 * 1024 or fb == 1:
+            return idx, c
+        fb = max(1, fb // 2)
+        idx, c = _plan(free, fb)
+
+
 def _plan(free: List[_Ax], fb: int):
     """(split index, chunk): axes before the split are looped, the split axis chunked, the rest in the tile."""
     for idx in range(len(free)):
@@ -181,6 +210,8 @@ def reduce_lowering(ctx: Any, x_t: Any, x_dt: str, shape, reduced, out_t: Any, a
     if int_bound is not None:
         fb = max(1, fb // 2)  # the range check needs three more tiles of the same shape
     idx, c = _plan(parts[0][3], fb)
+    if arg:
+        idx, c = _arg_plan(parts[0][3], fb, esize, idx, c)
     kept_loops = _loops(parts[0][3], idx, c, red=False)
     pax0 = parts[0][2]
     if case == "K":
@@ -189,6 +220,13 @@ def reduce_lowering(ctx: Any, x_t: Any, x_dt: str, shape, reduced, out_t: Any, a
     pacc = 128 if case == "K" else max(p[2].n for p in parts)
     pacc = min(pacc, pax0.n) if case == "K" else pacc
     tile_ax = parts[0][3][idx:]
+    # max/min (and the arg reductions) write the first chunk's result straight into the accumulator; later
+    # chunks are folded in NaN-propagating (see the module docstring)
+    extreme = arg or alu in ("max", "min")
+    big = None
+    if arg:
+        big = prog.sbuf((128, 1), "float32")
+        prog.memset(big, _BIG, engine="gpsimd")
     lag: List[Any] = []
     for kcombo in itertools.product(*kept_loops):
         pc = pacc
@@ -204,13 +242,17 @@ def reduce_lowering(ctx: Any, x_t: Any, x_dt: str, shape, reduced, out_t: Any, a
         kept_tile = [(k_ch if (i == 0 and k_ch is not None) else a.n, a.os)
                      for i, a in enumerate(tile_ax) if not a.red]
         kshape = [n for n, _ in kept_tile] or [1]
-        acc = prog.sbuf((pacc if case == "R" else pc, *kshape), "float32")
-        prog.memset(acc, _IDENTITY[alu] if not arg else (-math.inf if mode == "argmax" else math.inf),
-                    engine="vector")
-        acc_i = None
-        if arg:
-            acc_i = prog.sbuf((acc.shape[0], *kshape), "float32")
-            prog.memset(acc_i, 0.0, engine="vector")
+        pa = pacc if case == "R" else pc
+        pair = None
+        if extreme and not arg:   # (running, new) pairs, folded by a NaN-propagating tensor_reduce
+            pair = prog.sbuf((pa, *kshape, 2), "float32")
+            acc = pair[(slice(None),) * (1 + len(kshape)) + (0,)]
+        else:
+            acc = prog.sbuf((pa, *kshape), "float32")
+        if not extreme:
+            prog.memset(acc, _IDENTITY[alu], engine="vector")
+        acc_i = prog.sbuf((pa, *kshape), "float32") if arg else None
+        first = True
         for xoff, ioff, pax, free in parts:
             rloops = _loops(free, idx, c, red=True)
             ppc = pc if case == "K" else pax.n
@@ -230,20 +272,29 @@ def reduce_lowering(ctx: Any, x_t: Any, x_dt: str, shape, reduced, out_t: Any, a
                 rax = [1 + i for i, t in enumerate(tdims) if t[3]]
                 view = tile.permute(0, *kax, *rax)
                 raxes = tuple(range(1 + len(kax), 1 + len(kax) + len(rax)))
-                part = prog.sbuf((ppc, *kshape), "float32")
+                a_slice = acc[:ppc]
+                if extreme and first:
+                    part = a_slice      # the first chunk's extreme goes straight into the accumulator
+                elif pair is not None:
+                    part = pair[(slice(0, ppc),) + (slice(None),) * len(kshape) + (1,)]
+                else:
+                    part = prog.sbuf((ppc, *kshape), "float32")
                 prog.tensor_reduce(part.reshape(ppc, *[t[0] for t in tdims if not t[3]]) if kax else part,
                                    view, "max" if mode == "argmax" else ("min" if mode == "argmin" else alu),
                                    axis=raxes)
-                a_slice = acc[:ppc]
                 if not arg:
-                    prog.tensor_tensor(a_slice, a_slice, part, alu)
+                    if pair is not None and not first:   # NaN-propagating fold of (running, new)
+                        prog.tensor_reduce(a_slice, pair[:ppc], alu, axis=-1)
+                    elif not extreme:
+                        prog.tensor_tensor(a_slice, a_slice, part, alu)
                 else:
-                    _arg_chunk(prog, mode, tile, view, tdims, kax, rax, part, a_slice, acc_i[:ppc],
-                               base=ioff + di_r + (0 if case == "K" else 0), cm=(pax.im if case == "R" else 0),
-                               ppc=ppc, kshape=kshape)
+                    _arg_chunk(prog, mode, tile, view, tdims, kax, rax, part, a_slice, acc_i[:ppc], big,
+                               base=ioff + di_r, cm=(pax.im if case == "R" else 0),
+                               ppc=ppc, kshape=kshape, first=first)
+                first = False
                 for t in lag:          # free the previous chunk's buffers now: the next load uses other memory
                     prog.free(t)
-                lag = [part, tile]
+                lag = ([] if arg else [tile]) + ([part] if part is not a_slice and pair is None else [])
         # finalize
         if case == "K":
             dst = hview(out_t, do_k, [(pc, pax0.os)] + (kept_tile or [(1, 1)]))
@@ -253,13 +304,13 @@ def reduce_lowering(ctx: Any, x_t: Any, x_dt: str, shape, reduced, out_t: Any, a
             res = prog.sbuf((1, *kshape), "float32")
             if not arg:
                 prog.partition_reduce(res, acc, alu)
-            else:
+            else:   # the extreme over the partitions (NaN first), then the smallest index holding it
                 g = prog.sbuf(acc.shape, "float32")
                 prog.partition_reduce(g, acc, "max" if mode == "argmax" else "min")
-                prog.tensor_tensor(g, acc, g, "is_equal")
-                prog.tensor_scalar(g, g, "subtract", 1.0, "multiply", -_BIG)
-                prog.tensor_tensor(g, g, acc_i, "add")
-                prog.partition_reduce(res, g, "min")
+                nc = _noncandidates(prog, mode, acc, g, acc.shape)
+                prog.select(nc, nc, big[:acc.shape[0]].broadcast_to(acc.shape), acc_i)
+                prog.partition_reduce(res, nc, "min")
+                prog.free(nc)
                 prog.free(g)
         if out_int:
             store_int(ctx, dst, res, nonneg=arg)
@@ -269,36 +320,110 @@ def reduce_lowering(ctx: Any, x_t: Any, x_dt: str, shape, reduced, out_t: Any, a
             prog.free(res)
         if acc_i is not None:
             prog.free(acc_i)
-        prog.free(acc)
+        prog.free(pair if pair is not None else acc)
     for t in lag:
         prog.free(t)
+    if big is not None:
+        prog.free(big)
 
 
-def _arg_chunk(prog, mode, tile, view, tdims, kax, rax, m, acc_v, acc_i, base, cm, ppc, kshape):
-    """Fold one chunk's (extreme value ``m``, first index) into the running (acc_v, acc_i) pair."""
+def _line_keys(prog, mode, m, shape):
+    """``(s0, s1)`` of the extremes ``m``: ``m`` with NaN as -inf (argmax; +inf for argmin), and 1 where ``m``
+    is a number, 0 where it is NaN (the candidate test is ``(x >= s0) == s1``, ``<=`` for argmin)."""
+    s0 = prog.sbuf(shape, "float32")
+    s1 = prog.sbuf(shape, "float32")
+    if mode == "argmax":
+        prog.tensor_scalar(s0, m, "max", -math.inf)      # ALU max keeps its second operand for a NaN first
+    else:
+        prog.tensor_scalar(s0, m, "min", math.inf)
+    prog.tensor_scalar(s1, m, "is_ge", -math.inf, engine="gpsimd")
+    return s0, s1
+
+
+def _noncandidates(prog, mode, x, m, shape):
+    """A new fp32 tile of ``shape``: 1 where ``x`` (same shape as the extremes ``m``) is not its line's
+    extreme (the first NaN rule: on a line with a NaN only NaNs are candidates), else 0."""
+    s0, s1 = _line_keys(prog, mode, m, shape)
+    nc = prog.sbuf(shape, "float32")
+    prog.tensor_tensor(nc, x, s0, "is_ge" if mode == "argmax" else "is_le")
+    prog.tensor_tensor(nc, nc, s1, "not_equal")
+    prog.free(s1)
+    prog.free(s0)
+    return nc
+
+
+def _arg_chunk(prog, mode, tile, view, tdims, kax, rax, m, acc_v, acc_i, big, base, cm, ppc, kshape, first):
+    """Fold one chunk's (extreme value ``m``, first index) into the running (acc_v, acc_i) pair.
+
+    ``view`` is the chunk's ``tile`` with kept axes first (the tile is freed once read: the next chunk's load
+    may reuse it); ``m`` its NaN-propagating extremes per line (``acc_v`` itself for the ``first`` chunk,
+    whose index then goes straight to ``acc_i``); ``big``: a ``[128, 1]`` tile of 2**24. Candidates and keys
+    as in the module docstring.
+    """
     tshape = [t[0] for t in tdims]
-    ids = prog.sbuf((ppc, *tshape), "float32")
-    prog.iota(ids, base=base, channel_multiplier=cm, pattern=[t[2] if t[3] else 0 for t in tdims])
-    idv = ids.permute(0, *kax, *rax)
-    eq = prog.sbuf((ppc, *[tshape[a - 1] for a in kax], *[tshape[a - 1] for a in rax]), "float32")
     kept_n = [tshape[a - 1] for a in kax]
     red_n = [tshape[a - 1] for a in rax]
-    mview = m.reshape(ppc, *kept_n, *[1] * len(red_n)) if kept_n else m.reshape(ppc, *[1] * len(red_n))
-    mb = mview.broadcast_to((ppc, *kept_n, *red_n))
-    prog.tensor_tensor(eq, view, mb, "is_equal")
-    prog.tensor_scalar(eq, eq, "subtract", 1.0, "multiply", -_BIG)   # 0 where equal, BIG elsewhere
-    prog.tensor_tensor(eq, eq, idv, "add")
-    ci = prog.sbuf((ppc, *kshape), "float32")
+    vshape = (ppc, *kept_n, *red_n)
+    pattern = [t[2] if t[3] else 0 for t in tdims]
     raxes = tuple(range(1 + len(kax), 1 + len(kax) + len(rax)))
-    prog.tensor_reduce(ci.reshape(ppc, *kept_n) if kept_n else ci, eq, "min", axis=raxes)
-    upd = prog.sbuf((ppc, *kshape), "float32")
-    prog.tensor_tensor(upd, m, acc_v, "is_gt" if mode == "argmax" else "is_lt")
-    prog.tensor_tensor(acc_v, acc_v, m, "max" if mode == "argmax" else "min")
-    prog.select(acc_i, upd, ci, acc_i)
-    prog.free(upd)
-    prog.free(ci)
-    prog.free(eq)
-    prog.free(ids)
+    cmp = "is_ge" if mode == "argmax" else "is_le"
+    u = None
+    if not first:
+        # where the chunk replaces the running pair: strictly better, or a NaN over a number (on GpSimd,
+        # in parallel with the chunk's VectorE work)
+        u = prog.sbuf((ppc, *kshape), "float32")
+        nn = prog.sbuf((ppc, *kshape), "float32")
+        prog.tensor_scalar(nn, acc_v, "is_ge", -math.inf, engine="gpsimd")       # 1: the running value is a number
+        prog.tensor_tensor(u, m, acc_v, "is_le" if mode == "argmax" else "is_ge", engine="gpsimd")  # 1: no better
+        prog.tensor_tensor(u, u, nn, "is_lt", engine="gpsimd")
+        prog.free(nn)
+    ci = acc_i if first else prog.sbuf((ppc, *kshape), "float32")
+    ci_v = ci.reshape(ppc, *kept_n) if kept_n else ci
+    if _prod(red_n) == 1:
+        # one element per line (e.g. the remainder block of a split axis): it is the extreme, its index the index
+        prog.iota(ci.reshape(ppc, *tshape), base=base, channel_multiplier=cm, pattern=pattern)
+        prog.free(tile)
+    elif not kept_n:
+        # one line per partition: s0/s1 are per-partition scalars, the test one two-op tensor_scalar
+        s0, s1 = _line_keys(prog, mode, m, (ppc, *kshape))
+        ids = prog.sbuf((ppc, *tshape), "float32")
+        prog.iota(ids, base=base, channel_multiplier=cm, pattern=pattern)
+        nc = prog.sbuf(vshape, "float32")
+        prog.tensor_scalar(nc, view, cmp, s0, "not_equal", s1)
+        prog.free(tile)
+        prog.select(nc, nc, big[:ppc].broadcast_to(vshape), ids.permute(0, *kax, *rax))
+        prog.tensor_reduce(ci_v, nc, "min", axis=raxes)
+        for t in (nc, ids, s1, s0):
+            prog.free(t)
+    else:
+        # several lines per partition: keys index - BIG where the test holds, BIG - index where it fails;
+        # their min (max) is the first element passing (failing) it, s1 says which one is wanted
+        s0, s1 = _line_keys(prog, mode, m, (ppc, *kshape))
+        lo = prog.sbuf((ppc, *tshape), "float32")
+        hi = prog.sbuf((ppc, *tshape), "float32")
+        prog.iota(lo, base=base - _BIG, channel_multiplier=cm, pattern=pattern)
+        prog.iota(hi, base=_BIG - base, channel_multiplier=-cm, pattern=[-q for q in pattern])
+        bshape = (ppc, *kept_n, *[1] * len(red_n))
+        c = view if tile.dtype == "float32" else prog.sbuf(vshape, "float32")   # the test in place if fp32
+        prog.tensor_tensor(c, view, s0.reshape(*bshape).broadcast_to(vshape), cmp)
+        prog.free(s0)
+        if c is not view:
+            prog.free(tile)
+        prog.select(c, c, lo.permute(0, *kax, *rax), hi.permute(0, *kax, *rax))
+        prog.free(hi)
+        prog.free(lo)
+        b = prog.sbuf((ppc, *kshape), "float32")
+        prog.tensor_reduce(ci_v, c, "min", axis=raxes)
+        prog.tensor_reduce(b.reshape(ppc, *kept_n), c, "max", axis=raxes)
+        prog.select(ci, s1, ci, b)                    # index - BIG < 0, or BIG - index > 0:
+        prog.tensor_scalar(ci, ci, "abs_max", 0.0, "subtract", _BIG, reverse1=True)   # index = BIG - |key|
+        for t in (b, tile if c is view else c, s1):
+            prog.free(t)
+    if not first:
+        prog.select(acc_v, u, m, acc_v)
+        prog.select(acc_i, u, ci, acc_i)
+        prog.free(u)
+        prog.free(ci)
 
 
 def _in_dtype(ctx, eqn) -> str:
@@ -437,12 +562,17 @@ def _cumsum(ctx, eqn, ins, outs):
 
 
 def _sort_lines(ctx, eqn, x_t, x_dt, shape, d, descending, k, out_v, out_i):
-    """Sort every line of ``x_t`` along axis ``d`` (stable), writing the first ``k`` values and indices.
+    """Sort every line of ``x_t`` along axis ``d`` (stable, NaN last; first when ``descending``), writing the
+    first ``k`` values and indices.
 
-    Per line: the line is broadcast to all partitions; each element's rank (elements before it in the
-    order, ties broken by index) comes from one compare + one masked compare + a reduce per 128 elements;
-    the ranks go through HBM scratch to be broadcast in turn, and output slot ``r`` selects the element
-    whose rank is ``r`` (``select`` + ``add`` reduce, exact for any value but NaN).
+    Per line: the line is broadcast to all partitions. Element ``i`` (on a partition) counts the elements
+    before it: ``A`` over ``j < i`` and ``B`` over ``j > i`` (``affine_select`` masks on GpSimd), one
+    ``tensor_scalar`` each, both summed by one reduce. Ascending, for a number ``x_i``: ``A = x_j <= x_i``,
+    ``B = x_j < x_i`` (a NaN ``x_j`` counts in neither); for a NaN: ``A = (x_j <= +inf) xor 1`` (the NaNs
+    before it), ``B = x_j < -inf`` (none), plus the count of numbers on the line. Descending mirrors it with
+    ``>=``/``>``, NaN as -inf/+inf, and numbers add the line's NaN count. The ranks go through HBM scratch to
+    be broadcast in turn, and output slot ``r`` selects the element whose rank is ``r`` (``select`` + ``add``
+    reduce, exact for any value: a NaN or an infinity plus zeros is itself).
     """
     prog = ctx.prog
     n = shape[d]
@@ -454,36 +584,64 @@ def _sort_lines(ctx, eqn, x_t, x_dt, shape, d, descending, k, out_v, out_i):
         raise CannotLower(f"sort/topk of lines of {n} elements: five [128, {n}] fp32 tiles do not fit in SBUF")
     if n >= _EXACT:
         raise CannotLower("sort/topk: ranks beyond 2**24 are not exact on the fp32 engines")
-    row = prog.sbuf((128, n), x_dt)
+    f32 = x_dt == "float32"
+    row = None if f32 else prog.sbuf((128, n), x_dt)
     rf = prog.sbuf((128, n), "float32")
     ids = prog.sbuf((128, n), "float32")
     prog.iota(ids, pattern=[1])
     zero = prog.sbuf((128, 1), "float32")
     prog.memset(zero, 0.0, engine="vector")
+    cnt = prog.sbuf((128, 1), "float32")
     ranks = ctx.scratch((n,), "float32")
     rk = prog.sbuf((128, n), "float32")
-    cmp_op = "is_gt" if descending else "is_lt"
+    inf = math.inf
+    # (A's compare, A's NaN threshold, B's compare, B's NaN threshold); a NaN x_i: A = NaN-ness of x_j
+    a_cmp, a_nan, b_cmp, b_nan = ("is_ge", -inf, "is_gt", inf) if descending else ("is_le", inf, "is_lt", -inf)
     for li in itertools.product(*[range(shape[i]) for i in others]):
         xoff = sum(i * st[a] for i, a in zip(li, others))
         ooff = sum(i * ost[a] for i, a in zip(li, others))
-        prog.dma_copy(row, hview(x_t, xoff, [(128, 0), (n, sd)]))
-        prog.tensor_copy(rf, row)
+        if f32:
+            prog.dma_copy(rf, hview(x_t, xoff, [(128, 0), (n, sd)]))
+        else:
+            prog.dma_copy(row, hview(x_t, xoff, [(128, 0), (n, sd)]))
+            prog.tensor_copy(rf, row)
         for c0 in range(0, n, 128):
             pc = min(128, n - c0)
-            xc = prog.sbuf((pc, 1), x_dt)       # x[c0 + p] on partition p
-            prog.dma_copy(xc, hview(x_t, xoff + c0 * sd, [(pc, sd), (1, 1)]))
-            xcf = prog.sbuf((pc, 1), "float32")
-            prog.tensor_copy(xcf, xc)
-            lt = prog.sbuf((pc, n), "float32")
-            eq = prog.sbuf((pc, n), "float32")
-            prog.tensor_scalar(lt, rf[:pc], cmp_op, xcf)
-            prog.tensor_scalar(eq, rf[:pc], "is_equal", xcf)
-            prog.affine_select(eq, eq, cmp="is_gt", base=c0, channel_multiplier=1, pattern=[-1], fill=0.0)
-            prog.tensor_tensor(lt, lt, eq, "add")
+            xcf = prog.sbuf((pc, 1), "float32")       # x[c0 + p] on partition p
+            src = hview(x_t, xoff + c0 * sd, [(pc, sd), (1, 1)])
+            if f32:
+                prog.dma_copy(xcf, src)
+            else:
+                xc = prog.sbuf((pc, 1), x_dt)
+                prog.dma_copy(xc, src)
+                prog.tensor_copy(xcf, xc, engine="gpsimd")
+                prog.free(xc)
+            ta = prog.sbuf((pc, 1), "float32")
+            tb = prog.sbuf((pc, 1), "float32")
+            fl = prog.sbuf((pc, 1), "float32")
+            # thresholds with NaN replaced (ALU min/max keep their second operand for a NaN first), and the
+            # flag: ascending 1 for a NaN x_i (A is xor-ed with it), descending 1 for a number (A is
+            # compared equal to it)
+            prog.tensor_scalar(tb, xcf, "min" if b_nan > 0 else "max", b_nan)
+            prog.tensor_scalar(ta, xcf, "min" if a_nan > 0 else "max", a_nan, engine="gpsimd")
+            if descending:
+                prog.tensor_scalar(fl, xcf, "is_ge", -inf, engine="gpsimd")
+            else:
+                prog.tensor_scalar(fl, xcf, "is_ge", -inf, "is_equal", 0.0, engine="gpsimd")
+            ab = prog.sbuf((pc, 2, n), "float32")
+            prog.tensor_scalar(ab[:, 1, :], rf[:pc], b_cmp, tb)
+            prog.affine_select(ab[:, 1, :], ab[:, 1, :], cmp="is_gt", base=-c0, channel_multiplier=-1,
+                               pattern=[1], fill=0.0)                 # j > i
+            prog.tensor_scalar(ab[:, 0, :], rf[:pc], a_cmp, ta, "is_equal" if descending else "not_equal", fl)
+            prog.affine_select(ab[:, 0, :], ab[:, 0, :], cmp="is_gt", base=c0, channel_multiplier=1, pattern=[-1],
+                               fill=0.0)                              # j < i
+            if c0 == 0:
+                _line_count(prog, rf, rk, cnt, descending)
             r = prog.sbuf((pc, 1), "float32")
-            prog.tensor_reduce(r, lt, "add")
+            prog.tensor_reduce(r, ab, "add", axis=(1, 2))
+            prog.tensor_scalar(r, fl, "multiply", cnt[:pc], "add", r, engine="gpsimd")
             prog.dma_copy(hview(ranks, c0, [(pc, 1), (1, 1)]), r)
-            for t in (r, eq, lt, xcf, xc):
+            for t in (r, ab, fl, tb, ta, xcf):
                 prog.free(t)
         prog.dma_copy(rk, hview(ranks, 0, [(128, 0), (n, 1)]))
         for r0 in range(0, k, 128):
@@ -504,8 +662,18 @@ def _sort_lines(ctx, eqn, x_t, x_dt, shape, d, descending, k, out_v, out_i):
             store_int(ctx, hview(out_i, ooff + r0 * ost[d], [(pc, ost[d]), (1, 1)]), ix, nonneg=True)
             for t in (ix, v, sel, m, want):
                 prog.free(t)
-    for t in (rk, zero, ids, rf, row):
+    for t in (rk, cnt, zero, ids, rf) + ((row,) if row is not None else ()):
         prog.free(t)
+
+
+def _line_count(prog, rf, tmp, cnt, descending):
+    """``cnt[p] =`` the count of numbers (ascending: a NaN's rank adds it) or of NaNs (descending: a
+    number's) on the line ``rf`` (broadcast on every partition); GpSimd, ``tmp`` a scratch tile like ``rf``."""
+    if descending:
+        prog.tensor_scalar(tmp, rf, "is_ge", -math.inf, "is_equal", 0.0, engine="gpsimd")
+    else:
+        prog.tensor_scalar(tmp, rf, "is_ge", -math.inf, engine="gpsimd")
+    prog.tensor_reduce(cnt, tmp, "add", engine="gpsimd")
 
 
 def _sortable(ctx, eqn) -> str:
@@ -519,7 +687,7 @@ def _sortable(ctx, eqn) -> str:
 
 @lowering("sort")
 def _sort(ctx, eqn, ins, outs):
-    """Stable sort along ``dim`` (values and int64 indices) by per-element ranks (NaN not ordered)."""
+    """Stable sort along ``dim`` (values and int64 indices) by per-element ranks (NaN last; first descending)."""
     x_dt = _sortable(ctx, eqn)
     xv = eqn.inputs[0]
     shape = tuple(xv.shape) or (1,)
@@ -531,7 +699,8 @@ def _sort(ctx, eqn, ins, outs):
 
 @lowering("topk")
 def _topk(ctx, eqn, ins, outs):
-    """The ``k`` largest (smallest) elements along ``dim`` in sorted order, with their int64 indices."""
+    """The ``k`` largest (smallest) elements along ``dim`` in sorted order, with their int64 indices (NaN is
+    larger than every number, as in torch)."""
     x_dt = _sortable(ctx, eqn)
     xv = eqn.inputs[0]
     shape = tuple(xv.shape) or (1,)
