@@ -56,9 +56,13 @@ TOLERANCES = {
 }
 
 #: Per-op float32 tolerances (name or name.variant -> rtol/atol) for ops whose
-#: decomposition legitimately changes rounding. Empty: every op currently
-#: passes at the default float32 tolerance; add an entry only with a reason.
-OP_TOLERANCES: Dict[str, Dict[str, float]] = {}
+#: decomposition legitimately changes rounding; add an entry only with a reason.
+OP_TOLERANCES: Dict[str, Dict[str, float]] = {
+    # one 2-d convolution over depth-stacked channels sums the 64 products of a 4x4x4 kernel (samples in
+    # [-9, 9], partial sums ~500, ulp 6e-5) in another order than eager's kernel: both are ~7e-5 from the
+    # float64 result at the worst element, 9e-5 from each other where the result cancels to ~1
+    "nn.functional.conv3d": dict(rtol=1e-5, atol=2e-4),
+}
 
 #: Ops whose result values are undefined (uninitialised memory): only shapes
 #: and dtypes are compared.

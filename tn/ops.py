@@ -695,6 +695,12 @@ def _conv_bwd_conv(grad, x, w, bias_sizes, stride, padding, dilation, transposed
 # then channel) and w [O, Cg, kD, kH, kW] becomes w2 [O, kD*Cg, kH, kW]; height and width keep their
 # stride, padding and dilation in the 2-d convolution, whose contraction covers all three kernel axes.
 
+def _triple(v) -> List[int]:
+    """A 3-d convolution's stride/padding/dilation as three ints (aten also takes one for all axes)."""
+    v = [int(v)] if isinstance(v, int) else [int(n) for n in v]
+    return v * 3 if len(v) == 1 else v
+
+
 def _conv3d_geometry(x, w, stride, padding, dilation):
     N, C, D = int(x.shape[0]), int(x.shape[1]), int(x.shape[2])
     kD = int(w.shape[2])
@@ -725,6 +731,7 @@ def _conv3d_decomp(x, w, b, stride, padding, dilation, transposed, output_paddin
     """aten.convolution of a 5-d input (not transposed) as one 2-d convolution over depth-stacked channels."""
     if _ndim(w) != 5 or transposed:
         return NotImplemented
+    stride, padding, dilation = _triple(stride), _triple(padding), _triple(dilation)
     N, C, D, kD, Do = _conv3d_geometry(x, w, stride, padding, dilation)
     y2 = aten.convolution.default(_conv3d_x2(x, w, stride, padding, dilation, groups), _conv3d_w2(w), b,
                                   list(stride[1:]), list(padding[1:]), list(dilation[1:]), False, [0, 0],
@@ -740,6 +747,7 @@ def _conv3d_backward_decomp(grad, x, w, bias_sizes, stride, padding, dilation, t
     gradient scattered back from the stacked depth taps (summed in fp32 for 16-bit dtypes)."""
     if _ndim(w) != 5 or transposed:
         return NotImplemented
+    stride, padding, dilation = _triple(stride), _triple(padding), _triple(dilation)
     N, C, D, kD, Do = _conv3d_geometry(x, w, stride, padding, dilation)
     H, W = int(x.shape[3]), int(x.shape[4])
     O, Cg = int(w.shape[0]), int(w.shape[1])
