@@ -219,7 +219,7 @@ def test_out_forms_that_cannot_be_traced_say_so():
 
 # --------------------------------------------------------------------------- conv3d
 
-_CONV3D = [dict(), dict(padding=1), dict(stride=2, padding=(1, 0, 2)), dict(dilation=(2, 1, 1), padding=2),
+_CONV3D = [dict(), dict(padding=1), dict(padding="valid"), dict(padding="same", dilation=(1, 2, 1)), dict(stride=2, padding=(1, 0, 2)), dict(dilation=(2, 1, 1), padding=2),
            dict(groups=2, stride=(2, 1, 2)), dict(stride=3, dilation=2, padding=(0, 1, 1))]
 
 

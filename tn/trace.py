@@ -18,7 +18,9 @@ Per aten op, in this order:
    functionalised: the new value is computed out of place and written into
    the base through the inverse of the view chain (``slice_scatter`` ...);
    an input whose value changed is returned as an extra output listed in
-   :attr:`IR.mutations`;
+   :attr:`IR.mutations`; ``out=`` overloads (``torch.mm(a, b, out=c)``)
+   are their functional form plus a ``copy_`` into each out tensor (an out
+   tensor the op would resize is an :class:`tn.UnsupportedOpError`);
 4. ops in :data:`tn.ops.FROM_ATEN` are recorded as core ops (output shapes
    from torch's meta kernels, cached by the arguments' metadata, so a warm
    trace runs almost none);
