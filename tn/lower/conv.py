@@ -35,8 +35,11 @@ all pixels); the bias gradient is a VectorE reduction.
 A transposed convolution is lowered as that input gradient (plus bias), and
 its backward as the forward convolution (input gradient) and the forward
 weight gradient with the output gradient and input swapped. 3-d
-convolutions raise :class:`~tn.lower.base.CannotLower` (they run on the
-host, visibly).
+convolutions (and their gradients) reach this lowering as 2-d ones: the
+tracer decomposes them (:mod:`tn.ops`) into one 2-d convolution over
+depth-stacked channels; a 3-d convolution equation built by hand, and a
+transposed 3-d convolution, raise :class:`~tn.lower.base.CannotLower` (they
+run on the host, visibly).
 """
 from __future__ import annotations
 
