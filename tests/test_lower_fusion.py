@@ -80,3 +80,36 @@ def test_long_bf16_special_function_chain_one_build(builds):
     got = exe([x, q])[0].float()
     want = torch.special.zeta(x.float(), q.float())
     torch.testing.assert_close(got, want, rtol=2e-2, atol=1e-2)
+
+
+def _chain_softmax(x):
+    """A long elementwise chain into a softmax over long rows."""
+    for _ in range(40):
+        x = torch.sin(x) * 1.01 + 0.1
+    return torch.softmax(x, -1)
+
+
+@pytest.mark.parametrize("shape", [(8, 4096), (2, 20000), (4, 70000)])
+def test_row_group_too_long_for_sbuf_is_split_at_plan_time(shape, builds):
+    # with the whole chain, the softmax rows do not fit the row group's SBUF budget: the planner splits the
+    # chain off (a map group) instead of proposing a group that fails (one rebuild per leading equation);
+    # rows longer than any budget (70000) leave the reductions on their own
+    x = torch.randn(shape)
+    ir = _ir(_chain_softmax, x)
+    exe = tn.lower.compile_ir(ir, strict=True)
+    assert builds["n"] == 1
+    assert exe.stats["fused_eqns"] >= len(ir.eqns) - 3
+    got = exe([x])[0]
+    torch.testing.assert_close(got, _chain_softmax(x), rtol=1e-4, atol=1e-6)
+
+
+def test_row_group_that_fits_is_planned_whole():
+    # a softmax after a short chain stays one row group (the split only applies when rows do not fit)
+    from tn.lower import fusion
+
+    x = torch.randn(16, 2048)
+    ir = _ir(lambda t: torch.softmax(torch.tanh(t) * 2 + t.sigmoid(), -1), x)
+    groups = fusion.plan(ir, {})
+    assert len(groups) == 1
+    (g,) = groups.values()
+    assert isinstance(g, fusion.Group) and g.r == 1 and len(g.eqns) == len(ir.eqns)

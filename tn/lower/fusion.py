@@ -26,7 +26,12 @@ only the chain's results are stored.
 
 :func:`plan` chooses groups and epilogues; the compiler lowers them, falls
 back to unfused lowering when a group cannot be emitted, and counts fused
-equations in ``stats["fused_eqns"]``.
+equations in ``stats["fused_eqns"]``. Each fallback rebuilds the whole
+program list, so the planner proposes no group it knows cannot be emitted:
+a row group whose whole rows would not fit its SBUF budget (checked with
+the same byte count :func:`lower_map` uses) starts at the earliest
+equation from which it fits, the equations before it forming a group of
+their own.
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 import torch
 
 from ..ir import IR, Eqn, Literal, Var
+from ..neuron import get_arch
 from .base import NEURON_DTYPES, CannotLower, dataflow, store_tile
 
 __all__ = ["plan", "Group", "EpilogueGroup", "lower_map", "SBUF_BUDGET", "MAX_FREE", "ROW_REDUCE"]
@@ -276,6 +282,140 @@ class Group:
         return f"<Group {[e.op.name for e in self.eqns]} space={self.space} r={self.r}>"
 
 
+class _Values:
+    """How the values of a group live in SBUF (see :func:`_values`)."""
+
+    def __init__(self, **kw: Any):
+        self.__dict__.update(kw)
+
+    def resolve(self, a: Var) -> Tuple[Var, float, float]:
+        """``(root, scale, bias)``: ``a`` is ``root * scale + bias`` of the value actually computed."""
+        a = self.alias.get(a, a)
+        return self.lazy.get(a, (a, 1.0, 0.0))
+
+
+def _values(eqns: List[Eqn], in_vars: List[Var], out_vars: List[Var]) -> _Values:
+    """Tile aliases, folded affine values, narrowing casts, SBUF frees and bytes per element of a group.
+
+    Shared by :func:`lower_map` (which emits the group) and :func:`plan`
+    (which checks that a row group's rows fit before proposing it).
+    """
+    from .elementwise import TILE_RULES
+
+    # Affine folding: x*c, x+c, x-c, c-x, x/c (fp32, one Var and one number) are not computed on their
+    # own when every consumer in the group is another such op or a ScalarE function: the consumer runs
+    # one activation func(x * scale + bias) from the root value (relu(x*1.5+0.25) is one instruction).
+    out_set = set(out_vars)
+    users_in: Dict[Var, List[int]] = {}
+    for j, e in enumerate(eqns):
+        for a in e.inputs:
+            if isinstance(a, Var):
+                users_in.setdefault(a, []).append(j)
+    alias: Dict[Var, Var] = {}
+    for e in eqns:
+        if is_alias_reshape(e) or (_widening(e) and e.outputs[0] not in out_set):
+            # a widening float cast is the same tile for the engines (they compute in fp32 anyway)
+            x = e.inputs[0]
+            alias[e.outputs[0]] = alias.get(x, x)
+    lazy: Dict[Var, Tuple[Var, float, float]] = {}
+    for j, e in enumerate(eqns):
+        aff = _affine_of(e)
+        if aff is not None:
+            aff = (alias.get(aff[0], aff[0]), aff[1], aff[2])
+        v = e.outputs[0]
+        if aff is None or v in out_set or not users_in.get(v):
+            continue
+        if all(_affine_of(eqns[u]) is not None or _consumer_func(eqns[u]) is not None for u in users_in[v]):
+            u0, a0, b0 = aff
+            root, A, B = lazy.get(u0, (u0, 1.0, 0.0))
+            lazy[v] = (root, a0 * A, a0 * B + b0)
+
+    # a narrowing cast of an fp32 value used by nothing else: the producer writes the cast's dtype (the
+    # engine rounds its fp32 result once, as torch rounds the fp32 value), into the stored buffer if stored
+    narrow: Dict[Var, Var] = {}
+    for j, e in enumerate(eqns):
+        if e.op.name != "convert" or not isinstance(e.inputs[0], Var):
+            continue
+        x, y = e.inputs[0], e.outputs[0]
+        if x.dtype == torch.float32 and y.dtype in (torch.bfloat16, torch.float16) and \
+                x not in out_set and x not in lazy and x not in alias and x not in in_vars and \
+                users_in.get(x) == [j] and any(x in ee.outputs and ee.op.name != "convert" for ee in eqns[:j]):
+            narrow[x] = y
+            alias[y] = x
+    for v in list(alias):           # aliases of aliases: straight to the value computed
+        root = alias[v]
+        while root in alias:
+            root = alias[root]
+        alias[v] = root
+    narrow_stored = {x for x, y in narrow.items() if y in out_set}
+
+    vals = _Values(out_set=out_set, users_in=users_in, alias=alias, lazy=lazy, narrow=narrow,
+                   narrow_stored=narrow_stored)
+    resolve = vals.resolve
+
+    # SBUF liveness: inputs and stored outputs live for NBUF iterations (double buffering); pure
+    # intermediates are freed right after their last use inside the iteration.
+    last_use: Dict[Var, int] = {}
+    for j, e in enumerate(eqns):
+        for a in e.inputs:
+            if isinstance(a, Var):
+                last_use[resolve(a)[0]] = j
+    frees_after: Dict[int, List[Var]] = {}
+    live_b = peak_b = 0
+    for j, e in enumerate(eqns):
+        for v in e.outputs:
+            if v not in out_set and v not in lazy and v not in alias and v not in narrow_stored:
+                live_b += _itemsize(v.dtype)
+        peak_b = max(peak_b, live_b)
+        for v in e.outputs:
+            if v not in out_set and v not in lazy and v not in alias and v not in narrow_stored and \
+                    last_use.get(v, j) <= j:
+                frees_after.setdefault(j, []).append(v)
+                live_b -= _itemsize(v.dtype)
+        for a in dict.fromkeys(resolve(a)[0] for a in e.inputs if isinstance(a, Var)):
+            if a not in out_set and a not in in_vars and last_use.get(a) == j and a not in e.outputs and \
+                    a not in narrow_stored:
+                frees_after.setdefault(j, []).append(a)
+                live_b -= _itemsize(a.dtype)
+    temps = max([getattr(TILE_RULES.get(e.op.name), "temps", 3) for e in eqns] or [3])
+    fixed_b = sum(_itemsize(v.dtype) for v in in_vars) + sum(_itemsize(v.dtype) for v in out_vars)
+    per_elem = NBUF * fixed_b + peak_b + 4 * temps
+    vals.frees_after = frees_after
+    vals.per_elem = per_elem
+    return vals
+
+
+def _max_free(per_elem: int, n_eqns: int, in_vars: List[Var], out_vars: List[Var], space: Sequence[int],
+              parts: int, row: int) -> int:
+    """Largest free size of a tile of a group with ``per_elem`` SBUF bytes per element.
+
+    ``row`` is the length of the rows a row group keeps whole (0 for a map
+    group); a row group whose row exceeds the result cannot be emitted.
+    """
+    max_free = max(64, min(MAX_FREE, SBUF_BUDGET // per_elem))
+    # software pipelining: with several engines in the chain, aim at >= PIPELINE_TILES tiles (the
+    # engines then work on different tiles at once), but keep >= MIN_FREE elements per partition
+    per_part = -(-_numel(space) // parts)
+    # >= 2 KiB per partition per DMA (MIN_FREE fp32 elements; more for narrower dtypes)
+    min_free = max(MIN_FREE, 4 * MIN_FREE // min([_itemsize(v.dtype) for v in in_vars + out_vars] or [4]))
+    if n_eqns > 1 or per_part > 4 * min_free:
+        max_free = max(min(max_free, min_free), min(max_free, per_part // PIPELINE_TILES))
+    max_free = 1 << (max_free.bit_length() - 1)
+    if row and row > max_free:
+        max_free = min(MAX_FREE * 8, SBUF_BUDGET // per_elem)
+    return max_free
+
+
+def _row_fits(eqns: List[Eqn], in_vars: List[Var], out_vars: List[Var], space: Sequence[int], r: int,
+              parts: int) -> bool:
+    """Whether the rows of row group ``eqns`` (reducing the last ``r`` axes of ``space``) fit its SBUF budget."""
+    row = _numel(space[len(space) - r:])
+    if row <= 64:
+        return True
+    vals = _values(eqns, in_vars, out_vars)
+    return row <= _max_free(vals.per_elem, len(eqns), in_vars, out_vars, space, parts, row)
+
+
 def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], out_vars: List[Var],
               out_hbm: List[Any], *, space: Optional[Tuple[int, ...]] = None, r: int = 0,
               rowvars: Optional[Set[Var]] = None, allow_int64: bool = False) -> None:
@@ -331,81 +471,9 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             c_red *= n
         if c_red != 1 and (not dims or dims[-1] != c_red):
             raise CannotLower(f"the reduced axes {space[len(space) - r:]} do not form one contiguous row")
-    # Affine folding: x*c, x+c, x-c, c-x, x/c (fp32, one Var and one number) are not computed on their
-    # own when every consumer in the group is another such op or a ScalarE function: the consumer runs
-    # one activation func(x * scale + bias) from the root value (relu(x*1.5+0.25) is one instruction).
-    out_set = set(out_vars)
-    users_in: Dict[Var, List[int]] = {}
-    for j, e in enumerate(eqns):
-        for a in e.inputs:
-            if isinstance(a, Var):
-                users_in.setdefault(a, []).append(j)
-    alias: Dict[Var, Var] = {}
-    for e in eqns:
-        if is_alias_reshape(e) or (_widening(e) and e.outputs[0] not in out_set):
-            # a widening float cast is the same tile for the engines (they compute in fp32 anyway)
-            x = e.inputs[0]
-            alias[e.outputs[0]] = alias.get(x, x)
-    lazy: Dict[Var, Tuple[Var, float, float]] = {}
-    for j, e in enumerate(eqns):
-        aff = _affine_of(e)
-        if aff is not None:
-            aff = (alias.get(aff[0], aff[0]), aff[1], aff[2])
-        v = e.outputs[0]
-        if aff is None or v in out_set or not users_in.get(v):
-            continue
-        if all(_affine_of(eqns[u]) is not None or _consumer_func(eqns[u]) is not None for u in users_in[v]):
-            u0, a0, b0 = aff
-            root, A, B = lazy.get(u0, (u0, 1.0, 0.0))
-            lazy[v] = (root, a0 * A, a0 * B + b0)
-
-    # a narrowing cast of an fp32 value used by nothing else: the producer writes the cast's dtype (the
-    # engine rounds its fp32 result once, as torch rounds the fp32 value), into the stored buffer if stored
-    narrow: Dict[Var, Var] = {}
-    for j, e in enumerate(eqns):
-        if e.op.name != "convert" or not isinstance(e.inputs[0], Var):
-            continue
-        x, y = e.inputs[0], e.outputs[0]
-        if x.dtype == torch.float32 and y.dtype in (torch.bfloat16, torch.float16) and \
-                x not in out_set and x not in lazy and x not in alias and x not in in_vars and \
-                users_in.get(x) == [j] and any(x in ee.outputs and ee.op.name != "convert" for ee in eqns[:j]):
-            narrow[x] = y
-            alias[y] = x
-    for v in list(alias):           # aliases of aliases: straight to the value computed
-        root = alias[v]
-        while root in alias:
-            root = alias[root]
-        alias[v] = root
-    narrow_stored = {x for x, y in narrow.items() if y in out_set}
-
-    def resolve(a: Var) -> Tuple[Var, float, float]:
-        a = alias.get(a, a)
-        return lazy.get(a, (a, 1.0, 0.0))
-
-    # SBUF liveness: inputs and stored outputs live for NBUF iterations (double buffering); pure
-    # intermediates are freed right after their last use inside the iteration.
-    last_use: Dict[Var, int] = {}
-    for j, e in enumerate(eqns):
-        for a in e.inputs:
-            if isinstance(a, Var):
-                last_use[resolve(a)[0]] = j
-    frees_after: Dict[int, List[Var]] = {}
-    live_b = peak_b = 0
-    for j, e in enumerate(eqns):
-        for v in e.outputs:
-            if v not in out_set and v not in lazy and v not in alias and v not in narrow_stored:
-                live_b += _itemsize(v.dtype)
-        peak_b = max(peak_b, live_b)
-        for v in e.outputs:
-            if v not in out_set and v not in lazy and v not in alias and v not in narrow_stored and \
-                    last_use.get(v, j) <= j:
-                frees_after.setdefault(j, []).append(v)
-                live_b -= _itemsize(v.dtype)
-        for a in dict.fromkeys(resolve(a)[0] for a in e.inputs if isinstance(a, Var)):
-            if a not in out_set and a not in in_vars and last_use.get(a) == j and a not in e.outputs and \
-                    a not in narrow_stored:
-                frees_after.setdefault(j, []).append(a)
-                live_b -= _itemsize(a.dtype)
+    vals = _values(eqns, in_vars, out_vars)
+    out_set, alias, lazy, narrow = vals.out_set, vals.alias, vals.lazy, vals.narrow
+    narrow_stored, frees_after, resolve = vals.narrow_stored, vals.frees_after, vals.resolve
     # an activation whose only consumer... or first consumer is the next equation's row sum: one ScalarE
     # instruction with a fused reduce (exp + sum in softmax, x*x + sum in norms)
     act_red: Dict[int, Tuple[str, Var]] = {}
@@ -424,20 +492,8 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
                 act_red[j] = ("square", e.inputs[0])
             elif e.op.name in ACT_FUNC_OF and len(xs) == 1 and len(e.inputs) == 1:
                 act_red[j] = (ACT_FUNC_OF[e.op.name], xs[0])
-    temps = max([getattr(TILE_RULES.get(e.op.name), "temps", 3) for e in eqns] or [3])
-    fixed_b = sum(_itemsize(v.dtype) for v in in_vars) + sum(_itemsize(v.dtype) for v in out_vars)
-    per_elem = NBUF * fixed_b + peak_b + 4 * temps
-    max_free = max(64, min(MAX_FREE, SBUF_BUDGET // per_elem))
-    # software pipelining: with several engines in the chain, aim at >= PIPELINE_TILES tiles (the
-    # engines then work on different tiles at once), but keep >= MIN_FREE elements per partition
-    per_part = -(-_numel(space) // ctx.arch.partitions)
-    # >= 2 KiB per partition per DMA (MIN_FREE fp32 elements; more for narrower dtypes)
-    min_free = max(MIN_FREE, 4 * MIN_FREE // min([_itemsize(v.dtype) for v in in_vars + out_vars] or [4]))
-    if len(eqns) > 1 or per_part > 4 * min_free:
-        max_free = max(min(max_free, min_free), min(max_free, per_part // PIPELINE_TILES))
-    max_free = 1 << (max_free.bit_length() - 1)
-    if r and dims and dims[-1] > max_free:
-        max_free = min(MAX_FREE * 8, SBUF_BUDGET // per_elem)
+    max_free = _max_free(vals.per_elem, len(eqns), in_vars, out_vars, space, ctx.arch.partitions,
+                         dims[-1] if (r and dims) else 0)
     lay = _Layout(dims, sts, max_free, ctx.arch.partitions, whole_c=bool(r))
     in_index = [index[v] for v in in_vars]
     out_pos = {v: j for j, v in enumerate(out_vars)}
@@ -1082,9 +1138,9 @@ def _group_io(ir_eqns: List[Eqn], users: Dict[Var, List[int]], outset: Set[Var],
     return inputs, outputs
 
 
-def _grow(ir: IR, k: int, host: Dict[int, str]) -> Tuple[int, Tuple[int, ...], int, Set[Var]]:
-    """Longest run from ``k`` forming one group: returns (end, space, r, rowvars)."""
-    n = len(ir.eqns)
+def _grow(ir: IR, k: int, host: Dict[int, str], stop: Optional[int] = None) -> Tuple[int, Tuple[int, ...], int, Set[Var]]:
+    """Longest run from ``k`` (ending at ``stop`` at the latest) forming one group: returns (end, space, r, rowvars)."""
+    n = len(ir.eqns) if stop is None else stop
     space: Optional[Tuple[int, ...]] = None
     r = 0
     rowvars: Set[Var] = set()
@@ -1149,14 +1205,18 @@ def plan(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()) -> Dict[i
         if any(isinstance(a, Var) and a.numel == 0 for a in list(e.inputs) + list(e.outputs)):
             host[k] = "zero-size"   # never fused (the compiler folds or runs these on the host)
     groups: Dict[int, Any] = {}
+    parts = get_arch(None).partitions
+    # reductions from which no row group fits the SBUF budget (they are lowered on their own)
+    norow: Set[int] = set()
     k = 0
     while k < n:
         e = ir.eqns[k]
         if k in host or k in nofuse:
             k += 1
             continue
-        is_head = e.op.category in EPILOGUE_HEADS and len(e.outputs) == 1 and e.op.lowering is not None
-        if is_head and _row_reduce_r(e) is not None and _grow(ir, k, host)[0] - k >= 2:
+        can_head = e.op.category in EPILOGUE_HEADS and len(e.outputs) == 1 and e.op.lowering is not None
+        is_head = can_head
+        if is_head and _row_reduce_r(e) is not None and k not in norow and _grow(ir, k, host)[0] - k >= 2:
             is_head = False  # the reduction joins a row group instead
         if is_head:
             hv = e.outputs[0]
@@ -1175,26 +1235,22 @@ def plan(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()) -> Dict[i
                 continue
             k += 1
             continue
-        end, space, r, rowvars = _grow(ir, k, host)
-        # shrink until every escaping value has the group's full (or row) shape
-        while end - k >= 2:
-            eqns = ir.eqns[k:end]
-            inputs, outputs = _group_io(eqns, users, outset, end)
-            ok = True
-            for v in outputs:
-                if v in rowvars:
+        end, space, r, rowvars = _run(ir, k, host, users, outset)
+        if r and end - k >= 2:
+            inputs, outputs = _group_io(ir.eqns[k:end], users, outset, end)
+            if not _row_fits(ir.eqns[k:end], inputs, outputs, space, r, parts):
+                # the rows do not fit with every equation of the run (emitting it would fail and the compiler
+                # would rebuild once per leading equation): the equations before the largest fitting row
+                # group form a group of their own
+                j0, s0 = _row_start(ir, k, end, users, outset, parts)
+                if s0 is None:
+                    norow.add(j0)
+                    s0 = j0
+                if s0 == k:
+                    # k is a reduction no row group can start from: an epilogue head or a plain equation
+                    k += 0 if can_head else 1
                     continue
-                st = _space_strides(v.shape, space) if _broadcastable(v.shape, space) else None
-                lead = st[:len(space) - r] if (st is not None and r) else st
-                if st is None or any(s == 0 and nn != 1 for s, nn in zip(lead, space)):
-                    ok = False
-                    break
-            if ok:
-                break
-            end -= 1
-            if r and not any(_row_reduce_r(ee) for ee in ir.eqns[k:end]):
-                end2, space, r, rowvars = _grow_prefix(ir, k, end)
-                end = end2
+                end, space, r, rowvars = _run(ir, k, host, users, outset, stop=s0)
         if end - k >= 2:
             eqns = ir.eqns[k:end]
             inputs, outputs = _group_io(eqns, users, outset, end)
@@ -1207,5 +1263,59 @@ def plan(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()) -> Dict[i
 
 def _grow_prefix(ir: IR, k: int, end: int) -> Tuple[int, Tuple[int, ...], int, Set[Var]]:
     """Re-derive the space of the run ``k:end`` (after shrinking it)."""
-    sub = IR(ir.inputs, ir.eqns[:end], ir.outputs, ir.consts, ir.mutations)
-    return _grow(sub, k, {})
+    return _grow(ir, k, {}, stop=end)
+
+
+def _run(ir: IR, k: int, host: Dict[int, str], users: Dict[Var, List[int]], outset: Set[Var],
+         stop: Optional[int] = None) -> Tuple[int, Tuple[int, ...], int, Set[Var]]:
+    """The group starting at ``k`` (not past ``stop``): the longest run, shrunk until every value it
+    stores has the group's full (or row) shape. Returns (end, space, r, rowvars)."""
+    end, space, r, rowvars = _grow(ir, k, host, stop)
+    while end - k >= 2:
+        eqns = ir.eqns[k:end]
+        inputs, outputs = _group_io(eqns, users, outset, end)
+        ok = True
+        for v in outputs:
+            if v in rowvars:
+                continue
+            st = _space_strides(v.shape, space) if _broadcastable(v.shape, space) else None
+            lead = st[:len(space) - r] if (st is not None and r) else st
+            if st is None or any(s == 0 and nn != 1 for s, nn in zip(lead, space)):
+                ok = False
+                break
+        if ok:
+            break
+        end -= 1
+        if r and not any(_row_reduce_r(ee) for ee in ir.eqns[k:end]):
+            end2, space, r, rowvars = _grow_prefix(ir, k, end)
+            end = end2
+    return end, space, r, rowvars
+
+
+def _fits_from(ir: IR, s: int, end: int, users: Dict[Var, List[int]], outset: Set[Var], parts: int) -> bool:
+    """Whether the row group of the run ``s:end`` keeps its rows whole within the SBUF budget."""
+    e2, space, r, _ = _grow(ir, s, {}, stop=end)
+    if not r or e2 - s < 2:
+        return True
+    inputs, outputs = _group_io(ir.eqns[s:e2], users, outset, e2)
+    return _row_fits(ir.eqns[s:e2], inputs, outputs, space, r, parts)
+
+
+def _row_start(ir: IR, k: int, end: int, users: Dict[Var, List[int]], outset: Set[Var],
+               parts: int) -> Tuple[int, Optional[int]]:
+    """For a row group ``k:end`` whose rows do not fit: ``(j0, s)``, ``j0`` its first reduction and ``s``
+    the earliest start in ``k+1 .. j0`` from which the row group fits (None if none does).
+
+    Fewer leading equations mean fewer values in SBUF, so the search is a bisection.
+    """
+    j0 = next(j for j in range(k, end) if _row_reduce_r(ir.eqns[j]) is not None)
+    if j0 == k or not _fits_from(ir, j0, end, users, outset, parts):
+        return j0, None
+    lo, hi = k + 1, j0          # hi fits
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _fits_from(ir, mid, end, users, outset, parts):
+            hi = mid
+        else:
+            lo = mid + 1
+    return j0, hi
