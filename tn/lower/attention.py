@@ -26,7 +26,11 @@ the softmax reductions along the free axis; ``exp`` and its row sum are one
 ScalarE instruction), ``P^T`` is a TensorE transpose and ``P V`` accumulates
 over key blocks in PSUM; O is written straight into the merged layout of the
 group's output. Rounding follows torch (each equation's result is rounded to
-its dtype).
+its dtype). The emission is software-pipelined: the scores and softmax of the
+next block of heads, and the loads and ``Q^T``/``K^T`` transposes of the next
+group of heads, come before the previous block's ``P^T``/``P V`` (engines run
+in order); with Q/K/V in HBM the heads are split into about four groups so
+that loads and stores overlap compute.
 
 Limits (else equations are lowered one by one): head size <= 128, keys per row
 <= 512 (one PSUM bank of scores), float dtypes.
@@ -329,6 +333,11 @@ class _Emitter:
         # heads per 128-partition chunk of Q^T / K^T (transposed together when the head size divides 128)
         # (operands of an instruction start at partition 0/32/64/96: head sizes that are multiples of 32)
         self.hpc = _P // d if _P % d == 0 and d % 32 == 0 else 1
+        res = getattr(self.ctx, "resident", {})
+        if not all(b in res for b in g.bases) and B >= 4 and bg * 4 > B:
+            # Q, K and V come from HBM: about four head groups, so that the loads of the next group and the store
+            # of the previous one overlap a group's compute (the loop below is software-pipelined across groups)
+            bg = min(bg, max(self.hpc, _cdiv(B, 4)))
         with TileScope(prog) as scope:
             self.scope = scope
             G = max(1, min(prog.arch.psum_bank_bytes // (_P * isz), 8))
@@ -343,11 +352,14 @@ class _Emitter:
             self.opb = max(1, _NB // dv)
             self.s_slot = self.o_slot = 0
             self.consts: Dict[Any, Any] = {}
-            q_ring = Ring(scope.sbuf((_P, bg, d), self.dt, f"at_q{i}") for i in range(2))
-            k_ring = Ring(scope.sbuf((_P, KB, bg, d), self.dt, f"at_k{i}") for i in range(2))
-            v_ring = Ring(scope.sbuf((_P, KB, bg, dv), self.dt, f"at_v{i}") for i in range(2))
+            # V is read until a group's last P V: with three groups or more, a third buffer lets the loads of
+            # the next group start before then
+            nbuf = 3 if B > 2 * bg and 3 * bg * per <= 64 * 1024 else 2
+            q_ring = Ring(scope.sbuf((_P, bg, d), self.dt, f"at_q{i}") for i in range(nbuf))
+            k_ring = Ring(scope.sbuf((_P, KB, bg, d), self.dt, f"at_k{i}") for i in range(nbuf))
+            v_ring = Ring(scope.sbuf((_P, KB, bg, dv), self.dt, f"at_v{i}") for i in range(nbuf))
             os_ring = Ring(scope.sbuf((_P, bg, dv), NEURON_DTYPES[g.o_eqn.outputs[0].dtype], f"at_os{i}")
-                           for i in range(2))
+                           for i in range(nbuf))
             self.rings: Dict[Any, Any] = {}
             self._compile_body()
             nch = _cdiv(bg, self.hpc)
@@ -363,6 +375,19 @@ class _Emitter:
 
                 rows, cols = handoff_shape(out_var)
                 pub = (prog.sbuf((rows, cols), NEURON_DTYPES[out_var.dtype], name="at_out"), cols)
+            # software pipelining across blocks of heads and across head groups: the scores and softmax of
+            # the next block (and the loads and Q/K transposes of the next head group) are emitted before the
+            # previous block's P^T and P V (each engine runs in order, so TensorE would otherwise wait for
+            # every block's softmax before it starts the next block)
+            HB = self.HB
+            pend = None          # (first head, P tiles, V blocks, O tile, tq, store or None) awaiting its back
+
+            def back(pend):
+                p0, ps, vbs, ot, tq, store = pend
+                self._back([(pt, [vbs[j][:, p0 + i, :] for j in range(KB)], ot[:tq, p0 + i, :])
+                            for i, pt in enumerate(ps)], tq)
+                if store is not None:
+                    store()
             for b0 in range(0, B, bg):
                 nb = min(bg, B - b0)
                 kt_ = k_ring.take()
@@ -394,26 +419,22 @@ class _Emitter:
                         if ot is None:
                             prog.free(pub[0])
                             raise HandoffError(out_var, "attention: the output is not a row block of its SBUF tile")
-                    # software pipelining by blocks of heads: the scores and softmax of block i+1 are emitted
-                    # before block i's P V (each engine runs in order)
-                    HB = self.HB
-                    pend = None
-                    for h0 in range(0, nb + HB, HB):
-                        nxt = None
-                        if h0 < nb:
-                            heads = []
-                            for bi in range(h0, min(nb, h0 + HB)):
-                                c, po = divmod(bi, self.hpc)
-                                po *= d
-                                heads.append((b0 + bi, qT[po:po + d, c, :tq], kT[po:po + d, c, :Tk]))
-                            nxt = (h0, self._front(heads, t0, tq))
+                    for h0 in range(0, nb, HB):
+                        heads = []
+                        for bi in range(h0, min(nb, h0 + HB)):
+                            c, po = divmod(bi, self.hpc)
+                            po *= d
+                            heads.append((b0 + bi, qT[po:po + d, c, :tq], kT[po:po + d, c, :Tk]))
+                        ps = self._front(heads, t0, tq)
                         if pend is not None:
-                            p0, ps = pend
-                            self._back([(pt, [vb_[j][:, p0 + i, :] for j in range(KB)],
-                                         ot[:tq, p0 + i, :]) for i, pt in enumerate(ps)], tq)
-                        pend = nxt
-                    if pub is None:
-                        prog.dma_copy(ov[b0:b0 + nb, t0:t0 + tq, :].permute(1, 0, 2), ot[:tq, :nb, :])
+                            back(pend)
+                        store = None
+                        if h0 + HB >= nb and pub is None:
+                            store = (lambda b0=b0, nb=nb, t0=t0, tq=tq, ot=ot:
+                                     prog.dma_copy(ov[b0:b0 + nb, t0:t0 + tq, :].permute(1, 0, 2), ot[:tq, :nb, :]))
+                        pend = (h0, ps, vb_, ot, tq, store)
+            if pend is not None:
+                back(pend)
             if pub is not None:
                 self.ctx.publish(out_var, pub[0])
 
