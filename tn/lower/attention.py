@@ -561,7 +561,8 @@ class _Emitter:
         by a power of two; ``x - rowvalue`` feeding a ScalarE function becomes that function's bias (and a
         following row sum its fused reduce); an op feeding only a cast writes the cast's dtype (narrowing
         from fp32, or widening a value it only moves); ``where`` with a constant triangular mask is a
-        GpSimd ``affine_select``.
+        GpSimd ``affine_select``. Row reductions, the negated row max and the division by a row value go to
+        VectorE or GpSimd, whichever is less loaded (:meth:`_pick`).
         """
         import math
 
@@ -667,7 +668,7 @@ class _Emitter:
                         x = self._arg(env, e.inputs[0], tq, True, b, t0, e)
                         r = self._arg(env, e.inputs[1], tq, False, b, t0, e)
                         neg = self._tile(e.inputs[1], False, tq, "float32")
-                        prog.tensor_scalar(neg, r, "multiply", -1.0)
+                        prog.tensor_scalar(neg, r, "multiply", -1.0, engine=self._pick(1))
                         out = self._tile(u.outputs[0], True, tq, dt_of(u.outputs[0]))
                         env[u.outputs[0]] = out
                         if red:
@@ -698,8 +699,19 @@ class _Emitter:
                     out = self._tile(e.outputs[0], False, tq, dt_of(e.outputs[0]))
                     env[e.outputs[0]] = out
                     prog.tensor_reduce(out, self._arg(env, e.inputs[0], tq, True, b, t0, e), ROW_REDUCE[e.op.name],
-                                       axis=-1)
+                                       axis=-1, engine=self._pick(self.Tk))
                 steps.append(reduce)
+                continue
+            if e.op.name == "div" and e.attrs.get("rounding_mode") is None and full and \
+                    all(isinstance(a, Var) for a in e.inputs) and full_of(e.inputs[0]) and \
+                    _c3(e.inputs[1].shape) == canon[:-1] + (1,):
+                def div_row(env, b, t0, tq, e=e):
+                    out = self._tile(e.outputs[0], True, tq, dt_of(e.outputs[0]))
+                    env[e.outputs[0]] = out
+                    x = self._arg(env, e.inputs[0], tq, True, b, t0, e)
+                    r = self._arg(env, e.inputs[1], tq, False, b, t0, e)
+                    prog.tensor_scalar(out, x, "divide", r, engine=self._pick(self.Tk))
+                steps.append(div_row)
                 continue
             mask = self._causal(e) if e.op.name == "where" else None
             if mask is not None:
@@ -730,6 +742,18 @@ class _Emitter:
                     env[w] = env[v]
         steps.append(finish)
         self.steps = steps
+
+    def _pick(self, n: int) -> str:
+        """``"vector"`` or ``"gpsimd"`` for a ``tensor_scalar``/``tensor_reduce`` of ``n`` elements per partition:
+        the engine that would finish it first by the work given to each so far. VectorE's share is counted
+        twice: it also evacuates PSUM for the Copier, which this tally does not see. Both engines compute these
+        ops alike, in fp32, so the choice never changes a result."""
+        clk = self.prog.arch.clock_hz
+        load = self.__dict__.setdefault("_load", {"vector": 0.0, "gpsimd": 0.0})
+        cost = {"vector": (max(64, n) + 60) / clk["dve"] * 2.0, "gpsimd": (max(64, n) + 60) / clk["pool"]}
+        eng = min(load, key=lambda k: load[k] + cost[k])
+        load[eng] += cost[eng]
+        return eng
 
     def _causal(self, e: Eqn):
         """``(tensor operand, fill, base, pattern)`` when ``where(c, x, y)`` has a constant triangular mask ``c``
