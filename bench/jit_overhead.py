@@ -1,4 +1,4 @@
-# Bench: tn.jit first-call latency vs torch.compile (fresh processes) and cached-call overhead vs eager, one thread.
+# Bench: tn.jit first-call latency vs torch.compile (fresh processes), cached-call overhead vs eager and per case, one thread.
 """How much does tn.jit cost on top of the work itself?
 
 Two tables, measured side by side in one run with ``torch.set_num_threads(1)``:
@@ -15,8 +15,20 @@ Two tables, measured side by side in one run with ``torch.set_num_threads(1)``:
 2. Cached call of a one-op function (``x * 2`` on a 16x16 tensor) for eager,
    ``tn.jit`` and ``torch.compile``: min and median over interleaved repeats
    of a timed loop. Goal: tn.jit ≤ 20 µs above eager.
+3. tn.jit's own cost on a cached call, per case and backend: a 2-layer MLP
+   module (``tn.jit(module)``: 4 parameters are program inputs), a plain
+   function of 2 tensors, and an HF ``GPT2Block`` from a tiny config (random
+   weights, 12 parameters/buffers), and the same block called the way a
+   ``tn.adaptive`` region calls its program (a dict of parameters, static
+   training flags, an args tuple and a kwargs dict). The overhead is timed directly: the
+   jitted call with its cached program swapped for a stub that returns the
+   program's outputs (cache key, lookup, grad toggling, write-back, result
+   assembly: everything but the program). The real call and the bare
+   program are timed alongside for context. Min and median over interleaved
+   repeats.
 
-Usage: ``python bench/jit_overhead.py [--json PATH] [--repeats N] [--skip-compile]``.
+Usage: ``python bench/jit_overhead.py [--json PATH] [--repeats N] [--skip-compile]
+[--overhead-only] [--backends reference,neuron]``.
 """
 from __future__ import annotations
 
@@ -125,6 +137,112 @@ def cached_call_table(repeats: int, inner: int, with_compile: bool) -> dict:
     return {k: dict(min_us=min(v), median_us=statistics.median(v)) for k, v in samples.items()}
 
 
+def _overhead_cases():
+    """``{name: (build(backend) -> jitted callable, args)}`` for the cached-call overhead table, seeded."""
+    import tn
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)).eval()
+
+    def fn2(x, y):
+        """A plain function of two tensors."""
+        return x * y + x
+
+    cases = {
+        "mlp module (4 params)": (lambda b: tn.jit(mlp, backend=b), (torch.randn(8, 64),)),
+        "fn(x, y)": (lambda b: tn.jit(fn2, backend=b), (torch.randn(8, 64), torch.randn(8, 64))),
+    }
+    try:
+        import transformers
+        from transformers import GPT2Config
+        from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+    except ImportError:  # transformers is optional: the GPT-2 row is left out
+        return cases
+    transformers.logging.set_verbosity_error()
+    cfg = GPT2Config(n_embd=64, n_head=4, n_layer=1, n_positions=64, vocab_size=128,
+                     bos_token_id=0, eos_token_id=0)
+    blk = GPT2Block(cfg).eval()
+    x = torch.randn(1, 16, 64)
+    cases["HF GPT2Block (12 params)"] = (lambda b: tn.jit(blk, backend=b), (x,))
+
+    def region_program(params, flags, args, kwargs):
+        """What a tn.adaptive region jits: the block's forward on a parameter dict, flags static."""
+        return torch.func.functional_call(blk, params, args, kwargs)
+
+    state = {**dict(blk.named_parameters()), **dict(blk.named_buffers())}
+    flags = tuple(m.training for m in blk.modules())
+    cases["GPT2Block, region-style call"] = (
+        lambda b: tn.jit(region_program, static_argnums=(1,), backend=b),
+        (state, flags, (x,), {"attention_mask": None}))
+    return cases
+
+
+def overhead_table(backends, repeats: int, budget_s: float = 0.003) -> dict:
+    """tn.jit's cost around the cached program, per case and backend (µs per call, min/median).
+
+    The overhead is measured directly: the jitted call is timed with its
+    cached program's ``run`` swapped for a stub returning that program's
+    outputs (so everything tn.jit does per call is timed: cache key, lookup,
+    grad toggling, write-back, result assembly, and nothing else). For
+    context each repeat also times the real jitted call and the bare program
+    (``entry.run(tensors)``, grad off). Cases, backends and the three loops
+    are interleaved within each repeat; each loop lasts about ``budget_s``.
+    """
+    torch.set_num_threads(1)
+    runs = []
+    for bname in backends:
+        for cname, (build, args) in _overhead_cases().items():
+            f = build(bname)
+            f(*args)  # compile; timed calls run in grad mode, as a user's call does by default
+            f(*args)
+            core = getattr(f, "_core", None) or f._tn_core
+            e = core.last_entry
+            tensors = core.key_of(args, {})[2]
+            with torch.no_grad():
+                outs = e.run(tensors)
+            real = e.run
+
+            def stub(_tensors, _outs=outs):
+                """The cached program's outputs, without running it."""
+                return _outs
+
+            def timed(fn, inner):
+                """Seconds per call of ``fn()`` over ``inner`` calls."""
+                t0 = time.perf_counter()
+                for _ in range(inner):
+                    fn()
+                return (time.perf_counter() - t0) / inner
+
+            def bare(e=e, tensors=tensors, real=real):
+                """The cached program alone."""
+                with torch.no_grad():
+                    return real(tensors)
+
+            call = (lambda f=f, args=args: f(*args))
+            n_call = max(5, int(budget_s / max(timed(call, 3), 1e-7)))
+            e.run = stub
+            n_over = max(5, int(budget_s / max(timed(call, 20), 1e-7)))
+            e.run = real
+            runs.append((bname, cname, e, stub, real, call, bare, n_over, n_call))
+    samples = {(b, c): ([], [], []) for b, c, *_ in runs}
+    for _ in range(repeats):
+        for b, c, e, stub, real, call, bare, n_over, n_call in runs:
+            over, full, prog = samples[(b, c)]
+            e.run = stub
+            try:
+                over.append(timed(call, n_over) * 1e6)
+            finally:
+                e.run = real
+            full.append(timed(call, n_call) * 1e6)
+            prog.append(timed(bare, n_call) * 1e6)
+    res: dict = {}
+    for (b, c), (over, full, prog) in samples.items():
+        res.setdefault(b, {})[c] = dict(
+            overhead_min_us=min(over), overhead_median_us=statistics.median(over),
+            call_min_us=min(full), call_median_us=statistics.median(full),
+            run_min_us=min(prog), run_median_us=statistics.median(prog))
+    return res
+
+
 def main(argv=None) -> int:
     """Run both tables, print them (tabulate) and optionally write JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -133,6 +251,11 @@ def main(argv=None) -> int:
     ap.add_argument("--inner", type=int, default=300, help="calls per timed loop")
     ap.add_argument("--no-first-call", action="store_true", help="only the cached-call table")
     ap.add_argument("--skip-compile", action="store_true", help="leave torch.compile out (quick check)")
+    ap.add_argument("--overhead-only", action="store_true",
+                    help="only the per-case overhead table (MLP module, fn of 2 tensors, GPT-2 block)")
+    ap.add_argument("--backends", default="reference,neuron",
+                    help="comma-separated backends of the overhead table (default: reference,neuron)")
+    ap.add_argument("--overhead-repeats", type=int, default=40, help="interleaved repeats of the overhead table")
     ap.add_argument("--warm-compile-cache", action="store_true",
                     help="let torch.compile use the user's on-disk Inductor cache (default: a cold, empty one)")
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "IMPL"), help=argparse.SUPPRESS)
@@ -143,6 +266,20 @@ def main(argv=None) -> int:
 
     from tabulate import tabulate
     torch.set_num_threads(1)
+    overhead = overhead_table([b for b in a.backends.split(",") if b], a.overhead_repeats)
+    rows = [[b, c, f"{r['overhead_min_us']:.1f}", f"{r['overhead_median_us']:.1f}", f"{r['call_min_us']:.1f}",
+             f"{r['call_median_us']:.1f}", f"{r['run_min_us']:.1f}", f"{r['run_median_us']:.1f}"]
+            for b, cs in overhead.items() for c, r in cs.items()]
+    print(f"tn.jit overhead on a cached call (the call with its program stubbed out), µs per call, "
+          f"{a.overhead_repeats} interleaved repeats, 1 thread:")
+    print(tabulate(rows, headers=["backend", "case", "overhead min", "overhead median", "call min", "call median",
+                                  "program min", "program median"], disable_numparse=True))
+    if a.overhead_only:
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump(dict(overhead=overhead), fh, indent=2)
+        return 0
+    print()
     impls = ["tn"] + ([] if a.skip_compile else ["torch.compile"])
     first = {} if a.no_first_call else first_call_table(["mlp", "gpt2-block"], impls, cold=not a.warm_compile_cache)
     rows = []
@@ -188,7 +325,7 @@ def main(argv=None) -> int:
                                   f"goal ≤{OVERHEAD_GOAL_US:.0f} µs"], disable_numparse=True))
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump(dict(first_call=first, cached_call=cached, goals=dict(
+            json.dump(dict(first_call=first, cached_call=cached, overhead=overhead, goals=dict(
                 first_call_ratio=FIRST_CALL_GOAL, cached_overhead_us=OVERHEAD_GOAL_US)), fh, indent=2)
     return 0
 

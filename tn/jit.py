@@ -7,6 +7,15 @@ grad mode) and looks it up in a bounded LRU cache. On a hit it runs the cached
 program; on a miss it traces with :func:`tn.trace.trace_flat`, optimises with
 :func:`tn.passes.optimize`, compiles with the backend, and caches the result.
 
+Cached calls take a fast path: every spec seen is also compiled into a
+*matcher* (:func:`tn.pytree.make_gather`, straight-line checks of that
+spec), kept with a table ``(tensor signatures, grad/autocast mode) ->
+program``. A call whose arguments pass a matcher skips the general
+flattening and the hashing of the whole key; its tensors' signatures are
+still read on every call (``.data`` assignment or ``requires_grad_()`` keep a
+tensor's identity and version but change its signature). Anything a matcher
+does not prove equal falls back to the general path, which decides as before.
+
 Semantics worth knowing:
 
 * Tensors are program inputs; every other leaf (ints, floats, strings, None,
@@ -63,7 +72,7 @@ from .ir import IR
 
 __all__ = [
     "jit", "make_ir", "register_backend", "backends", "default_backend", "is_tracing", "CacheInfo",
-    "JittedFunction", "JittedModule", "DEFAULT_BACKEND", "DEFAULT_CACHE_SIZE",
+    "JittedFunction", "JittedModule", "DEFAULT_BACKEND", "DEFAULT_CACHE_SIZE", "shadow_module",
 ]
 
 #: The backend used when ``jit(..., backend=None)``; ``TN_BACKEND`` overrides it.
@@ -214,10 +223,45 @@ _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 
 
-class _Entry:
-    """One compiled program and how to turn its outputs into the user's result."""
+class _Key(tuple):
+    """A cache key ``(spec, sigs, mode)`` that hashes once (the fast path moves it in the LRU order per call)."""
 
-    __slots__ = ("ir", "run", "mutations", "aliases", "assemble", "host", "key", "desc")
+    def __new__(cls, items: Tuple[Any, ...]) -> "_Key":
+        self = tuple.__new__(cls, items)
+        self._h = tuple.__hash__(self)  # raises TypeError for an unhashable constant
+        return self
+
+    def __hash__(self) -> int:
+        return self._h
+
+
+class _Plan:
+    """The fast path for one argument spec: its matcher and ``{(sigs, mode): entry}``."""
+
+    __slots__ = ("spec", "gather", "table", "last")
+
+    def __init__(self, spec: Any, gather: Callable[[Tuple[Any, ...], Dict[str, Any]], Optional[List[Tensor]]]):
+        self.spec = spec
+        self.gather = gather
+        self.table: Dict[Tuple[Any, Any], "_Entry"] = {}
+        self.last: Tuple[Any, Optional["_Entry"]] = (None, None)  # the last hit: compared before hashing
+
+
+#: Matchers kept per jitted function, and how many it may build in all (a call site whose structure keeps
+#: changing stops getting new ones and takes the general path).
+_MAX_PLANS = 8
+_MAX_PLAN_BUILDS = 32
+_SIG = _pt.SIG
+
+
+class _Entry:
+    """One compiled program and how to turn its outputs into the user's result.
+
+    ``live`` is False once the entry left its cache (evicted or cleared): the
+    fast path's tables may still hold it and must not run it then.
+    """
+
+    __slots__ = ("ir", "run", "mutations", "aliases", "assemble", "host", "key", "desc", "live")
 
     def __init__(self, ir: IR, run: Callable, assemble: Callable, host: Optional[torch.device],
                  key: Any, desc: Optional[Dict[str, str]]):
@@ -234,6 +278,7 @@ class _Entry:
         self.host = host  # device to move results back to, when the backend runs on the host
         self.key = key
         self.desc = desc
+        self.live = False  # set while the entry is in its cache
 
     def __call__(self, tensors: List[Tensor]) -> Any:
         host = self.host
@@ -400,6 +445,8 @@ class _Core:
         self.hits = 0
         self.last_entry: Optional[_Entry] = None  # the program of the most recent call (for profiles/stats)
         self.misses = 0
+        self.plans: Tuple[_Plan, ...] = ()  # fast-path matchers, oldest first (replaced whole, read without lock)
+        self.plan_builds = 0
 
     # -- flattening -------------------------------------------------------
 
@@ -515,9 +562,9 @@ class _Core:
             for a in args:
                 if not isinstance(a, Tensor):
                     break
-            else:  # fast path: all positional tensors
-                return ((len(args), tuple([(a.shape, a.dtype, a.device, a.requires_grad) for a in args]),
-                         _autocast_state() if _any_autocast() else torch.is_grad_enabled()),
+            else:  # all positional tensors: the spec is their number
+                return (_Key((len(args), tuple(map(_SIG, args)),
+                              _autocast_state() if _any_autocast() else torch.is_grad_enabled())),
                         len(args), list(args))
         spec, tensors = self.flatten(args, kwargs)
         try:
@@ -527,7 +574,12 @@ class _Core:
             raise TnError(f"tn.jit({self.name}): a module parameter or buffer is a {type(bad).__name__}, "
                           f"not a tensor; assign tensors (or None) to parameters and buffers") from None
         mode = _autocast_state() if _any_autocast() else torch.is_grad_enabled()
-        return (spec, sigs, mode), spec, tensors
+        try:
+            key = _Key((spec, sigs, mode))
+        except TypeError:
+            self._raise_unhashable(spec)
+            raise
+        return key, spec, tensors
 
     def lookup(self, key: Any, spec: Any) -> Optional[_Entry]:
         """The cached entry for ``key`` (counted as a hit), or None."""
@@ -583,9 +635,10 @@ class _Core:
             with self.lock:
                 self.misses += 1
                 self.cache[key] = e
+                e.live = True
                 if self.maxsize is not None:
                     while len(self.cache) > self.maxsize:
-                        self.cache.popitem(last=False)
+                        self.cache.popitem(last=False)[1].live = False
             return e
 
     def _log_miss(self, key: Any) -> None:
@@ -607,13 +660,79 @@ class _Core:
                     "signature: %s", self.name, self.misses + 1, where, len(olds), changes or "no visible difference")
 
     def call(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-        """Run the function on ``args``/``kwargs``: cached program, or trace + compile first."""
+        """Run the function on ``args``/``kwargs``: cached program, or trace + compile first.
+
+        The fast path: the first matcher that accepts the arguments gives
+        their tensors (the spec is then the matcher's), whose signatures and
+        the grad/autocast mode pick the program from the matcher's table. A
+        program still in the cache runs as a hit (LRU order and statistics
+        as on the general path). Anything else takes the general path, which
+        then teaches the matchers this call's spec and program.
+        """
+        for p in self.plans:
+            try:
+                tensors = p.gather(args, kwargs)
+                if tensors is None:
+                    continue
+                k = (tuple(map(_SIG, tensors)), _autocast_state() if _any_autocast() else _grad_enabled())
+                last_k, e = p.last
+                if k != last_k:
+                    e = p.table.get(k)
+                    if e is not None:
+                        p.last = (k, e)
+            except Exception:  # anything unusual: the general path decides (and reports errors)
+                break
+            if e is not None:
+                with self.lock:
+                    live = e.live
+                    if live:
+                        self.cache.move_to_end(e.key)
+                        self.hits += 1
+                if live:
+                    self.last_entry = e
+                    return e(tensors)
+            break  # the spec matched: no other matcher can
         key, spec, tensors = self.key_of(args, kwargs)
         e = self.lookup(key, spec)
         if e is None:
             e = self.miss(key, spec, tensors)
+        self.learn(key, spec, e)
         self.last_entry = e
         return e(tensors)
+
+    def learn(self, key: Any, spec: Any, e: _Entry) -> None:
+        """Teach the fast path that calls with ``spec`` and ``key``'s signatures run ``e``.
+
+        Finds (or builds, within :data:`_MAX_PLANS`/:data:`_MAX_PLAN_BUILDS`)
+        the matcher of ``spec`` and records ``e`` in its table.
+        """
+        _, sigs, mode = key
+        with self.lock:
+            if not e.live:
+                return
+            plan = None
+            for p in self.plans:
+                try:
+                    if p.spec == spec:
+                        plan = p
+                        break
+                except Exception:  # a constant whose == misbehaves: no fast path for it
+                    return
+            if plan is None:
+                if self.plan_builds >= _MAX_PLAN_BUILDS:
+                    return
+                self.plan_builds += 1
+                if type(spec) is int:
+                    gather = _pt.make_gather((_pt.TENSOR,) * spec, ())
+                else:
+                    gather = _pt.make_gather(spec[0], spec[1], self.bound)
+                if gather is None:
+                    return
+                plan = _Plan(spec, gather)
+                self.plans = (self.plans + (plan,))[-_MAX_PLANS:]
+            if len(plan.table) >= max(64, 2 * (self.maxsize or 0)):
+                plan.table = {}  # dead entries pile up when signatures churn
+            plan.table[(sigs, mode)] = e
 
     def lower(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> IR:
         """The IR the cached program for these arguments runs (compiled now if needed)."""
@@ -634,9 +753,23 @@ class _Core:
     def cache_clear(self) -> None:
         """Drop every cached program and reset the statistics."""
         with self.lock:
+            for e in self.cache.values():
+                e.live = False
             self.cache.clear()
+            self.plans = ()
+            self.plan_builds = 0
             self.hits = 0
             self.misses = 0
+
+
+def shadow_module(module: torch.nn.Module, memo: Optional[Dict[int, torch.nn.Module]] = None) -> torch.nn.Module:
+    """A structural copy of ``module`` to trace on: own parameter/buffer/child dicts, shared tensors.
+
+    Public to tn's other doors (``tn.adaptive`` traces its groups' programs
+    on one). ``memo`` maps ``id`` of modules already copied to their copy
+    (shared submodules are copied once); a fresh one is used when omitted.
+    """
+    return _shadow(module, {} if memo is None else memo)
 
 
 def _shadow(module: torch.nn.Module, memo: Dict[int, torch.nn.Module]) -> torch.nn.Module:
@@ -709,13 +842,7 @@ class JittedFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _tls.depth:  # called while tracing another jitted function: inline
             return self._core.fn(*args, **kwargs)
-        core = self._core
-        key, spec, tensors = core.key_of(args, kwargs)
-        e = core.lookup(key, spec)
-        if e is None:
-            e = core.miss(key, spec, tensors)
-        core.last_entry = e
-        return e(tensors)
+        return self._core.call(args, kwargs)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         if obj is None:

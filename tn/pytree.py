@@ -29,6 +29,9 @@ Spec nodes (a spec is made of these, nested):
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
+import operator
 import threading
 import weakref
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
@@ -42,7 +45,7 @@ __all__ = [
     "TENSOR", "SEQ", "DICT", "LEAF", "STATIC", "MODULE", "NODE",
     "flatten", "unflatten", "describe", "register_dataclasses_in",
     "module_state", "tensor_sig", "sig_str", "find_unhashable", "register_dataclass_type",
-    "HashedTuple", "ModuleState",
+    "HashedTuple", "ModuleState", "make_gather", "SIG",
 ]
 
 TENSOR, SEQ, DICT, LEAF, STATIC, MODULE, NODE = 0, 1, 2, 3, 4, 5, 6
@@ -152,12 +155,14 @@ class ModuleState:
     ``names`` are the qualified names of its parameters then buffers
     (deduplicated, as ``named_parameters()``), ``refs`` the ``(dict, key)``
     pairs holding them (read on each call so reassignment is seen), ``mods``
-    its submodules (for training flags). Rebuilt when any module registers a
+    its submodules (for training flags); ``dicts``/``keys`` are ``refs``
+    unzipped (``map(getitem, dicts, keys)`` reads the tensors in C). Rebuilt
+    when any module registers a
     parameter, buffer or child anywhere (a global counter bumped by torch's
     module registration hooks).
     """
 
-    __slots__ = ("version", "names", "refs", "mods", "mod_names", "__weakref__")
+    __slots__ = ("version", "names", "refs", "dicts", "keys", "mods", "mod_names", "__weakref__")
 
     def __init__(self, module: torch.nn.Module):
         self.version = _struct_version[0]
@@ -175,6 +180,8 @@ class ModuleState:
                     refs.append((d, k))
         self.names = HashedTuple(names)
         self.refs = tuple(refs)
+        self.dicts = tuple(d for d, _ in refs)
+        self.keys = tuple(k for _, k in refs)
         mods = list(module.named_modules())
         self.mods = tuple(m for _, m in mods)
         self.mod_names = tuple(n or "<root>" for n, _ in mods)
@@ -282,7 +289,173 @@ def unflatten(spec: Any, it: Iterator[Tensor], modules: List[Tuple[torch.nn.Modu
     raise TnError(f"tn.jit internal: unknown argument spec node {spec!r}")
 
 
+# ---------------------------------------------------------------- matchers (the cached-call fast path)
+
+class _NoMatcher(Exception):
+    """The spec holds something a generated matcher does not check (the call keeps the general path)."""
+
+
+_REP_TENSOR = itertools.repeat(Tensor)  # map(isinstance, xs, _REP_TENSOR): "is a tensor" per element, in C
+_TRAINING = operator.attrgetter("training")
+
+
+class _Emitter:
+    """Builds the source of a matcher: straight-line checks of one spec, constants bound by name."""
+
+    def __init__(self) -> None:
+        self.lines: List[str] = []
+        self.consts: Dict[str, Any] = {}
+        self.n = 0
+
+    def const(self, value: Any) -> str:
+        """A global name for ``value`` in the generated function."""
+        name = f"C{len(self.consts)}"
+        self.consts[name] = value
+        return name
+
+    def var(self) -> str:
+        """A fresh local name."""
+        self.n += 1
+        return f"v{self.n}"
+
+    def put(self, ind: str, line: str) -> None:
+        """Append one line of code at indentation ``ind``."""
+        self.lines.append(ind + line)
+
+    def tensors(self, v: str, ind: str) -> None:
+        """Check that every element of the sequence ``v`` is a tensor and collect them."""
+        self.put(ind, f"if not all(map(isinstance, {v}, REP)): return None")
+        self.put(ind, f"T.extend({v})")
+
+    def node(self, spec: Any, expr: str, ind: str) -> None:
+        """Code that checks the value ``expr`` has spec ``spec`` exactly (else ``return None``) and appends its
+        tensors to ``T`` in :func:`flatten`'s order."""
+        v = self.var()
+        self.put(ind, f"{v} = {expr}")
+        if type(spec) is int:
+            self.put(ind, f"if not isinstance({v}, Tensor): return None")
+            self.put(ind, f"T.append({v})")
+            return
+        tag = spec[0]
+        if tag == SEQ:
+            t, children = spec[1], spec[2]
+            self.put(ind, f"if type({v}) is not {self.const(t)} or len({v}) != {len(children)}: return None")
+            self.children(children, v, ind)
+        elif tag == DICT:
+            keys, children = spec[1], spec[2]
+            self.put(ind, f"if type({v}) is not dict or len({v}) != {len(keys)} or tuple({v}) != "
+                          f"{self.const(keys)}: return None")
+            vals = self.var()
+            self.put(ind, f"{vals} = tuple({v}.values())")
+            self.children(children, vals, ind)
+        elif tag == LEAF or tag == STATIC:
+            t, x = spec[1], spec[2]
+            if tag == LEAF and t not in _SCALAR_TYPES:  # other objects are checked for hidden tensors per call
+                raise _NoMatcher(f"leaf of type {t.__qualname__}")
+            try:
+                h = hash(x)
+            except TypeError:
+                raise _NoMatcher("unhashable leaf") from None
+            # equal as the cache key compares them: same type, identical or equal with the same hash
+            cx = self.const(x)
+            self.put(ind, f"if type({v}) is not {self.const(t)} or not ({v} is {cx} or "
+                          f"({v} == {cx}) is True and hash({v}) == {h}): return None")
+        elif tag == MODULE:
+            m, names, training = spec[1], spec[2], spec[3]
+            st = module_state(m)
+            if st.names != names:
+                raise _NoMatcher("stale module spec")
+            cell = [st, m, names]  # the state in use; revalidated when any module's structure changes
+            c = self.const(cell)
+            s = self.var()
+            self.put(ind, f"if {v} is not {self.const(m)}: return None")
+            self.put(ind, f"{s} = {c}[0]")
+            self.put(ind, f"if {s}.version != SV[0]:")
+            self.put(ind, f"    {s} = REVALIDATE({c})")
+            self.put(ind, f"    if {s} is None: return None")
+            self.put(ind, f"if tuple(map(TRAINING, {s}.mods)) != {self.const(training)}: return None")
+            self.put(ind, f"T.extend(map(GETITEM, {s}.dicts, {s}.keys))")
+        elif tag == NODE:
+            # other pytree nodes: flattened as in the general path, the result compared with the spec
+            self.put(ind, f"if flatten({v}, T) != {self.const(spec)}: return None")
+        else:
+            raise _NoMatcher(f"unknown spec node {tag!r}")
+
+    def children(self, children: Sequence[Any], v: str, ind: str) -> None:
+        """Code for the elements of the sequence ``v`` (all tensors: one C-level check)."""
+        if all(type(c) is int for c in children):
+            if children:
+                self.tensors(v, ind)
+            return
+        for i, c in enumerate(children):
+            self.node(c, f"{v}[{i}]", ind)
+
+
+def _revalidate(cell: List[Any]) -> Optional[ModuleState]:
+    """A matcher's module state after a structure change anywhere: the new state if the module's
+    parameter/buffer names are unchanged (its spec is then unchanged), else None."""
+    st = module_state(cell[1])
+    if st.names != cell[2]:
+        return None
+    cell[0] = st
+    return st
+
+
+@functools.lru_cache(maxsize=256)
+def _compile_source(src: str) -> Any:
+    """Code object of a generated matcher (the same call structure reuses it)."""
+    return compile(src, "<tn.jit matcher>", "exec")
+
+
+_MATCHER_GLOBALS = {"Tensor": Tensor, "REP": _REP_TENSOR, "TRAINING": _TRAINING, "GETITEM": operator.getitem,
+                    "SV": _struct_version, "REVALIDATE": _revalidate, "flatten": None, "isinstance": isinstance,
+                    "type": type, "len": len, "tuple": tuple, "map": map, "all": all, "hash": hash}
+
+
+def make_gather(aspec: Sequence[Any], kspec: Sequence[Tuple[str, Any]], bound: Sequence[Any] = ()
+                ) -> Optional[Callable[[Tuple[Any, ...], Dict[str, Any]], Optional[List[Tensor]]]]:
+    """A function ``gather(args, kwargs)`` for calls whose flattening is ``(aspec, kspec)``.
+
+    ``aspec`` covers ``bound + args`` (``bound``: leading arguments a wrapper
+    supplies), ``kspec`` the keyword arguments in key order. ``gather``
+    returns the call's tensors (the list :func:`flatten` would build) when
+    the arguments' spec is exactly ``(aspec, kspec)``, else None; it never
+    returns a list for a call whose spec differs, so the caller may reuse
+    anything it keyed on that spec. Its checks are straight-line code
+    generated for the spec (types, lengths, dict key order, constant leaves,
+    module identity, structure and training flags). Returns None when the
+    spec holds leaves it does not check (objects other than Python scalars,
+    whose hidden tensors :func:`flatten` looks for on every call).
+    """
+    em = _Emitter()
+    nb = len(bound)
+    na = len(aspec) - nb
+    em.put("    ", f"if len(args) != {na} or len(kwargs) != {len(kspec)}: return None")
+    em.put("    ", "T = []")
+    try:
+        if not bound and all(type(c) is int for c in aspec):
+            if aspec:
+                em.tensors("args", "    ")
+        else:
+            for i, s in enumerate(aspec):
+                em.node(s, em.const(bound[i]) if i < nb else f"args[{i - nb}]", "    ")
+        for k, s in kspec:
+            em.node(s, f"kwargs.get({em.const(k)}, MISSING)", "    ")
+    except _NoMatcher:
+        return None
+    src = "def gather(args, kwargs):\n" + "\n".join(em.lines) + "\n    return T\n"
+    g = dict(_MATCHER_GLOBALS, flatten=flatten, MISSING=object(), **em.consts)
+    exec(_compile_source(src), g)  # noqa: S102 (generated from a spec, no user text in the source)
+    fn = g["gather"]
+    fn.source = src  # for debugging: print(fn.source)
+    return fn
+
+
 # ---------------------------------------------------------------- signatures and descriptions
+
+#: ``SIG(t)`` is :func:`tensor_sig` read in C: ``tuple(map(SIG, tensors))`` builds a call's signatures.
+SIG = operator.attrgetter("shape", "dtype", "device", "requires_grad")
+
 
 def tensor_sig(t: Tensor) -> Tuple[Any, ...]:
     """The abstract signature of one tensor input: shape, dtype, device, requires_grad."""
