@@ -181,24 +181,6 @@ def fingerprint(module: torch.nn.Module) -> Any:
     return tuple(items)
 
 
-def _shadow(module: torch.nn.Module, memo: Dict[int, torch.nn.Module]) -> torch.nn.Module:
-    """A private structural copy of ``module`` (own parameter/buffer/child dicts, shared tensors)."""
-    c = memo.get(id(module))
-    if c is not None:
-        return c
-    import copy
-    c = copy.copy(module)
-    memo[id(module)] = c
-    d = c.__dict__
-    d["_parameters"] = dict(module._parameters)
-    d["_buffers"] = dict(module._buffers)
-    d["_modules"] = {k: (_shadow(v, memo) if v is not None else None) for k, v in module._modules.items()}
-    for k, v in d.items():
-        if type(v) is list:
-            d[k] = list(v)
-    return c
-
-
 class _Unsupported(Exception):
     pass
 
@@ -341,7 +323,8 @@ class Group:
     def template(self) -> torch.nn.Module:
         """The private structural copy of the first member's module the programs are traced on."""
         if self._template is None:
-            self._template = _shadow(self.first.module, {})
+            from ..jit import shadow_module
+            self._template = shadow_module(self.first.module)
             self._tmods = list(_module_state(self._template).mods)
         return self._template
 
