@@ -14,7 +14,11 @@ the matmuls, their elementwise epilogues) and :class:`LinearChain` lowers one
 as a unit, **feature-major**:
 
 * The chain's input ``x`` ``[M, K0]`` is transposed once (TensorE, per 128x128
-  block) into ``h0^T`` ``[128 (k), KC0, M]`` in SBUF.
+  block) into ``h0^T`` ``[128 (k), KC0, M]`` in SBUF. When ``x`` is a
+  per-feature ``src * scale + shift`` (LayerNorm's gamma/beta, a
+  :mod:`tn.lower.prologue` offered by the compiler), ``src`` is transposed
+  instead and each block's evacuation applies the per-partition scale and
+  shift (rounded to the chain's dtype).
 * A middle layer computes ``h_{i+1}^T = W_i h_i^T`` block by block: the
   stationary operand is a 128x128 block of ``W_i^T`` (``M = 128`` columns: the
   array is full), the moving one ``h_i^T`` with ``N = M`` tokens (up to 512 per
@@ -295,6 +299,10 @@ class _Emitter:
         arch = self.prog.arch
         self.G = max(1, min(arch.psum_bank_bytes // (_P * self.isz), 8))
         self.copy = Copier(self.prog)   # PSUM/SBUF copies, VectorE and ScalarE in turn
+        # the input's prologue (tn.lower.prologue.Bound): x = src * scale + shift, src staged in its own dtype
+        self.pro = getattr(ctx, "prologues", {}).get(L0.a)
+        self.sdt = self.dt if self.pro is None else self.pro.dtype
+        self.ssz = isa.DTYPE_SIZES[isa.dtype_code(self.sdt)]
 
     # ---------------------------------------------------------------- helpers
     def _wsrc(self, L: _Layer):
@@ -325,9 +333,27 @@ class _Emitter:
                 self.copy(dst(r0, r1, kp), tp[:kp, r0 - q0:r1 - q0, :rows])
                 r0 = r1
 
-    def _stage(self, src, r0, rp, K):
+    def _transpose_pro(self, stage, rows, K, dst) -> None:
+        """The prologue's source rows ``stage[:rows, :K]`` (its dtype) transposed block by block into PSUM banks
+        seen in that dtype; each block evacuated into ``dst(kc, kp)`` with ``* scale + shift`` per partition."""
+        from .prologue import bank_view
+
+        prog = self.prog
+        KC = _cdiv(K, _P)
+        gs = max(1, prog.arch.psum_bank_bytes // (_P * self.ssz))
+        for q0 in range(0, KC, gs):
+            q1 = min(KC, q0 + gs)
+            tp = bank_view(self.tp_ring.take(), self.sdt)
+            for q in range(q0, q1):
+                kp = min(_P, K - q * _P)
+                prog.transpose(tp[:kp, q - q0, :rows], stage[:rows, q * _P:q * _P + kp])
+            for q in range(q0, q1):
+                kp = min(_P, K - q * _P)
+                self.pro.evacuate(prog, dst(q, kp), tp[:kp, q - q0, :rows], q, kp)
+
+    def _stage(self, src, r0, rp, K, ring=None):
         """DMA rows ``src[r0:r0+rp, :K]`` into the next staging tile (one DMA per PSUM bank of transposes)."""
-        st = self.stage_ring.take()
+        st = (ring or self.stage_ring).take()
         step = self.G * _P
         for c0 in range(0, K, step):
             c1 = min(K, c0 + step)
@@ -422,6 +448,8 @@ class _Emitter:
         K0 = self.layers[0].K
         osz = 4
         stage = 3 * max(K0, max(L.K for L in self.layers) if need_rows else 0) * isz
+        if self.pro is not None:
+            stage += 3 * K0 * self.ssz       # the prologue's source rows
         tmp = 4 * min(M, _NB) * 4
         ngw = max(w[4].ngw for w in self.wseq if w[0] == len(self.layers) - 1)
         out_t = 2 * ngw * osz + (2 * M * osz if fm_back else 0)
@@ -468,15 +496,27 @@ class _Emitter:
             KC0 = _cdiv(L0.K, _P)
             hT = scope.sbuf((_P, KC0, M), self.dt, "lc_h0")
             tiles = [(m0, min(_P, M - m0)) for m0 in range(0, M, _P)]
-            res = self.ctx.resident.get(L0.a) if hasattr(self.ctx, "resident") else None
-            if res is not None and M <= _P and tuple(res.shape) == (M, L0.K):
-                # the input left in SBUF by the previous lowering: its rows are the staging tile
-                res = self.ctx.take(L0.a)
+            xring = None
+            if self.pro is not None:
+                # x is the prologue's result: its source is what env_in holds (read as [M, K0] rows)
+                res = self.pro.take(self.ctx)
+                x = x.reshape(M, L0.K)
+                if res is not None and (M > _P or tuple(res.shape) != (M, L0.K)):
+                    from .base import HandoffError
+
+                    raise HandoffError(self.pro.pro.src, "linear chain prologue: the source's SBUF tile is not x's rows")
+                if res is None:
+                    xring = Ring(scope.sbuf((_P, L0.K), self.sdt, f"lc_xstage{i}") for i in range(3))
             else:
-                res = None
+                res = self.ctx.resident.get(L0.a) if hasattr(self.ctx, "resident") else None
+                if res is not None and M <= _P and tuple(res.shape) == (M, L0.K):
+                    # the input left in SBUF by the previous lowering: its rows are the staging tile
+                    res = self.ctx.take(L0.a)
+                else:
+                    res = None
 
             def stage_x(src, r0, rp, K, res=res):
-                return self._stage(src, r0, rp, K) if res is None else res[r0:r0 + rp, :K]
+                return self._stage(src, r0, rp, K, xring) if res is None else res[r0:r0 + rp, :K]
             staged = {b: stage_x(x, tiles[b][0], tiles[b][1], L0.K) for b in range(min(2, len(tiles)))}
             self._small_operands()
             for d in range(self.ahead):
@@ -485,7 +525,10 @@ class _Emitter:
                 st = staged.pop(b)
                 if b + 2 < len(tiles):
                     staged[b + 2] = stage_x(x, tiles[b + 2][0], tiles[b + 2][1], L0.K)
-                self._transpose_rows(st, mt, L0.K, lambda q0, q1, kp, m0=m0, mt=mt: hT[:kp, q0:q1, m0:m0 + mt])
+                if self.pro is not None:
+                    self._transpose_pro(st, mt, L0.K, lambda q, kp, m0=m0, mt=mt: hT[:kp, q, m0:m0 + mt])
+                else:
+                    self._transpose_rows(st, mt, L0.K, lambda q0, q1, kp, m0=m0, mt=mt: hT[:kp, q0:q1, m0:m0 + mt])
             s = 0
             for i, L in enumerate(self.layers):
                 ngroups = sum(1 for w in self.wseq if w[0] == i)

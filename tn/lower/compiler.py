@@ -222,12 +222,13 @@ class _Tiled:
 class _Retry(Exception):
     """Rebuild: equation ``k`` goes to the host, or (``nofuse``) is lowered without fusing from ``k``."""
 
-    def __init__(self, k: int, reason: str, nofuse: bool = False, no_handoff: Any = None):
+    def __init__(self, k: int, reason: str, nofuse: bool = False, no_handoff: Any = None, no_prologue: Any = None):
         super().__init__(reason)
         self.k = k
         self.reason = reason
         self.nofuse = nofuse
         self.no_handoff = no_handoff    # a Var whose SBUF hand-off its consumer could not take
+        self.no_prologue = no_prologue  # a matmul operand whose prologue (tn.lower.prologue) was not applied
 
 
 class NeuronExecutable:
@@ -259,11 +260,17 @@ class NeuronExecutable:
         self._layout: Any = None
         self._layout_child: Any = None
         self._no_handoff: set = set()
+        self._no_prologue: set = set()
         for _ in range(3 * len(ir.eqns) + 2):
             try:
                 self._build(host)
                 break
             except _Retry as r:
+                if r.no_prologue is not None:
+                    log.debug("tn.lower: prologue of %s not applied (%s); lowered as equations", r.no_prologue,
+                              r.reason)
+                    self._no_prologue.add(r.no_prologue)
+                    continue
                 if r.no_handoff is not None:
                     log.debug("tn.lower: SBUF hand-off of %s not taken (%s); stored to HBM", r.no_handoff, r.reason)
                     self._no_handoff.add(r.no_handoff)
@@ -395,7 +402,80 @@ class NeuronExecutable:
             return None
         return layout.WeightStream(prog, seq, 128 * 1024)
 
-    def _plan_handoff(self, host: Dict[int, str], groups: Any, elide: set, trans: Dict[int, Any]) -> Dict[Var, Any]:
+    @staticmethod
+    def _units(n: int, groups: Any) -> Dict[int, int]:
+        """Equation index -> index of the equation where its lowering unit (fused group, epilogue, chain) starts."""
+        from . import fusion
+
+        unit: Dict[int, int] = {}
+        k = 0
+        while k < n:
+            g = (groups or {}).get(k)
+            span = 1
+            if isinstance(g, fusion.EpilogueGroup):
+                span = 1 + len(g.eqns)
+            elif isinstance(g, fusion.Group):
+                span = len(g.eqns)
+            for j in range(k, k + span):
+                unit[j] = k
+            k += span
+        return unit
+
+    def _plan_preloads(self, host: Dict[int, str], groups: Any, pros: Dict[Var, Any]) -> Dict[int, List[Any]]:
+        """Where each prologue's per-feature vectors are loaded: the unit producing its source (so they arrive
+        while the source is computed), or its consumer's unit when a host equation lies in between."""
+        if not pros:
+            return {}
+        ir = self.ir
+        producer, users, _ = dataflow(ir)
+        unit = self._units(len(ir.eqns), groups)
+        at: Dict[int, List[Any]] = {}
+        for a, p in pros.items():
+            cons = unit.get(users[a][0], users[a][0])
+            j = producer.get(p.src)
+            k = cons if j is None else unit.get(j, j)
+            if any(k <= h <= cons for h in host):
+                k = cons
+            at.setdefault(k, []).append(p)
+        return at
+
+    @staticmethod
+    def _bind_prologues(ctx: LowerCtx, cur: Dict[str, Any], pros: Dict[Var, Any], inputs: List[Var],
+                        hbm_in: Any) -> None:
+        """Offer the current unit the prologues of its inputs (``ctx.prologues``: operand -> ``prologue.Bound``)."""
+        from . import prologue
+
+        ctx.prologues = {}
+        for a in inputs:
+            p = pros.get(a)
+            if p is None:
+                continue
+            b = cur["pro"].get(a)
+            if b is None:
+                b = cur["pro"][a] = prologue.Bound(p, None, {v: hbm_in(v) for v in p.vectors()})
+            b.src_hbm = hbm_in(p.src)
+            ctx.prologues[a] = b
+
+    @staticmethod
+    def _prologue_failed(ctx: LowerCtx, k: int, err: Exception) -> None:
+        """A unit offered a prologue failed: rebuild without the prologue (its equations lowered as usual)."""
+        for a, b in getattr(ctx, "prologues", {}).items():
+            ctx.prologues = {}
+            raise _Retry(k, f"with a prologue: {err}", no_prologue=a) from None
+
+    @staticmethod
+    def _prologues_done(ctx: LowerCtx, cur: Dict[str, Any], k: int) -> None:
+        """After a unit: every prologue offered must have been applied (else rebuild without it); free its columns."""
+        pros = getattr(ctx, "prologues", {})
+        ctx.prologues = {}
+        for a, b in pros.items():
+            if not b.taken:
+                raise _Retry(k, "the consumer did not apply the prologue", no_prologue=a)
+            b.free(ctx.prog)
+            cur["pro"].pop(a, None)
+
+    def _plan_handoff(self, host: Dict[int, str], groups: Any, elide: set, trans: Dict[int, Any],
+                      pros: Optional[Dict[Var, Any]] = None) -> Dict[Var, Any]:
         """Values left in SBUF by their producer for the next lowerings (``LowerCtx.publish``/``take``).
 
         A value qualifies when its producer is a fused group, an attention group or a matmul epilogue
@@ -410,19 +490,14 @@ class NeuronExecutable:
 
         ir = self.ir
         n = len(ir.eqns)
-        unit: Dict[int, int] = {}
-        k = 0
-        while k < n:
-            g = (groups or {}).get(k)
-            span = 1
-            if isinstance(g, fusion.EpilogueGroup):
-                span = 1 + len(g.eqns)
-            elif isinstance(g, fusion.Group):
-                span = len(g.eqns)
-            for j in range(k, k + span):
-                unit[j] = k
-            k += span
+        unit = self._units(n, groups)
         _, users, outset = dataflow(ir)
+        # a prologue's equations belong to its consumer's unit, which reads the prologue's source
+        pro_unit: Dict[int, int] = {}
+        for a, p in (pros or {}).items():
+            c = unit.get(users[a][0], users[a][0])
+            for j in p.eqns:
+                pro_unit[j] = c
         host_idx = sorted(host)
         plan: Dict[Var, Any] = {}
         for k, g in (groups or {}).items():
@@ -444,6 +519,12 @@ class NeuronExecutable:
                 cons = set()
                 ok = True
                 for u in users[v]:
+                    if u in pro_unit:
+                        ok = pro_unit[u] != k
+                        if not ok:
+                            break
+                        cons.add(pro_unit[u])
+                        continue
                     c = unit.get(u)
                     if c is None or c == k or u in elide:
                         ok = False
@@ -574,7 +655,7 @@ class NeuronExecutable:
 
     def _build(self, host: Dict[int, str]) -> None:
         from ..neuron import Program
-        from . import fusion
+        from . import fusion, prologue
 
         ir = self.ir
         slot_of: Dict[Var, int] = {}
@@ -605,15 +686,20 @@ class NeuronExecutable:
             if isinstance(a, Var):
                 last_use[a] = n
 
-        groups = fusion.plan(ir, host, self._nofuse) if self.fuse else None
+        # per-feature scale/shift of a matmul operand (LayerNorm's gamma/beta) applied by the matmul in its
+        # operand's transposes (tn.lower.prologue): those equations are not lowered, groups end before them
+        pros = prologue.plan(ir, host, self._no_prologue) if self.fuse else {}
+        pro_eqns = {j for p in pros.values() for j in p.eqns}
+        phost = {**host, **{j: "prologue" for j in pro_eqns}} if pro_eqns else host
+        groups = fusion.plan(ir, phost, self._nofuse) if self.fuse else None
         in_chain: set = set()
         if self.fuse:
             # attention (tn.lower.attention) and Linear chains (tn.lower.chain) replace the groups and
             # transposed reads inside them
             from . import attention, chain
 
-            found = dict(attention.plan(ir, host, self._nofuse))
-            for k0, c in chain.plan(ir, host, self._nofuse, self._laid_out).items():
+            found = dict(attention.plan(ir, phost, self._nofuse))
+            for k0, c in chain.plan(ir, phost, self._nofuse, self._laid_out).items():
                 if not any(k0 <= a < k0 + len(c.eqns) or a <= k0 < a + len(g.eqns) for a, g in found.items()):
                     found[k0] = c
             for k0, c in sorted(found.items()):
@@ -626,7 +712,9 @@ class NeuronExecutable:
                 groups[k0] = c
                 in_chain.update(rng)
         elide, trans = self._plan_transposed(host, in_chain) if self.fuse else (set(), {})
-        handoff = self._plan_handoff(host, groups, elide, trans) if self.fuse else {}
+        handoff = self._plan_handoff(host, groups, elide, trans, pros) if self.fuse else {}
+        pro_src = {a: p.src for a, p in pros.items()}
+        preload_at = self._plan_preloads(host, groups, pros)
         consumers_of: Dict[int, List[Var]] = {}
         last_consumer: Dict[Var, int] = {}
         for v, (_, cons) in handoff.items():
@@ -659,6 +747,8 @@ class NeuronExecutable:
             if cur is None:
                 return
             prog = cur["prog"]
+            for b in cur["pro"].values():
+                b.free(prog)
             if cur["ctx"].weights is not None:
                 cur["ctx"].weights.close()
             for t in cur["ctx"].resident.values():
@@ -695,8 +785,9 @@ class NeuronExecutable:
         k = 0
         while k < n:
             eqn = ir.eqns[k]
-            if k in elide:
-                # a permute read directly (transposed) by the matmul that consumes it: not materialised
+            if k in elide or k in pro_eqns:
+                # a permute read directly (transposed) by the matmul that consumes it, or an equation of a
+                # matmul's prologue (applied by the matmul): not materialised
                 fused += 1
                 k += 1
                 continue
@@ -723,10 +814,11 @@ class NeuronExecutable:
                 continue
             if cur is None:
                 prog = Program(f"tn_{len(steps)}_{eqn.op.name}", self.arch, record_sources=self.debug)
-                cur = {"prog": prog, "ctx": LowerCtx(prog), "hbm": {}, "made": {}, "ins": [], "eqns": []}
+                cur = {"prog": prog, "ctx": LowerCtx(prog), "hbm": {}, "made": {}, "ins": [], "eqns": [], "pro": {}}
             prog, ctx, hbm = cur["prog"], cur["ctx"], cur["hbm"]
 
             def hbm_in(v: Var) -> Any:
+                v = pro_src.get(v, v)   # a prologue's result is never made: its consumer reads the source
                 t = hbm.get(v)
                 if t is None:
                     t = prog.hbm(f"in{len(hbm)}", v.shape or (1,), NEURON_DTYPES[v.dtype], kind="input")
@@ -745,7 +837,14 @@ class NeuronExecutable:
                 cur["stream"] = True
                 ctx.weights = self._weight_stream(prog, k, host, groups, trans, hbm_in)
 
+            for p in preload_at.get(k, ()):
+                # a prologue's per-feature vectors, loaded before the producer of its source
+                b = cur["pro"][p.out] = prologue.Bound(p, None, {v: hbm_in(v) for v in p.vectors()})
+                b.preload(prog)
+
             group = groups.get(k) if groups else None
+            unit_in = group.inputs if isinstance(group, fusion.Group) else eqn.inputs
+            self._bind_prologues(ctx, cur, pros, [v for v in unit_in if isinstance(v, Var)], hbm_in)
             if isinstance(group, fusion.Group):
                 # a fused group: equations k .. k+len-1 lowered together
                 ins = [hbm_in(v) for v in group.inputs]
@@ -762,7 +861,9 @@ class NeuronExecutable:
                 except HandoffError as e:
                     raise _Retry(k, str(e), no_handoff=e.var) from None
                 except (CannotLower, NeuronError) as e:
+                    self._prologue_failed(ctx, k, e)
                     raise _Retry(k, f"fused group failed: {e}", nofuse=True) from None
+                self._prologues_done(ctx, cur, k)
                 end_unit(ctx, k)
                 fused += len(group.eqns)
                 cur["eqns"].extend(range(k, k + len(group.eqns)))
@@ -792,14 +893,17 @@ class NeuronExecutable:
                 except HandoffError as e:
                     raise _Retry(k, str(e), no_handoff=e.var) from None
                 except CannotLower as e:
+                    self._prologue_failed(ctx, k, e)
                     raise _Retry(k, str(e) or "the lowering cannot handle this case") from None
                 except NeuronError as e:
+                    self._prologue_failed(ctx, k, e)
                     raise _Retry(k, f"fused epilogue failed: {e}", nofuse=True) from None
                 finally:
                     ctx.store_hook = None
                     ctx.matmul_bias = None
                     group.finish(prog, ctx)
                     ctx.bias_added = False
+                self._prologues_done(ctx, cur, k)
                 numel = max(1, eqn.outputs[0].numel)
                 cur["eqns"].append(k)
                 if group.covered == 0:
@@ -833,14 +937,17 @@ class NeuronExecutable:
             except HandoffError as e:
                 raise _Retry(k, str(e), no_handoff=e.var) from None
             except CannotLower as e:
+                self._prologue_failed(ctx, k, e)
                 raise _Retry(k, str(e) or "the lowering cannot handle this case") from None
             except NeuronError as e:
+                self._prologue_failed(ctx, k, e)
                 if self.strict:
                     raise TnError(f"tn.lower: the lowering of {eqn.op.name!r} ({_avals(eqn)}) emitted an invalid "
                                   f"instruction: {e}") from e
                 log.warning("tn.lower: lowering of %s (%s) failed (%s); running it on the host",
                             eqn.op.name, _avals(eqn), e)
                 raise _Retry(k, f"lowering error: {e}") from None
+            self._prologues_done(ctx, cur, k)
             end_unit(ctx, k)
             cur["eqns"].append(k)
             k += 1

@@ -28,6 +28,11 @@ and :func:`lower_matmul_transposed` to read a permuted operand in place):
   last); banks rotate through a ring so evacuation overlaps the next tile's
   matmuls. Groups of up to 4 row tiles share each B chunk (more matmuls per
   byte loaded while the first panels stream in).
+* **Prologue** (:mod:`tn.lower.prologue`): when A is ``src * scale + shift``
+  per feature (LayerNorm's gamma/beta), ``src`` is staged and transposed
+  instead (in its own dtype, e.g. fp32) and each transposed block is
+  evacuated by one ScalarE ``activation`` / VectorE ``tensor_scalar`` that
+  applies the per-partition scale and shift and rounds to A's dtype.
 * **Epilogue**: each output tile is evacuated PSUM -> SBUF with a cast to the
   output dtype (the rounding torch does) and written with ``ctx.store`` so a
   fused epilogue (bias, GELU, residual, ...) applies on chip.
@@ -80,7 +85,7 @@ def _sbuf_free(prog, ctx=None) -> int:
 
 def emit_matmul(ctx: Any, a, b, c, *, a_t=None, b_t=None, b_tiled=None,
                 store: Optional[Callable[[Any, Any], None]] = None, psum_banks: Optional[int] = None,
-                a_resident=None) -> None:
+                a_resident=None, prologue=None) -> None:
     """Emit ``c[i] = A[i] @ B[i]`` for every batch index ``i`` into ``ctx.prog``.
 
     Operands are HBM views (of HbmTensors, any strides a DMA can read):
@@ -94,6 +99,8 @@ def emit_matmul(ctx: Any, a, b, c, *, a_t=None, b_t=None, b_tiled=None,
     bf16, fp16). ``store(dst_view, tile)`` writes a finished output tile
     (default ``ctx.store``, which applies a fused epilogue). Every SBUF/PSUM
     tile allocated is freed on return. Raises CannotLower for other dtypes.
+    ``prologue``: a :class:`tn.lower.prologue.Bound` taken by the caller; ``a`` then views its source (the
+    prologue's dtype) and A is ``src * scale + shift`` in B's dtype (applied in the transposes' evacuation).
     """
     prog = ctx.prog
     if (a is None) == (a_t is None) or sum(x is not None for x in (b, b_t, b_tiled)) != 1:
@@ -114,6 +121,10 @@ def emit_matmul(ctx: Any, a, b, c, *, a_t=None, b_t=None, b_tiled=None,
         raise CannotLower(f"matmul shapes do not agree: A {tuple(asrc.shape)} (transposed={a_t is not None}), "
                           f"B {tuple(bsrc.shape)} (transposed={b_t is not None}), C {tuple(c.shape)}")
     dt = asrc.dtype
+    if prologue is not None:
+        if a is None or Bt != 1 or prologue.dtype not in MATMUL_DTYPES or prologue.out_dtype != bsrc.dtype:
+            raise CannotLower("a matmul prologue needs a row-major 2-D A source of a TensorE dtype")
+        dt = bsrc.dtype
     if dt not in MATMUL_DTYPES or bsrc.dtype != dt:
         raise CannotLower(f"TensorE multiplies fp32/bf16/fp16 operands of one dtype, not {asrc.dtype} @ "
                           f"{bsrc.dtype}")
@@ -121,7 +132,8 @@ def emit_matmul(ctx: Any, a, b, c, *, a_t=None, b_t=None, b_tiled=None,
     stream = getattr(ctx, "weights", None)
     if b_tiled is None or _cdiv(M, _P) != 1 or stream is None:
         stream = None
-    mm = _Matmul(prog, a, a_t, b, b_t, c, Bt, M, K, N, store, psum_banks, _sbuf_free(prog, ctx), b_tiled, stream)
+    mm = _Matmul(prog, a, a_t, b, b_t, c, Bt, M, K, N, store, psum_banks, _sbuf_free(prog, ctx), b_tiled, stream,
+                 prologue)
     mm.a_res = a_resident if a is not None and Bt == 1 else None
     bg = mm._slab_size()
     bias = getattr(ctx, "matmul_bias", None)
@@ -141,8 +153,9 @@ class _Matmul:
     """Tiling plan and emission of one (batched) matmul; see the module docstring."""
 
     def __init__(self, prog, a, a_t, b, b_t, c, Bt, M, K, N, store, psum_banks, budget, b_tiled=None,
-                 stream=None):
+                 stream=None, prologue=None):
         self.prog = prog
+        self.pro = prologue       # tn.lower.prologue.Bound: A = src * scale + shift, src staged in its own dtype
         self.a, self.a_t, self.b, self.b_t, self.c = a, a_t, b, b_t, c
         self.b_tiled = b_tiled
         self.stream = stream      # the program's WeightStream (a laid-out B read group by group, once)
@@ -151,8 +164,11 @@ class _Matmul:
         self.Bt, self.M, self.K, self.N = Bt, M, K, N
         self.store = store
         arch = prog.arch
-        self.dt = (a if a is not None else a_t).dtype
+        self.dt = (a if a is not None else a_t).dtype if prologue is None else (b if b is not None else
+                                                                                (b_t if b_t is not None else b_tiled[0])).dtype
         self.isz = isa.DTYPE_SIZES[isa.dtype_code(self.dt)]
+        self.sdt = self.dt if prologue is None else prologue.dtype     # A's staged rows
+        self.ssz = isa.DTYPE_SIZES[isa.dtype_code(self.sdt)]
         self.osz = isa.DTYPE_SIZES[isa.dtype_code(c.dtype)]
         self.KC = _cdiv(K, _P)
         self.MT = _cdiv(M, _P)
@@ -178,7 +194,8 @@ class _Matmul:
         out_b = 2 * self.ngw * self.osz
 
         def fixed(kp):
-            st = self.nstage * kp * _P * isz if self.need_tr else 0
+            both = self.sdt != self.dt and self.b_t is not None
+            st = self.nstage * kp * _P * (self.ssz + (isz if both else 0)) if self.need_tr else 0
             return st + out_b
 
         KP = KC
@@ -239,7 +256,7 @@ class _Matmul:
         the previous lowering (``a_res``) are used where they are."""
         if is_a and self.a_res is not None:
             return self.a_res[r0:r0 + rp, k0:k1]
-        st = self.stage_ring.take()
+        st = (self.stage_ring if is_a else self.bstage_ring).take()
         step = self.G * _P
         for c0 in range(k0, k1, step):
             c1 = min(k1, c0 + step)
@@ -272,7 +289,11 @@ class _Matmul:
                 self.b_ring = Ring(sb((_P, KP, self.ngw), self.dt, f"mm_b{i}") for i in range(nbuf))
             self.out_ring = Ring(sb((_P, self.ngw), self.c.dtype, f"mm_out{i}") for i in range(2))
             if self.need_tr:
-                self.stage_ring = Ring(sb((_P, KP * _P), self.dt, f"mm_stage{i}") for i in range(self.nstage))
+                self.stage_ring = Ring(sb((_P, KP * _P), self.sdt, f"mm_stage{i}") for i in range(self.nstage))
+                self.bstage_ring = self.stage_ring
+                if self.sdt != self.dt and self.b_t is not None:
+                    # a prologue's A rows are staged in their own dtype, B rows in B's
+                    self.bstage_ring = Ring(sb((_P, KP * _P), self.dt, f"mm_bstage{i}") for i in range(self.nstage))
                 self.tp_ring = Ring(ps((_P, self.G, _P), self.dt, f"mm_tp{i}") for i in range(self.tbanks))
             self.acc_ring = Ring(ps((_P, _NB), "float32", f"mm_acc{i}") for i in range(self.abanks))
             self.copy = Copier(prog)
@@ -461,9 +482,30 @@ class _Matmul:
         if st is None:
             st = self._stage_rows(self.a[bi], m0, mp, k0, k1, is_a=True)
         j = mt - sg0
+        if self.pro is not None:
+            self._transposed_pro(kc0, kc1, st, mp, lambda t, kp: at[:kp, j, t, :mp])
+            return
         self._transposed_in(
             kc1 - kc0, lambda t: st[:mp, t * _P:t * _P + self._kp(kc0 + t)], lambda t: self._kp(kc0 + t), mp,
             lambda t0, t1, kp: at[:kp, j, t0:t1, :mp])
+
+    def _transposed_pro(self, kc0, kc1, st, mp, dst) -> None:
+        """A's K chunks ``kc0 .. kc1-1`` from staged source rows ``st`` (``[mp, ..]``, the prologue's dtype):
+        TensorE transposes into PSUM banks seen in that dtype, each block evacuated into ``dst(t, kp)`` by the
+        prologue (``* scale + shift`` per partition, rounded to A's dtype)."""
+        from .prologue import bank_view
+
+        prog = self.prog
+        gs = max(1, prog.arch.psum_bank_bytes // (_P * self.ssz))
+        for g0 in range(kc0, kc1, gs):
+            g1 = min(kc1, g0 + gs)
+            tp = bank_view(self.tp_ring.take(), self.sdt)
+            for kc in range(g0, g1):
+                kp = self._kp(kc)
+                prog.transpose(tp[:kp, kc - g0, :mp], st[:mp, (kc - kc0) * _P:(kc - kc0) * _P + kp])
+            for kc in range(g0, g1):
+                kp = self._kp(kc)
+                self.pro.evacuate(prog, dst(kc - kc0, kp), tp[:kp, kc - g0, :mp], kc, kp)
 
     def _use_b(self, bi, key):
         """The SBUF tile holding B panel ``key`` = (ng, kpanel) and its column offset (loaded if needed)."""
@@ -634,8 +676,25 @@ def _check_matmul_eqn(ctx, eqn):
 def lower_matmul(ctx, eqn, ins, outs) -> None:
     """``[..., M, K] @ [..., K, N]`` (equal batch dims) on TensorE; see the module docstring."""
     lead, M, K, N = _check_matmul_eqn(ctx, eqn)
+    pro, a_res = _prologue_a(ctx, eqn, lead, M, K)
     emit_matmul(ctx, _as3(ins[0], lead, M, K), _as3(ins[1], lead, K, N), _as3(outs[0], lead, M, N),
-                a_resident=_resident_a(ctx, eqn, lead, M, K))
+                a_resident=a_res, prologue=pro)
+
+
+def _prologue_a(ctx, eqn, lead: int, M: int, K: int):
+    """``(prologue, resident A)``: the :class:`tn.lower.prologue.Bound` offered for operand A (taken here; its
+    source is then what ``ins[0]`` holds) with the source's SBUF hand-off tile, or ``(None, resident A)``."""
+    pro = getattr(ctx, "prologues", {}).get(eqn.inputs[0])
+    if pro is None:
+        return None, _resident_a(ctx, eqn, lead, M, K)
+    if lead != 1:
+        raise CannotLower("a matmul prologue needs a 2-D operand")
+    res = pro.take(ctx)
+    if res is not None and (M > _P or tuple(res.shape) != (M, K)):
+        from .base import HandoffError
+
+        raise HandoffError(pro.pro.src, "matmul prologue: the source's SBUF tile is not A's rows")
+    return pro, res
 
 
 def _resident_a(ctx, eqn, lead: int, M: int, K: int):
@@ -705,7 +764,8 @@ def lower_matmul_transposed(ctx, eqn, ins, outs, a_t=None, b_t=None, b_tiled=Non
     lead, M, K, N = _check_matmul_eqn(ctx, eqn)
     a = None if a_t is not None else _as3(ins[0], lead, M, K)
     b = None if (b_t is not None or b_tiled is not None) else _as3(ins[1], lead, K, N)
+    pro, a_res = _prologue_a(ctx, eqn, lead, M, K) if a is not None else (None, None)
     emit_matmul(ctx, a, b, _as3(outs[0], lead, M, N),
                 a_t=None if a_t is None else _as3(a_t, lead, K, M),
                 b_t=None if b_t is None else _as3(b_t, lead, N, K), b_tiled=b_tiled,
-                a_resident=_resident_a(ctx, eqn, lead, M, K) if a is not None else None)
+                a_resident=a_res, prologue=pro)
