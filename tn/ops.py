@@ -658,8 +658,8 @@ def convolution(x: Tensor, w: Tensor, b: Optional[Tensor] = None, *, stride: Tup
 
 @from_aten(convolution, aten.convolution.default)
 def _conv_conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
-    if _ndim(w) == 5 and not transposed:
-        return None     # 3-d: 2-d convolutions over depth-stacked channels (_conv3d_decomp)
+    if _ndim(w) == 5:
+        return None     # 3-d: 2-d convolutions over depth-stacked channels (_conv3d_decomp, _conv_transpose3d_decomp)
     inputs = [x, w] if b is None else [x, w, b]
     return inputs, {"stride": tuple(stride), "padding": tuple(padding), "dilation": tuple(dilation),
                     "transposed": bool(transposed), "output_padding": tuple(output_padding),
@@ -681,8 +681,8 @@ def convolution_backward(grad: Tensor, x: Tensor, w: Tensor, *, bias_sizes: Opti
 @from_aten(convolution_backward, aten.convolution_backward.default)
 def _conv_bwd_conv(grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
                    groups, output_mask):
-    if _ndim(w) == 5 and not transposed:
-        return None     # 3-d: the gradients of the 2-d form (_conv3d_backward_decomp)
+    if _ndim(w) == 5:
+        return None     # 3-d: the gradients of the 2-d form (_conv3d_backward_decomp, _conv_transpose3d_backward_decomp)
     return [grad, x, w], {
         "bias_sizes": None if bias_sizes is None else tuple(bias_sizes), "stride": tuple(stride),
         "padding": tuple(padding), "dilation": tuple(dilation), "transposed": bool(transposed),
@@ -779,6 +779,125 @@ def _conv3d_backward_decomp(grad, x, w, bias_sizes, stride, padding, dilation, t
         gx = aten._to_copy.default(gx, dtype=x.dtype, memory_format=torch.contiguous_format) \
             if gx.dtype != x.dtype or pd else gx
     return gx, gw, gb
+
+
+
+# Transposed 3-d convolution as one transposed 2-d convolution: every input depth i is a 2-d image whose output
+# channels carry all kD depth taps (w [Cin, Og, kD, kH, kW] -> w2 [Cin, kD*Og, kH, kW]; per group tap-major,
+# then channel), so x [N, Cin, D, H, W] -> x2 [N*D, Cin, H, W] and y2 [N*D, G*kD*Og, Ho, Wo]; tap k of input
+# depth i lands on output depth i*stride + k*dilation - padding (col2im along depth, summed in fp32 for 16-bit
+# dtypes). Height and width keep their stride, padding, dilation and output padding in the 2-d convolution.
+# The backward gathers the output gradient's depth taps (im2col, as _conv3d_x2) and takes the 2-d gradients.
+
+def _conv_transpose3d_params(x, w, stride, padding, dilation, output_padding):
+    """A transposed 3-d convolution's parameters as four 3-lists and its sizes: (stride, padding, dilation,
+    output_padding, N, Cin, D, H, W, Og, kD, Dy) with Dy the output depth."""
+    stride, padding, dilation, opad = (_triple(v) for v in (stride, padding, dilation, output_padding))
+    N, C, D, H, W = (int(n) for n in x.shape)
+    Og, kD = int(w.shape[1]), int(w.shape[2])
+    Dy = (D - 1) * stride[0] - 2 * padding[0] + dilation[0] * (kD - 1) + opad[0] + 1
+    return stride, padding, dilation, opad, N, C, D, H, W, Og, kD, Dy
+
+
+def _conv_transpose3d_x2w2(x, w):
+    """x [N, Cin, D, H, W] -> [N*D, Cin, H, W] (each input depth an image) and w [Cin, Og, kD, kH, kW] ->
+    [Cin, kD*Og, kH, kW] (the depth taps stacked into the output channels of each group)."""
+    N, C, D, H, W = (int(n) for n in x.shape)
+    Cw, Og, kD, kH, kW = (int(n) for n in w.shape)
+    x2 = aten.reshape.default(aten.permute.default(x, [0, 2, 1, 3, 4]), [N * D, C, H, W])
+    w2 = aten.reshape.default(aten.permute.default(w, [0, 2, 1, 3, 4]), [Cw, kD * Og, kH, kW])
+    return x2, w2
+
+
+def _conv_transpose3d_decomp(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    """aten.convolution of a 5-d input, transposed: one transposed 2-d convolution whose output channels hold
+    the depth taps, scattered and summed along depth (in fp32 for 16-bit dtypes), bias added after."""
+    if _ndim(w) != 5 or not transposed:
+        return NotImplemented
+    stride, padding, dilation, opad, N, C, D, H, W, Og, kD, Dy = _conv_transpose3d_params(
+        x, w, stride, padding, dilation, output_padding)
+    sd, pd, dd = stride[0], padding[0], dilation[0]
+    x2, w2 = _conv_transpose3d_x2w2(x, w)
+    y2 = aten.convolution.default(x2, w2, None, list(stride[1:]), list(padding[1:]), list(dilation[1:]), True,
+                                  list(opad[1:]), groups)                # [N*D, G*kD*Og, Ho, Wo]
+    Ho, Wo = int(y2.shape[2]), int(y2.shape[3])
+    O = groups * Og
+    t = aten.reshape.default(y2, [N, D, groups, kD, Og, Ho, Wo])
+    t = aten.permute.default(t, [0, 3, 2, 4, 1, 5, 6])                 # [N, kD, G, Og, D, Ho, Wo]
+    t = aten.reshape.default(t, [N, kD, O, D, Ho, Wo])
+    acc_dt = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+    if acc_dt != x.dtype:
+        t = aten._to_copy.default(t, dtype=acc_dt)
+    span = sd * (D - 1) + 1
+    L = max(Dy + pd, dd * (kD - 1) + span)       # padded output depth covering every tap and the output
+    if kD == 1 and sd == 1 and L == D:
+        acc = aten.select.int(t, 1, 0)
+    else:
+        acc = aten.full.default([N, O, L, Ho, Wo], 0, dtype=acc_dt)
+        for k in range(kD):
+            lo, hi = k * dd, k * dd + span
+            cur = aten.slice.Tensor(acc, 2, lo, hi, sd)
+            acc = aten.slice_scatter.default(acc, aten.add.Tensor(cur, aten.select.int(t, 1, k)), 2, lo, hi, sd)
+    y = aten.slice.Tensor(acc, 2, pd, pd + Dy) if (pd or L != Dy) else acc
+    if b is not None:
+        y = aten.add.Tensor(y, aten.reshape.default(b, [1, O, 1, 1, 1]))
+    return aten._to_copy.default(y, dtype=x.dtype, memory_format=torch.contiguous_format)
+
+
+def _conv_transpose3d_backward_decomp(grad, x, w, bias_sizes, stride, padding, dilation, transposed,
+                                      output_padding, groups, output_mask):
+    """aten.convolution_backward of a transposed 5-d convolution: the output gradient's depth taps gathered
+    into channels (im2col along depth), then the transposed 2-d form's input and weight gradients; the bias
+    gradient is the output gradient summed over all but the channel axis (in fp32 for 16-bit dtypes)."""
+    if _ndim(w) != 5 or not transposed:
+        return NotImplemented
+    stride, padding, dilation, opad, N, C, D, H, W, Og, kD, Dy = _conv_transpose3d_params(
+        x, w, stride, padding, dilation, output_padding)
+    sd, pd, dd = stride[0], padding[0], dilation[0]
+    O = groups * Og
+    Ho, Wo = int(grad.shape[3]), int(grad.shape[4])
+    gx = gw = gb = None
+    if output_mask[0] or output_mask[1]:
+        # tap k of input depth i read the output depth i*sd + k*dd - pd (zero outside)
+        span = sd * (D - 1) + 1
+        rpad = max(0, dd * (kD - 1) + span - (Dy + pd))
+        gp = aten.constant_pad_nd.default(grad, [0, 0, 0, 0, pd, rpad]) if (pd or rpad) else grad
+        taps = [aten.slice.Tensor(gp, 2, k * dd, k * dd + span, sd) for k in range(kD)]
+        g2 = aten.stack.default(taps, 1)                                # [N, kD, O, D, Ho, Wo]
+        g2 = aten.reshape.default(g2, [N, kD, groups, Og, D, Ho, Wo])
+        g2 = aten.permute.default(g2, [0, 4, 2, 1, 3, 5, 6])            # [N, D, G, kD, Og, Ho, Wo]
+        g2 = aten.reshape.default(g2, [N * D, O * kD, Ho, Wo])
+        x2, w2 = _conv_transpose3d_x2w2(x, w)
+        gx2, gw2, _ = aten.convolution_backward.default(
+            g2, x2, w2, None, list(stride[1:]), list(padding[1:]), list(dilation[1:]), True, list(opad[1:]),
+            groups, [bool(output_mask[0]), bool(output_mask[1]), False])
+        if output_mask[0]:
+            gx = aten.reshape.default(gx2, [N, D, C, H, W])
+            gx = aten.clone.default(aten.permute.default(gx, [0, 2, 1, 3, 4]), memory_format=torch.contiguous_format)
+        if output_mask[1]:
+            gw = aten.reshape.default(gw2, [C, kD, Og] + [int(n) for n in w.shape[3:]])
+            gw = aten.clone.default(aten.permute.default(gw, [0, 2, 1, 3, 4]), memory_format=torch.contiguous_format)
+    if output_mask[2]:
+        acc_dt = torch.float32 if grad.dtype in (torch.bfloat16, torch.float16) else grad.dtype
+        g = aten._to_copy.default(grad, dtype=acc_dt) if acc_dt != grad.dtype else grad
+        gb = aten.sum.dim_IntList(g, [0, 2, 3, 4])
+        if acc_dt != grad.dtype:
+            gb = aten._to_copy.default(gb, dtype=grad.dtype)
+    return gx, gw, gb
+
+
+def _conv5d_decomp(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    """aten.convolution of a 5-d input, plain (_conv3d_decomp) or transposed (_conv_transpose3d_decomp)."""
+    fn = _conv_transpose3d_decomp if transposed else _conv3d_decomp
+    return fn(x, w, b, stride, padding, dilation, transposed, output_padding, groups)
+
+
+def _conv5d_backward_decomp(grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                            groups, output_mask):
+    """aten.convolution_backward of a 5-d convolution, plain (_conv3d_backward_decomp) or transposed
+    (_conv_transpose3d_backward_decomp)."""
+    fn = _conv_transpose3d_backward_decomp if transposed else _conv3d_backward_decomp
+    return fn(grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask)
 
 
 def _pool_attrs(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
@@ -1204,8 +1323,8 @@ for _ov in HOST_OVERLOADS:
 # calls into the canonical forms above.
 
 DECOMPOSITIONS[aten.cat.default] = _cat_decomp
-DECOMPOSITIONS[aten.convolution.default] = _conv3d_decomp
-DECOMPOSITIONS[aten.convolution_backward.default] = _conv3d_backward_decomp
+DECOMPOSITIONS[aten.convolution.default] = _conv5d_decomp
+DECOMPOSITIONS[aten.convolution_backward.default] = _conv5d_backward_decomp
 
 
 @decomposition(aten.add.Tensor, aten.add.Scalar)

@@ -35,11 +35,12 @@ all pixels); the bias gradient is a VectorE reduction.
 A transposed convolution is lowered as that input gradient (plus bias), and
 its backward as the forward convolution (input gradient) and the forward
 weight gradient with the output gradient and input swapped. 3-d
-convolutions (and their gradients) reach this lowering as 2-d ones: the
-tracer decomposes them (:mod:`tn.ops`) into one 2-d convolution over
-depth-stacked channels; a 3-d convolution equation built by hand, and a
-transposed 3-d convolution, raise :class:`~tn.lower.base.CannotLower` (they
-run on the host, visibly).
+convolutions, plain and transposed (and their gradients), reach this lowering
+as 2-d ones: the tracer decomposes them (:mod:`tn.ops`) into one 2-d
+convolution over depth-stacked channels (transposed: one transposed 2-d
+convolution whose output channels hold the depth taps, summed along depth);
+a 3-d convolution equation built by hand raises
+:class:`~tn.lower.base.CannotLower` (it runs on the host, visibly).
 """
 from __future__ import annotations
 
