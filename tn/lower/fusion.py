@@ -409,8 +409,16 @@ def _max_free(per_elem: int, n_eqns: int, in_vars: List[Var], out_vars: List[Var
 def _row_fits(eqns: List[Eqn], in_vars: List[Var], out_vars: List[Var], space: Sequence[int], r: int,
               parts: int) -> bool:
     """Whether the rows of row group ``eqns`` (reducing the last ``r`` axes of ``space``) fit its SBUF budget."""
+    from .elementwise import TILE_RULES
+
     row = _numel(space[len(space) - r:])
     if row <= 64:
+        return True
+    # quick accept: bytes per element with every value of the group live at once bound lower_map's count
+    temps = max([getattr(TILE_RULES.get(e.op.name), "temps", 3) for e in eqns] or [3])
+    upper = NBUF * sum(_itemsize(v.dtype) for v in list(in_vars) + list(out_vars)) + \
+        sum(_itemsize(v.dtype) for e in eqns for v in e.outputs) + 4 * temps
+    if row <= min(MAX_FREE * 8, SBUF_BUDGET // upper):
         return True
     vals = _values(eqns, in_vars, out_vars)
     return row <= _max_free(vals.per_elem, len(eqns), in_vars, out_vars, space, parts, row)
