@@ -625,6 +625,34 @@ def test_neuron_device_inputs_stay_on_the_device():
     assert blocks[0].padded > 0
 
 
+def test_neuron_device_parameter_changes_reach_compiled_regions():
+    """Compiled no-grad calls reuse host views of device parameters: a .data swap, an in-place update and a
+    new Parameter must all be seen by the next call."""
+    pytest.importorskip("tn.lower")
+    torch.manual_seed(0)
+    cpu = nn.Sequential(MLPBlock(), MLPBlock())
+    m = copy.deepcopy(cpu).to("neuron")
+    a = tn.adaptive(m, costs={"eager": 0.01, "compiled": 0.001, "compile": 0.02}, compile_time_prior=0.02,
+                    backend="neuron")
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        for _ in range(4):
+            close(a(x.to("neuron")).cpu(), cpu(x), 1e-4)
+        assert a.regions["0"].hits + a.regions["1"].hits >= 1
+        lin, lin_cpu = m[0].l1, cpu[0].l1
+        new_w = torch.randn_like(lin_cpu.weight)
+        lin_cpu.weight.data = new_w.clone()
+        lin.weight.data = new_w.clone().to("neuron")       # .data swap: new memory, same Parameter
+        close(a(x.to("neuron")).cpu(), cpu(x), 1e-4)
+        lin_cpu.bias.add_(1.0)
+        lin.bias.add_(1.0)                                   # in place: same memory
+        close(a(x.to("neuron")).cpu(), cpu(x), 1e-4)
+        w2 = torch.randn_like(lin_cpu.weight)
+        lin_cpu.weight = nn.Parameter(w2.clone())
+        lin.weight = nn.Parameter(w2.clone().to("neuron"))   # a new Parameter object
+        close(a(x.to("neuron")).cpu(), cpu(x), 1e-4)
+
+
 def test_estimates_of_parents_and_tiny_regions():
     """A parent whose eager time is spent in child regions expects little from compiling itself (and a compile as
     dear as theirs); no compiled call is expected faster than the fastest one measured."""

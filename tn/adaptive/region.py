@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -85,13 +86,18 @@ def _host_views(tree: Any) -> Tuple[Any, Dict[int, Tensor]]:
     ``{id(alias): device tensor}``. The device's memory is host memory: programs read parameters and inputs in
     place and write mutations straight through (tn.jit's own route copies each input to the host and back)."""
     back: Dict[int, Tensor] = {}
+    grad = torch.is_grad_enabled()
 
     def view(t: Any) -> Any:
         if isinstance(t, Tensor) and t.device.type == "neuron":
-            from ..device.allocator import cpu_alias
-            a = cpu_alias(t)
-            if t.requires_grad:
-                a.requires_grad_(True)
+            a = None if grad else _cached_alias(t)
+            if a is None:
+                from ..device.allocator import cpu_alias
+                a = cpu_alias(t)
+                if t.requires_grad:
+                    a.requires_grad_(True)
+                if not grad and isinstance(t, torch.nn.Parameter):
+                    _cache_alias(t, a)
             back[id(a)] = t
             return a
         return t
@@ -109,6 +115,38 @@ def _host_views(tree: Any) -> Tuple[Any, Dict[int, Tensor]]:
         return _pytree.tree_map(view, x)
 
     return walk(tree), back
+
+
+_ALIASES: Dict[int, Tuple[Any, Tensor]] = {}  # id(parameter) -> (weakref to it, its CPU alias), for no-grad calls
+
+
+def _cached_alias(t: Tensor) -> Optional[Tensor]:
+    """The cached CPU alias of parameter ``t`` if it still views ``t``'s memory as ``t`` (else None).
+
+    Parameters are aliased afresh on every call otherwise (~5 us each); the
+    cache is used only with grad mode off, where the alias's ``requires_grad``
+    flag never reaches an autograd graph. ``.data`` assignment or a move is
+    caught by comparing pointer, sizes, strides and dtype.
+    """
+    hit = _ALIASES.get(id(t))
+    if hit is None:
+        return None
+    ref, a = hit
+    if ref() is not t or a.data_ptr() != t.data_ptr() or a.dtype != t.dtype or a.shape != t.shape \
+            or a.stride() != t.stride() or a.requires_grad != t.requires_grad:
+        del _ALIASES[id(t)]
+        return None
+    return a
+
+
+def _cache_alias(t: Tensor, a: Tensor) -> None:
+    """Remember ``a`` as the CPU alias of parameter ``t`` (entries of dead parameters are dropped as it grows)."""
+    if len(_ALIASES) >= 4096:
+        for k in [k for k, (r, _) in _ALIASES.items() if r() is None]:
+            del _ALIASES[k]
+        if len(_ALIASES) >= 4096:
+            _ALIASES.clear()
+    _ALIASES[id(t)] = (weakref.ref(t), a)
 
 
 def _on_host(fn, call: tuple) -> Any:
@@ -235,6 +273,9 @@ class _OutStruct:
         self.leaves = [None if isinstance(l, Tensor) else l for l in leaves]
 
     def rebuild(self, tensors: list) -> Any:
+        """The result pytree with ``tensors`` in the places of its tensor leaves."""
+        if self.spec.is_leaf():  # a region returning one tensor (Linear, LayerNorm, MLP ...)
+            return tensors[0] if self.leaves[0] is None else self.leaves[0]
         it = iter(tensors)
         return _pytree.tree_unflatten([next(it) if l is None else l for l in self.leaves], self.spec)
 
