@@ -607,13 +607,19 @@ def test_training_through_causal_buckets():
         close(p.grad, pr.grad, 1e-4)
 
 
-def test_neuron_device_inputs_stay_on_the_device():
+def _device_blocks():
+    """Two MLP blocks on CPU, a copy on the neuron device and its adaptive wrapper (costs injected: compiles soon)."""
     pytest.importorskip("tn.lower")
     torch.manual_seed(0)
     cpu = nn.Sequential(MLPBlock(), MLPBlock())
     m = copy.deepcopy(cpu).to("neuron")
     a = tn.adaptive(m, costs={"eager": 0.01, "compiled": 0.001, "compile": 0.02}, compile_time_prior=0.02,
                     backend="neuron")
+    return cpu, m, a
+
+
+def test_neuron_device_inputs_stay_on_the_device():
+    cpu, m, a = _device_blocks()
     with torch.no_grad():
         for b in (4, 4, 4, 3, 5, 6, 7, 3, 5, 4):
             x = torch.randn(b, 16)
@@ -628,12 +634,7 @@ def test_neuron_device_inputs_stay_on_the_device():
 def test_neuron_device_parameter_changes_reach_compiled_regions():
     """Compiled no-grad calls reuse host views of device parameters: a .data swap, an in-place update and a
     new Parameter must all be seen by the next call."""
-    pytest.importorskip("tn.lower")
-    torch.manual_seed(0)
-    cpu = nn.Sequential(MLPBlock(), MLPBlock())
-    m = copy.deepcopy(cpu).to("neuron")
-    a = tn.adaptive(m, costs={"eager": 0.01, "compiled": 0.001, "compile": 0.02}, compile_time_prior=0.02,
-                    backend="neuron")
+    cpu, m, a = _device_blocks()
     x = torch.randn(4, 16)
     with torch.no_grad():
         for _ in range(4):
