@@ -674,3 +674,30 @@ def test_estimates_of_parents_and_tiny_regions():
     small.note_eager(s2, "s", 0.001, 0.0, 0.0)
     small.note_eager(s2, "s", 0.001, 0.0, 0.0)
     assert not a.regions["0"]._pays_back(s2, "s", 100)  # eager 1 ms < the 4 ms floor of a program call
+
+
+def test_gc_pauses_are_not_region_time():
+    """A garbage collection that lands inside a region's call is process overhead, not the region's time (a 100 ms
+    full collection in a 0.3 ms compiled call would otherwise flip the region back to eager)."""
+    import gc
+    import time
+
+    from tn.adaptive.region import gc_seconds
+
+    junk = [[i] for i in range(300_000)]  # live objects: every full collection has to walk them
+
+    class Collecting(nn.Module):
+        def forward(self, x):
+            gc.collect()
+            return x * 2
+
+    a = tn.adaptive(nn.Sequential(Collecting(), Collecting()), clock=time.process_time, min_calls=10**9)
+    before = gc_seconds(time.process_time)
+    with torch.no_grad():
+        for _ in range(3):
+            close(a(torch.ones(4)), torch.full((4,), 4.0), 0)
+    spent = gc_seconds(time.process_time) - before
+    in_blocks = a.regions["0"].eager_s + a.regions["1"].eager_s
+    assert spent > 0 and in_blocks < spent / 4, (in_blocks, spent)
+    assert gc_seconds(lambda: 0.0) == 0.0  # a test's own clock: nothing to subtract
+    del junk

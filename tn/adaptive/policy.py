@@ -39,7 +39,10 @@ the controller compiles now when::
 
 A compiled signature whose measured compiled time is not below its eager
 time goes back to eager ("compiled slower"). Every time comes from
-``Policy.clock`` unless ``Policy.costs`` injects it (tests use both).
+``Policy.clock`` unless ``Policy.costs`` injects it (tests use both); the
+time spent in nested compiles and in Python's garbage collector during a
+call is not counted as the call's time (a full collection in a process
+holding torch takes ~100 ms and lands in whichever region is running).
 """
 from __future__ import annotations
 

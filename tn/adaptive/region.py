@@ -31,8 +31,10 @@ forward and calls ``torch.autograd.grad`` inside the program.
 from __future__ import annotations
 
 import collections
+import gc
 import logging
 import os
+import time
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -68,6 +70,41 @@ def log_enabled() -> bool:
         return False
     flags = set(v.replace(",", " ").lower().split())
     return "adaptive" in flags or "all" in flags
+
+
+_GC_SECONDS = {"cpu": 0.0, "wall": 0.0}  # time the cyclic garbage collector has run in this process
+_GC_START: List[float] = [0.0, 0.0]
+
+
+def _gc_callback(phase: str, info: dict) -> None:
+    """``gc.callbacks`` hook: adds each collection's CPU and wall time to ``_GC_SECONDS``."""
+    if phase == "start":
+        _GC_START[0], _GC_START[1] = time.process_time(), time.perf_counter()
+    else:
+        _GC_SECONDS["cpu"] += time.process_time() - _GC_START[0]
+        _GC_SECONDS["wall"] += time.perf_counter() - _GC_START[1]
+
+
+def install_gc_clock() -> None:
+    """Start counting garbage-collection time (idempotent).
+
+    A full collection in a process holding torch and transformers takes
+    ~100 ms. It lands in whatever region happens to run, where it would make
+    a 0.3 ms compiled call look 300x slower and flip decisions; regions
+    therefore exclude it from their measured times, as they exclude compiles.
+    """
+    if _gc_callback not in gc.callbacks:
+        gc.callbacks.append(_gc_callback)
+
+
+def gc_seconds(clock: Any) -> float:
+    """Garbage-collection seconds so far on ``clock``'s scale (CPU time for ``time.process_time``, wall time for
+    ``time.perf_counter``/``time.monotonic``; 0 for any other clock, e.g. a test's)."""
+    if clock is time.process_time:
+        return _GC_SECONDS["cpu"]
+    if clock is time.perf_counter or clock is time.monotonic:
+        return _GC_SECONDS["wall"]
+    return 0.0
 
 
 def run_eager(base_forward, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -713,6 +750,7 @@ class Region:
         frame = [0.0, 0.0, 0.0]  # live child regions inside this call: [compiled s, eager s, compile-equivalent s]
         frames.append(frame)
         c0 = ctl.compile_total
+        g0 = gc_seconds(clock)
         t0 = clock()
         try:
             if padded is None:
@@ -727,8 +765,8 @@ class Region:
                 out = _pytree.tree_unflatten([next(it) if isinstance(l, Tensor) else l for l in oleaves], ospec)
         finally:
             frames.pop()
-        # compiles of inner regions during this call are not eager time of this region
-        dt = self._cost("eager", clock() - t0 - (ctl.compile_total - c0))
+        # compiles of inner regions and garbage collections during this call are not eager time of this region
+        dt = self._cost("eager", clock() - t0 - (ctl.compile_total - c0) - (gc_seconds(clock) - g0))
         self.eager_s += dt
         self.modes.append(0 if padded is None else 3)
         if padded is not None:
@@ -822,12 +860,13 @@ class Region:
         clock = self.policy.clock
         if key in g.compiled:
             g.compiled.move_to_end(key)
+        g0 = gc_seconds(clock)
         t0 = clock()
         try:
             out = self._run_program(st, leaves, spec, pads, needs_grad)
         except Exception as e:  # the program failed: eager gives the user's result (or the user's error)
             return self._failed(st, e, leaves, spec)
-        dt = self._cost("compiled", clock() - t0)
+        dt = self._cost("compiled", clock() - t0 - (gc_seconds(clock) - g0))
         frames = self.ctl.frames()
         if frames:
             frames[-1][0] += dt
@@ -865,12 +904,13 @@ class Region:
         self._decide(lambda: f"compiling {what} ({st.reason() if callable(st.reason) else st.reason})")
         ctl = self.ctl
         c0 = ctl.compile_total
+        g0 = gc_seconds(clock)
         t0 = clock()
         try:
             if pads and g.bucketing is not None:
                 why = self._verify_bucket(st, leaves, spec, pads)
                 if why is not None:
-                    dt = clock() - t0 - (ctl.compile_total - c0)
+                    dt = clock() - t0 - (ctl.compile_total - c0) - (gc_seconds(clock) - g0)
                     ctl.note_compile(dt, None)
                     self.compile_s += dt
                     self.compiles += 1
@@ -881,7 +921,7 @@ class Region:
             out = self._run_program(st, leaves, spec, pads, needs_grad)
         except Exception as e:  # cannot trace or compile: eager gives the user's result (or the user's error)
             return self._failed(st, e, leaves, spec)
-        dt = self._cost("compile", clock() - t0 - (ctl.compile_total - c0))
+        dt = self._cost("compile", clock() - t0 - (ctl.compile_total - c0) - (gc_seconds(clock) - g0))
         te = g.warm_estimate(st)
         ctl.note_compile(dt, te)
         self.compiles += 1
@@ -1001,6 +1041,7 @@ class Region:
         """Trace this call once and prove which varying groups may be padded: ``(groups, out_axes, refused, ir)``."""
         g = self.group
         clock = self.policy.clock
+        g0 = gc_seconds(clock)
         t0 = clock()
         try:
             params, flags = self._params()
@@ -1009,7 +1050,7 @@ class Region:
             g.bucket_refused = f"cannot trace to analyse ({type(e).__name__})"
             return None
         finally:
-            self.ctl.note_analysis(clock() - t0)
+            self.ctl.note_analysis(clock() - t0 - (gc_seconds(clock) - g0))
         offset = len(params)
         tix = self.ctl.tensor_index(leaves)
         groups, outs, refused = [], [], []

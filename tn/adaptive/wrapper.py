@@ -17,7 +17,7 @@ import torch
 
 from ..errors import TnError
 from .policy import Policy, make_policy
-from .region import Group, Region, fingerprint
+from .region import Group, Region, fingerprint, install_gc_clock
 
 __all__ = ["adaptive", "adaptive_report", "AdaptiveModel", "default_regions"]
 
@@ -289,6 +289,7 @@ def adaptive(model: torch.nn.Module, **policy: Any) -> AdaptiveModel:
             raise TnError(f"tn.adaptive: module {n or '<root>'!r} already belongs to an adaptive model; keep using the "
                           f"object the first tn.adaptive call returned")
     ctl = _Controller(model, pol)
+    install_gc_clock()
     if pol.regions is None:
         names = default_regions(model)
     else:
