@@ -338,6 +338,19 @@ def store_tile(prog: Any, dst: Any, tile: Any) -> None:
         prog.dma_copy(dst, tile)
 
 
+def stage_vector_rows(prog: Any, st: Any, flat: Any, n: int, part: int = 128) -> None:
+    """DMA a flat HBM vector of ``n`` elements into SBUF tile ``st`` as rows of ``part``: element ``r*part + p`` at
+    ``[r, p]``, the unused tail of the last row zeroed. One TensorE transpose of ``st`` then gives the vector as
+    per-partition columns (the layout per-feature scales, shifts and biases take in feature-major lowerings)."""
+    rows, rem = divmod(n, part)
+    if rem:
+        prog.memset(st, 0.0, engine="gpsimd")
+    if rows:
+        prog.dma_copy(st[:rows, :], flat[0:rows * part].reshape(rows, part))
+    if rem:
+        prog.dma_copy(st[rows:rows + 1, :rem], flat[rows * part:n].reshape(1, rem))
+
+
 def lowering(*op_names: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Decorator: register the function as the lowering of the ops ``op_names`` (sets ``OPS[name].lowering``)."""
     from .. import ops

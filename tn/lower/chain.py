@@ -51,7 +51,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import torch
 
 from ..ir import IR, Eqn, Literal, Var
-from .base import NEURON_DTYPES, CannotLower, Copier, Ring, TileScope, dataflow
+from .base import NEURON_DTYPES, CannotLower, Copier, Ring, TileScope, dataflow, stage_vector_rows
 from .fusion import EpilogueGroup, Group, _broadcastable, _is_map, _lstrip1, is_alias_reshape
 
 __all__ = ["LinearChain", "plan"]
@@ -420,13 +420,7 @@ class _Emitter:
         if NB > _P:
             raise CannotLower(f"linear chain: a per-feature vector of {N} elements (more than {_P * _P})")
         st = prog.sbuf((NB, _P), vdt, name="lc_vstage")
-        rows, rem = divmod(N, _P)
-        if rem:
-            prog.memset(st, 0.0, engine="gpsimd")
-        if rows:
-            prog.dma_copy(st[:rows, :], flat[0:rows * _P].reshape(rows, _P))
-        if rem:
-            prog.dma_copy(st[rows:rows + 1, :rem], flat[rows * _P:N].reshape(1, rem))
+        stage_vector_rows(prog, st, flat, N, _P)
         tp = prog.psum((_P, NB), vdt, name="lc_vtp")
         prog.transpose(tp[:, :NB], st[:NB, :])
         t = self.scope.sbuf((_P, NB), vdt, "lc_vec")

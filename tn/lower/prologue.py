@@ -42,7 +42,7 @@ from typing import Any, Dict, List, Optional, Set
 import torch
 
 from ..ir import IR, Literal, Var
-from .base import NEURON_DTYPES, dataflow
+from .base import NEURON_DTYPES, dataflow, stage_vector_rows
 from .fusion import _lstrip1, is_alias_reshape
 
 __all__ = ["Prologue", "Bound", "plan", "bank_view"]
@@ -206,7 +206,6 @@ class Bound:
             self.cols = ()
             return
         C, KC = self.pro.features, self.KC
-        rows, rem = divmod(C, _P)
         cols = prog.sbuf((_P, len(vecs) * KC), "float32", name="pro_cols")
         ps = prog.psum((_P, len(vecs) * KC), "float32", name="pro_tp")
         stages = []
@@ -214,12 +213,7 @@ class Bound:
             vdt = NEURON_DTYPES[v.dtype]
             flat = self.vec_hbm[v].view().reshape(v.numel)
             st = prog.sbuf((KC, _P), vdt, name="pro_vstage")
-            if rem:
-                prog.memset(st, 0.0, engine="gpsimd")
-            if rows:
-                prog.dma_copy(st[:rows, :], flat[0:rows * _P].reshape(rows, _P))
-            if rem:
-                prog.dma_copy(st[rows:rows + 1, :rem], flat[rows * _P:C].reshape(1, rem))
+            stage_vector_rows(prog, st, flat, C, _P)
             prog.transpose(ps[:, i * KC:(i + 1) * KC], st[:KC, :])
             stages.append(st)
             self.col_of[name] = i * KC
