@@ -749,8 +749,7 @@ class Region:
         frames = ctl.frames()
         frame = [0.0, 0.0, 0.0]  # live child regions inside this call: [compiled s, eager s, compile-equivalent s]
         frames.append(frame)
-        c0 = ctl.compile_total
-        g0 = gc_seconds(clock)
+        x0 = ctl.excluded_s(clock)
         t0 = clock()
         try:
             if padded is None:
@@ -766,7 +765,7 @@ class Region:
         finally:
             frames.pop()
         # compiles of inner regions and garbage collections during this call are not eager time of this region
-        dt = self._cost("eager", clock() - t0 - (ctl.compile_total - c0) - (gc_seconds(clock) - g0))
+        dt = self._cost("eager", clock() - t0 - (ctl.excluded_s(clock) - x0))
         self.eager_s += dt
         self.modes.append(0 if padded is None else 3)
         if padded is not None:
@@ -860,13 +859,13 @@ class Region:
         clock = self.policy.clock
         if key in g.compiled:
             g.compiled.move_to_end(key)
-        g0 = gc_seconds(clock)
+        x0 = self.ctl.excluded_s(clock)
         t0 = clock()
         try:
             out = self._run_program(st, leaves, spec, pads, needs_grad)
         except Exception as e:  # the program failed: eager gives the user's result (or the user's error)
             return self._failed(st, e, leaves, spec)
-        dt = self._cost("compiled", clock() - t0 - (gc_seconds(clock) - g0))
+        dt = self._cost("compiled", clock() - t0 - (self.ctl.excluded_s(clock) - x0))
         frames = self.ctl.frames()
         if frames:
             frames[-1][0] += dt
@@ -903,14 +902,13 @@ class Region:
         what = "bucket " + str([list(p[0]) for p in bkey[1] if p[0] != "v"]) if pads is not None else "signature"
         self._decide(lambda: f"compiling {what} ({st.reason() if callable(st.reason) else st.reason})")
         ctl = self.ctl
-        c0 = ctl.compile_total
-        g0 = gc_seconds(clock)
+        x0 = ctl.excluded_s(clock)
         t0 = clock()
         try:
             if pads and g.bucketing is not None:
                 why = self._verify_bucket(st, leaves, spec, pads)
                 if why is not None:
-                    dt = clock() - t0 - (ctl.compile_total - c0) - (gc_seconds(clock) - g0)
+                    dt = clock() - t0 - (ctl.excluded_s(clock) - x0)
                     ctl.note_compile(dt, None)
                     self.compile_s += dt
                     self.compiles += 1
@@ -921,7 +919,7 @@ class Region:
             out = self._run_program(st, leaves, spec, pads, needs_grad)
         except Exception as e:  # cannot trace or compile: eager gives the user's result (or the user's error)
             return self._failed(st, e, leaves, spec)
-        dt = self._cost("compile", clock() - t0 - (ctl.compile_total - c0) - (gc_seconds(clock) - g0))
+        dt = self._cost("compile", clock() - t0 - (ctl.excluded_s(clock) - x0))
         te = g.warm_estimate(st)
         ctl.note_compile(dt, te)
         self.compiles += 1
@@ -1041,7 +1039,7 @@ class Region:
         """Trace this call once and prove which varying groups may be padded: ``(groups, out_axes, refused, ir)``."""
         g = self.group
         clock = self.policy.clock
-        g0 = gc_seconds(clock)
+        x0 = self.ctl.excluded_s(clock)
         t0 = clock()
         try:
             params, flags = self._params()
@@ -1050,7 +1048,7 @@ class Region:
             g.bucket_refused = f"cannot trace to analyse ({type(e).__name__})"
             return None
         finally:
-            self.ctl.note_analysis(clock() - t0 - (gc_seconds(clock) - g0))
+            self.ctl.note_analysis(clock() - t0 - (self.ctl.excluded_s(clock) - x0))
         offset = len(params)
         tix = self.ctl.tensor_index(leaves)
         groups, outs, refused = [], [], []

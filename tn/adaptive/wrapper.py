@@ -17,7 +17,7 @@ import torch
 
 from ..errors import TnError
 from .policy import Policy, make_policy
-from .region import Group, Region, fingerprint, install_gc_clock
+from .region import Group, Region, fingerprint, gc_seconds, install_gc_clock
 
 __all__ = ["adaptive", "adaptive_report", "AdaptiveModel", "default_regions"]
 
@@ -100,6 +100,11 @@ class _Controller:
         if warm:
             self.compile_rate_s += seconds
             self.compile_rate_e += warm
+
+    def excluded_s(self, clock: Any) -> float:
+        """Seconds (on ``clock``'s scale) that region timings leave out, so far: compiles and analyses of any region,
+        and garbage collections. A measurement subtracts how much this grew while it ran."""
+        return self.compile_total + gc_seconds(clock)
 
     def note_analysis(self, seconds: float) -> None:
         """Time spent tracing for the independence analysis (not eager time of the enclosing regions)."""
