@@ -533,10 +533,11 @@ def test_hf_gpt2_generate_equals_plain():
     out = a.generate(ids, max_new_tokens=8, do_sample=False)  # again, now with compiled regions
     assert torch.equal(out, ref)
     rows = {r["region"]: r for r in a.report(print_table=False)}
-    assert rows["transformer.h.0"]["mode"] == "eager (for good)"
+    # the blocks take HF's DynamicCache (a state object written back after each compiled call)
+    for name in ("transformer.h.0", "transformer.h.1"):
+        assert "eager for good" not in str(rows[name]["reason"]), rows[name]["reason"]
+        assert rows[name]["hits"] > 0, rows[name]
     assert sum(r["compiles"] for r in rows.values()) >= 1
-    assert a.regions["transformer.h.0.mlp"].group is a.regions["transformer.h.1.mlp"].group
-    assert rows["transformer.h.1.mlp"]["shares"] == "transformer.h.0.mlp"
 
 
 def test_copies_and_double_wrapping():

@@ -42,7 +42,8 @@ import torch
 import torch.utils._pytree as _pytree
 
 from ..pytree import HashedTuple
-from . import independence
+from . import independence, masked
+from . import state as _state
 from .policy import Policy, bucket_size, expected_future, should_compile
 
 __all__ = ["Region", "Group", "run_eager", "fingerprint"]
@@ -263,27 +264,43 @@ class _Unsupported(Exception):
 _LEAF_TYPES = frozenset(t for t in _PRIMITIVE)
 
 
-def _flatten(x: Any, out: list) -> Any:
+def _flatten(x: Any, out: list, states: Optional[list] = None) -> Any:
     """Spec of the pytree ``x`` (hashable, cheap for tuples, lists and dicts); its leaves are appended to ``out``
     in ``torch.utils._pytree`` order. Spec: ``0`` a tensor, ``1`` another leaf, ``(tuple|list, children)``,
-    ``(dict, keys, children)``, ``("node", treespec, children)`` for other registered pytree nodes."""
+    ``(dict, keys, children)``, ``("node", treespec, children)`` for other registered pytree nodes,
+    ``("state", spec, n)`` for a mutable state object (:mod:`tn.adaptive.state`: its ``n`` tensors are leaves;
+    ``(object, first leaf, n, spec)`` is appended to ``states``)."""
     if isinstance(x, Tensor):
         out.append(x)
         return 0
     t = type(x)
     if t is tuple or t is list:
-        return (t, tuple([_flatten(e, out) for e in x]))
+        return (t, tuple([_flatten(e, out, states) for e in x]))
     if t is dict:
-        return (dict, tuple(x), tuple([_flatten(v, out) for v in x.values()]))
-    if t in _LEAF_TYPES or _pytree.tree_is_leaf(x):
+        return (dict, tuple(x), tuple([_flatten(v, out, states) for v in x.values()]))
+    if t in _LEAF_TYPES:
+        out.append(x)
+        return 1
+    if _state.is_state(x):
+        first = len(out)
+        try:
+            sspec = _state.flatten(x, out)
+        except _state.StateError as e:
+            raise _Unsupported(str(e)) from None
+        n = len(out) - first
+        if states is not None:
+            states.append((x, first, n, sspec))
+        return ("state", sspec, n)
+    if _pytree.tree_is_leaf(x):
         out.append(x)
         return 1
     leaves, ts = _pytree.tree_flatten(x)
-    return ("node", ts, tuple([_flatten(e, out) for e in leaves]))
+    return ("node", ts, tuple([_flatten(e, out, states) for e in leaves]))
 
 
 def _unflatten(spec: Any, it) -> Any:
-    """The pytree of ``spec`` (from :func:`_flatten`) with leaves taken from iterator ``it``."""
+    """The pytree of ``spec`` (from :func:`_flatten`) with leaves taken from iterator ``it`` (a state object
+    comes back as a :class:`tn.adaptive.state.StateArg` of its tensors, which the program turns into a proxy)."""
     if type(spec) is int:
         return next(it)
     kind = spec[0]
@@ -293,6 +310,8 @@ def _unflatten(spec: Any, it) -> Any:
         return [_unflatten(c, it) for c in spec[1]]
     if kind is dict:
         return dict(zip(spec[1], [_unflatten(c, it) for c in spec[2]]))
+    if kind == "state":
+        return _state.StateArg(spec[1], [next(it) for _ in range(spec[2])])
     return _pytree.tree_unflatten([_unflatten(c, it) for c in spec[2]], spec[1])
 
 
@@ -301,20 +320,61 @@ def _args_of(leaves: list, spec: Any) -> Tuple[tuple, dict]:
 
 
 class _OutStruct:
-    """How a program's result pytree is rebuilt from its tensors (a static leaf of the jitted program)."""
+    """How a program's result pytree is rebuilt from its tensors (a static leaf of the jitted program), and
+    what it did to the state objects among its arguments (post-call specs; None: left as it was)."""
 
-    __slots__ = ("spec", "leaves")
+    __slots__ = ("spec", "leaves", "n_out", "posts", "state_refs")
 
-    def __init__(self, spec: Any, leaves: list):
+    def __init__(self, spec: Any, leaves: list, posts: Tuple[Any, ...] = (), proxies: Tuple[Any, ...] = ()):
         self.spec = spec
         self.leaves = [None if isinstance(l, Tensor) else l for l in leaves]
+        self.n_out = sum(1 for l in self.leaves if l is None)
+        self.posts = posts
+        # a result leaf that is a state proxy (HF returns the cache it was given): the caller's object instead
+        where = {id(p): k for k, p in enumerate(proxies)}
+        self.state_refs = tuple((j, where[id(l)]) for j, l in enumerate(leaves) if id(l) in where)
+        for j, _ in self.state_refs:
+            self.leaves[j] = _STATE_REF
 
-    def rebuild(self, tensors: list) -> Any:
-        """The result pytree with ``tensors`` in the places of its tensor leaves."""
+    def rebuild(self, tensors: list, states: Optional[list] = None, leaves: Optional[list] = None) -> Any:
+        """The result pytree with ``tensors`` in the places of its tensor leaves; the tensors after the
+        result's are written back into the caller's state objects ``states`` (from :func:`_flatten`; ``leaves``
+        are the call's leaves, holding each object's tensors before the call)."""
+        if self.posts:
+            it = iter(tensors[self.n_out:])
+            dev = next((t.device for t in tensors if t.device.type != "cpu"), None)
+            for (obj, first, n, _), post in zip(states or (), self.posts):
+                if post is not None:
+                    _state.write_back(obj, post, it, leaves[first:first + n], dev)
+            tensors = tensors[:self.n_out]
+        if self.state_refs:
+            leaves_out = list(self.leaves)
+            for j, k in self.state_refs:
+                leaves_out[j] = states[k][0]
+            it = iter(tensors)
+            return _pytree.tree_unflatten([next(it) if l is None else l for l in leaves_out], self.spec)
         if self.spec.is_leaf():  # a region returning one tensor (Linear, LayerNorm, MLP ...)
             return tensors[0] if self.leaves[0] is None else self.leaves[0]
         it = iter(tensors)
         return _pytree.tree_unflatten([next(it) if l is None else l for l in self.leaves], self.spec)
+
+
+_STATE_REF = object()  # placeholder of a state object in a result (replaced by the caller's object)
+
+
+def _proxies(x: Any, found: list) -> Any:
+    """``x`` with each :class:`StateArg` replaced by a proxy object built from its (traced) tensors; ``found``
+    collects ``(proxy, StateArg)`` in order."""
+    t = type(x)
+    if t is _state.StateArg:
+        proxy = _state.build(x.spec, iter(x.tensors))
+        found.append((proxy, x))
+        return proxy
+    if t is tuple or t is list:
+        return t(_proxies(e, found) for e in x)
+    if t is dict:
+        return {k: _proxies(v, found) for k, v in x.items()}
+    return x
 
 
 class SigStats:
@@ -335,16 +395,20 @@ class SigStats:
 
 
 class _Bucketing:
-    """How a group pads: the independent groups of (leaf, axis) and the output axes carrying each."""
+    """How a group pads: the independent groups of (leaf, axis), the output axes carrying each, and which
+    group (at most one) is padded at the front with masks (:mod:`tn.adaptive.masked`) instead of at the end."""
 
     def __init__(self, pattern: Any, groups: List[Tuple[Tuple[int, int], ...]],
-                 out_axes: List[List[Optional[Tuple[Tuple[int, int], ...]]]], ir: Any, ckey: Any):
+                 out_axes: List[List[Optional[Tuple[Tuple[int, int], ...]]]], ir: Any, ckey: Any,
+                 masked: Optional[List[bool]] = None):
         self.pattern = pattern
         self.groups = groups
         self.out_axes = out_axes
         self.ir = ir  # the IR the proof was made on (compared with each bucket's program)
         self.ckey = ckey
         self.positions = [p for g in groups for p in g]
+        self.masked = list(masked) if masked is not None else [False] * len(groups)
+        self.masked_at = {p for g, m in zip(groups, self.masked) if m for p in g}  # (leaf, axis) padded in front
 
 
 class _RegionFunction(torch.autograd.Function):
@@ -366,6 +430,11 @@ class _RegionFunction(torch.autograd.Function):
                for g, (s, d, dev) in zip(gys, ctx.shapes)]
         grads = _on_host(ctx.group.vjp(), (call["params"], call["flags"], call["args"], call["kwargs"], gys))
         return (None, None) + tuple(grads)
+
+
+def _masked_out_axes(ir, ins: Dict[int, int]) -> List[Optional[Tuple[Tuple[int, int], ...]]]:
+    """:func:`tn.adaptive.masked.masked_axes` in the ``[(axis, inner)]`` form of the prefix analysis."""
+    return [None if a is None else ((a, 1),) for a in masked.masked_axes(ir, ins)]
 
 
 def _mean(s: float, n: int) -> Optional[float]:
@@ -395,6 +464,8 @@ class Group:
         self._template = None
         self._tmods = None
         self._jf = None
+        self._jf_masked = None
+        self._mask_axes: Dict[int, int] = {}
         self._vjp = None
 
     # -- programs ----------------------------------------------------------
@@ -415,10 +486,19 @@ class Group:
         with _reparametrize_module(t, params, tie_weights=True, strict=False):
             return self.base_forward(t, *args, **kwargs)
 
-    def _program(self, params, flags, args, kwargs):
+    def _program(self, params, flags, args, kwargs, *extra):
+        # extra: inputs the program does not read (the front-pad count of a masked bucket)
+        found: list = []
+        args, kwargs = _proxies((args, kwargs), found)
         out = self.call_template(params, flags, args, kwargs)
         leaves, spec = _pytree.tree_flatten(out)
-        return tuple(l for l in leaves if isinstance(l, Tensor)), _OutStruct(spec, leaves)
+        touts = [l for l in leaves if isinstance(l, Tensor)]
+        posts = []
+        for proxy, sa in found:  # what the forward did to each state object: new tensors are outputs too
+            post = _state.flatten(proxy, touts, sa.tensors)
+            posts.append(None if _state.unchanged(sa.spec, post) else post)
+        return tuple(touts), _OutStruct(spec, leaves, tuple(posts) if any(p is not None for p in posts) else (),
+                                        tuple(p for p, _ in found))
 
     def jf(self):
         """The group's jitted program: ``(params, flags, args, kwargs) -> (result tensors, _OutStruct)``."""
@@ -433,6 +513,28 @@ class Group:
         """Run the program (compiling it on a jit cache miss): ``(result tensors, how to rebuild the result)``."""
         touts, struct = _on_host(self.jf(), (params, flags, args, kwargs))
         return touts, struct
+
+    def run_masked(self, params, flags, args, kwargs, pad: float, input_axes: Dict[int, int]):
+        """Run the masked program of a front-padded bucket (``pad`` positions in front of the dims at
+        ``input_axes``, program input index -> axis), compiling it on a miss: like :meth:`run`."""
+        if self._jf_masked is None:
+            from ..jit import jit
+
+            def masked_neuron(ir):
+                """compile_fn: mask the padded positions (tn.adaptive.masked), then the group's backend."""
+                mir, _ = masked.masked_program(ir, self._mask_axes, len(ir.inputs) - 1)
+                return self._backend_compile(mir)
+
+            self.template()
+            self._jf_masked = jit(self._program, static_argnums=(1,), backend=masked_neuron,
+                                  cache_size=self.policy.cache_size)
+        self._mask_axes = input_axes
+        p = torch.tensor(float(pad), dtype=torch.float32)
+        return _on_host(self._jf_masked, (params, flags, args, kwargs, p))
+
+    def _backend_compile(self, ir):
+        from ..jit import _resolve_backend
+        return _resolve_backend(self.ctl.backend, "tn.adaptive")[1].compile_fn(ir)
 
     def lower(self, params, flags, args, kwargs):
         """The IR of the program for these arguments (compiled now on a jit cache miss)."""
@@ -520,7 +622,10 @@ class Group:
                 and self.cold_s / self.cold_n > 1.5 * self.warm_s / self.warm_n)
 
     def eager_key(self, key: Any, bkey: Any, pads: Optional[list]) -> Any:
-        """The signature an eager call of ``key`` (bucket ``bkey``) runs at: padded when that keeps it warm."""
+        """The signature an eager call of ``key`` (bucket ``bkey``) runs at: padded when that keeps it warm
+        (never for a masked bucket: eager code would not mask the padding)."""
+        if pads and self.bucketing is not None and any((i, d) in self.bucketing.masked_at for i, d, _, _ in pads):
+            return key
         if pads and key not in self.eager_keys and self.pad_eager():
             return bkey
         return key
@@ -574,6 +679,8 @@ class Group:
         spec, parts, grad, training = key[:4]
         parts = list(parts)
         for (i, d) in positions:
+            if i >= len(parts) or parts[i][0] == "v" or d >= len(parts[i][0]):
+                return None  # another structure (a state object with fewer tensors): not this bucketing
             shape = list(parts[i][0])
             shape[d] = None
             parts[i] = (tuple(shape),) + parts[i][1:]
@@ -644,9 +751,11 @@ class Region:
         return measured if c is None else float(c)
 
     def signature(self, mod: torch.nn.Module, args: tuple, kwargs: dict):
-        """``(key, leaves, spec)`` of a call; raises _Unsupported for a leaf tn.jit cannot take."""
+        """``(key, leaves, spec, states)`` of a call; raises _Unsupported for a leaf tn.jit cannot take.
+        ``states`` lists the mutable state objects among the arguments (see :func:`_flatten`)."""
         leaves: list = []
-        spec = _flatten((args, kwargs), leaves)
+        states: list = []
+        spec = _flatten((args, kwargs), leaves, states)
         parts = []
         for i, l in enumerate(leaves):
             if isinstance(l, Tensor):
@@ -656,7 +765,7 @@ class Region:
             else:
                 raise _Unsupported(f"argument leaf {i} is a {type(l).__name__} (not a tensor, pytree or Python "
                                    f"constant): tn.jit cannot take it")
-        return HashedTuple((spec, tuple(parts), torch.is_grad_enabled(), mod.training)), leaves, spec
+        return HashedTuple((spec, tuple(parts), torch.is_grad_enabled(), mod.training)), leaves, spec, states
 
     def recurrence(self) -> float:
         """Share of the region's recent calls whose signature (or bucket) it had seen before."""
@@ -672,7 +781,7 @@ class Region:
         if self.dead is not None:
             return self._eager(None, None, args, kwargs)
         try:
-            key, leaves, spec = self.signature(mod, args, kwargs)
+            key, leaves, spec, states = self.signature(mod, args, kwargs)
         except _Unsupported as e:
             self._give_up(str(e))
             return self._eager(None, None, args, kwargs)
@@ -711,15 +820,17 @@ class Region:
             any(isinstance(l, Tensor) and l.requires_grad for l in leaves)
             or any(p.requires_grad for p in mod.parameters()))
         if needs_grad:
-            why = self._autograd_blocker(mod)
+            why = self._autograd_blocker(mod) if not states else (
+                "runs under autograd with a mutable state argument (a cache): eager")
             if why is not None:
                 st.reason = self.reason = why
                 return self._eager(st, key, args, kwargs)
+        call = (leaves, spec, states, args, kwargs)
         if st.state == "compiled":
-            return self._compiled(bkey, st, leaves, spec, pads, needs_grad)
-        ekey = g.eager_key(key, bkey, pads)
+            return self._compiled(bkey, st, call, pads, needs_grad)
+        ekey = key if states else g.eager_key(key, bkey, pads)  # state is never padded eager (it would be stored)
         if st.state == "eager" and st.refused is None and self._pays_back(st, ekey, seen + 1):
-            return self._compile(bkey, st, key, leaves, spec, pads, needs_grad, args, kwargs)
+            return self._compile(bkey, st, key, call, pads, needs_grad)
         if ekey is not key:
             return self._eager(st, ekey, args, kwargs, (leaves, spec, pads))
         return self._eager(st, key, args, kwargs)
@@ -813,48 +924,75 @@ class Region:
         return {n: d[k] for n, (d, k) in zip(ms.names, ms.refs)}, tuple([m.training for m in ms.mods])
 
     def _padded(self, leaves, pads):
+        """The leaves padded to their bucket: at the end with copies of the last position, or at the front
+        with copies of the first for a masked group (finite values the program masks out)."""
         leaves = list(leaves)
+        front = self.group.bucketing.masked_at if self.group.bucketing is not None else ()
         for (i, d, n, b) in pads:
             x = leaves[i]
-            last = x.narrow(d, n - 1, 1)
+            if x.device.type == "neuron":  # pad on the host: a device cat would be a one-op program per size
+                from ..device.allocator import cpu_alias
+                x = cpu_alias(x)
             shape = list(x.shape)
             shape[d] = b - n
-            leaves[i] = torch.cat([x, last.expand(shape)], d)
+            if (i, d) in front:
+                leaves[i] = torch.cat([x.narrow(d, 0, 1).expand(shape), x], d)
+            else:
+                leaves[i] = torch.cat([x, x.narrow(d, n - 1, 1).expand(shape)], d)
         return leaves
 
-    def _run_program(self, st: SigStats, leaves, spec, pads, needs_grad) -> Any:
+    def _mask_plan(self, pads):
+        """``(pad count, {program input index: axis})`` of the masked group among ``pads``, or None."""
+        b = self.group.bucketing
+        hit = [(i, d, n, bs) for (i, d, n, bs) in pads if (i, d) in b.masked_at] if b is not None and pads else []
+        if not hit:
+            return None
+        gi = self._group_of(hit[0][0], hit[0][1])
+        return hit[0][3] - hit[0][2], gi
+
+    def _run_program(self, st: SigStats, call, pads, needs_grad) -> Any:
         """Run the group's program (padding to the bucket first and slicing back after, when bucketed)."""
         g = self.group
         params, flags = self._params()
-        if pads:
-            leaves = self._padded(leaves, pads)
+        leaves0, spec, states = call[:3]
+        leaves = self._padded(leaves0, pads) if pads else leaves0
         args, kwargs = _args_of(leaves, spec)
+        plan = self._mask_plan(pads)
         if needs_grad:
             tensors = [l for l in leaves if isinstance(l, Tensor) and l.requires_grad]
             tensors += [p for p in params.values() if p.requires_grad]
             call = {"params": params, "flags": flags, "args": args, "kwargs": kwargs}
             touts = list(_RegionFunction.apply(g, call, *tensors))
             struct = call["out"]
+        elif plan is not None:
+            tix = self.ctl.tensor_index(leaves0)
+            axes = {len(params) + tix[i]: d for (i, d) in g.bucketing.groups[plan[1]]}
+            touts, struct = g.run_masked(params, flags, args, kwargs, plan[0], axes)
+            touts = list(touts)
         else:
             touts, struct = g.run(params, flags, args, kwargs)
             touts = list(touts)
         if pads:
             touts = self._sliced(touts, pads)
-        return struct.rebuild(touts)
+        return struct.rebuild(touts, states, leaves0)
 
     def _sliced(self, touts: list, pads: list) -> list:
         """The result tensors of a padded call sliced back to the real sizes."""
         touts = list(touts)
+        b = self.group.bucketing
         by_group = {}
-        for (i, d, n, b) in pads:
-            by_group[self._group_of(i, d)] = n
-        for gi, n in by_group.items():
-            for j, axes in enumerate(self.group.bucketing.out_axes[gi]):
+        for (i, d, n, bs) in pads:
+            by_group[self._group_of(i, d)] = (n, bs)
+        for gi, (n, bs) in by_group.items():
+            for j, axes in enumerate(b.out_axes[gi]):
                 for (ax, inner) in axes or ():
-                    touts[j] = touts[j].narrow(ax, 0, n * inner)
+                    if b.masked[gi]:  # front padded: the real positions are the last size - (bs - n)
+                        touts[j] = touts[j].narrow(ax, bs - n, touts[j].shape[ax] - (bs - n))
+                    else:
+                        touts[j] = touts[j].narrow(ax, 0, n * inner)
         return touts
 
-    def _compiled(self, key, st: SigStats, leaves, spec, pads, needs_grad) -> Any:
+    def _compiled(self, key, st: SigStats, call, pads, needs_grad) -> Any:
         g = self.group
         clock = self.policy.clock
         if key in g.compiled:
@@ -862,9 +1000,9 @@ class Region:
         x0 = self.ctl.excluded_s(clock)
         t0 = clock()
         try:
-            out = self._run_program(st, leaves, spec, pads, needs_grad)
+            out = self._run_program(st, call, pads, needs_grad)
         except Exception as e:  # the program failed: eager gives the user's result (or the user's error)
-            return self._failed(st, e, leaves, spec)
+            return self._failed(st, e, call)
         dt = self._cost("compiled", clock() - t0 - (self.ctl.excluded_s(clock) - x0))
         frames = self.ctl.frames()
         if frames:
@@ -896,7 +1034,7 @@ class Region:
             self._decide(st.reason)
         return out
 
-    def _compile(self, bkey, st: SigStats, key, leaves, spec, pads, needs_grad, args, kwargs) -> Any:
+    def _compile(self, bkey, st: SigStats, key, call, pads, needs_grad) -> Any:
         g = self.group
         clock = self.policy.clock
         what = "bucket " + str([list(p[0]) for p in bkey[1] if p[0] != "v"]) if pads is not None else "signature"
@@ -906,7 +1044,7 @@ class Region:
         t0 = clock()
         try:
             if pads and g.bucketing is not None:
-                why = self._verify_bucket(st, leaves, spec, pads)
+                why = self._verify_bucket(st, call, pads)
                 if why is not None:
                     dt = clock() - t0 - (ctl.excluded_s(clock) - x0)
                     ctl.note_compile(dt, None)
@@ -915,10 +1053,10 @@ class Region:
                     st.refused = why
                     g.bucketing, g.bucket_refused = None, why
                     self._decide(f"{what} not padded: {why}; the group stops bucketing")
-                    return self._eager(st, key, args, kwargs)
-            out = self._run_program(st, leaves, spec, pads, needs_grad)
+                    return self._eager(st, key, call[3], call[4])
+            out = self._run_program(st, call, pads, needs_grad)
         except Exception as e:  # cannot trace or compile: eager gives the user's result (or the user's error)
-            return self._failed(st, e, leaves, spec)
+            return self._failed(st, e, call)
         dt = self._cost("compile", clock() - t0 - (ctl.excluded_s(clock) - x0))
         te = g.warm_estimate(st)
         ctl.note_compile(dt, te)
@@ -943,14 +1081,18 @@ class Region:
                 ost.state, ost.reason = "eager", "compiled program evicted (cache_size)"
         return out
 
-    def _verify_bucket(self, st: SigStats, leaves, spec, pads) -> Optional[str]:
-        """Compile the bucket's program and check its IR is the analysed program at the bucket size, padding
-        exactly (None), else say why not."""
+    def _verify_bucket(self, st: SigStats, call, pads) -> Optional[str]:
+        """Compile the bucket's program (trace it, for a masked bucket) and check its IR is the analysed
+        program at the bucket size, padding exactly (None), else say why not."""
         g = self.group
         b = g.bucketing
         params, flags = self._params()
+        leaves, spec = call[:2]
         args, kwargs = _args_of(self._padded(leaves, pads), spec)
-        big = g.lower(params, flags, args, kwargs)
+        if any(b.masked):
+            big = g.trace_ir(params, flags, args, kwargs)
+        else:
+            big = g.lower(params, flags, args, kwargs)
         offset = len(params)
         tix = self.ctl.tensor_index(leaves)
         sized = [(offset + tix[i], d) for grp in b.groups for (i, d) in grp]
@@ -962,19 +1104,20 @@ class Region:
             if bucket_size(self.policy, leaves[i0].shape[d0]) < 2:
                 continue  # calls of this bucket never pad these dims
             try:
-                axes = independence.independent_axes(big, {offset + tix[i]: d for (i, d) in grp})
+                ins = {offset + tix[i]: d for (i, d) in grp}
+                axes = _masked_out_axes(big, ins) if b.masked[gi] else independence.independent_axes(big, ins)
             except independence.Mixed as e:
                 return f"dims {list(grp)} at the bucket size: {e}"
             if axes != b.out_axes[gi]:
                 return f"dims {list(grp)}: the outputs carry them differently at the bucket size"
         return None
 
-    def _failed(self, st: SigStats, e: Exception, leaves, spec) -> Any:
-        """A trace, compile or compiled run failed: eager for good (with the error as reason), this call eager."""
+    def _failed(self, st: SigStats, e: Exception, call) -> Any:
+        """A trace, compile or compiled run failed: eager for good (with the error as reason), this call eager
+        (on the caller's own arguments: state objects are left as they were until the eager run)."""
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         self._give_up(f"cannot be compiled ({type(e).__name__}: {msg[:300]})")
-        args, kwargs = _args_of(list(leaves), spec)
-        return self._eager(None, None, args, kwargs)
+        return self._eager(None, None, call[3], call[4])
 
     def _give_up(self, why: str) -> None:
         if self.dead is None:
@@ -1016,26 +1159,27 @@ class Region:
         ckey = (sk, tuple(tuple(m) for m in varying.values()))
         cached = g.analyses.get(ckey)
         if cached is None:
-            cached = self._analyse(varying, leaves, args, kwargs)
+            cached = self._analyse(key, varying, leaves)
             if cached is None:
                 return
             if len(g.analyses) >= 16:
                 g.analyses.pop(next(iter(g.analyses)))
             g.analyses[ckey] = cached
-        groups, outs, refused, ir = cached
+        groups, outs, refused, ir, masks = cached
         if not groups:
             g.bucket_refused = "; ".join(refused)
             self._decide(f"signatures churn; no bucketing: {g.bucket_refused}; its children become regions")
             for r in g.members:
                 r.ctl.add_children(r)
             return
-        g.bucketing = _Bucketing(g.pattern(key, [p for gr in groups for p in gr]), groups, outs, ir, ckey)
+        g.bucketing = _Bucketing(g.pattern(key, [p for gr in groups for p in gr]), groups, outs, ir, ckey, masks)
         note = f" (not bucketed: {'; '.join(refused)})" if refused else ""
-        self._decide(f"signatures churn; bucketing (leaf, axis) groups {groups} to {self.policy.bucket}{note}")
+        how = "".join(f"; {gr} padded in front, masked" for gr, m in zip(groups, masks) if m)
+        self._decide(f"signatures churn; bucketing (leaf, axis) groups {groups} to {self.policy.bucket}{how}{note}")
         if refused:
             g.bucket_refused = "; ".join(refused)
 
-    def _analyse(self, varying, leaves, args, kwargs):
+    def _analyse(self, key, varying, leaves):
         """Trace this call once and prove which varying groups may be padded: ``(groups, out_axes, refused, ir)``."""
         g = self.group
         clock = self.policy.clock
@@ -1043,7 +1187,8 @@ class Region:
         t0 = clock()
         try:
             params, flags = self._params()
-            ir = g.trace_ir(params, flags, args, kwargs)
+            targs, tkwargs = _args_of(leaves, key[0])  # state objects as StateArgs (the program makes proxies)
+            ir = g.trace_ir(params, flags, targs, tkwargs)
         except Exception as e:  # an untraceable region: the compile attempt will say so
             g.bucket_refused = f"cannot trace to analyse ({type(e).__name__})"
             return None
@@ -1051,16 +1196,27 @@ class Region:
             self.ctl.note_analysis(clock() - t0 - (self.ctl.excluded_s(clock) - x0))
         offset = len(params)
         tix = self.ctl.tensor_index(leaves)
-        groups, outs, refused = [], [], []
+        groups, outs, refused, masks = [], [], [], []
         for members in varying.values():
+            ins = {offset + tix[i]: d for (i, d) in members}
             try:
-                res = independence.independent_axes(ir, {offset + tix[i]: d for (i, d) in members})
+                res = independence.independent_axes(ir, ins)
+                m = False
             except (independence.Mixed, KeyError) as e:
-                refused.append(f"dims {members}: {e}")
-                continue
+                why = f"dims {members}: {e}"
+                if any(masks):  # one masked group per program (one pad-count input)
+                    refused.append(why)
+                    continue
+                try:  # front padding with masks (a cache grown by cat, a softmax over it)
+                    res = _masked_out_axes(ir, ins)
+                    m = True
+                except (independence.Mixed, KeyError) as e2:
+                    refused.append(f"{why}; masked: {e2}")
+                    continue
             groups.append(tuple(members))
             outs.append(res)
-        return groups, outs, refused, ir
+            masks.append(m)
+        return groups, outs, refused, ir, masks
 
     # -- report ---------------------------------------------------------------
     def mode(self) -> str:

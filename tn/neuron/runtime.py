@@ -287,6 +287,9 @@ def _bind(t, value, want, np_dtype):
             raise NeuronError(f"HBM tensor {t.name!r}: bound tensor is not contiguous; pass .contiguous()")
         nbytes = value.numel() * value.element_size()
         ptr = value.data_ptr()
+        if not ptr and nbytes:  # a tensor without storage (a wrapper subclass, e.g. a tracer's): nothing to read
+            raise NeuronError(f"HBM tensor {t.name!r}: the bound {type(value).__name__} has no memory (null "
+                              f"address); bind a tensor that holds its values")
     elif isinstance(value, tuple) and len(value) == 2 and all(isinstance(x, int) for x in value):
         ptr, nbytes = value  # raw (address, nbytes): the caller keeps the memory alive during the run
         if ptr <= 0:

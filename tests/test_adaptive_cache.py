@@ -1,0 +1,235 @@
+# Tests of tn.adaptive with mutable state arguments (KV caches) and masked front-padded buckets.
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import tn
+from tn import passes
+from tn.adaptive import masked, state
+from tn.adaptive.independence import Mixed
+from tn.jit import _resolve_backend, make_ir
+
+FAST = dict(costs={"eager": 0.01, "compiled": 0.001, "compile": 0.02}, compile_time_prior=0.02,
+            backend="reference")
+
+
+class KV:
+    """A minimal KV cache: a registered state type whose ``update`` grows its tensors by cat. (A Python
+    counter attribute would be a static part of every signature, so each call would be a new one.)"""
+
+    def __init__(self):
+        self.k = None
+        self.v = None
+        self.started = False
+
+    def update(self, k, v):
+        self.k = k if self.k is None else torch.cat([self.k, k], 1)
+        self.v = v if self.v is None else torch.cat([self.v, v], 1)
+        self.started = True
+        return self.k, self.v
+
+
+state.register_state_type(KV)
+
+
+class Decoder(nn.Module):
+    """One attention step over a growing cache (softmax over all cached keys)."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+
+    def forward(self, x, cache):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        k, v = cache.update(k, v)
+        w = torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1)
+        return self.out(w @ v)
+
+
+@torch.no_grad()
+def _step_both(a, ref, xs):
+    """Run the adaptive and the plain decoder over the same tokens (no grad); compare outputs and caches."""
+    ca, cr = KV(), KV()
+    for x in xs:
+        ya, yr = a(x, ca), ref(x, cr)
+        torch.testing.assert_close(ya, yr, rtol=1e-5, atol=1e-5)
+        assert ca.started and cr.started
+        torch.testing.assert_close(ca.k, cr.k)
+        torch.testing.assert_close(ca.v, cr.v)
+    return ca
+
+
+def test_state_roundtrip_spec_and_write_back():
+    c = KV()
+    c.update(torch.ones(1, 2, 4), torch.zeros(1, 2, 4))
+    leaves = []
+    spec = state.flatten(c, leaves)
+    assert len(leaves) == 2 and state.n_leaves(spec) == 2
+    proxy = state.build(spec, iter([l.clone() for l in leaves]))
+    assert type(proxy) is KV and proxy is not c and proxy.started
+    pre = [proxy.k, proxy.v]
+    proxy.update(torch.full((1, 1, 4), 2.0), torch.full((1, 1, 4), 3.0))
+    outs = []
+    post = state.flatten(proxy, outs, pre)
+    assert not state.unchanged(spec, post) and len(outs) == 2
+    state.write_back(c, post, iter(outs), leaves)
+    assert c.k.shape == (1, 3, 4) and float(c.v[0, 2, 0]) == 3.0
+    # untouched: nothing new, nothing to write
+    outs2 = []
+    again = state.flatten(c, outs2, [c.k, c.v])
+    assert outs2 == [] and state.unchanged(state.flatten(c, []), again)
+
+
+def test_state_unhashable_attribute_is_a_clear_refusal():
+    c = KV()
+    c.extra = {"a": [1, 2]}  # containers recurse: fine
+    state.flatten(c, [])
+    c.bad = bytearray(b"x")  # unhashable, not a tensor
+    with pytest.raises(state.StateError, match="neither a tensor nor hashable"):
+        state.flatten(c, [])
+
+
+def test_decoder_with_cache_compiles_and_writes_back():
+    torch.manual_seed(0)
+    m = Decoder()
+    ref = copy.deepcopy(m)
+    a = tn.adaptive(m, regions=[""], **FAST)
+    xs = [torch.randn(1, 3, 16)] + [torch.randn(1, 1, 16) for _ in range(12)]
+    _step_both(a, ref, xs)
+    _step_both(a, ref, xs)  # again: compiled programs (and buckets) reused
+    row = a.report(print_table=False)[0]
+    assert row["hits"] > 0 and "for good" not in str(row["reason"])
+
+
+def test_decoder_cache_buckets_with_masks():
+    torch.manual_seed(1)
+    m = Decoder()
+    ref = copy.deepcopy(m)
+    a = tn.adaptive(m, regions=[""], **FAST)
+    xs = [torch.randn(2, 4, 16)] + [torch.randn(2, 1, 16) for _ in range(20)]
+    _step_both(a, ref, xs)
+    r = a.regions["<root>"]
+    b = r.group.bucketing
+    assert b is not None and any(b.masked), r.reason
+    assert r.padded > 0
+    assert r.compiles < 12  # one program per bucket, not per cache length
+
+
+def test_cache_on_neuron_device_keeps_device_and_values():
+    torch.manual_seed(2)
+    m = Decoder()
+    ref = copy.deepcopy(m)
+    md = copy.deepcopy(m).to("neuron")
+    a = tn.adaptive(md, regions=[""], costs=FAST["costs"], compile_time_prior=0.02)
+    ca, cr = KV(), KV()
+    xs = [torch.randn(1, 2, 16)] + [torch.randn(1, 1, 16) for _ in range(10)]
+    for x in xs:
+        with torch.no_grad():
+            ya = a(x.to("neuron"), ca)
+        yr = ref(x, cr)
+        assert ya.device.type == "neuron" and ca.k.device.type == "neuron"
+        torch.testing.assert_close(ya.cpu(), yr, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(ca.k.cpu(), cr.k)
+    assert a.regions["<root>"].hits > 0
+
+
+def test_cache_under_autograd_stays_eager_with_reason():
+    torch.manual_seed(3)
+    m = Decoder()
+    ref = copy.deepcopy(m)
+    a = tn.adaptive(m, regions=[""], **FAST)
+    ca, cr = KV(), KV()
+    for x in [torch.randn(1, 2, 16)] + [torch.randn(1, 1, 16) for _ in range(6)]:
+        a(x, ca).sum().backward()
+        ref(x, cr).sum().backward()
+        for c in (ca, cr):
+            c.k, c.v = c.k.detach(), c.v.detach()
+    row = a.report(print_table=False)[0]
+    assert row["hits"] == 0 and "mutable state" in row["reason"]
+    for p, pr in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, pr.grad)
+
+
+def test_hf_dynamic_cache_in_blocks_bucketed():
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=64,
+                                  bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    m = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(2, 64, (1, 5))
+    ref = m.generate(ids, max_new_tokens=14, do_sample=False)
+    a = tn.adaptive(m, regions=["transformer.h.0", "transformer.h.1"], **FAST)
+    for _ in range(2):
+        assert torch.equal(a.generate(ids, max_new_tokens=14, do_sample=False), ref)
+    for name in ("transformer.h.0", "transformer.h.1"):
+        r = a.regions[name]
+        assert r.group.bucketing is not None and any(r.group.bucketing.masked), r.reason
+        assert r.padded > 0
+
+
+# ---------------------------------------------------------------- the masked rewrite itself
+
+def _attn(pk, pv, q, kn, vn, p):
+    k = torch.cat([pk, kn], -2)
+    v = torch.cat([pv, vn], -2)
+    w = torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1)
+    return w @ v, k, v
+
+
+@pytest.mark.parametrize("backend", ["reference", "neuron"])
+@pytest.mark.parametrize("n,bucket", [(5, 8), (1, 4), (8, 8)])
+def test_masked_program_equals_unpadded(backend, n, bucket):
+    torch.manual_seed(n)
+    pk, pv = torch.randn(1, 2, n, 16), torch.randn(1, 2, n, 16)
+    q, kn, vn = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16)
+    ref = _attn(pk, pv, q, kn, vn, None)
+    front = bucket - n
+    pad = lambda x: torch.cat([x[:, :, :1].expand(1, 2, front, 16) * 1e3, x], 2)  # noqa: E731  (large: must vanish)
+    p = torch.tensor(float(front))
+    ir = passes.optimize(make_ir(_attn)(pad(pk), pad(pv), q, kn, vn, p))
+    assert masked.masked_axes(ir, {0: 2, 1: 2}) == [None, 2, 2]
+    mir, axes = masked.masked_program(ir, {0: 2, 1: 2}, 5)
+    passes.verify(mir)
+    outs = _resolve_backend(backend, "test")[1].compile_fn(mir)([pad(pk), pad(pv), q, kn, vn, p])
+    outs = [o if a is None else o.narrow(a, front, o.shape[a] - front) for o, a in zip(outs, axes)]
+    for o, r in zip(outs, ref):
+        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fn,why", [
+    (lambda k, kn: torch.cat([kn, k], 1).sum(1), "not first"),
+    (lambda k, kn: k[:, :2] + 0, "cuts"),
+    (lambda k, kn: k.argmax(1), "no identity"),
+    (lambda k, kn: k.cumsum(1), "scans"),
+    (lambda k, kn: k * torch.arange(k.shape[1], dtype=torch.float32)[None, :, None], "fixed tensor"),
+    (lambda k, kn: k.reshape(k.shape[0], -1), "merges"),
+])
+def test_masked_refuses_what_padding_would_change(fn, why):
+    ir = passes.optimize(make_ir(fn)(torch.randn(2, 6, 4), torch.randn(2, 1, 4)))
+    with pytest.raises(Mixed, match=why):
+        masked.masked_axes(ir, {0: 1})
+
+
+def test_masked_allows_constants_uniform_along_the_dimension():
+    fn = lambda k: (k * torch.full((1, k.shape[1], 1), 2.0)).amax(1)  # noqa: E731
+    ir = passes.optimize(make_ir(fn)(torch.randn(2, 6, 4)))
+    assert masked.masked_axes(ir, {0: 1}) == [None]
+
+
+def test_runtime_refuses_tensor_without_memory():
+    class NoMemory(torch.Tensor):
+        @staticmethod
+        def __new__(cls, shape):
+            return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.float32, device="cpu")
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            raise RuntimeError("no values")
+
+    f = tn.jit(lambda x: x * 2, backend="neuron")
+    with pytest.raises(Exception, match="no memory"):
+        f(NoMemory((4, 4)))
