@@ -31,7 +31,7 @@ class KV:
         return self.k, self.v
 
 
-state.register_state_type(KV)
+tn.adaptive.register_state_type(KV)
 
 
 class Decoder(nn.Module):
@@ -134,6 +134,28 @@ def test_cache_on_neuron_device_keeps_device_and_values():
         torch.testing.assert_close(ya.cpu(), yr, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(ca.k.cpu(), cr.k)
     assert a.regions["<root>"].hits > 0
+
+
+class SizeBakingDecoder(Decoder):
+    """Scales scores by 1/len (a Python int from the shape): padding would change it."""
+
+    def forward(self, x, cache):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        k, v = cache.update(k, v)
+        w = torch.softmax(q @ k.transpose(-1, -2) / k.shape[1], -1)
+        return self.out(w @ v)
+
+
+def test_masked_bucket_refused_when_the_program_bakes_the_length():
+    torch.manual_seed(4)
+    m = SizeBakingDecoder()
+    ref = copy.deepcopy(m)
+    a = tn.adaptive(m, regions=[""], **FAST)
+    xs = [torch.randn(1, 3, 16)] + [torch.randn(1, 1, 16) for _ in range(16)]
+    _step_both(a, ref, xs)
+    r = a.regions["<root>"]
+    assert r.group.bucketing is None and "depends on the size" in r.group.bucket_refused, r.group.bucket_refused
+    assert r.dead is None
 
 
 def test_cache_under_autograd_stays_eager_with_reason():

@@ -5,7 +5,9 @@
 :class:`AdaptiveModel`; ``tn.adaptive_report(m)`` prints the per-region
 table. Layout: :mod:`.policy` (knobs and cost model), :mod:`.region` (one
 region: signatures, eager/compiled/padded calls, autograd),
-:mod:`.independence` (IR proof that a dimension may be padded),
+:mod:`.independence` (IR proof that a dimension may be padded at its end),
+:mod:`.masked` (front padding with masks for a dimension grown by ``cat``),
+:mod:`.state` (KV caches and other mutable state objects as arguments),
 :mod:`.wrapper` (finding regions, the wrapper, the report).
 """
 from __future__ import annotations
@@ -14,9 +16,11 @@ import sys
 import types
 
 from .policy import Policy, make_policy
+from .state import register_state_type
 from .wrapper import AdaptiveModel, adaptive, adaptive_report, default_regions
 
-__all__ = ["adaptive", "adaptive_report", "AdaptiveModel", "Policy", "make_policy", "default_regions"]
+__all__ = ["adaptive", "adaptive_report", "AdaptiveModel", "Policy", "make_policy", "default_regions",
+           "register_state_type"]
 
 
 class _CallableModule(types.ModuleType):

@@ -20,9 +20,16 @@ module's training flag), then either
   measuring the time per call (cold: the first eager call of a shape in
   the group; warm: later ones), or
 * runs the group's program of the signature (or of its bucket, with inputs
-  padded at the end of the bucketed dimensions and results sliced back), or
+  padded at the end of the bucketed dimensions and results sliced back; or,
+  for a dimension the program grows by ``cat``, padded at the front, masked
+  inside the program and narrowed back: :mod:`tn.adaptive.masked`), or
 * compiles it because the cost model of :mod:`tn.adaptive.policy` says it
   pays back.
+
+Mutable state arguments (HF KV caches, :mod:`tn.adaptive.state`) are
+flattened into the signature; the program builds proxies of them, and the
+tensors the forward leaves in the proxies are extra program outputs written
+back into the caller's objects after the call.
 
 Under autograd a compiled call goes through :class:`_RegionFunction`: the
 forward is the jitted forward, the backward a jitted vjp that recomputes the
@@ -411,6 +418,14 @@ class _Bucketing:
         self.masked_at = {p for g, m in zip(groups, self.masked) if m for p in g}  # (leaf, axis) padded in front
 
 
+class _BucketRefused(Exception):
+    """The program traced at a bucket's size is not the analysed one (``why``): the group stops bucketing."""
+
+    def __init__(self, why: str):
+        super().__init__(why)
+        self.why = why
+
+
 class _RegionFunction(torch.autograd.Function):
     """Autograd through a compiled region: jitted forward, jitted vjp (recomputing the forward) as backward."""
 
@@ -466,6 +481,7 @@ class Group:
         self._jf = None
         self._jf_masked = None
         self._mask_axes: Dict[int, int] = {}
+        self._mask_check: Any = None
         self._vjp = None
 
     # -- programs ----------------------------------------------------------
@@ -514,14 +530,20 @@ class Group:
         touts, struct = _on_host(self.jf(), (params, flags, args, kwargs))
         return touts, struct
 
-    def run_masked(self, params, flags, args, kwargs, pad: float, input_axes: Dict[int, int]):
+    def run_masked(self, params, flags, args, kwargs, pad: float, input_axes: Dict[int, int], check):
         """Run the masked program of a front-padded bucket (``pad`` positions in front of the dims at
-        ``input_axes``, program input index -> axis), compiling it on a miss: like :meth:`run`."""
+        ``input_axes``, program input index -> axis), compiling it on a miss: like :meth:`run`. A compile
+        first asks ``check(ir without the pad input)`` whether the traced program is the analysed one
+        (None), else raises :class:`_BucketRefused` with its answer."""
         if self._jf_masked is None:
             from ..jit import jit
 
             def masked_neuron(ir):
-                """compile_fn: mask the padded positions (tn.adaptive.masked), then the group's backend."""
+                """compile_fn: check the bucket's program, mask its padded positions (tn.adaptive.masked), then
+                the group's backend."""
+                why = self._mask_check(ir.replace(inputs=ir.inputs[:-1]))
+                if why is not None:
+                    raise _BucketRefused(why)
                 mir, _ = masked.masked_program(ir, self._mask_axes, len(ir.inputs) - 1)
                 return self._backend_compile(mir)
 
@@ -529,6 +551,7 @@ class Group:
             self._jf_masked = jit(self._program, static_argnums=(1,), backend=masked_neuron,
                                   cache_size=self.policy.cache_size)
         self._mask_axes = input_axes
+        self._mask_check = check
         p = torch.tensor(float(pad), dtype=torch.float32)
         return _on_host(self._jf_masked, (params, flags, args, kwargs, p))
 
@@ -967,7 +990,8 @@ class Region:
         elif plan is not None:
             tix = self.ctl.tensor_index(leaves0)
             axes = {len(params) + tix[i]: d for (i, d) in g.bucketing.groups[plan[1]]}
-            touts, struct = g.run_masked(params, flags, args, kwargs, plan[0], axes)
+            touts, struct = g.run_masked(params, flags, args, kwargs, plan[0], axes,
+                                         lambda big: self._check_bucket_ir(big, leaves0, len(params)))
             touts = list(touts)
         else:
             touts, struct = g.run(params, flags, args, kwargs)
@@ -1001,6 +1025,11 @@ class Region:
         t0 = clock()
         try:
             out = self._run_program(st, call, pads, needs_grad)
+        except _BucketRefused as e:  # a masked bucket recompiled (evicted from the jit cache) and refused now
+            st.state, st.refused = "eager", e.why
+            g.compiled.pop(key, None)
+            self._stop_bucketing(e.why, "bucket not padded")
+            return self._eager(st, key, call[3], call[4])
         except Exception as e:  # the program failed: eager gives the user's result (or the user's error)
             return self._failed(st, e, call)
         dt = self._cost("compiled", clock() - t0 - (self.ctl.excluded_s(clock) - x0))
@@ -1043,20 +1072,23 @@ class Region:
         x0 = ctl.excluded_s(clock)
         t0 = clock()
         try:
-            if pads and g.bucketing is not None:
+            why = None
+            if pads and g.bucketing is not None and self._mask_plan(pads) is None:
                 why = self._verify_bucket(st, call, pads)
-                if why is not None:
-                    dt = clock() - t0 - (ctl.excluded_s(clock) - x0)
-                    ctl.note_compile(dt, None)
-                    self.compile_s += dt
-                    self.compiles += 1
-                    st.refused = why
-                    g.bucketing, g.bucket_refused = None, why
-                    self._decide(f"{what} not padded: {why}; the group stops bucketing")
-                    return self._eager(st, key, call[3], call[4])
-            out = self._run_program(st, call, pads, needs_grad)
+            if why is None:
+                out = self._run_program(st, call, pads, needs_grad)  # a masked bucket is checked as it compiles
+        except _BucketRefused as e:
+            why = e.why
         except Exception as e:  # cannot trace or compile: eager gives the user's result (or the user's error)
             return self._failed(st, e, call)
+        if why is not None:
+            dt = clock() - t0 - (ctl.excluded_s(clock) - x0)
+            ctl.note_compile(dt, None)
+            self.compile_s += dt
+            self.compiles += 1
+            st.refused = why
+            self._stop_bucketing(why, f"{what} not padded")
+            return self._eager(st, key, call[3], call[4])
         dt = self._cost("compile", clock() - t0 - (ctl.excluded_s(clock) - x0))
         te = g.warm_estimate(st)
         ctl.note_compile(dt, te)
@@ -1082,18 +1114,19 @@ class Region:
         return out
 
     def _verify_bucket(self, st: SigStats, call, pads) -> Optional[str]:
-        """Compile the bucket's program (trace it, for a masked bucket) and check its IR is the analysed
-        program at the bucket size, padding exactly (None), else say why not."""
+        """Compile the bucket's program and check its IR is the analysed program at the bucket size, padding
+        exactly (None), else say why not. (A masked bucket is checked inside its compile: see
+        :meth:`Group.run_masked`.)"""
         g = self.group
-        b = g.bucketing
         params, flags = self._params()
         leaves, spec = call[:2]
         args, kwargs = _args_of(self._padded(leaves, pads), spec)
-        if any(b.masked):
-            big = g.trace_ir(params, flags, args, kwargs)
-        else:
-            big = g.lower(params, flags, args, kwargs)
-        offset = len(params)
+        return self._check_bucket_ir(g.lower(params, flags, args, kwargs), leaves, len(params))
+
+    def _check_bucket_ir(self, big, leaves, offset: int) -> Optional[str]:
+        """None when ``big`` (the program traced at the bucket size) is the analysed program and pads exactly,
+        else why not."""
+        b = self.group.bucketing
         tix = self.ctl.tensor_index(leaves)
         sized = [(offset + tix[i], d) for grp in b.groups for (i, d) in grp]
         why = independence.same_program(b.ir, big, sized)
@@ -1111,6 +1144,15 @@ class Region:
             if axes != b.out_axes[gi]:
                 return f"dims {list(grp)}: the outputs carry them differently at the bucket size"
         return None
+
+    def _stop_bucketing(self, why: str, what: str) -> None:
+        """The group's buckets turned out not to pad exactly: no more bucketing; as when the analysis refuses,
+        the children of its regions become candidate regions (their signatures may churn less)."""
+        g = self.group
+        g.bucketing, g.bucket_refused = None, why
+        self._decide(f"{what}: {why}; the group stops bucketing; its children become regions")
+        for r in g.members:
+            r.ctl.add_children(r)
 
     def _failed(self, st: SigStats, e: Exception, call) -> Any:
         """A trace, compile or compiled run failed: eager for good (with the error as reason), this call eager

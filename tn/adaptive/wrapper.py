@@ -269,7 +269,17 @@ def adaptive(model: torch.nn.Module, **policy: Any) -> AdaptiveModel:
     proves may be padded at their end (the batch; a sequence under a causal
     mask): inputs padded to a power of two, results sliced back, compiled per
     bucket or, when a new shape's first eager call is dear, run eager at the
-    bucket's shape. Otherwise it stays eager and hands over to its children.
+    bucket's shape. A dimension the program grows by ``cat`` (a KV cache) is
+    bucketed by padding it at the *front* and masking the padded positions in
+    every reduction and contraction along it (:mod:`tn.adaptive.masked`); such
+    buckets never run eager padded. Otherwise it stays eager and hands over to
+    its children. Arguments that are mutable state objects (HF ``Cache`` and
+    its layers, or types given to :func:`tn.adaptive.register_state_type`) are
+    carried through compiled calls: their tensors are program inputs, the
+    tensors the forward leaves in them are program outputs written back into
+    the caller's object, and their other attributes are part of the signature
+    (a counter that changes every call makes every call a new signature).
+    Such regions run eager under autograd.
     A region that cannot be traced stays eager for good, and its children
     holding parameters become regions. Under autograd a compiled region runs
     as a ``torch.autograd.Function`` (jitted forward, jitted vjp).
