@@ -7,7 +7,8 @@ generates ``Tensor.neuron()`` / ``is_neuron``, installs ``torch.neuron``
 eager fallback of :mod:`tn.device.eager`, the small-op fast path
 (:mod:`tn.device.fastpath`), ``torch.autocast("neuron")``
 (:mod:`tn.device.autocast`), pinned host memory (:mod:`tn.device.pinned`),
-the fused LSTM/GRU cells torch's RNNs call (:mod:`tn.device.rnn`) and the
+the fused LSTM/GRU cells torch's RNNs call (:mod:`tn.device.rnn`), fused
+``scaled_dot_product_attention`` (:mod:`tn.device.attention`) and the
 wrappers of :mod:`tn.device.guards`. Tensors on ``neuron:0`` are real
 ``torch.Tensor``s whose storage is native device memory
 (:mod:`tn.device.allocator`), the model's HBM.
@@ -73,6 +74,9 @@ def register() -> None:
     from . import rnn
 
     rnn.register()
+    from . import attention
+
+    attention.register()
     guards.install()
     # op tracking, also reachable as tn.neuron.fallback_ops() / executed_ops()
     from .. import neuron as _chip
