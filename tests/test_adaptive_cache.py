@@ -255,3 +255,32 @@ def test_runtime_refuses_tensor_without_memory():
     f = tn.jit(lambda x: x * 2, backend="neuron")
     with pytest.raises(Exception, match="no memory"):
         f(NoMemory((4, 4)))
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2-eager-attention"])
+def test_hf_generate_other_attention_paths_bucketed(kind):
+    """RoPE + grouped KV heads (Llama), and GPT-2's eager attention with its additive mask of length n + 1:
+    the mask is padded at the front by the cache's pad count, so the two stay aligned."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                       bos_token_id=0, eos_token_id=1, pad_token_id=1)
+        m = transformers.LlamaForCausalLM(cfg).eval()
+        blocks = ["model.layers.0", "model.layers.1"]
+    else:
+        cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=64,
+                                      bos_token_id=0, eos_token_id=1, pad_token_id=1, attn_implementation="eager")
+        m = transformers.GPT2LMHeadModel(cfg).eval()
+        blocks = ["transformer.h.0", "transformer.h.1"]
+    ids = torch.randint(2, 64, (1, 5))
+    ref = m.generate(ids, max_new_tokens=14, do_sample=False)
+    a = tn.adaptive(m, regions=blocks, **FAST)
+    for _ in range(2):
+        assert torch.equal(a.generate(ids, max_new_tokens=14, do_sample=False), ref)
+    for name in blocks:
+        r = a.regions[name]
+        assert r.group.bucketing is not None and any(r.group.bucketing.masked), (r.reason, r.group.bucket_refused)
+        assert r.hits > 0

@@ -717,19 +717,25 @@ class Group:
         spec, parts, grad, training = key
         parts = [list(p) for p in parts]
         pads = []
-        for g in b.groups:
+        front = None  # the pad count of the masked groups (one for all: their positions stay aligned)
+        for g, m in zip(b.groups, b.masked):
             sizes = {key[1][i][0][d] for (i, d) in g}
             if len(sizes) != 1:
                 return None, key
             n = sizes.pop()
-            bs = bucket_size(self.policy, n)
-            if bs is None:
-                return None, key
+            if m and front is not None:
+                bs = n + front
+            else:
+                bs = bucket_size(self.policy, n)
+                if bs is None:
+                    return None, key
+                if m:
+                    front = bs - n
             for (i, d) in g:
                 shape = list(parts[i][0])
                 shape[d] = bs
                 parts[i][0] = tuple(shape)
-                if bs != n:
+                if bs != n or m:  # a masked bucket runs its masked program even when nothing is padded
                     pads.append((i, d, n, bs))
         return pads, HashedTuple((spec, tuple(tuple(p) for p in parts), grad, training))
 
@@ -958,6 +964,8 @@ class Region:
                 x = cpu_alias(x)
             shape = list(x.shape)
             shape[d] = b - n
+            if b == n:
+                continue
             if (i, d) in front:
                 leaves[i] = torch.cat([x.narrow(d, 0, 1).expand(shape), x], d)
             else:
@@ -970,8 +978,7 @@ class Region:
         hit = [(i, d, n, bs) for (i, d, n, bs) in pads if (i, d) in b.masked_at] if b is not None and pads else []
         if not hit:
             return None
-        gi = self._group_of(hit[0][0], hit[0][1])
-        return hit[0][3] - hit[0][2], gi
+        return hit[0][3] - hit[0][2], [(i, d) for (i, d, _, _) in hit]
 
     def _run_program(self, st: SigStats, call, pads, needs_grad) -> Any:
         """Run the group's program (padding to the bucket first and slicing back after, when bucketed)."""
@@ -989,7 +996,7 @@ class Region:
             struct = call["out"]
         elif plan is not None:
             tix = self.ctl.tensor_index(leaves0)
-            axes = {len(params) + tix[i]: d for (i, d) in g.bucketing.groups[plan[1]]}
+            axes = {len(params) + tix[i]: d for (i, d) in plan[1]}
             touts, struct = g.run_masked(params, flags, args, kwargs, plan[0], axes,
                                          lambda big: self._check_bucket_ir(big, leaves0, len(params)))
             touts = list(touts)
@@ -1007,7 +1014,12 @@ class Region:
         by_group = {}
         for (i, d, n, bs) in pads:
             by_group[self._group_of(i, d)] = (n, bs)
+        masked_done = False
         for gi, (n, bs) in by_group.items():
+            if b.masked[gi]:
+                if masked_done:
+                    continue  # the masked groups share one analysis and one pad count: narrowed once
+                masked_done = True
             for j, axes in enumerate(b.out_axes[gi]):
                 for (ax, inner) in axes or ():
                     if b.masked[gi]:  # front padded: the real positions are the last size - (bs - n)
@@ -1132,13 +1144,18 @@ class Region:
         why = independence.same_program(b.ir, big, sized)
         if why is not None:
             return why
+        joint = None
         for gi, grp in enumerate(b.groups):
             i0, d0 = grp[0]
-            if bucket_size(self.policy, leaves[i0].shape[d0]) < 2:
+            if not b.masked[gi] and bucket_size(self.policy, leaves[i0].shape[d0]) < 2:
                 continue  # calls of this bucket never pad these dims
             try:
-                ins = {offset + tix[i]: d for (i, d) in grp}
-                axes = _masked_out_axes(big, ins) if b.masked[gi] else independence.independent_axes(big, ins)
+                if b.masked[gi]:
+                    if joint is None:
+                        joint = _masked_out_axes(big, {offset + tix[i]: d for (i, d) in b.masked_at})
+                    axes = joint
+                else:
+                    axes = independence.independent_axes(big, {offset + tix[i]: d for (i, d) in grp})
             except independence.Mixed as e:
                 return f"dims {list(grp)} at the bucket size: {e}"
             if axes != b.out_axes[gi]:
@@ -1239,25 +1256,36 @@ class Region:
         offset = len(params)
         tix = self.ctl.tensor_index(leaves)
         groups, outs, refused, masks = [], [], [], []
+        mixed = []  # (members, why): not paddable at their end
         for members in varying.values():
             ins = {offset + tix[i]: d for (i, d) in members}
             try:
                 res = independence.independent_axes(ir, ins)
-                m = False
             except (independence.Mixed, KeyError) as e:
-                why = f"dims {members}: {e}"
-                if any(masks):  # one masked group per program (one pad-count input)
-                    refused.append(why)
-                    continue
-                try:  # front padding with masks (a cache grown by cat, a softmax over it)
-                    res = _masked_out_axes(ir, ins)
-                    m = True
-                except (independence.Mixed, KeyError) as e2:
-                    refused.append(f"{why}; masked: {e2}")
-                    continue
+                mixed.append((tuple(members), f"dims {members}: {e}"))
+                continue
             groups.append(tuple(members))
             outs.append(res)
-            masks.append(m)
+            masks.append(False)
+        # front padding with masks (a cache grown by cat, a softmax over it): all such groups share one pad
+        # count (a cache of length n and a mask of length n + 1 stay aligned), else the first one that works
+        tries = [[m for m, _ in mixed]] + ([[m] for m, _ in mixed] if len(mixed) > 1 else [])
+        for cand in tries if mixed else ():
+            try:
+                res = _masked_out_axes(ir, {offset + tix[i]: d for mem in cand for (i, d) in mem})
+            except (independence.Mixed, KeyError) as e:
+                last = str(e)
+                continue
+            for mem in cand:
+                groups.append(mem)
+                outs.append(res)
+                masks.append(True)
+            break
+        else:
+            if mixed:
+                refused.append(f"{'; '.join(w for _, w in mixed)}; masked: {last}")
+                mixed = []
+        refused += [w for m, w in mixed if m not in groups]
         return groups, outs, refused, ir, masks
 
     # -- report ---------------------------------------------------------------
