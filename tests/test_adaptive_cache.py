@@ -284,3 +284,22 @@ def test_hf_generate_other_attention_paths_bucketed(kind):
         r = a.regions[name]
         assert r.group.bucketing is not None and any(r.group.bucketing.masked), (r.reason, r.group.bucket_refused)
         assert r.hits > 0
+
+
+def test_masked_decode_attention_compiles_its_fused_epilogue(caplog):
+    """The score matmul has one row per head: its fused epilogue's hand-off rows start at partitions 1, 2, 3
+    (not a compute-engine start); they are computed in scratch and moved by DMA, not refused and rebuilt."""
+    import logging
+    from tn.lower.compiler import compile_ir
+    torch.manual_seed(5)
+    pk, pv = torch.randn(1, 4, 16, 16), torch.randn(1, 4, 16, 16)
+    q, kn, vn = torch.randn(1, 4, 1, 16), torch.randn(1, 4, 1, 16), torch.randn(1, 4, 1, 16)
+    p = torch.tensor(3.0)
+    ir = passes.optimize(make_ir(_attn)(pk, pv, q, kn, vn, p))
+    mir, axes = masked.masked_program(ir, {0: 2, 1: 2}, 5)
+    with caplog.at_level(logging.DEBUG, logger="tn"):
+        run = compile_ir(mir)
+    assert not [r for r in caplog.records if "fused group" in r.getMessage()], caplog.text
+    outs = run([pk, pv, q, kn, vn, p])
+    ref = _attn(pk[:, :, 3:], pv[:, :, 3:], q, kn, vn, None)
+    torch.testing.assert_close(outs[0], ref[0], rtol=1e-5, atol=1e-5)

@@ -1043,6 +1043,12 @@ class EpilogueGroup:
                     from .base import HandoffError
 
                     raise HandoffError(pub[v][0], "epilogue: an output tile is not a row block of the SBUF hand-off")
+            # compute engines may only start at partition 0, 32, 64 or 96: a hand-off row block starting
+            # elsewhere (one row per batch of a small batched matmul) is computed in a scratch tile and moved
+            # into place by DMA, which has no such rule
+            moved = {v: t for v, t in views.items() if t.pstart % 32}
+            for v in moved:
+                views[v] = tmp(("moved", v), NEURON_DTYPES[v.dtype])
             src = tile
             hv_pub = hv if hv in views else (self.bias[1].outputs[0] if self.absorbed else None)
             if hv_pub is not None and hv_pub in views:
@@ -1097,6 +1103,8 @@ class EpilogueGroup:
                 if v is hv or root.get(v, v) in pub:
                     continue
                 prog.dma_copy(HbmView(out_hbm(v), dst.offset, dst.dims), env[v])
+            for v, t in moved.items():
+                prog.dma_copy(t, views[v])
             for t in allocated:
                 prog.free(t)
             n = 1
