@@ -75,6 +75,9 @@ class Policy:
         bucket: ``"pow2"`` (round a bucketed size up to a power of two) or a sorted sequence of
             sizes (round up to the next listed size; larger sizes are not bucketed); ``None`` disables.
         max_bucket: largest bucket size for ``"pow2"`` (4096); larger sizes run unbucketed.
+        masked_min_bucket: smallest bucket of a dimension padded at the front with masks (a KV cache's
+            length, :mod:`tn.adaptive.masked`) (128: one SBUF partition's worth of keys costs about what a
+            few do on the NeuronCore, and a generation then compiles once until its cache passes 128).
         cache_size: compiled programs kept per group of identical regions (LRU, 16).
         max_signatures: signature statistics kept per region and per group (LRU, 256): memory stays flat.
         share: regions of identical structure share statistics and programs (True).
@@ -97,6 +100,7 @@ class Policy:
     churn_distinct: int = 4
     bucket: Union[str, Sequence[int], None] = "pow2"
     max_bucket: int = 4096
+    masked_min_bucket: int = 128
     cache_size: int = 16
     max_signatures: int = 256
     share: bool = True
@@ -123,8 +127,9 @@ def make_policy(**kw: Any) -> Policy:
     if bad:
         raise TnError(f"tn.adaptive: unknown policy keyword(s) {bad}; known: {sorted(names)}")
     p = Policy(**kw)
-    if p.min_calls < 1 or p.cache_size < 1 or p.max_signatures < 1 or p.churn_window < 1:
-        raise TnError("tn.adaptive: min_calls, cache_size, max_signatures and churn_window must be >= 1")
+    if p.min_calls < 1 or p.cache_size < 1 or p.max_signatures < 1 or p.churn_window < 1 or p.masked_min_bucket < 1:
+        raise TnError("tn.adaptive: min_calls, cache_size, max_signatures, churn_window and masked_min_bucket "
+                      "must be >= 1")
     if not 0.0 <= p.max_recurrence < 1.0:
         raise TnError(f"tn.adaptive: max_recurrence must be in [0, 1), got {p.max_recurrence}")
     if p.bucket is not None and p.bucket != "pow2":
@@ -136,11 +141,14 @@ def make_policy(**kw: Any) -> Policy:
     return p
 
 
-def bucket_size(policy: Policy, n: int) -> Optional[int]:
-    """The bucket a size ``n`` is padded to, or None when ``n`` is not bucketed."""
+def bucket_size(policy: Policy, n: int, masked: bool = False) -> Optional[int]:
+    """The bucket a size ``n`` is padded to, or None when ``n`` is not bucketed (``masked``: a dimension
+    padded at the front, whose buckets start at ``masked_min_bucket``)."""
     b = policy.bucket
     if b is None or n < 1:
         return None
+    if masked and b == "pow2" and n <= policy.masked_min_bucket:
+        return policy.masked_min_bucket if policy.masked_min_bucket <= policy.max_bucket else None
     if b == "pow2":
         s = 1
         while s < n:

@@ -447,6 +447,12 @@ class _RegionFunction(torch.autograd.Function):
         return (None, None) + tuple(grads)
 
 
+def _structure(key: Any) -> Any:
+    """What a signature keeps when its sizes change: the pytree spec, per tensor leaf its dtype, device,
+    requires_grad and rank, the Python constants, grad mode and training flag."""
+    return (key[0], tuple((p[1:], len(p[0])) if p[0] != "v" else p for p in key[1]), key[2], key[3])
+
+
 def _masked_out_axes(ir, ins: Dict[int, int]) -> List[Optional[Tuple[Tuple[int, int], ...]]]:
     """:func:`tn.adaptive.masked.masked_axes` in the ``[(axis, inner)]`` form of the prefix analysis."""
     return [None if a is None else ((a, 1),) for a in masked.masked_axes(ir, ins)]
@@ -726,7 +732,7 @@ class Group:
             if m and front is not None:
                 bs = n + front
             else:
-                bs = bucket_size(self.policy, n)
+                bs = bucket_size(self.policy, n, m)
                 if bs is None:
                     return None, key
                 if m:
@@ -755,6 +761,7 @@ class Region:
         self.window: "collections.deque" = collections.deque(maxlen=self.policy.churn_window)
         self.repeats: "collections.deque" = collections.deque(maxlen=self.policy.churn_window)
         self.n_repeats = 0
+        self.class_reps: "collections.OrderedDict[Any, list]" = collections.OrderedDict()  # structure -> [deque, n]
         # recent calls: 0 eager, 1 compiled, 2 compiled padded, 3 eager padded
         self.modes: "collections.deque" = collections.deque(maxlen=self.policy.churn_window)
         self.dead: Optional[str] = None
@@ -796,10 +803,32 @@ class Region:
                                    f"constant): tn.jit cannot take it")
         return HashedTuple((spec, tuple(parts), torch.is_grad_enabled(), mod.training)), leaves, spec, states
 
-    def recurrence(self) -> float:
-        """Share of the region's recent calls whose signature (or bucket) it had seen before."""
+    def recurrence(self, cls: Any = None) -> float:
+        """Share of the region's recent calls whose signature (or bucket) it had seen before; with ``cls`` (a
+        call structure, :func:`_structure`), of its recent calls of that structure once it has two: a
+        generation's prompt (a new length each time) does not recur however often its decode steps do."""
+        c = self.class_reps.get(cls) if cls is not None else None
+        if c is not None and len(c[0]) >= 2:
+            return c[1] / len(c[0])
         n = len(self.repeats)
         return self.n_repeats / n if n else 0.0
+
+    def _note_repeat(self, cls: Any, rep: bool) -> None:
+        if len(self.repeats) == self.repeats.maxlen:
+            self.n_repeats -= self.repeats[0]
+        self.repeats.append(rep)
+        self.n_repeats += rep
+        c = self.class_reps.get(cls)
+        if c is None:
+            c = self.class_reps[cls] = [collections.deque(maxlen=self.policy.churn_window), 0]
+            if len(self.class_reps) > self.policy.max_signatures:
+                self.class_reps.popitem(last=False)
+        else:
+            self.class_reps.move_to_end(cls)
+        if len(c[0]) == c[0].maxlen:
+            c[1] -= c[0][0]
+        c[0].append(rep)
+        c[1] += rep
 
     # -- the call -----------------------------------------------------------
     def dispatch(self, mod: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -839,10 +868,8 @@ class Region:
             self.seen.move_to_end(bkey)
         elif len(self.seen) > pol.max_signatures:
             self.seen.popitem(last=False)
-        if len(self.repeats) == self.repeats.maxlen:
-            self.n_repeats -= self.repeats[0]
-        self.repeats.append(rep)
-        self.n_repeats += rep
+        cls = _structure(key)
+        self._note_repeat(cls, rep)
         st = g.stats(bkey)
         st.count += 1
         needs_grad = torch.is_grad_enabled() and (
@@ -933,7 +960,7 @@ class Region:
             frac = g.split(st)[0]
             tc = max(te * (frac + ratio * (1.0 - frac)), self.ctl.comp_floor)
         tcomp = g.compile_estimate(te, st)
-        r = self.recurrence()
+        r = self.recurrence(_structure(key) if isinstance(key, tuple) and len(key) == 4 else None)
         share = max(1.0, st.count / seen)
         fut = expected_future(self.policy, seen, r, share)
         ok = should_compile(self.policy, seen, fut, t_now, te, tc, tcomp) and te - tc >= self.policy.min_gain * te
@@ -1198,11 +1225,8 @@ class Region:
             g.bucket_refused = f"its eager time is {g.frac_cc:.0%} in child regions, which bucket for themselves"
             return
 
-        def struct(k):
-            return (k[0], tuple((p[1:], len(p[0])) if p[0] != "v" else p for p in k[1]), k[2], k[3])
-
-        sk = struct(key)
-        same = list({k for k in self.window if struct(k) == sk})
+        sk = _structure(key)
+        same = list({k for k in self.window if _structure(k) == sk})
         if len(same) < self.policy.churn_distinct:
             return
         varying: Dict[Tuple, List[Tuple[int, int]]] = {}

@@ -288,7 +288,8 @@ def adaptive(model: torch.nn.Module, **policy: Any) -> AdaptiveModel:
     ``min_gain`` (0.05), ``compile_time_prior`` (0.3 s),
     ``compiled_ratio_prior`` (0.3), ``max_recurrence`` (0.8),
     ``churn_window`` (32), ``churn_distinct`` (4), ``bucket`` ("pow2", a list
-    of sizes, or None), ``max_bucket`` (4096), ``cache_size`` (16 programs per
+    of sizes, or None), ``max_bucket`` (4096), ``masked_min_bucket`` (128),
+    ``cache_size`` (16 programs per
     group), ``max_signatures`` (256 per region and group), ``share`` (True),
     ``backend`` (``TN_BACKEND``, else "neuron"), ``regions``, ``autograd``
     (True), ``clock`` (``time.process_time``), ``costs`` (injected times).
