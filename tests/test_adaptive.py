@@ -632,6 +632,22 @@ def test_neuron_device_inputs_stay_on_the_device():
     assert blocks[0].padded > 0
 
 
+def test_neuron_device_eager_at_the_bucket_shape_stays_on_the_device():
+    """Eager calls run padded to their bucket when a new shape's first eager call is dear (pad_eager): the
+    padding must then happen on the device the eager code runs on."""
+    cpu, m, a = _device_blocks()
+    for r in (a.regions["0"], a.regions["1"]):
+        r.group.pad_eager = lambda: True
+        r.policy.costs = {"eager": 0.01, "compiled": 0.001, "compile": 100.0}  # never pays back: stays eager
+    with torch.no_grad():
+        for b in (4, 4, 3, 5, 6, 7, 3, 5, 6, 7):
+            x = torch.randn(b, 16)
+            y = a(x.to("neuron"))
+            assert y.device.type == "neuron"
+            close(y.cpu(), cpu(x), 1e-4)
+    assert any(3 in r.modes for r in (a.regions["0"], a.regions["1"]))  # 3: an eager call run padded
+
+
 def test_neuron_device_parameter_changes_reach_compiled_regions():
     """Compiled no-grad calls reuse host views of device parameters: a .data swap, an in-place update and a
     new Parameter must all be seen by the next call."""

@@ -303,3 +303,31 @@ def test_masked_decode_attention_compiles_its_fused_epilogue(caplog):
     outs = run([pk, pv, q, kn, vn, p])
     ref = _attn(pk[:, :, 3:], pv[:, :, 3:], q, kn, vn, None)
     torch.testing.assert_close(outs[0], ref[0], rtol=1e-5, atol=1e-5)
+
+
+def test_masked_buckets_start_at_masked_min_bucket():
+    from tn.adaptive.policy import bucket_size, make_policy
+    pol = make_policy()
+    assert bucket_size(pol, 5, masked=True) == 128 and bucket_size(pol, 128, masked=True) == 128
+    assert bucket_size(pol, 129, masked=True) == 256 and bucket_size(pol, 5) == 8
+    assert bucket_size(make_policy(masked_min_bucket=16), 5, masked=True) == 16
+    with pytest.raises(tn.TnError):
+        make_policy(masked_min_bucket=0)
+
+
+def test_recurrence_is_judged_per_call_structure():
+    """Decode steps (one structure, bucketed, recurring) must not make a prompt (another structure, a new
+    length each time) look recurrent."""
+    torch.manual_seed(6)
+    m = Decoder()
+    a = tn.adaptive(m, regions=[""], **FAST)
+    r = a.regions["<root>"]
+    with torch.no_grad():
+        for prompt_len in (3, 5, 7, 9):
+            c = KV()
+            a(torch.randn(1, prompt_len, 16), c)          # prompt: the cache is empty (k is None)
+            for _ in range(8):
+                a(torch.randn(1, 1, 16), c)               # decode steps
+    assert len(r.class_reps) == 2  # prompts (empty cache) and decode steps
+    rates = sorted(r.recurrence(k) for k in r.class_reps)
+    assert rates[0] == 0.0 and rates[1] > 0.5

@@ -923,7 +923,7 @@ class Region:
                 out = run_eager(self.base_forward, self.module, args, kwargs)
             else:
                 leaves, spec, pads = padded
-                pargs, pkwargs = _args_of(self._padded(leaves, pads), spec)
+                pargs, pkwargs = _args_of(self._padded(leaves, pads, host=False), spec)
                 out = run_eager(self.base_forward, self.module, pargs, pkwargs)
                 oleaves, ospec = _pytree.tree_flatten(out)
                 touts = self._sliced([l for l in oleaves if isinstance(l, Tensor)], pads)
@@ -979,14 +979,16 @@ class Region:
         ms = _module_state(self.module)
         return {n: d[k] for n, (d, k) in zip(ms.names, ms.refs)}, tuple([m.training for m in ms.mods])
 
-    def _padded(self, leaves, pads):
+    def _padded(self, leaves, pads, host: bool = True):
         """The leaves padded to their bucket: at the end with copies of the last position, or at the front
-        with copies of the first for a masked group (finite values the program masks out)."""
+        with copies of the first for a masked group (finite values the program masks out). ``host``: pad
+        neuron-device leaves on the host (for a program, which reads host memory; a device ``cat`` would be
+        a one-op program per size); else on their device (for an eager run there)."""
         leaves = list(leaves)
         front = self.group.bucketing.masked_at if self.group.bucketing is not None else ()
         for (i, d, n, b) in pads:
             x = leaves[i]
-            if x.device.type == "neuron":  # pad on the host: a device cat would be a one-op program per size
+            if host and x.device.type == "neuron":
                 from ..device.allocator import cpu_alias
                 x = cpu_alias(x)
             shape = list(x.shape)
