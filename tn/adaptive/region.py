@@ -688,16 +688,18 @@ class Group:
             return self.ratio_sum / self.ratio_n
         return self.ctl.ratio_estimate()
 
-    def compile_estimate(self, warm: float, st: Optional[SigStats] = None) -> float:
+    def compile_estimate(self, warm: float, st: Optional[SigStats] = None, on_device: bool = False) -> float:
         """Expected compile time: the group's mean, else what its child regions stand for plus the model's compile
-        seconds per second of eager time for the rest, else the prior."""
+        seconds per second of eager time for the rest, else the prior. ``on_device``: the call's tensors are on
+        the neuron device, so a cold eager call there compiled one-op programs (see below) even when no warm
+        call measured how dear that was."""
         if self.compile_n:
             return self.compile_s / self.compile_n
         frac, child_comp = self.split(st) if st is not None else (0.0, 0.0)
         if child_comp:
             return child_comp + self.ctl.compile_estimate(warm * (1.0 - frac))
         est = self.ctl.compile_estimate(warm)
-        if not self.ctl.compile_rate_e and self.pad_eager():
+        if not self.ctl.compile_rate_e and self.cold_n and (self.pad_eager() or (on_device and not self.warm_n)):
             # nothing compiled yet, but a shape's first eager call here compiles one-op programs for each of its
             # ops: compiling the whole region costs about as much (measured: 0.5-2x on the neuron device)
             est = min(est, 2.0 * self.cold_s / self.cold_n)
@@ -959,7 +961,9 @@ class Region:
         else:  # child regions decide for themselves (sharing programs): only the rest speeds up
             frac = g.split(st)[0]
             tc = max(te * (frac + ratio * (1.0 - frac)), self.ctl.comp_floor)
-        tcomp = g.compile_estimate(te, st)
+        on_device = isinstance(key, tuple) and len(key) == 4 and any(
+            p[0] != "v" and p[2] == "neuron" for p in key[1])
+        tcomp = g.compile_estimate(te, st, on_device)
         r = self.recurrence(_structure(key) if isinstance(key, tuple) and len(key) == 4 else None)
         share = max(1.0, st.count / seen)
         fut = expected_future(self.policy, seen, r, share)
