@@ -619,14 +619,19 @@ def _device_blocks():
     return cpu, m, a
 
 
-def test_neuron_device_inputs_stay_on_the_device():
-    cpu, m, a = _device_blocks()
+def _calls_on_device(a, cpu, batches):
+    """Call adaptive ``a`` on neuron-device inputs of these batch sizes; results stay there and equal ``cpu``'s."""
     with torch.no_grad():
-        for b in (4, 4, 4, 3, 5, 6, 7, 3, 5, 4):
+        for b in batches:
             x = torch.randn(b, 16)
             y = a(x.to("neuron"))
             assert y.device.type == "neuron"
             close(y.cpu(), cpu(x), 1e-4)
+
+
+def test_neuron_device_inputs_stay_on_the_device():
+    cpu, m, a = _device_blocks()
+    _calls_on_device(a, cpu, (4, 4, 4, 3, 5, 6, 7, 3, 5, 4))
     blocks = [a.regions["0"], a.regions["1"]]
     assert sum(r.compiles for r in blocks) >= 1 and all(r.hits >= 1 for r in blocks)
     assert blocks[0].padded > 0
@@ -639,12 +644,7 @@ def test_neuron_device_eager_at_the_bucket_shape_stays_on_the_device():
     for r in (a.regions["0"], a.regions["1"]):
         r.group.pad_eager = lambda: True
         r.policy.costs = {"eager": 0.01, "compiled": 0.001, "compile": 100.0}  # never pays back: stays eager
-    with torch.no_grad():
-        for b in (4, 4, 3, 5, 6, 7, 3, 5, 6, 7):
-            x = torch.randn(b, 16)
-            y = a(x.to("neuron"))
-            assert y.device.type == "neuron"
-            close(y.cpu(), cpu(x), 1e-4)
+    _calls_on_device(a, cpu, (4, 4, 3, 5, 6, 7, 3, 5, 6, 7))
     assert any(3 in r.modes for r in (a.regions["0"], a.regions["1"]))  # 3: an eager call run padded
 
 

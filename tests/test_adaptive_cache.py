@@ -49,6 +49,14 @@ class Decoder(nn.Module):
         return self.out(w @ v)
 
 
+def _decoder_pair(seed, cls=None, **policy):
+    """A decoder, its plain copy, and the adaptive wrapper of the first (one region: the whole decoder)."""
+    torch.manual_seed(seed)
+    m = (cls or Decoder)()
+    ref = copy.deepcopy(m)
+    return m, ref, tn.adaptive(m, regions=[""], **(policy or FAST))
+
+
 @torch.no_grad()
 def _step_both(a, ref, xs):
     """Run the adaptive and the plain decoder over the same tokens (no grad); compare outputs and caches."""
@@ -93,10 +101,7 @@ def test_state_unhashable_attribute_is_a_clear_refusal():
 
 
 def test_decoder_with_cache_compiles_and_writes_back():
-    torch.manual_seed(0)
-    m = Decoder()
-    ref = copy.deepcopy(m)
-    a = tn.adaptive(m, regions=[""], **FAST)
+    m, ref, a = _decoder_pair(0)
     xs = [torch.randn(1, 3, 16)] + [torch.randn(1, 1, 16) for _ in range(12)]
     _step_both(a, ref, xs)
     _step_both(a, ref, xs)  # again: compiled programs (and buckets) reused
@@ -105,10 +110,7 @@ def test_decoder_with_cache_compiles_and_writes_back():
 
 
 def test_decoder_cache_buckets_with_masks():
-    torch.manual_seed(1)
-    m = Decoder()
-    ref = copy.deepcopy(m)
-    a = tn.adaptive(m, regions=[""], **FAST)
+    m, ref, a = _decoder_pair(1)
     xs = [torch.randn(2, 4, 16)] + [torch.randn(2, 1, 16) for _ in range(20)]
     _step_both(a, ref, xs)
     r = a.regions["<root>"]
@@ -147,10 +149,7 @@ class SizeBakingDecoder(Decoder):
 
 
 def test_masked_bucket_refused_when_the_program_bakes_the_length():
-    torch.manual_seed(4)
-    m = SizeBakingDecoder()
-    ref = copy.deepcopy(m)
-    a = tn.adaptive(m, regions=[""], **FAST)
+    m, ref, a = _decoder_pair(4, SizeBakingDecoder)
     xs = [torch.randn(1, 3, 16)] + [torch.randn(1, 1, 16) for _ in range(16)]
     _step_both(a, ref, xs)
     r = a.regions["<root>"]
@@ -159,10 +158,7 @@ def test_masked_bucket_refused_when_the_program_bakes_the_length():
 
 
 def test_cache_under_autograd_stays_eager_with_reason():
-    torch.manual_seed(3)
-    m = Decoder()
-    ref = copy.deepcopy(m)
-    a = tn.adaptive(m, regions=[""], **FAST)
+    m, ref, a = _decoder_pair(3)
     ca, cr = KV(), KV()
     for x in [torch.randn(1, 2, 16)] + [torch.randn(1, 1, 16) for _ in range(6)]:
         a(x, ca).sum().backward()
@@ -173,24 +169,6 @@ def test_cache_under_autograd_stays_eager_with_reason():
     assert row["hits"] == 0 and "mutable state" in row["reason"]
     for p, pr in zip(m.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, pr.grad)
-
-
-def test_hf_dynamic_cache_in_blocks_bucketed():
-    transformers = pytest.importorskip("transformers")
-    transformers.logging.set_verbosity_error()
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=64,
-                                  bos_token_id=0, eos_token_id=1, pad_token_id=1)
-    m = transformers.GPT2LMHeadModel(cfg).eval()
-    ids = torch.randint(2, 64, (1, 5))
-    ref = m.generate(ids, max_new_tokens=14, do_sample=False)
-    a = tn.adaptive(m, regions=["transformer.h.0", "transformer.h.1"], **FAST)
-    for _ in range(2):
-        assert torch.equal(a.generate(ids, max_new_tokens=14, do_sample=False), ref)
-    for name in ("transformer.h.0", "transformer.h.1"):
-        r = a.regions[name]
-        assert r.group.bucketing is not None and any(r.group.bucketing.masked), r.reason
-        assert r.padded > 0
 
 
 # ---------------------------------------------------------------- the masked rewrite itself
@@ -257,10 +235,11 @@ def test_runtime_refuses_tensor_without_memory():
         f(NoMemory((4, 4)))
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2-eager-attention"])
-def test_hf_generate_other_attention_paths_bucketed(kind):
-    """RoPE + grouped KV heads (Llama), and GPT-2's eager attention with its additive mask of length n + 1:
-    the mask is padded at the front by the cache's pad count, so the two stay aligned."""
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "gpt2-eager-attention"])
+def test_hf_generate_blocks_bucketed(kind):
+    """HF generate with a DynamicCache through compiled blocks: GPT-2 (sdpa), RoPE + grouped KV heads (Llama),
+    and GPT-2's eager attention with its additive mask of length n + 1 (padded at the front by the cache's pad
+    count, so the two stay aligned). Tokens equal plain generation; the blocks are bucketed with masks."""
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
@@ -271,8 +250,9 @@ def test_hf_generate_other_attention_paths_bucketed(kind):
         m = transformers.LlamaForCausalLM(cfg).eval()
         blocks = ["model.layers.0", "model.layers.1"]
     else:
+        attn = {"attn_implementation": "eager"} if kind == "gpt2-eager-attention" else {}
         cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=64,
-                                      bos_token_id=0, eos_token_id=1, pad_token_id=1, attn_implementation="eager")
+                                      bos_token_id=0, eos_token_id=1, pad_token_id=1, **attn)
         m = transformers.GPT2LMHeadModel(cfg).eval()
         blocks = ["transformer.h.0", "transformer.h.1"]
     ids = torch.randint(2, 64, (1, 5))
@@ -318,9 +298,7 @@ def test_masked_buckets_start_at_masked_min_bucket():
 def test_recurrence_is_judged_per_call_structure():
     """Decode steps (one structure, bucketed, recurring) must not make a prompt (another structure, a new
     length each time) look recurrent."""
-    torch.manual_seed(6)
-    m = Decoder()
-    a = tn.adaptive(m, regions=[""], **FAST)
+    m, _, a = _decoder_pair(6)
     r = a.regions["<root>"]
     with torch.no_grad():
         for prompt_len in (3, 5, 7, 9):
