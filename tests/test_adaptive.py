@@ -718,3 +718,28 @@ def test_gc_pauses_are_not_region_time():
     assert spent > 0 and in_blocks < spent / 4, (in_blocks, spent)
     assert gc_seconds(lambda: 0.0) == 0.0  # a test's own clock: nothing to subtract
     del junk
+
+
+class ReturnsNone(nn.Module):
+    """Returns a tuple with a None in it (as HF T5 blocks do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.lin(x), None, x * 2
+
+
+def test_results_holding_none_compile():
+    torch.manual_seed(0)
+    m = ReturnsNone()
+    a = tn.adaptive(m, regions=[""], **FAST)
+    for _ in range(4):
+        x = torch.randn(3, 16)
+        y, none, z = a(x)
+        assert none is None
+        close(y, m.lin(x), 1e-5)
+        close(z, x * 2, 1e-6)
+    r = a.regions["<root>"]
+    assert r.hits > 0 and r.dead is None, r.dead

@@ -309,3 +309,30 @@ def test_recurrence_is_judged_per_call_structure():
     assert len(r.class_reps) == 2  # prompts (empty cache) and decode steps
     rates = sorted(r.recurrence(k) for k in r.class_reps)
     assert rates[0] == 0.0 and rates[1] > 0.5
+
+
+@pytest.mark.parametrize("kind", ["t5", "mistral"])
+def test_hf_generate_encoder_decoder_and_sliding_caches(kind):
+    """T5 (an EncoderDecoderCache; blocks returning None in their tuples) and Mistral (a sliding-window
+    cache) under default regions: tokens equal plain generation and no region falls back for good."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    if kind == "t5":
+        m = transformers.T5ForConditionalGeneration(transformers.T5Config(
+            vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0,
+            pad_token_id=0, eos_token_id=1))
+    else:
+        m = transformers.MistralForCausalLM(transformers.MistralConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, sliding_window=8))
+    m.eval()
+    ids = torch.randint(3, 64, (1, 6))
+    kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    ref = m.generate(ids, **kw)
+    a = tn.adaptive(copy.deepcopy(m), **FAST)
+    for _ in range(2):
+        assert torch.equal(a.generate(ids, **kw), ref)
+    rows = a.report(print_table=False)
+    assert not [r["region"] for r in rows if r["mode"] == "eager (for good)"], rows
+    assert sum(r["hits"] for r in rows) > 0

@@ -334,8 +334,8 @@ class _OutStruct:
 
     def __init__(self, spec: Any, leaves: list, posts: Tuple[Any, ...] = (), proxies: Tuple[Any, ...] = ()):
         self.spec = spec
-        self.leaves = [None if isinstance(l, Tensor) else l for l in leaves]
-        self.n_out = sum(1 for l in self.leaves if l is None)
+        self.leaves = [_TENSOR_SLOT if isinstance(l, Tensor) else l for l in leaves]  # a None leaf stays None
+        self.n_out = sum(1 for l in self.leaves if l is _TENSOR_SLOT)
         self.posts = posts
         # a result leaf that is a state proxy (HF returns the cache it was given): the caller's object instead
         where = {id(p): k for k, p in enumerate(proxies)}
@@ -359,14 +359,15 @@ class _OutStruct:
             for j, k in self.state_refs:
                 leaves_out[j] = states[k][0]
             it = iter(tensors)
-            return _pytree.tree_unflatten([next(it) if l is None else l for l in leaves_out], self.spec)
+            return _pytree.tree_unflatten([next(it) if l is _TENSOR_SLOT else l for l in leaves_out], self.spec)
         if self.spec.is_leaf():  # a region returning one tensor (Linear, LayerNorm, MLP ...)
-            return tensors[0] if self.leaves[0] is None else self.leaves[0]
+            return tensors[0] if self.leaves[0] is _TENSOR_SLOT else self.leaves[0]
         it = iter(tensors)
-        return _pytree.tree_unflatten([next(it) if l is None else l for l in self.leaves], self.spec)
+        return _pytree.tree_unflatten([next(it) if l is _TENSOR_SLOT else l for l in self.leaves], self.spec)
 
 
 _STATE_REF = object()  # placeholder of a state object in a result (replaced by the caller's object)
+_TENSOR_SLOT = object()  # placeholder of a tensor in a result (filled from the program's outputs)
 
 
 def _proxies(x: Any, found: list) -> Any:
