@@ -336,3 +336,18 @@ def test_hf_generate_encoder_decoder_and_sliding_caches(kind):
     rows = a.report(print_table=False)
     assert not [r["region"] for r in rows if r["mode"] == "eager (for good)"], rows
     assert sum(r["hits"] for r in rows) > 0
+
+
+def test_tn_jit_refuses_a_cache_with_a_pointer_to_adaptive():
+    """tn.jit takes pytrees of tensors; a KV cache (even an empty one, which the call would fill with traced
+    tensors) is refused with a message naming tn.adaptive."""
+    f = tn.jit(lambda x, cache: cache.update(x, x)[0] * 2)
+    for c in (KV(), _filled()):
+        with pytest.raises(tn.TnError, match="tn.adaptive"):
+            f(torch.randn(1, 2, 4), c)
+
+
+def _filled():
+    c = KV()
+    c.update(torch.randn(1, 3, 4), torch.randn(1, 3, 4))
+    return c

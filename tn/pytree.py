@@ -225,6 +225,12 @@ def flatten(x: Any, tensors: List[Tensor]) -> Any:
         leaves, spec = _pytree.tree_flatten(x)
         return (NODE, spec, tuple([flatten(e, tensors) for e in leaves]))
     if getattr(x, "__dict__", None):
+        if _is_state(x):  # even while empty: the call would store traced tensors into it
+            raise TnError(
+                f"tn.jit: an argument of type {t.__qualname__} is a mutable state object (a KV cache the call "
+                f"updates in place), which tn.jit does not take. Use tn.adaptive(model), which carries caches "
+                f"through compiled regions (written back after each call) and buckets their length, or call "
+                f"without a cache (HF: use_cache=False)")
         where = _tensor_inside(x.__dict__, 0)
         if where is not None:
             raise TnError(
@@ -233,6 +239,15 @@ def flatten(x: Any, tensors: List[Tensor]) -> Any:
                 f"Make the type a dataclass, register it with torch.utils._pytree.register_pytree_node, or pass "
                 f"the tensors as arguments")
     return (LEAF, t, x)
+
+
+def _is_state(x: Any) -> bool:
+    """True for a state object tn.adaptive carries (HF ``Cache``, registered types): see tn.adaptive.state."""
+    try:
+        from .adaptive.state import is_state
+    except ImportError:  # pragma: no cover - the subpackage ships with tn
+        return False
+    return is_state(x)
 
 
 def _tensor_inside(d: Any, depth: int, attrs: bool = True) -> Optional[str]:
