@@ -151,17 +151,19 @@ def _collapse(space: Sequence[int], strides: List[List[int]]) -> Tuple[List[int]
 class _Layout:
     """How a collapsed space ``(outer..., R, C)`` is cut into tiles ``[p, k, f]``."""
 
-    def __init__(self, dims: List[int], strides: List[List[int]], max_free: int, parts: int, whole_c: bool):
+    def __init__(self, dims: List[int], strides: List[List[int]], max_free: int, parts: int, whole_c: bool,
+                 min_parts: int = 1):
         if not dims:
             dims = [1]
             strides = [[0] for _ in strides]
         # a small elementwise space (< SMALL_FREE elements per partition over all partitions) uses only as
         # many partitions as keep SMALL_FREE elements in each: every instruction costs the same (its issue
         # interval is the 64-cycle floor either way), DMAs move fewer, longer runs, and the host simulates
-        # fewer partition rows
+        # fewer partition rows; but at least ``min_parts`` (the rows of an input left in SBUF by the previous
+        # lowering, which is read in place only with one row per partition)
         n = _numel(dims)
         if not whole_c and n < parts * SMALL_FREE:
-            parts = max(1, -(-n // SMALL_FREE))
+            parts = min(parts, max(1, -(-n // SMALL_FREE), min_parts))
         if len(dims) == 1:
             if whole_c:
                 dims = [1, dims[0]]
@@ -502,7 +504,9 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
                 act_red[j] = (ACT_FUNC_OF[e.op.name], xs[0])
     max_free = _max_free(vals.per_elem, len(eqns), in_vars, out_vars, space, ctx.arch.partitions,
                          dims[-1] if (r and dims) else 0)
-    lay = _Layout(dims, sts, max_free, ctx.arch.partitions, whole_c=bool(r))
+    resident = getattr(ctx, "resident", {})
+    min_parts = max([resident[v].shape[0] for v in in_vars if v in resident] or [1])
+    lay = _Layout(dims, sts, max_free, ctx.arch.partitions, whole_c=bool(r), min_parts=min_parts)
     in_index = [index[v] for v in in_vars]
     out_pos = {v: j for j, v in enumerate(out_vars)}
     red_ops = {e.op.name for e in eqns if r and e.op.name in ROW_REDUCE}
