@@ -354,3 +354,27 @@ def _filled():
     c = KV()
     c.update(torch.randn(1, 3, 4), torch.randn(1, 3, 4))
     return c
+
+
+def test_hf_generate_left_padded_batch():
+    """A left-padded batch: HF generate passes position_ids only to a forward whose signature names them, so
+    the adaptive forward must keep the model's signature (the padded rows got wrong positions otherwise)."""
+    import inspect
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=64,
+                                  bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    m = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(3, 64, (3, 7))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    mask[1, :1] = 0
+    ids[mask == 0] = 1
+    kw = dict(attention_mask=mask, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    ref = m.generate(ids, **kw)
+    a = tn.adaptive(copy.deepcopy(m), **FAST)
+    assert "position_ids" in inspect.signature(a.forward).parameters
+    for _ in range(2):
+        assert torch.equal(a.generate(ids, **kw), ref)
+    assert a.regions["transformer.h.0"].hits > 0

@@ -10,6 +10,7 @@ attribute to it and adds :meth:`AdaptiveModel.report`.
 """
 from __future__ import annotations
 
+import inspect
 import threading
 from typing import Any, Dict, List, Optional
 
@@ -31,6 +32,14 @@ def _region_class(cls: type) -> type:
         def forward(self, *args: Any, **kwargs: Any) -> Any:
             """Adaptive forward: the region decides eager or compiled (see tn.adaptive)."""
             return self.__dict__["_tn_region"].dispatch(self, args, kwargs)
+
+        # callers inspect forward's parameters (HF generate passes position_ids only to a forward that
+        # names them, and left-padded batches then get wrong positions): keep the original signature
+        try:
+            forward.__signature__ = inspect.signature(cls.forward)
+        except (TypeError, ValueError):  # a builtin or otherwise unintrospectable forward
+            pass
+        forward.__wrapped__ = cls.forward
 
         sub = type(cls.__name__, (cls,), {"forward": forward, "_tn_adaptive_base": cls,
                                            "__module__": cls.__module__, "__qualname__": cls.__qualname__})
@@ -205,10 +214,6 @@ class AdaptiveModel:
         return self._tn_ctl.regions
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._tn_ctl.model(*args, **kwargs)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """The model's forward, through its regions."""
         return self._tn_ctl.model(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
