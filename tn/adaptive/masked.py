@@ -30,7 +30,7 @@ into a literal is refused.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -62,8 +62,9 @@ class _Rewriter:
         self.consts: List[Tuple[Var, torch.Tensor]] = list(ir.consts)
         self.const_of = {id(v): t for v, t in ir.consts}
         self.eqns: List[Eqn] = []
-        self.masks: Dict[Tuple[int, int, int], Var] = {}
-        self.positions: Dict[int, Var] = {}
+        self.masks: Dict[Tuple[int, int, int], Var] = {}  # (size, axis, rank) -> mask shaped for it
+        self.valid: Dict[int, Var] = {}  # size -> pos >= p (computed once per size)
+        self.fills: Dict[Tuple[Any, torch.dtype], Var] = {}
         for i, a in input_axes.items():
             v = ir.inputs[i]
             self.lab[id(v)] = a % max(1, len(_shape(v)))
@@ -83,11 +84,11 @@ class _Rewriter:
         m = self.masks.get(key)
         if m is not None:
             return m
-        pos = self.positions.get(size)
-        if pos is None:
-            pos = self.positions[size] = self._const(torch.arange(size, dtype=torch.float32))
-        flat = Var((size,), torch.bool)
-        self.eqns.append(Eqn(_op("ge"), [pos, self.pad], [flat]))
+        flat = self.valid.get(size)
+        if flat is None:
+            pos = self._const(torch.arange(size, dtype=torch.float32))
+            flat = self.valid[size] = Var((size,), torch.bool)
+            self.eqns.append(Eqn(_op("ge"), [pos, self.pad], [flat]))
         shape = tuple(size if d == axis else 1 for d in range(rank))
         m = Var(shape, torch.bool)
         self.eqns.append(Eqn(_op("reshape"), [flat], [m], {"shape": shape}))
@@ -98,7 +99,9 @@ class _Rewriter:
         """``where(pos >= p, x, fill)`` along ``axis`` of ``x``."""
         sh = _shape(x)
         m = self._mask(sh[axis], axis, len(sh))
-        f = self._const(torch.tensor(fill, dtype=x.dtype))
+        f = self.fills.get((fill, x.dtype))
+        if f is None:
+            f = self.fills[(fill, x.dtype)] = self._const(torch.tensor(fill, dtype=x.dtype))
         y = Var(sh, x.dtype)
         self.eqns.append(Eqn(_op("where"), [m, x, f], [y]))
         return y

@@ -354,16 +354,15 @@ class _OutStruct:
                 if post is not None:
                     _state.write_back(obj, post, it, leaves[first:first + n], dev)
             tensors = tensors[:self.n_out]
+        leaves_out = self.leaves
         if self.state_refs:
-            leaves_out = list(self.leaves)
+            leaves_out = list(leaves_out)
             for j, k in self.state_refs:
                 leaves_out[j] = states[k][0]
-            it = iter(tensors)
-            return _pytree.tree_unflatten([next(it) if l is _TENSOR_SLOT else l for l in leaves_out], self.spec)
-        if self.spec.is_leaf():  # a region returning one tensor (Linear, LayerNorm, MLP ...)
-            return tensors[0] if self.leaves[0] is _TENSOR_SLOT else self.leaves[0]
+        elif self.spec.is_leaf():  # a region returning one tensor (Linear, LayerNorm, MLP ...)
+            return tensors[0] if leaves_out[0] is _TENSOR_SLOT else leaves_out[0]
         it = iter(tensors)
-        return _pytree.tree_unflatten([next(it) if l is _TENSOR_SLOT else l for l in self.leaves], self.spec)
+        return _pytree.tree_unflatten([next(it) if l is _TENSOR_SLOT else l for l in leaves_out], self.spec)
 
 
 _STATE_REF = object()  # placeholder of a state object in a result (replaced by the caller's object)
@@ -404,7 +403,8 @@ class SigStats:
 
 class _Bucketing:
     """How a group pads: the independent groups of (leaf, axis), the output axes carrying each, and which
-    group (at most one) is padded at the front with masks (:mod:`tn.adaptive.masked`) instead of at the end."""
+    groups are padded at the front with masks (:mod:`tn.adaptive.masked`) instead of at the end (all of them
+    by one pad count, so their positions stay aligned)."""
 
     def __init__(self, pattern: Any, groups: List[Tuple[Tuple[int, int], ...]],
                  out_axes: List[List[Optional[Tuple[Tuple[int, int], ...]]]], ir: Any, ckey: Any,
@@ -760,7 +760,7 @@ class Region:
         self.base_forward = base_forward
         self.group: Group = None  # type: ignore[assignment]  (set by the controller)
         self.seen: "collections.OrderedDict[Any, int]" = collections.OrderedDict()
-        self._raw: "collections.OrderedDict[Any, None]" = collections.OrderedDict()
+        self._raw: "collections.OrderedDict[Any, Any]" = collections.OrderedDict()  # signature -> its structure
         self.window: "collections.deque" = collections.deque(maxlen=self.policy.churn_window)
         self.repeats: "collections.deque" = collections.deque(maxlen=self.policy.churn_window)
         self.n_repeats = 0
@@ -850,10 +850,11 @@ class Region:
         g = self.group
         self.window.append(key)
         raw = self._raw
-        if key in raw:
+        cls = raw.get(key)  # the call's structure (:func:`_structure`), computed once per signature
+        if cls is not None:
             raw.move_to_end(key)
         else:
-            raw[key] = None
+            cls = raw[key] = _structure(key)
             self.distinct += 1
             if len(raw) > pol.max_signatures:
                 raw.popitem(last=False)
@@ -871,7 +872,6 @@ class Region:
             self.seen.move_to_end(bkey)
         elif len(self.seen) > pol.max_signatures:
             self.seen.popitem(last=False)
-        cls = _structure(key)
         self._note_repeat(cls, rep)
         st = g.stats(bkey)
         st.count += 1
@@ -888,7 +888,7 @@ class Region:
         if st.state == "compiled":
             return self._compiled(bkey, st, call, pads, needs_grad)
         ekey = key if states else g.eager_key(key, bkey, pads)  # state is never padded eager (it would be stored)
-        if st.state == "eager" and st.refused is None and self._pays_back(st, ekey, seen + 1):
+        if st.state == "eager" and st.refused is None and self._pays_back(st, ekey, seen + 1, cls):
             return self._compile(bkey, st, key, call, pads, needs_grad)
         if ekey is not key:
             return self._eager(st, ekey, args, kwargs, (leaves, spec, pads))
@@ -949,7 +949,7 @@ class Region:
             parent[2] += g.compile_equiv(dt)
         return out
 
-    def _pays_back(self, st: SigStats, key: Any, seen: int) -> bool:
+    def _pays_back(self, st: SigStats, key: Any, seen: int, cls: Any = None) -> bool:
         g = self.group
         te = g.warm_estimate(st)
         if te is None:
@@ -965,7 +965,7 @@ class Region:
         on_device = isinstance(key, tuple) and len(key) == 4 and any(
             p[0] != "v" and p[2] == "neuron" for p in key[1])
         tcomp = g.compile_estimate(te, st, on_device)
-        r = self.recurrence(_structure(key) if isinstance(key, tuple) and len(key) == 4 else None)
+        r = self.recurrence(cls)
         share = max(1.0, st.count / seen)
         fut = expected_future(self.policy, seen, r, share)
         ok = should_compile(self.policy, seen, fut, t_now, te, tc, tcomp) and te - tc >= self.policy.min_gain * te
@@ -992,14 +992,14 @@ class Region:
         leaves = list(leaves)
         front = self.group.bucketing.masked_at if self.group.bucketing is not None else ()
         for (i, d, n, b) in pads:
+            if b == n:
+                continue  # a masked bucket's call at the bucket's own size
             x = leaves[i]
             if host and x.device.type == "neuron":
                 from ..device.allocator import cpu_alias
                 x = cpu_alias(x)
             shape = list(x.shape)
             shape[d] = b - n
-            if b == n:
-                continue
             if (i, d) in front:
                 leaves[i] = torch.cat([x.narrow(d, 0, 1).expand(shape), x], d)
             else:
@@ -1007,7 +1007,7 @@ class Region:
         return leaves
 
     def _mask_plan(self, pads):
-        """``(pad count, {program input index: axis})`` of the masked group among ``pads``, or None."""
+        """``(pad count, [(leaf, axis)])`` of the masked groups among ``pads``, or None."""
         b = self.group.bucketing
         hit = [(i, d, n, bs) for (i, d, n, bs) in pads if (i, d) in b.masked_at] if b is not None and pads else []
         if not hit:

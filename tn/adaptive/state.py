@@ -36,7 +36,18 @@ __all__ = ["register_state_type", "is_state", "flatten", "build", "write_back", 
 
 
 class StateError(Exception):
-    """A state object holds something that cannot be carried through a program (the message says what)."""
+    """A state object holds something that cannot be carried through a program (the message says what).
+
+    ``path`` lists the attribute/index steps from the object to the offending value; it is filled in as the
+    error unwinds, so flattening builds no path strings when nothing is wrong (it runs on every call)."""
+
+    def __init__(self, what: str):
+        super().__init__(what)
+        self.what = what
+        self.path: List[str] = []
+
+    def __str__(self) -> str:
+        return f"{''.join(self.path)} is {self.what}"
 
 
 _REGISTERED: List[type] = []
@@ -93,10 +104,14 @@ def flatten(obj: Any, out: List[Tensor], pre: Optional[Sequence[Tensor]] = None)
     non-tensor value.
     """
     where = None if pre is None else {id(t): i for i, t in enumerate(pre)}  # ``pre`` keeps the ids alive
-    return _node(obj, out, where, type(obj).__name__)
+    try:
+        return _node(obj, out, where)
+    except StateError as e:
+        e.path.insert(0, type(obj).__name__)
+        raise
 
 
-def _node(x: Any, out: List[Tensor], pre: Optional[Dict[int, int]], path: str) -> tuple:
+def _node(x: Any, out: List[Tensor], pre: Optional[Dict[int, int]]) -> tuple:
     if isinstance(x, Tensor):
         if pre is not None:
             i = pre.get(id(x))
@@ -106,35 +121,38 @@ def _node(x: Any, out: List[Tensor], pre: Optional[Dict[int, int]], path: str) -
         return ("t",)
     t = type(x)
     if t is list or t is tuple:
-        return ("seq", t, tuple([_node(e, out, pre, f"{path}[{i}]") for i, e in enumerate(x)]))
+        return ("seq", t, _children(enumerate(x), out, pre, "[{!r}]"))
     if t is dict:
-        return ("d", tuple(x), tuple([_node(v, out, pre, f"{path}[{k!r}]") for k, v in x.items()]))
+        return ("d", tuple(x), _children(x.items(), out, pre, "[{!r}]"))
     if is_state(x):
-        names = tuple(vars(x))
-        return ("o", t, names, tuple([_node(getattr(x, n), out, pre, f"{path}.{n}") for n in names]))
+        d = vars(x)
+        return ("o", t, tuple(d), _children(d.items(), out, pre, ".{}"))
     try:
         hash(x)
     except TypeError:
-        raise StateError(f"{path} is a {t.__name__}, which is neither a tensor nor hashable: it cannot be part of a "
+        raise StateError(f"a {t.__name__}, which is neither a tensor nor hashable: it cannot be part of a "
                          f"program's signature") from None
     if isinstance(x, torch.nn.Module) or getattr(x, "__dict__", None) is not None and not isinstance(x, type) \
             and _holds_tensor(x):
-        raise StateError(f"{path} is a {t.__name__} holding tensors that is not a registered state type")
+        raise StateError(f"a {t.__name__} holding tensors that is not a registered state type")
     return ("s", x)
+
+
+def _children(items: Any, out: List[Tensor], pre: Optional[Dict[int, int]], step: str) -> tuple:
+    """Specs of ``(key, value)`` members; ``step`` formats a key into an error's path (only on an error)."""
+    specs = []
+    k = None
+    try:
+        for k, v in items:
+            specs.append(_node(v, out, pre))
+    except StateError as e:
+        e.path.insert(0, step.format(k))
+        raise
+    return tuple(specs)
 
 
 def _holds_tensor(x: Any) -> bool:
     return any(isinstance(v, Tensor) for v in vars(x).values())
-
-
-def n_leaves(spec: tuple) -> int:
-    """How many tensors :func:`flatten` appended for ``spec``."""
-    tag = spec[0]
-    if tag == "t":
-        return 1
-    if tag in ("seq", "d", "o"):
-        return sum(n_leaves(c) for c in spec[-1])
-    return 0
 
 
 def build(spec: tuple, it: Iterator[Tensor], pre: Optional[Sequence[Tensor]] = None,
