@@ -34,3 +34,57 @@ def backend(request):
     if name not in backends():
         pytest.skip(f"jit backend {name!r} is not registered")
     return name
+
+
+def _tiny_hf_model(kind: str):
+    """A tiny HF model with seeded random weights, in eval mode: ``gpt2``, ``gpt2-eager-attention``, ``llama``,
+    ``t5`` or ``mistral`` (2 layers, hidden 32, vocabulary 64). Skips the test without transformers."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    T = transformers
+    if kind in ("gpt2", "gpt2-eager-attention"):
+        attn = {"attn_implementation": "eager"} if kind == "gpt2-eager-attention" else {}
+        return T.GPT2LMHeadModel(T.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=64,
+                                              bos_token_id=0, eos_token_id=1, pad_token_id=1, **attn)).eval()
+    if kind == "llama":
+        return T.LlamaForCausalLM(T.LlamaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, bos_token_id=0, eos_token_id=1, pad_token_id=1)).eval()
+    if kind == "t5":
+        return T.T5ForConditionalGeneration(T.T5Config(
+            vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0,
+            pad_token_id=0, eos_token_id=1)).eval()
+    if kind == "mistral":
+        return T.MistralForCausalLM(T.MistralConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, sliding_window=8)).eval()
+    raise ValueError(f"unknown tiny HF model {kind!r}")
+
+
+@pytest.fixture
+def tiny_hf():
+    """Builder of tiny seeded HF models (see :func:`_tiny_hf_model`): ``tiny_hf("gpt2")``."""
+    return _tiny_hf_model
+
+
+def _module_matches_on_device(make, x, out_tol=None):
+    """``make()`` on CPU and a copy on the neuron device (same state): the forward and the gradients of
+    ``y.square().sum()`` (input, weight, bias) agree; ``out_tol``: rtol/atol of the forward (default: torch's)."""
+    m, md = make(), make()
+    md.load_state_dict(m.state_dict())
+    md.to("neuron")
+    x = x.requires_grad_()
+    xd = x.detach().to("neuron").requires_grad_()
+    y, yd = m(x), md(xd)
+    y.square().sum().backward()
+    yd.square().sum().backward()
+    torch.testing.assert_close(yd.cpu(), y, **({} if out_tol is None else {"rtol": out_tol, "atol": out_tol}))
+    for a, r in ((xd.grad, x.grad), (md.weight.grad, m.weight.grad), (md.bias.grad, m.bias.grad)):
+        torch.testing.assert_close(a.cpu(), r, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture
+def module_matches_on_device():
+    """:func:`_module_matches_on_device`: a module and its neuron-device copy agree in forward and backward."""
+    return _module_matches_on_device

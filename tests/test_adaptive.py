@@ -518,13 +518,8 @@ def test_training_with_padded_buckets():
         close(p.grad, pr.grad, 1e-4)
 
 
-def test_hf_gpt2_generate_equals_plain():
-    transformers = pytest.importorskip("transformers")
-    transformers.logging.set_verbosity_error()
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=64,
-                                  bos_token_id=0, eos_token_id=1, pad_token_id=1)
-    m = transformers.GPT2LMHeadModel(cfg).eval()
+def test_hf_gpt2_generate_equals_plain(tiny_hf):
+    m = tiny_hf("gpt2")
     ids = torch.randint(2, 64, (2, 5))
     ref = m.generate(ids, max_new_tokens=8, do_sample=False)
     a = tn.adaptive(m, **FAST)

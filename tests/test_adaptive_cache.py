@@ -236,25 +236,12 @@ def test_runtime_refuses_tensor_without_memory():
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "gpt2-eager-attention"])
-def test_hf_generate_blocks_bucketed(kind):
+def test_hf_generate_blocks_bucketed(kind, tiny_hf):
     """HF generate with a DynamicCache through compiled blocks: GPT-2 (sdpa), RoPE + grouped KV heads (Llama),
     and GPT-2's eager attention with its additive mask of length n + 1 (padded at the front by the cache's pad
     count, so the two stay aligned). Tokens equal plain generation; the blocks are bucketed with masks."""
-    transformers = pytest.importorskip("transformers")
-    transformers.logging.set_verbosity_error()
-    torch.manual_seed(0)
-    if kind == "llama":
-        cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                       bos_token_id=0, eos_token_id=1, pad_token_id=1)
-        m = transformers.LlamaForCausalLM(cfg).eval()
-        blocks = ["model.layers.0", "model.layers.1"]
-    else:
-        attn = {"attn_implementation": "eager"} if kind == "gpt2-eager-attention" else {}
-        cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=64,
-                                      bos_token_id=0, eos_token_id=1, pad_token_id=1, **attn)
-        m = transformers.GPT2LMHeadModel(cfg).eval()
-        blocks = ["transformer.h.0", "transformer.h.1"]
+    m = tiny_hf(kind)
+    blocks = ["model.layers.0", "model.layers.1"] if kind == "llama" else ["transformer.h.0", "transformer.h.1"]
     ids = torch.randint(2, 64, (1, 5))
     ref = m.generate(ids, max_new_tokens=14, do_sample=False)
     a = tn.adaptive(m, regions=blocks, **FAST)
@@ -315,21 +302,10 @@ def test_recurrence_is_judged_per_call_structure():
 
 
 @pytest.mark.parametrize("kind", ["t5", "mistral"])
-def test_hf_generate_encoder_decoder_and_sliding_caches(kind):
+def test_hf_generate_encoder_decoder_and_sliding_caches(kind, tiny_hf):
     """T5 (an EncoderDecoderCache; blocks returning None in their tuples) and Mistral (a sliding-window
     cache) under default regions: tokens equal plain generation and no region falls back for good."""
-    transformers = pytest.importorskip("transformers")
-    transformers.logging.set_verbosity_error()
-    torch.manual_seed(0)
-    if kind == "t5":
-        m = transformers.T5ForConditionalGeneration(transformers.T5Config(
-            vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0,
-            pad_token_id=0, eos_token_id=1))
-    else:
-        m = transformers.MistralForCausalLM(transformers.MistralConfig(
-            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=64, sliding_window=8))
-    m.eval()
+    m = tiny_hf(kind)
     ids = torch.randint(3, 64, (1, 6))
     kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False)
     ref = m.generate(ids, **kw)
@@ -356,16 +332,11 @@ def _filled():
     return c
 
 
-def test_hf_generate_left_padded_batch():
+def test_hf_generate_left_padded_batch(tiny_hf):
     """A left-padded batch: HF generate passes position_ids only to a forward whose signature names them, so
     the adaptive forward must keep the model's signature (the padded rows got wrong positions otherwise)."""
     import inspect
-    transformers = pytest.importorskip("transformers")
-    transformers.logging.set_verbosity_error()
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=64,
-                                  bos_token_id=0, eos_token_id=1, pad_token_id=1)
-    m = transformers.GPT2LMHeadModel(cfg).eval()
+    m = tiny_hf("gpt2")
     ids = torch.randint(3, 64, (3, 7))
     mask = torch.ones_like(ids)
     mask[0, :3] = 0

@@ -71,20 +71,10 @@ def test_conv_transpose3d_one_gradient_no_bias_unbatched(strict, wrt):
     _check(got, f(*args()), f(*args(torch.float64)), torch.float32, ("y", "g"))
 
 
-def test_conv_transpose3d_module_on_the_neuron_device(strict):
+def test_conv_transpose3d_module_on_the_neuron_device(strict, module_matches_on_device):
     torch.manual_seed(0)
-    m = torch.nn.ConvTranspose3d(3, 5, 3, padding=1, stride=(1, 2, 2), output_padding=(0, 1, 1))
-    md = torch.nn.ConvTranspose3d(3, 5, 3, padding=1, stride=(1, 2, 2), output_padding=(0, 1, 1))
-    md.load_state_dict(m.state_dict())
-    md.to("neuron")
-    x = torch.randn(2, 3, 4, 5, 5, requires_grad=True)
-    xd = x.detach().to("neuron").requires_grad_()
-    y, yd = m(x), md(xd)
-    y.square().sum().backward()
-    yd.square().sum().backward()
-    torch.testing.assert_close(yd.cpu(), y, rtol=1e-5, atol=1e-5)
-    for a, r in ((xd.grad, x.grad), (md.weight.grad, m.weight.grad), (md.bias.grad, m.bias.grad)):
-        torch.testing.assert_close(a.cpu(), r, rtol=1e-4, atol=1e-4)
+    make = lambda: torch.nn.ConvTranspose3d(3, 5, 3, padding=1, stride=(1, 2, 2), output_padding=(0, 1, 1))  # noqa
+    module_matches_on_device(make, torch.randn(2, 3, 4, 5, 5), out_tol=1e-5)
 
 
 def test_conv_transpose3d_torch_compile(strict):

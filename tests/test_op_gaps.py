@@ -244,21 +244,10 @@ def test_conv3d_forward_backward(strict, kw, dtype):
         torch.testing.assert_close(a / scale, r / scale, **tol, msg=lambda m: f"{name}: {m}")
 
 
-def test_conv3d_module_on_the_neuron_device(monkeypatch):
+def test_conv3d_module_on_the_neuron_device(monkeypatch, module_matches_on_device):
     monkeypatch.setenv("TN_STRICT", "1")
     torch.manual_seed(0)
-    m = torch.nn.Conv3d(3, 5, 3, padding=1, stride=(1, 2, 2))
-    md = torch.nn.Conv3d(3, 5, 3, padding=1, stride=(1, 2, 2))
-    md.load_state_dict(m.state_dict())
-    md.to("neuron")
-    x = torch.randn(2, 3, 6, 8, 8, requires_grad=True)
-    xd = x.detach().to("neuron").requires_grad_()
-    y, yd = m(x), md(xd)
-    y.square().sum().backward()
-    yd.square().sum().backward()
-    torch.testing.assert_close(yd.cpu(), y)
-    for a, r in ((xd.grad, x.grad), (md.weight.grad, m.weight.grad), (md.bias.grad, m.bias.grad)):
-        torch.testing.assert_close(a.cpu(), r, rtol=1e-4, atol=1e-4)
+    module_matches_on_device(lambda: torch.nn.Conv3d(3, 5, 3, padding=1, stride=(1, 2, 2)), torch.randn(2, 3, 6, 8, 8))
 
 
 # --------------------------------------------------------------------------- integer bitwise ops
