@@ -66,6 +66,7 @@ from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Se
 import torch
 import torch.utils._pytree as _pytree
 
+from . import config
 from . import pytree as _pt
 from .errors import TnError
 from .ir import IR
@@ -122,7 +123,7 @@ def backends() -> List[str]:
 
 def default_backend() -> str:
     """The backend ``tn.jit`` uses when none is given: ``TN_BACKEND`` or :data:`DEFAULT_BACKEND`."""
-    return os.environ.get("TN_BACKEND") or DEFAULT_BACKEND
+    return config.get("backend") or DEFAULT_BACKEND
 
 
 def _reference_compile(ir: IR) -> Callable[[List[Tensor]], List[Tensor]]:
@@ -211,12 +212,7 @@ def _autocast_state() -> Tuple[bool, Tuple[Tuple[str, torch.dtype], ...]]:
     return (torch.is_grad_enabled(), tuple(on))
 
 
-def _log_enabled(what: str) -> bool:
-    v = os.environ.get("TN_LOG", "")
-    if not v:
-        return False
-    flags = set(v.replace(",", " ").lower().split())
-    return what in flags or "all" in flags
+_log_enabled = config.log_enabled
 
 
 _grad_enabled = torch.is_grad_enabled

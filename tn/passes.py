@@ -30,13 +30,13 @@ the pass that broke the IR.
 """
 from __future__ import annotations
 
-import os
 import re
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import torch
 
+from . import config
 from .errors import TnError, UnsupportedOpError
 from .ir import IR, Eqn, Literal, Var, aval_str
 
@@ -48,12 +48,12 @@ __all__ = [
 
 
 def env_flag(text: Optional[str]) -> bool:
-    """Whether an environment variable's text means "on" (anything but empty, 0, false, no, off)."""
-    return (text or "").strip().lower() not in ("", "0", "false", "no", "off")
+    """Whether an environment variable's text means "on" (tn's one flag rule, :func:`tn.config.parse_flag`)."""
+    return config.parse_flag(text or "")
 
 
 #: Verify after every pass of :func:`optimize` (``TN_VERIFY=1``; the test suite turns it on).
-VERIFY: bool = env_flag(os.environ.get("TN_VERIFY"))
+VERIFY: bool = config.get("verify")
 
 #: Constant folding only folds an equation whose outputs have at most this many
 #: elements in total, so huge tensors are never baked into a program.

@@ -59,6 +59,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import config
 from . import ops as _ops
 from .errors import TracingError, UnsupportedOpError
 from .ir import IR, Eqn, Literal, Var, aval_str
@@ -1349,7 +1350,7 @@ def warm_up() -> None:
     then pays the cost).
     """
     global _WARM
-    if _WARM or os.environ.get("TN_NO_WARMUP", "").strip() not in ("", "0"):
+    if _WARM or config.get("no_warmup"):
         return
     _WARM = True
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 import collections
 import gc
 import logging
-import os
 import time
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
@@ -49,6 +48,7 @@ import torch
 import torch.utils._pytree as _pytree
 
 from ..pytree import HashedTuple
+from .. import config
 from . import independence, masked
 from . import state as _state
 from .policy import Policy, bucket_size, expected_future, should_compile
@@ -73,11 +73,7 @@ def _tracing() -> bool:
 
 def log_enabled() -> bool:
     """True when ``TN_LOG`` names ``adaptive`` (or ``all``): decisions are logged to logger ``"tn"``."""
-    v = os.environ.get("TN_LOG", "")
-    if not v:
-        return False
-    flags = set(v.replace(",", " ").lower().split())
-    return "adaptive" in flags or "all" in flags
+    return config.log_enabled("adaptive")
 
 
 _GC_SECONDS = {"cpu": 0.0, "wall": 0.0}  # time the cyclic garbage collector has run in this process

@@ -177,17 +177,13 @@ class _Controller:
 
 
 def _default_backend() -> str:
-    """``TN_BACKEND`` when set, else ``"neuron"`` (the NeuronCore compiler), else tn.jit's default."""
+    """tn.jit's default backend (``TN_BACKEND``, else ``"neuron"``), with the compiler imported so that the
+    ``"neuron"`` backend is registered."""
     import importlib
-    import os
-    if os.environ.get("TN_BACKEND"):
-        return os.environ["TN_BACKEND"]
-    try:
-        importlib.import_module("tn.lower")  # registers the "neuron" backend
-        return "neuron"
-    except Exception:  # the compiler is unavailable: the jit default
-        from ..jit import default_backend
-        return default_backend()
+
+    from ..jit import default_backend
+    importlib.import_module("tn.lower")  # registers the "neuron" backend
+    return default_backend()
 
 
 class AdaptiveModel:

@@ -13,11 +13,11 @@ exactly when the storage dies (the last tensor or view using it).
 """
 from __future__ import annotations
 
-import os
 import weakref
 
 import torch
 
+from .. import config
 from ..errors import TnError
 
 __all__ = ["DEVICE", "DeviceMemoryError", "alloc_storage", "new_tensor", "cpu_alias", "stats",
@@ -56,15 +56,9 @@ _weakref = weakref.ref
 
 
 def _limit_from_env() -> None:
-    v = os.environ.get("TN_DEVICE_MEMORY", "").strip()
-    if not v:
-        return
-    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(v[-1].lower(), 1)
-    try:
-        n = int(float(v[:-1] if mult != 1 else v) * mult)
-    except ValueError:
-        raise TnError(f"TN_DEVICE_MEMORY={v!r} is not a size; use bytes or a number with k/m/g (e.g. 16g)") from None
-    _lib.tn_dev_set_limit(n)
+    n = config.get("device_memory")
+    if n:
+        _lib.tn_dev_set_limit(n)
 
 
 _limit_from_env()

@@ -34,13 +34,13 @@ Programs whose compiler left some equations on the host count as fallbacks too.
 """
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from typing import Any, Dict, List, Tuple
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from .. import config
 from ..errors import TnError, UnsupportedOpError
 from . import tracking
 from .allocator import contiguous_strides, cpu_alias, new_tensor
@@ -48,7 +48,7 @@ from .allocator import contiguous_strides, cpu_alias, new_tensor
 __all__ = ["fallback", "run_op", "run_fused", "cache_info", "clear_cache", "strict"]
 
 _CACHE: "OrderedDict[Any, _Entry]" = OrderedDict()
-_CACHE_MAX = int(os.environ.get("TN_DEVICE_CACHE", "4096") or 4096)
+_CACHE_MAX = config.get("device_cache")
 _STATS = {"hits": 0, "misses": 0, "compile_s": 0.0}
 _SEEDED = torch.Tag.nondeterministic_seeded
 
@@ -63,7 +63,7 @@ def last_program_profile():
 
 def strict() -> bool:
     """Strict mode (``TN_STRICT=1``): a host fallback of a non-random op raises :class:`tn.UnsupportedOpError`."""
-    return os.environ.get("TN_STRICT", "").strip().lower() not in ("", "0", "false", "no", "off")
+    return config.get("strict")
 
 
 class _Entry:

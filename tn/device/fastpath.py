@@ -19,11 +19,11 @@ real program instead, so profiles only ever show real program runs.
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
 from ..neuron import runtime as _runtime
+from .. import config
 from . import eager, tracking
 from .allocator import _lib, alloc_storage, contiguous_strides
 
@@ -32,7 +32,7 @@ __all__ = ["register", "enabled", "FAST_OPS"]
 aten = torch.ops.aten
 _F32, _BF16 = torch.float32, torch.bfloat16
 _CODES = {_F32: 0, _BF16: 1}
-_MAX = int(os.environ.get("TN_DEVICE_FAST_NUMEL", "65536") or 65536)
+_MAX = config.get("device_fast_numel")
 #: (op index, shape, dtype) -> modelled ns of the op's NeuronCore program
 _SEEN: dict = {}
 _create_empty = torch._C._acc.create_empty_tensor
@@ -46,7 +46,7 @@ _EMPTY = [0]
 
 def enabled() -> bool:
     """False when ``TN_DEVICE_FASTPATH=0``."""
-    return os.environ.get("TN_DEVICE_FASTPATH", "1").strip().lower() not in ("0", "false", "no", "off")
+    return config.get("device_fastpath")
 
 
 def _make(idx: int, op, name: str):

@@ -21,12 +21,12 @@ keeps the merged profile of the call in :attr:`NeuronExecutable.last_profile`.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
+from .. import config
 from ..errors import NeuronError, TnError, UnsupportedOpError
 from ..ir import IR, Eqn, Literal, Var
 from .base import NEURON_DTYPES, CannotLower, HandoffError, LowerCtx, dataflow
@@ -38,7 +38,7 @@ log = logging.getLogger("tn")
 
 def strict_default() -> bool:
     """Strict mode from the environment: ``TN_STRICT=1`` turns host fallbacks into errors."""
-    return os.environ.get("TN_STRICT", "").strip().lower() not in ("", "0", "false", "no", "off")
+    return config.get("strict")
 
 
 def _avals(eqn: Eqn) -> str:

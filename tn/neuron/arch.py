@@ -39,9 +39,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .. import config
 from ..errors import NeuronError
 
-__all__ = ["Arch", "TRN1", "TRN2", "get_arch", "ENGINES", "ENGINE_NAMES", "NUM_ENGINES"]
+__all__ = ["Arch", "TRN1", "TRN2", "get_arch", "default_arch_name", "ENGINES", "ENGINE_NAMES", "NUM_ENGINES"]
 
 #: Compute engines in queue-id order (queue id = index).
 ENGINES = ("pe", "act", "dve", "pool")
@@ -166,10 +167,22 @@ TRN2 = Arch(
 _ARCHS = {"trn1": TRN1, "trn2": TRN2, "NeuronCore-v2": TRN1, "NeuronCore-v3": TRN2}
 
 
+def default_arch_name() -> str:
+    """The architecture in force: ``TN_ARCH`` / ``tn.config.set(arch=...)``, else the one of ``TN_INSTANCE``
+    (``trn1.*`` instances are trn1), else ``"trn2"``."""
+    name = config.get("arch")
+    if name:
+        return name
+    instance = config.get("instance")
+    if instance:
+        return "trn1" if instance.startswith("trn1") else "trn2"
+    return "trn2"
+
+
 def get_arch(arch=None) -> Arch:
-    """The :class:`Arch` for ``arch`` (an Arch, ``"trn1"``, ``"trn2"``; ``None`` means trn2)."""
+    """The :class:`Arch` for ``arch`` (an Arch, ``"trn1"``, ``"trn2"``; ``None``: :func:`default_arch_name`)."""
     if arch is None:
-        return TRN2
+        return _ARCHS[default_arch_name()]
     if isinstance(arch, Arch):
         return arch
     try:

@@ -21,13 +21,13 @@ bfloat16 on the host: numpy has no bf16, so bf16 HBM tensors bind to torch
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 import weakref
 
 import numpy as np
 
+from .. import config
 from ..errors import NeuronError
 from . import isa
 from .arch import NUM_ENGINES
@@ -517,7 +517,7 @@ _I64 = np.dtype(np.int64)
 _perf_counter = time.perf_counter
 #: ``HOST_TIMES[0]``: runs record the engine's host ns per instruction in ``RunResult.host_ns`` (profiling the
 #: simulator itself; two clock reads per instruction). Set by ``TN_ENGINE_HOST_TIMES=1`` or assigned directly.
-HOST_TIMES = [os.environ.get("TN_ENGINE_HOST_TIMES", "0") not in ("", "0")]
+HOST_TIMES = [config.get("engine_host_times")]
 _TENSOR = [None]  # torch.Tensor, set on first use (the fast binding path compares types exactly)
 
 
