@@ -120,9 +120,19 @@ class Traced:
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _TN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_ADAPTIVE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "adaptive") + os.sep
 _STDLIB_DIR = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 _internal_code: Dict[Any, bool] = {}
+#: Folders of packages whose frames are tn's, not the user's (tn/ itself; doors installed from other folders,
+#: such as ``adaptive/``, add theirs with :func:`register_internal_dir`).
+_INTERNAL_DIRS = [_TORCH_DIR, _TN_DIR]
+
+
+def register_internal_dir(path: str) -> None:
+    """Count frames of files under ``path`` as tn's own (errors then name the user's line above them)."""
+    d = os.path.abspath(path) + os.sep
+    if d not in _INTERNAL_DIRS:
+        _INTERNAL_DIRS.append(d)
+        _internal_code.clear()
 
 
 def _is_internal(code: Any) -> bool:
@@ -131,8 +141,7 @@ def _is_internal(code: Any) -> bool:
         fn = code.co_filename
         if not os.path.isabs(fn) and not fn.startswith("<"):
             fn = os.path.abspath(fn)
-        r = (fn.startswith(_TORCH_DIR) or fn.startswith(_TN_DIR) or fn.startswith(_ADAPTIVE_DIR)
-             or fn.startswith("<frozen") or fn.startswith("<string>-torch")
+        r = (fn.startswith(tuple(_INTERNAL_DIRS)) or fn.startswith("<frozen") or fn.startswith("<string>-torch")
              or (fn.startswith(_STDLIB_DIR) and "-packages" not in fn))
         _internal_code[code] = r
     return r

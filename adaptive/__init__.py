@@ -12,9 +12,11 @@ region: signatures, eager/compiled/padded calls, autograd),
 """
 from __future__ import annotations
 
+import os
 import sys
 import types
 
+from ..trace import register_internal_dir
 from .policy import Policy, make_policy
 from .state import register_state_type
 from .wrapper import AdaptiveModel, adaptive, adaptive_report, default_regions
@@ -31,3 +33,4 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
+register_internal_dir(os.path.dirname(os.path.abspath(__file__)))  # installed beside tn/, not inside it
