@@ -1915,6 +1915,68 @@ def _kthvalue(x, k, dim=-1, keepdim=False):
     return _sorted_pick(x, _dim(dim, x.dim()), keepdim, int(k) - 1)
 
 
+def _multilabel_margin_terms(x, target):
+    """``(x2, valid, tidx, is_target, active)`` of a multi-label margin loss, over rows ``[N, C]``: ``valid[n, i]``
+    marks the target positions before the first -1, ``tidx`` those targets (0 elsewhere), ``is_target[n, j]``
+    whether class j is a target of row n, ``active[n, i, j]`` whether the hinge of target i against non-target j
+    is positive (its term counts)."""
+    c = x.shape[-1] if x.dim() else 1
+    x2 = aten.view.default(x, [-1, c])
+    t2 = aten.view.default(target, [-1, c])
+    pos = aten.arange.start_step(0, c, 1, dtype=torch.int64, device=x.device)
+    first = aten.amin.default(aten.where.self(aten.eq.Scalar(t2, -1), pos, aten.full_like.default(pos, c)), [1],
+                              True)
+    valid = aten.lt.Tensor(pos, first)
+    tidx = aten.where.self(valid, t2, aten.zeros_like.default(t2))
+    hit = aten.logical_and.default(aten.eq.Tensor(aten.unsqueeze.default(tidx, 2), pos),
+                                   aten.unsqueeze.default(valid, 2))
+    is_target = aten.any.dim(hit, 1)
+    xt = aten.gather.default(x2, 1, tidx)
+    hinge = aten.add.Tensor(aten.rsub.Scalar(aten.unsqueeze.default(xt, 2), 1), aten.unsqueeze.default(x2, 1))
+    counted = aten.logical_and.default(aten.unsqueeze.default(valid, 2),
+                                       aten.logical_not.default(aten.unsqueeze.default(is_target, 1)))
+    return x2, valid, tidx, is_target, hinge, counted
+
+
+@decomposition(aten.multilabel_margin_loss_forward.default)
+def _multilabel_margin_loss_forward(x, target, reduction):
+    """(loss, is_target) of ``multilabel_margin_loss``: per row, the hinge ``max(0, 1 - (x[t_i] - x[j])) / C`` of
+    every target ``t_i`` before the first -1 against every non-target class ``j``.
+
+    Written here because torch's decomposition also counts the target slots after the first -1 (a wrong value
+    whenever their hinge is positive) and gives a 1-d input's unreduced loss shape ``(1,)`` instead of ``()``."""
+    c = x.shape[-1] if x.dim() else 1
+    x2, valid, tidx, is_target, hinge, counted = _multilabel_margin_terms(x, target)
+    terms = aten.where.self(counted, aten.clamp_min.default(hinge, 0), aten.zeros_like.default(hinge))
+    loss = aten.div.Scalar(aten.sum.dim_IntList(terms, [1, 2]), c)
+    if reduction == 1:
+        loss = aten.mean.default(loss)
+    elif reduction == 2:
+        loss = aten.sum.default(loss)
+    elif x.dim() <= 1:
+        loss = aten.view.default(loss, [])
+    return loss, aten.view.default(aten._to_copy.default(is_target, dtype=x.dtype), list(target.shape))
+
+
+@decomposition(aten.multilabel_margin_loss_backward.default)
+def _multilabel_margin_loss_backward(grad_output, x, target, reduction, is_target):
+    """Gradient of :func:`_multilabel_margin_loss_forward` with respect to ``x``: each positive hinge adds
+    ``1/C`` at its non-target class and ``-1/C`` at its target."""
+    c = x.shape[-1] if x.dim() else 1
+    x2, valid, tidx, _, hinge, counted = _multilabel_margin_terms(x, target)
+    active = aten._to_copy.default(aten.logical_and.default(counted, aten.gt.Scalar(hinge, 0)), dtype=x.dtype)
+    g = aten.sub.Tensor(aten.sum.dim_IntList(active, [1]),
+                        aten.scatter_add.default(aten.zeros_like.default(x2), 1, tidx,
+                                                 aten.sum.dim_IntList(active, [2])))
+    g = aten.div.Scalar(g, c)
+    if reduction == 0:
+        g = aten.mul.Tensor(g, aten.view.default(grad_output, [-1, 1]))
+    else:
+        scale = aten.div.Scalar(grad_output, x2.shape[0]) if reduction == 1 else grad_output
+        g = aten.mul.Tensor(g, scale)
+    return aten.view.default(g, list(x.shape))
+
+
 @decomposition(aten.mode.default)
 def _mode(x, dim=-1, keepdim=False):
     """(most frequent value, the last index holding it) along ``dim``; the smallest such value on ties.

@@ -72,12 +72,26 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
     return new_tensor(tuple(int(s) for s in size), tuple(int(s) for s in stride), dtype or torch.get_default_dtype())
 
 
+def _with_math_bits(alias: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``alias`` (a CPU view of ``t``'s memory, which carries no math bits) with ``t``'s lazy conjugate and
+    negative bits, so torch's CPU copy applies them."""
+    if t.is_conj():
+        alias = alias.conj()
+    if t.is_neg():
+        alias = alias._neg_view()
+    return alias
+
+
 def _copy_from(self, dst, non_blocking=False):
     tracking.count("aten::_copy_from")
     if dst.device.type == "neuron":
         check_device(dst.device)
-    src = cpu_alias(self) if self.device.type == "neuron" else self
-    d = cpu_alias(dst) if dst.device.type == "neuron" else dst
+    # A lazily conjugated/negated tensor (x.conj(), fft results) reaches this kernel as it is: the Conjugate and
+    # Negative keys fall through for _copy_from (see register), as torch's CPU copy_ takes them, and the bits are
+    # put on the CPU aliases. Without the fallthrough torch's math-bit fallback resolves the bit by a clone, whose
+    # copy_ lands here again: an endless recursion that overflowed the C stack (SIGSEGV in fft.ihfft(x).cpu()).
+    src = _with_math_bits(cpu_alias(self), self) if self.device.type == "neuron" else self
+    d = _with_math_bits(cpu_alias(dst), dst) if dst.device.type == "neuron" else dst
     if self.device.type not in ("neuron", "cpu") or dst.device.type not in ("neuron", "cpu"):
         raise TnError(f"copy between {self.device} and {dst.device}: the neuron device copies only to and from "
                       f"the CPU; go through .cpu() first")
@@ -204,6 +218,11 @@ def register() -> None:
     kernels.update({"set_.source_Storage": _set_source_storage, "set_.source_Tensor": _set_source_tensor,
                     "set_": _set_empty})
     install_kernels(_LIBS, kernels)
+    bits = torch.library.Library("aten", "IMPL")
+    for key in ("Conjugate", "Negative"):
+        for name in ("_copy_from", "_copy_from_and_resize"):
+            bits.impl(name, torch.library.fallthrough_kernel, key)
+    _LIBS.append(bits)
     fb = torch.library.Library("_", "IMPL")
     fb.fallback(fallback, "PrivateUse1")
     _LIBS.append(fb)

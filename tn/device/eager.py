@@ -45,6 +45,10 @@ from ..errors import TnError, UnsupportedOpError
 from . import tracking
 from .allocator import contiguous_strides, cpu_alias, new_tensor
 
+_create_empty = torch._C._acc.create_empty_tensor
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
 __all__ = ["fallback", "run_op", "run_fused", "cache_info", "clear_cache", "strict"]
 
 _CACHE: "OrderedDict[Any, _Entry]" = OrderedDict()
@@ -110,12 +114,59 @@ def clear_cache() -> None:
     _CACHE.clear()
 
 
-def _check_devices(name: str, flat: list) -> None:
+#: Ops whose ``indices`` (argument 1, a list) may be CPU tensors, as CUDA accepts them for ``x[idx]`` and
+#: ``x[idx] = v``: they are copied to the device first.
+_CPU_INDEX_OPS = frozenset(("aten::index.Tensor", "aten::index.Tensor_out", "aten::index_put", "aten::index_put_",
+                            "aten::_index_put_impl_", "aten::_unsafe_index.Tensor", "aten::_unsafe_index_put"))
+
+
+def _indices_to_device(args: tuple) -> tuple:
+    """``args`` of an indexing op with its CPU index tensors copied to the device (as CUDA does)."""
+    idx = args[1]
+    if not any(isinstance(i, torch.Tensor) and i.device.type == "cpu" for i in idx):
+        return args
+    moved = [to_device(i) if isinstance(i, torch.Tensor) and i.device.type == "cpu" else i for i in idx]
+    return (args[0], type(idx)(moved)) + tuple(args[2:])
+
+
+def _check_devices(name: str, flat: list) -> bool:
+    """Raise unless every tensor is on the device (0-d CPU tensors mix in, as with CUDA); True when one of them
+    carries a lazy conjugate/negative bit (see :func:`_resolve_math_bits`)."""
+    bits = False
     for a in flat:
-        if isinstance(a, torch.Tensor) and a.device.type != "neuron" and a.dim() > 0:
-            raise TnError(f"{name}: expected all tensors on the neuron device, but one argument is on {a.device} "
-                          f"(shape {list(a.shape)}); move it with .to('neuron') (only 0-dim CPU tensors mix in, as "
-                          f"with CUDA)")
+        if isinstance(a, torch.Tensor):
+            if a.device.type != "neuron" and a.dim() > 0:
+                raise TnError(f"{name}: expected all tensors on the neuron device, but one argument is on {a.device} "
+                              f"(shape {list(a.shape)}); move it with .to('neuron') (only 0-dim CPU tensors and the "
+                              f"indices of indexing ops mix in, as with CUDA)")
+            if a.is_conj() or a.is_neg():
+                bits = True
+    return bits
+
+
+def _resolve_math_bits(op, name: str, flat: list, spec) -> list:
+    """``flat`` with lazily conjugated/negated inputs (``x.conj()``, ``x.conj().imag``) materialised.
+
+    Programs and host kernels read raw memory (CPU aliases carry no math bits), and ops such as ``mm`` fall
+    through torch's Conjugate key to reach the device with the bit still set: computing on the raw memory would
+    silently drop the conjugation. A written argument cannot be replaced by a copy, so that is an error."""
+    schema = op._schema
+    bound = _bind_args(schema, *_unflatten(flat, spec))
+    written = set()
+    for a in schema.arguments:
+        if a.alias_info is not None and a.alias_info.is_write:
+            v = bound.get(a.name)
+            for t in (v if isinstance(v, (list, tuple)) else (v,)):
+                written.add(id(t))
+    out = []
+    for a in flat:
+        if isinstance(a, torch.Tensor) and (a.is_conj() or a.is_neg()):
+            if id(a) in written:
+                raise TnError(f"{name}: the argument it writes into is a lazily conjugated or negated view "
+                              f"(x.conj(), x.conj().imag); call .resolve_conj() / .resolve_neg() on it first")
+            a = a.resolve_conj().resolve_neg()
+        out.append(a)
+    return out
 
 
 def _is_view_op(op) -> bool:
@@ -201,14 +252,18 @@ def run_op(op, args: tuple, kwargs: dict):
     """Run an aten OpOverload whose tensor arguments live on the neuron device."""
     name = op_name(op)
     args, kwargs = _rewrap_scalars(op, args, kwargs)
+    if name in _CPU_INDEX_OPS:
+        args = _indices_to_device(args)
     flat, spec = _flatten(args, kwargs)
-    _check_devices(name, flat)
+    bits = _check_devices(name, flat)
     if name.startswith("aten::_foreach_"):
         return _run_foreach(op, name, args, kwargs)
     if _is_view_op(op):
         tracking.count(name)
         return _run_view(op, flat, spec)
-    if name.endswith("out") or "_out" in name:
+    if bits:
+        flat = _resolve_math_bits(op, name, flat, spec)
+    if _has_out_args(op):   # out= overloads, whatever their name (kthvalue.values, max.dim_max ...)
         _presize_empty_outs(op, flat, spec)
     if _SEEDED in op.tags:
         tracking.count(name)
@@ -415,6 +470,16 @@ def _direct_ir_or_none(op, functional, out_names: List[str], flat: list, spec, t
 
 
 _FUNCTIONAL: Dict[Any, Any] = {}
+_HAS_OUT: Dict[Any, bool] = {}
+
+
+def _has_out_args(op) -> bool:
+    """Whether ``op`` has keyword-only arguments it writes into (``out=``, ``values=``/``indices=`` ...)."""
+    hit = _HAS_OUT.get(op)
+    if hit is None:
+        hit = _HAS_OUT[op] = any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
+                                 for a in op._schema.arguments)
+    return hit
 
 
 def _functional_of(op) -> Tuple[Any, List[str]]:
@@ -596,8 +661,14 @@ def _run_view(op, flat: list, spec):
     def conv(x):
         if isinstance(x, torch.Tensor):
             if x.dtype != base.dtype:
-                return torch.ops.aten.view.dtype(as_strided(base, base.shape, base.stride(), base.storage_offset()),
-                                                 x.dtype).as_strided(x.shape, x.stride(), x.storage_offset())
+                # a view of another dtype (view_as_real, .real/.imag, view(dtype)): a neuron tensor of that dtype
+                # set on the same storage, with the view's size/stride/offset (in its own elements, as on the CPU
+                # alias, which starts where the storage does). view.dtype on the base would refuse 0-d tensors
+                # and last strides other than 1, which the view itself need not have.
+                t = _create_empty([0], x.dtype)
+                _set_storage.redispatch(_CPU_KEYS, t, base.untyped_storage(), x.storage_offset(), x.shape,
+                                        x.stride())
+                return t
             return as_strided(base, x.shape, x.stride(), x.storage_offset())
         return x
 
