@@ -1,62 +1,86 @@
-# OpInfo conformance bench: every float32 OpInfo of torch's op_db through tn.jit, compared with eager PyTorch.
-"""Run torch's OpInfo database through ``tn.jit`` and compare with eager.
+# Conformance bench: PyTorch's OpInfo and ModuleInfo databases through every tn door, compared with eager PyTorch.
+"""Run torch's op database (``op_db``) and module database (``module_db``)
+through one of tn's doors and compare every result with eager PyTorch on the CPU.
 
 Usage::
 
-    python bench/coverage.py --mode jit --backend reference [--json PATH] [--ops a,b] [--limit N] [--allow-host]
+    python bench/coverage.py --mode eager|jit|compile|adaptive [--grad] [--dtype float32|bfloat16]
+                             [--modules] [--ops a,b] [--max-samples N] [--workers N] [--json PATH]
+                             [--crash-only]
 
-For every OpInfo in ``torch.testing._internal.common_methods_invocations.op_db``
-that supports float32 on CPU, each sample from
-``sample_inputs("cpu", torch.float32, requires_grad=False)`` is run eagerly and
-through ``tn.jit(f, backend=...)``, where ``f`` takes the sample's tensors as
-arguments (non-tensor arguments are closed over). Tensor leaves of the results
-are compared with ``torch.testing.assert_close`` (float32: rtol 1e-5,
-atol 1e-5; integers and bools exactly; NaNs equal).
+Doors (``--mode``):
 
-An op **passes** only when every sample matches. An op tn refuses with a
-clear error (:class:`tn.UnsupportedOpError`, :class:`tn.TracingError`) is
-**skipped** with that reason, never passed. Backends other than
-``reference`` run in strict mode (``TN_STRICT=1``): an equation the
-NeuronCore compiler would run on the host is a refusal, so an op passes on
-``neuron`` only when it runs natively (``--allow-host`` counts host
-fallbacks as passes instead). A mismatch, or any other exception,
-makes it **failed** with the reason. Every op is isolated: whatever it raises
-is caught and recorded. Samples that eager PyTorch itself rejects are ignored.
-A sample whose eager result changes with the random seed (random ops,
-uninitialised memory) is compared by shapes and dtypes only; such ops are
-counted as ``passed_random`` as well.
+* ``eager``: the sample's tensors moved to the ``neuron`` device, the op called there,
+* ``jit``: ``tn.jit(f, backend=--backend)`` (default ``neuron``), ``f`` taking the sample's tensors,
+* ``compile``: ``torch.compile(f, backend="neuron")`` (a Dynamo graph break means the case did not pass
+  through the door: an error),
+* ``adaptive``: ``tn.adaptive`` over a module calling ``f``, costs injected so the region compiles.
 
-Prints a summary table and the most common reasons (tabulate) and, with
-``--json``, writes ``{total, passed, failed, skipped, ops: [{name, variant,
-status, reason, samples}]}``.
+``--grad`` also compares the gradients of ``sum(out * w)`` (``w`` fixed random weights per result) with
+respect to every floating input (for modules: parameters and inputs); in ``jit`` mode the gradient is
+computed inside the jitted function (``torch.autograd.grad``), elsewhere by autograd through the door.
+
+Every op (or module) is one *item*; its samples are run by a pool of worker processes (``--workers``).
+A worker that dies (SIGSEGV, abort) is replaced and its item counted as a **crash** (with the signal and
+the sample it was running); the run goes on. Statuses, worst sample first:
+
+* ``crash``: the process died,
+* ``fail``: a wrong answer (values, shape or dtype differ from eager PyTorch),
+* ``error``: tn raised (refusals such as data-dependent control flow under ``tn.jit`` included, with
+  their reason), or a timeout,
+* ``pass_host``: right answers, but part of the work ran on the host (device fallbacks, host equations
+  of a compiled program; counted through ``tn.profile``),
+* ``pass``: right answers, everything ran as NeuronCore programs,
+* ``skip``: no sample eager PyTorch accepts in that dtype,
+* ``excluded``: random or nondeterministic results (two eager runs with different seeds differ, or the
+  values are uninitialised memory); the reason is recorded.
+
+Comparison: ``torch.testing.assert_close`` with per-dtype tolerances (:data:`TOLERANCES`, NaNs equal,
+integers exact). A ``bfloat16`` run feeds the door bf16 inputs and compares its results with an fp32
+computation on the same (bf16-valued) inputs, at bf16 tolerances: a CPU bf16 kernel is not the oracle
+(the result's dtype and shape still come from eager bf16).
+
+``--crash-only`` runs every sample without comparing (a sweep for crashes). Prints a table per status
+and the most common reasons (tabulate); ``--json`` writes the same as
+``{mode, grad, dtype, kind, totals: {status: n}, items: [{name, status, reason, samples, ...}]}``.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import re
 import signal
 import sys
 import time
+import traceback
 import warnings
 from collections import Counter
-from typing import Any, Dict, List, Optional, Sequence
+from multiprocessing.connection import wait as mp_wait
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils import _pytree as pytree
 
-#: Tolerances per dtype of a result tensor (float32 is what the bench runs).
+STATUSES = ("pass", "pass_host", "fail", "error", "crash", "skip", "excluded")
+#: worse first: an item's status is the worst of its samples'
+_RANK = {"crash": 0, "fail": 1, "error": 2, "pass_host": 3, "pass": 4}
+
+#: Tolerances per dtype of a compared tensor. bf16 is compared against an fp32 computation on the same
+#: inputs (one bf16 rounding of the result: 2^-8 relative, plus a little for cancellation).
 TOLERANCES = {
     torch.float32: dict(rtol=1e-5, atol=1e-5),
     torch.float64: dict(rtol=1e-7, atol=1e-7),
-    torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2),
-    torch.float16: dict(rtol=1e-3, atol=1e-3),
+    torch.bfloat16: dict(rtol=1.6e-2, atol=1e-3),
+    torch.float16: dict(rtol=1e-3, atol=1e-4),
     torch.complex64: dict(rtol=1e-5, atol=1e-5),
 }
+#: Gradients go through more operations than the forward; fp32 gets a little more room.
+GRAD_TOLERANCES = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.complex64: dict(rtol=1e-4, atol=1e-5)}
 
-#: Per-op float32 tolerances (name or name.variant -> rtol/atol) for ops whose
-#: decomposition legitimately changes rounding; add an entry only with a reason.
+#: Per-op float32 tolerances (name or name.variant -> rtol/atol) for ops whose decomposition legitimately
+#: changes rounding; add an entry only with a reason.
 OP_TOLERANCES: Dict[str, Dict[str, float]] = {
     # one 2-d convolution over depth-stacked channels sums the 64 products of a 4x4x4 kernel (samples in
     # [-9, 9], partial sums ~500, ulp 6e-5) in another order than eager's kernel: both are ~7e-5 from the
@@ -68,27 +92,36 @@ OP_TOLERANCES: Dict[str, Dict[str, float]] = {
     "nn.functional.conv_transpose3d": dict(rtol=1e-5, atol=2e-4),
 }
 
-#: Ops whose result values are undefined (uninitialised memory): only shapes
-#: and dtypes are compared.
-UNDEFINED_VALUES = {"empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided",
-                    "empty_permuted"}
+#: Ops whose result values are undefined (uninitialised memory): excluded.
+UNDEFINED_VALUES = {"empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted"}
 
 SEED = 1234
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}
 
 
 class OpTimeout(BaseException):
-    """A sample took longer than the time limit. A BaseException, so no
-    ``except Exception`` in eager code or in tn turns it into another error."""
+    """A sample took longer than the time limit. A BaseException, so no ``except Exception`` in eager code
+    or in tn turns it into another error."""
 
+
+class _EagerRejects(Exception):
+    """Eager PyTorch itself fails on the sample: it is not counted."""
+
+
+class _Random(Exception):
+    """Eager's results change with the seed."""
+
+
+# --------------------------------------------------------------------------- items and cases
 
 def op_key(info: Any) -> str:
     """``name`` or ``name.variant`` of an OpInfo, as ``--ops`` takes it."""
     return f"{info.name}.{info.variant_test_name}" if info.variant_test_name else info.name
 
 
-def float32_ops(names: Optional[Sequence[str]] = None) -> List[Any]:
-    """OpInfos of op_db that support float32 on CPU (optionally only ``names``:
-    matched against ``name`` and ``name.variant``)."""
+def opinfos(dtype: torch.dtype = torch.float32, names: Optional[Sequence[str]] = None) -> List[Any]:
+    """OpInfos of op_db that support ``dtype`` on CPU (optionally only ``names``: ``name`` or ``name.variant``)."""
     from torch.testing._internal.common_methods_invocations import op_db
 
     wanted = set(names) if names else None
@@ -97,184 +130,564 @@ def float32_ops(names: Optional[Sequence[str]] = None) -> List[Any]:
         if wanted is not None and info.name not in wanted and op_key(info) not in wanted:
             continue
         try:
-            if torch.float32 not in info.supported_dtypes("cpu"):
+            if dtype not in info.supported_dtypes("cpu"):
                 continue
-        except Exception:  # an OpInfo without dtype info for cpu: not a float32 op here
+        except Exception:  # an OpInfo without dtype info for cpu
             continue
         out.append(info)
     return out
 
 
-def _clone(x: Any) -> Any:
-    return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, x)
+def float32_ops(names: Optional[Sequence[str]] = None) -> List[Any]:
+    """OpInfos of op_db that support float32 on CPU."""
+    return opinfos(torch.float32, names)
 
 
-def _first_line(msg: str, limit: int = 300) -> str:
-    line = str(msg).strip().splitlines()[0] if str(msg).strip() else ""
-    return line[:limit]
+def module_key(info: Any, training: bool) -> str:
+    """``nn.Linear/train`` or ``nn.Linear/eval``."""
+    return f"{info.name}/{'train' if training else 'eval'}"
 
 
-def compare(actual: Any, expected: Any, tol: Optional[Dict[str, float]] = None,
-            values: bool = True) -> Optional[str]:
-    """None when the tensor leaves of ``actual`` match ``expected`` (only their
-    shapes and dtypes when ``values`` is false); otherwise why not."""
-    a_leaves = [x for x in pytree.tree_leaves(actual) if isinstance(x, torch.Tensor)]
-    e_leaves = [x for x in pytree.tree_leaves(expected) if isinstance(x, torch.Tensor)]
-    if len(a_leaves) != len(e_leaves):
-        return f"mismatch: {len(a_leaves)} tensor results, eager gives {len(e_leaves)}"
-    for j, (a, e) in enumerate(zip(a_leaves, e_leaves)):
-        if a.shape != e.shape or a.dtype != e.dtype:
-            return (f"mismatch: result {j} is {a.dtype}{list(a.shape)}, "
-                    f"eager gives {e.dtype}{list(e.shape)}")
+def moduleinfos(dtype: torch.dtype = torch.float32, names: Optional[Sequence[str]] = None) -> List[Tuple[Any, bool]]:
+    """(ModuleInfo, training) pairs of module_db supporting ``dtype`` (train and eval when they differ)."""
+    from torch.testing._internal.common_modules import module_db
+
+    out = []
+    for info in module_db:
+        try:
+            if dtype not in info.supported_dtypes("cpu"):
+                continue
+        except Exception:
+            continue
+        for training in ((True, False) if info.train_and_eval_differ else (True,)):
+            if names and info.name not in names and module_key(info, training) not in names:
+                continue
+            out.append((info, training))
+    return out
+
+
+class Case:
+    """One sample: ``fn(*tensors)`` computes it; ``excluded`` names why its values cannot be compared."""
+
+    __slots__ = ("fn", "tensors", "label")
+
+    def __init__(self, fn: Callable[..., Any], tensors: List[torch.Tensor], label: str):
+        self.fn, self.tensors, self.label = fn, tensors, label
+
+
+def _op_cases(info: Any, dtype: torch.dtype, grad: bool) -> Any:
+    op = info.op
+    for k, sample in enumerate(info.sample_inputs("cpu", dtype, requires_grad=grad)):
+        args = (sample.input, *sample.args)
+        leaves, spec = pytree.tree_flatten((args, dict(sample.kwargs)))
+        positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+
+        def fn(*tensors, _leaves=leaves, _spec=spec, _pos=positions):
+            full = list(_leaves)
+            for p, t in zip(_pos, tensors):
+                full[p] = t
+            a, kw = pytree.tree_unflatten(full, _spec)
+            return op(*a, **kw)
+
+        yield Case(fn, [leaves[p] for p in positions], f"sample {k}")
+
+
+def _module_cases(info: Any, training: bool, dtype: torch.dtype, grad: bool) -> Any:
+    from torch.func import functional_call
+
+    inputs = info.module_inputs_func(info, device="cpu", dtype=dtype, requires_grad=grad, training=training)
+    for k, mi in enumerate(inputs):
+        if mi.forward_input is None:
+            continue
+        torch.manual_seed(SEED)
+        c = mi.constructor_input
+        m = info.module_cls(*c.args, **c.kwargs).to(dtype)
+        m.train(training)
+        state = dict(m.named_parameters())
+        state.update(dict(m.named_buffers()))
+        names = list(state)
+        f_in = mi.forward_input
+        leaves, spec = pytree.tree_flatten((tuple(f_in.args), dict(f_in.kwargs)))
+        positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        tensors = [state[n].detach().clone().requires_grad_(grad and state[n].requires_grad
+                                                             and state[n].is_floating_point()) for n in names]
+        tensors += [leaves[p] for p in positions]
+
+        def fn(*ts, _m=m, _names=names, _leaves=leaves, _spec=spec, _pos=positions):
+            full = list(_leaves)
+            for p, t in zip(_pos, ts[len(_names):]):
+                full[p] = t
+            a, kw = pytree.tree_unflatten(full, _spec)
+            return functional_call(_m, dict(zip(_names, ts[:len(_names)])), a, kw)
+
+        yield Case(fn, tensors, f"input {k} ({mi.desc or 'default'})")
+
+
+# --------------------------------------------------------------------------- comparison
+
+def _tensor_leaves(x: Any) -> List[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
+
+
+def compare(actual: Any, expected: Any, tol: Optional[Dict[str, float]] = None, values: bool = True,
+            expected_meta: Any = None, tolerances: Optional[Dict[Any, Dict[str, float]]] = None) -> Optional[str]:
+    """None when the tensor leaves of ``actual`` match ``expected`` (only shapes/dtypes when ``values`` is
+    false); otherwise why not. ``expected_meta`` (optional, same structure) gives the dtypes and shapes
+    ``actual`` must have when ``expected`` holds the values at another precision (bf16 runs)."""
+    a_leaves = _tensor_leaves(actual)
+    e_leaves = _tensor_leaves(expected)
+    m_leaves = _tensor_leaves(expected_meta) if expected_meta is not None else e_leaves
+    if len(a_leaves) != len(e_leaves) or len(a_leaves) != len(m_leaves):
+        return f"mismatch: {len(a_leaves)} tensor results, eager gives {len(m_leaves)}"
+    tolerances = tolerances or TOLERANCES
+    for j, (a, e, m) in enumerate(zip(a_leaves, e_leaves, m_leaves)):
+        if a.shape != m.shape or a.dtype != m.dtype:
+            return f"mismatch: result {j} is {a.dtype}{list(a.shape)}, eager gives {m.dtype}{list(m.shape)}"
         if not values:
             continue
-        if e.dtype.is_floating_point or e.dtype.is_complex:
-            kw = dict(tol if (tol is not None and e.dtype == torch.float32)
-                      else TOLERANCES.get(e.dtype, dict(rtol=0, atol=0)))
+        a = a.detach().cpu().resolve_conj().resolve_neg()
+        e = e.detach().cpu().resolve_conj().resolve_neg()
+        if a.dtype != e.dtype:
+            a = a.to(e.dtype)
+        if m.dtype.is_floating_point or m.dtype.is_complex:
+            kw = dict(tol if (tol is not None and m.dtype == torch.float32)
+                      else tolerances.get(m.dtype, TOLERANCES.get(m.dtype, dict(rtol=0, atol=0))))
         else:
             kw = dict(rtol=0, atol=0)
         try:
-            torch.testing.assert_close(a.detach().cpu(), e.detach().cpu(), equal_nan=True,
-                                       check_device=False, check_stride=False, **kw)
+            torch.testing.assert_close(a, e, equal_nan=True, check_device=False, check_stride=False, **kw)
         except AssertionError as err:
             detail = " ".join(str(err).split())
             return f"mismatch: result {j}: {detail[:240]}"
     return None
 
 
-def run_sample(jit: Any, info: Any, sample: Any, backend: str, tol: Optional[Dict[str, float]]) -> Optional[str]:
-    """Run one sample eagerly and through ``jit``; None if they agree, else the reason.
+def _clone(ts: Sequence[torch.Tensor], dtype: Optional[torch.dtype] = None, device: Any = None) -> List[Any]:
+    out = []
+    for t in ts:
+        c = t.detach()
+        if dtype is not None and c.is_floating_point():
+            c = c.to(dtype)
+        c = c.to(device) if device is not None else c.clone()
+        if device is not None and c.data_ptr() == t.data_ptr():
+            c = c.clone()
+        out.append(c.requires_grad_(t.requires_grad and (c.is_floating_point() or c.is_complex())))
+    return out
 
-    Raises ``_EagerRejects`` when eager PyTorch itself fails on the sample, and
-    lets tn's and other errors propagate to the caller.
-    """
-    args = (sample.input, *sample.args)
-    kwargs = dict(sample.kwargs)
-    leaves, spec = pytree.tree_flatten((args, kwargs))
-    positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-    op = info.op
 
-    def f(*tensors: torch.Tensor) -> Any:
-        full = list(leaves)
-        for p, t in zip(positions, tensors):
-            full[p] = t
-        a, k = pytree.tree_unflatten(full, spec)
-        return op(*a, **k)
+def _grad_weights(outs: List[torch.Tensor]) -> List[Optional[torch.Tensor]]:
+    g = torch.Generator().manual_seed(SEED + 7)
+    ws = []
+    for o in outs:
+        if o.requires_grad and (o.is_floating_point() or o.is_complex()):
+            ws.append(torch.rand(tuple(o.shape), generator=g, dtype=torch.float32) + 0.5)
+        else:
+            ws.append(None)
+    return ws
 
-    tensors = [leaves[p] for p in positions]
+
+def _loss(out: Any, ws: List[Optional[torch.Tensor]]) -> Optional[torch.Tensor]:
+    total = None
+    for o, w in zip(_tensor_leaves(out), ws):
+        if w is None or not o.requires_grad:
+            continue
+        v = o.abs() if o.is_complex() else o     # (no view_as_real: the loss must trace under tn.jit too)
+        term = (v.float() * w.to(v.device)).sum()
+        total = term if total is None else total + term
+    return total
+
+
+def _grads(fn: Callable[..., Any], ts: Sequence[torch.Tensor], ws: List[Optional[torch.Tensor]]) -> Any:
+    """Gradients of ``sum(fn(*ts) * ws)`` with respect to the tensors of ``ts`` that require grad (None: none)."""
+    wanted = [t for t in ts if t.requires_grad]
+    out = fn(*ts)
+    loss = _loss(out, ws)
+    if loss is None or not wanted:
+        return out, None
+    return out, torch.autograd.grad(loss, wanted, allow_unused=True, materialize_grads=True)
+
+
+# --------------------------------------------------------------------------- doors
+
+def _host_ops(prof: Any, *more: Dict[str, int]) -> Dict[str, int]:
+    """``{op: count}`` of the work that ran on the host: a profile's host ops plus other counters."""
+    out: Dict[str, int] = dict(prof.host_ops) if prof is not None else {}
+    for d in more:
+        for k, n in d.items():
+            out[k] = out.get(k, 0) + n
+    return out
+
+
+class _SeededOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records whether any aten op run under it draws random numbers (``nondeterministic_seeded``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: List[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _run_door(mode: str, backend: str, fn: Callable[..., Any], ts: List[torch.Tensor], grad: bool,
+              ws: List[Optional[torch.Tensor]]) -> Tuple[Any, Any, Dict[str, int], Optional[str]]:
+    """``(results, grads or None, {host op: count}, error reason or None)`` of one case through ``mode``."""
+    import tn
+
+    with tn.profile() as prof:
+        if mode == "eager":
+            dev = _clone(ts, device="neuron")
+            if grad:
+                out, g = _grads(fn, dev, ws)
+            else:
+                out, g = fn(*dev), None
+            return out, g, _host_ops(prof, tn.device.fallback_ops()), None
+        if mode == "jit":
+            if grad:
+                def with_grad(*xs):
+                    return _grads(fn, xs, ws)
+                out, g = tn.jit(with_grad, backend=backend)(*_clone(ts))
+            else:
+                out, g = tn.jit(fn, backend=backend)(*_clone(ts)), None
+            return out, g, _host_ops(prof), None
+        if mode == "compile":
+            from torch import _dynamo
+            from torch._dynamo.utils import counters
+
+            import tn.dynamo_backend as dynamo_backend
+
+            _dynamo.reset()
+            counters.clear()
+            before = dynamo_backend.graphs_compiled()
+            cf = torch.compile(fn, backend="neuron")
+            xs = _clone(ts)
+            out, g = (_grads(cf, xs, ws) if grad else (cf(*xs), None))
+            breaks = sum(counters["graph_break"].values())
+            if breaks:
+                reason = next(iter(counters["graph_break"]))
+                return out, g, {}, f"graph break: {_first_line(reason)}"
+            if dynamo_backend.graphs_compiled() == before and _tensor_leaves(out):
+                return out, g, {}, "no graph reached tn (Dynamo ran the code itself)"
+            return out, g, _host_ops(prof, dynamo_backend.host_ops()), None
+        if mode == "adaptive":
+            class _Wrap(torch.nn.Module):
+                def forward(self, *xs):
+                    return fn(*xs)
+
+            m = tn.adaptive(_Wrap(), costs={"eager": 1.0, "compiled": 0.0, "compile": 0.0}, min_calls=1,
+                            min_gain=0.0)
+            for _ in range(3):   # the first calls decide; the last runs the compiled region
+                xs = _clone(ts)
+                out, g = (_grads(m, xs, ws) if grad else (m(*xs), None))
+            rows = tn.adaptive_report(m, print_table=False)
+            if not any(r.get("compiles") for r in rows):
+                why = "; ".join(str(r.get("why", "")) for r in rows if r.get("why"))
+                return out, g, {}, f"region not compiled: {why or 'stayed eager'}"
+            return out, g, _host_ops(prof), None
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+# --------------------------------------------------------------------------- one item
+
+def _first_line(msg: Any, limit: int = 300) -> str:
+    s = str(msg).strip()
+    return (s.splitlines()[0] if s else "")[:limit]
+
+
+def _eager_reference(case: Case, dtype: torch.dtype, grad: bool) -> Tuple[Any, Any, Any, List]:
+    """(values, grads, metas, weights) of eager PyTorch on the CPU; values at fp32 for low-precision dtypes."""
+    ref_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else None
     try:
         torch.manual_seed(SEED)
-        expected = f(*_clone(tensors))
-        # A second eager run with another seed tells random (or undefined) results apart.
+        seeded = _SeededOps()
+        with seeded:
+            meta_out = case.fn(*_clone(case.tensors))
+        if seeded.seen:
+            raise _Random(f"random: draws random numbers ({seeded.seen[0]})")
+        ws = _grad_weights(_tensor_leaves(meta_out)) if grad else []
         torch.manual_seed(SEED + 1)
-        random = compare(f(*_clone(tensors)), expected) is not None
+        again = case.fn(*_clone(case.tensors))
+        if compare(again, meta_out) is not None:
+            raise _Random("nondeterministic: two eager runs with different seeds differ")
+        if ref_dtype is not None:
+            torch.manual_seed(SEED)
+            ref_out, ref_g = (_grads(case.fn, _clone(case.tensors, ref_dtype), ws) if grad
+                              else (case.fn(*_clone(case.tensors, ref_dtype)), None))
+        else:
+            torch.manual_seed(SEED)
+            ref_out, ref_g = (_grads(case.fn, _clone(case.tensors), ws) if grad
+                              else (meta_out, None))
+        meta_g = ref_g
+        if grad and ref_g is not None and ref_dtype is not None:
+            _, meta_g = _grads(case.fn, _clone(case.tensors), ws)
+    except _Random:
+        raise
     except Exception as err:
         raise _EagerRejects(err) from err
-    torch.manual_seed(SEED)
-    jf = jit(f, backend=backend)
-    jit_args = _clone(tensors)
-    actual = jf(*jit_args)
-    if not random:
-        # A program that draws random numbers cannot replay eager's stream (e.g. an
-        # OpInfo that calls torch.manual_seed inside the op runs it at trace time).
-        random = _draws_random_numbers(jf, jit_args)
-    values = not random and info.name not in UNDEFINED_VALUES
-    why = compare(actual, expected, tol, values=values)
-    if why is None and not values:
-        return _RANDOM
-    return why
+    return ref_out, ref_g, (meta_out, meta_g), ws
 
 
-def _draws_random_numbers(jf: Any, args: Sequence[Any]) -> bool:
-    """Whether the program tn.jit built for ``args`` contains a random op."""
-    from tn.passes import is_impure
+def run_item(kind: str, key: str, mode: str, backend: str = "neuron", dtype: torch.dtype = torch.float32,
+             grad: bool = False, max_samples: Optional[int] = None, timeout: float = 60.0,
+             crash_only: bool = False, progress: Optional[Callable[[str], None]] = None,
+             info: Any = None) -> Dict[str, Any]:
+    """Run every sample of one item (``kind`` ``"op"`` or ``"module"``, ``key`` as :func:`op_key` /
+    :func:`module_key`) through ``mode``; returns its record ``{name, status, reason, samples, ...}``."""
+    import tn  # noqa: F401  (registers the device and the compile backend)
 
-    lower = getattr(jf, "lower", None)
-    if lower is None:
-        return False
-    try:
-        ir = lower(*args)
-    except Exception:  # no IR to look at: treat the program as deterministic
-        return False
-    return any(is_impure(e.op) for e in ir.eqns)
-
-
-class _EagerRejects(Exception):
-    pass
-
-
-#: run_sample's result for a sample whose values eager itself does not
-#: reproduce (random or uninitialised): shapes and dtypes matched.
-_RANDOM = "random"
-
-
-def _tn_refusals() -> tuple:
-    import tn
-
-    return (tn.UnsupportedOpError, tn.TracingError)
-
-
-def run_op(info: Any, backend: str = "reference", max_samples: Optional[int] = None,
-           timeout: float = 0.0) -> Dict[str, Any]:
-    """Run every float32 sample of one OpInfo through tn.jit; return its record
-    ``{name, variant, status, reason, samples}`` (status: passed/failed/skipped)."""
-    import tn
-
-    refusals = _tn_refusals()
-    record: Dict[str, Any] = dict(name=info.name, variant=info.variant_test_name or "", status="passed",
-                                  reason="", samples=0, random=False)
-    tol = OP_TOLERANCES.get(op_key(info)) or OP_TOLERANCES.get(info.name)
-    # The limit is CPU time of this process per sample (ITIMER_PROF), so a busy
-    # machine does not turn slow-but-correct ops into failures.
+    rec: Dict[str, Any] = dict(name=key, status="pass", reason="", samples=0, host_samples=0)
+    if info is None:
+        info = _find(kind, key, dtype)
+    tol = OP_TOLERANCES.get(key) or OP_TOLERANCES.get(key.split(".")[0]) if kind == "op" else None
+    cases = (_op_cases(info, dtype, grad) if kind == "op"
+             else _module_cases(info[0], info[1], dtype, grad))
+    if kind == "op" and info.name in UNDEFINED_VALUES and not crash_only:
+        rec.update(status="excluded", reason="values are uninitialised memory")
+        return rec
     use_alarm = timeout > 0 and hasattr(signal, "SIGPROF")
 
     def on_alarm(signum: int, frame: Any) -> None:
-        raise OpTimeout(f"timeout: sample {ran} took more than {timeout:g} s of CPU time")
+        raise OpTimeout(f"timeout: a sample took more than {timeout:g} s of CPU time")
 
     old = signal.signal(signal.SIGPROF, on_alarm) if use_alarm else None
-    ran = 0
+    worst = "pass"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            samples = info.sample_inputs("cpu", torch.float32, requires_grad=False)
-            for sample in samples:
-                if max_samples is not None and ran >= max_samples:
+            it = iter(cases)
+            while max_samples is None or rec["samples"] < max_samples:
+                try:
+                    case = next(it)
+                except StopIteration:
                     break
                 if use_alarm:
                     signal.setitimer(signal.ITIMER_PROF, timeout)
                 try:
-                    why = run_sample(tn.jit, info, sample, backend, tol)
+                    if progress is not None:
+                        progress(case.label)
+                    status, why = _run_case(case, mode, backend, dtype, grad, tol, crash_only)
                 except _EagerRejects:
                     continue
+                except _Random as err:
+                    rec.update(status="excluded", reason=str(err))
+                    return rec
+                except OpTimeout as err:
+                    status, why = "error", str(err)
                 finally:
                     if use_alarm:
                         signal.setitimer(signal.ITIMER_PROF, 0)
-                ran += 1
-                if why is _RANDOM:
-                    record["random"] = True
-                    continue
-                if why is not None:
-                    record.update(status="failed", reason=why)
+                rec["samples"] += 1
+                rec["host_samples"] += status == "pass_host"
+                if _RANK[status] < _RANK[worst]:
+                    worst = status
+                    rec.update(reason=f"{case.label}: {why}" if why else "")
+                if worst in ("fail", "crash"):
                     break
-    except refusals as err:
-        record.update(status="skipped", reason=f"{type(err).__name__}: {_first_line(err)}")
-    except OpTimeout as err:
-        record.update(status="failed", reason=str(err))
-    except Exception as err:  # isolate every op: anything else is a failure with its reason
-        record.update(status="failed", reason=f"{type(err).__name__}: {_first_line(err)}")
+    except OpTimeout as err:   # raised while making samples
+        worst, rec["reason"] = "error", str(err)
+    except Exception as err:   # the sample generator itself failed
+        if rec["samples"] == 0:
+            rec.update(status="skip", reason=f"no samples: {type(err).__name__}: {_first_line(err)}")
+            return rec
     finally:
         if use_alarm:
             signal.setitimer(signal.ITIMER_PROF, 0)
             signal.signal(signal.SIGPROF, old)
-    record["samples"] = ran
-    if record["status"] == "passed" and ran == 0:
-        record.update(status="skipped", reason="no float32 sample that eager PyTorch accepts")
-    return record
+    rec["status"] = worst
+    if rec["samples"] == 0:
+        rec.update(status="skip", reason=f"no {dtype} sample that eager PyTorch accepts")
+    return rec
+
+
+def _run_case(case: Case, mode: str, backend: str, dtype: torch.dtype, grad: bool,
+              tol: Optional[Dict[str, float]], crash_only: bool) -> Tuple[str, str]:
+    import tn
+
+    if crash_only:
+        ws = []
+        try:
+            torch.manual_seed(SEED)
+            out = case.fn(*_clone(case.tensors))
+            ws = _grad_weights(_tensor_leaves(out)) if grad else []
+        except Exception as err:
+            raise _EagerRejects(err) from err
+        try:
+            torch.manual_seed(SEED)
+            _, _, host, why = _run_door(mode, backend, case.fn, case.tensors, grad, ws)
+        except (OpTimeout, KeyboardInterrupt):
+            raise
+        except Exception as err:
+            return "error", f"{type(err).__name__}: {_first_line(err)}"
+        if why:
+            return "error", why
+        return ("pass_host", _host_text(host)) if host else ("pass", "")
+    ref_out, ref_g, (meta_out, meta_g), ws = _eager_reference(case, dtype, grad)
+    tn.device.tracking.reset_op_counts()
+    try:
+        torch.manual_seed(SEED)
+        out, g, host, why = _run_door(mode, backend, case.fn, case.tensors, grad, ws)
+    except (OpTimeout, KeyboardInterrupt):
+        raise
+    except Exception as err:
+        return "error", f"{type(err).__name__}: {_first_line(err)}"
+    if why:
+        return "error", why
+    bad = compare(out, ref_out, tol, expected_meta=meta_out)
+    if bad is None and grad and ref_g is not None:
+        if g is None:
+            bad = "mismatch: no gradients"
+        else:
+            bad = compare(g, ref_g, None, expected_meta=meta_g, tolerances={**TOLERANCES, **GRAD_TOLERANCES})
+            bad = f"gradient {bad}" if bad else None
+    if bad:
+        return "fail", bad
+    return ("pass_host", _host_text(host)) if host else ("pass", "")
+
+
+def _host_text(host: Dict[str, int]) -> str:
+    return "on the host: " + ", ".join(sorted(host))
+
+
+def _find(kind: str, key: str, dtype: torch.dtype) -> Any:
+    if kind == "op":
+        for info in opinfos(dtype, [key]):
+            if op_key(info) == key:
+                return info
+    else:
+        for pair in moduleinfos(dtype, [key]):
+            if module_key(*pair) == key:
+                return pair
+    raise KeyError(f"no {kind} named {key!r} supports {dtype}")
+
+
+# --------------------------------------------------------------------------- worker pool
+
+def _worker(conn: Any, opts: Dict[str, Any]) -> None:
+    torch.set_num_threads(1)
+    os.environ.setdefault("TN_NO_WARMUP", "1")
+    while True:
+        try:
+            task = conn.recv()
+        except EOFError:
+            return
+        if task is None:
+            return
+        kind, key = task
+        t0 = time.perf_counter()
+        try:
+            rec = run_item(kind, key, progress=lambda label: conn.send(("progress", label)), **opts)
+        except Exception as err:
+            rec = dict(name=key, status="error", reason=f"bench: {type(err).__name__}: {_first_line(err)}",
+                       samples=0, host_samples=0, trace=traceback.format_exc()[-2000:])
+        rec["seconds"] = round(time.perf_counter() - t0, 3)
+        conn.send(("done", rec))
+
+
+class _Slot:
+    __slots__ = ("proc", "conn", "task", "label", "started")
+
+    def __init__(self, ctx: Any, opts: Dict[str, Any]):
+        parent, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(child, opts), daemon=True)
+        self.proc.start()
+        child.close()
+        self.conn, self.task, self.label, self.started = parent, None, "", 0.0
+
+
+def run_pool(items: Sequence[Tuple[str, str]], opts: Dict[str, Any], workers: int = 2,
+             item_timeout: float = 1800.0, verbose: bool = False) -> List[Dict[str, Any]]:
+    """Run ``items`` (``(kind, key)``) in ``workers`` processes; a worker that dies is replaced and its item
+    recorded as a crash; an item running longer than ``item_timeout`` wall seconds is killed (an error)."""
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    ctx = mp.get_context(method)
+    todo = list(items)[::-1]
+    slots = [_Slot(ctx, opts) for _ in range(max(1, min(workers, len(todo))))]
+    records: List[Dict[str, Any]] = []
+
+    def finish(rec: Dict[str, Any]) -> None:
+        records.append(rec)
+        if verbose:
+            print(f"{rec['name']:45s} {rec['status']:9s} {rec.get('reason', '')[:110]}", flush=True)
+
+    def feed(s: _Slot) -> None:
+        if todo:
+            s.task = todo.pop()
+            s.label, s.started = "", time.perf_counter()
+            s.conn.send(s.task)
+        else:
+            s.task = None
+
+    for s in slots:
+        feed(s)
+    while any(s.task is not None for s in slots):
+        busy = [s for s in slots if s.task is not None]
+        ready = mp_wait([s.conn for s in busy] + [s.proc.sentinel for s in busy], timeout=5.0)
+        now = time.perf_counter()
+        for s in busy:
+            died = s.proc.sentinel in ready and not s.conn.poll()
+            if s.conn in ready or s.conn.poll():
+                try:
+                    while s.conn.poll():
+                        kind, payload = s.conn.recv()
+                        if kind == "progress":
+                            s.label = payload
+                        else:
+                            finish(payload)
+                            feed(s)
+                            break
+                    continue
+                except (EOFError, OSError):
+                    died = True
+            timed_out = now - s.started > item_timeout
+            if died or timed_out or not s.proc.is_alive():
+                if timed_out and not died and s.proc.is_alive():
+                    s.proc.kill()
+                s.proc.join(10)
+                code = s.proc.exitcode
+                if timed_out and not died:
+                    rec = dict(name=s.task[1], status="error", reason=f"timeout: more than {item_timeout:g} s "
+                               f"wall at {s.label or 'start'}", samples=0, host_samples=0)
+                else:
+                    sig = -code if code is not None and code < 0 else None
+                    what = signal.Signals(sig).name if sig else f"exit code {code}"
+                    rec = dict(name=s.task[1], status="crash", reason=f"worker died: {what} at "
+                               f"{s.label or 'start'}", samples=0, host_samples=0)
+                rec["seconds"] = round(now - s.started, 3)
+                finish(rec)
+                fresh = _Slot(ctx, opts)
+                s.proc, s.conn = fresh.proc, fresh.conn
+                feed(s)
+    for s in slots:
+        try:
+            s.conn.send(None)
+        except (OSError, BrokenPipeError):
+            pass
+        s.proc.join(10)
+        if s.proc.is_alive():
+            s.proc.kill()
+    order = {k: i for i, (_, k) in enumerate(items)}
+    records.sort(key=lambda r: order.get(r["name"], 0))
+    return records
+
+
+# --------------------------------------------------------------------------- report
+
+def summarize(records: List[Dict[str, Any]], **meta: Any) -> Dict[str, Any]:
+    """The JSON report: ``meta`` (mode, grad, dtype ...), totals per status, rates, and the records."""
+    counts = Counter(r["status"] for r in records)
+    totals = {s: counts.get(s, 0) for s in STATUSES}
+    considered = len(records) - totals["excluded"] - totals["skip"]
+    rates = {"native": round(totals["pass"] / considered, 4) if considered else 0.0,
+             "correct": round((totals["pass"] + totals["pass_host"]) / considered, 4) if considered else 0.0}
+    return dict(meta, total=len(records), totals=totals, rates=rates, items=records)
 
 
 def reason_key(reason: str) -> str:
     """A reason with numbers, shapes and quoted values blurred, to group similar ones."""
-    r = re.sub(r"(^|: )\S+\.py:\d+: `[^`]*`: ", r"\1", reason)  # the user's file:line and code
+    r = re.sub(r"^(sample|input) \d+( \([^)]*\))?: ", "", reason)
+    r = re.sub(r"(^|: )\S+\.py:\d+: `[^`]*`: ", r"\1", r)
     r = re.sub(r"\[[^\]]*\]", "[..]", r)
     r = re.sub(r"\(([^()]*)\)", "(..)", r)
     r = re.sub(r"(?<![A-Za-z_0-9])\d+(\.\d+)?(e[-+]?\d+)?", "N", r)
@@ -282,102 +695,85 @@ def reason_key(reason: str) -> str:
     return r[:120]
 
 
-def summarize(records: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """The JSON report: totals plus the per-op records."""
-    counts = Counter(r["status"] for r in records)
-    random = sum(1 for r in records if r["status"] == "passed" and r.get("random"))
-    return dict(total=len(records), passed=counts["passed"], failed=counts["failed"],
-                skipped=counts["skipped"], passed_random=random, ops=records)
-
-
-def print_report(report: Dict[str, Any], top: int = 15, file: Any = None) -> None:
-    """Print the summary table and the most common failure/skip reasons."""
+def print_report(report: Dict[str, Any], top: int = 12, file: Any = None) -> None:
+    """Print the table per status, the rates and the most common reasons per non-passing status."""
     from tabulate import tabulate
 
     file = file or sys.stdout
     total = max(report["total"], 1)
-    rows = [[s, report[s], f"{100.0 * report[s] / total:.1f}%"] for s in ("passed", "failed", "skipped")]
+    t = report["totals"]
+    rows = [[s, t[s], f"{100.0 * t[s] / total:.1f}%"] for s in STATUSES]
     rows.append(["total", report["total"], ""])
-    if report.get("passed_random"):
-        rows.append(["(passed, random: only shapes/dtypes compared)", report["passed_random"], ""])
-    print(tabulate(rows, headers=["status", "ops", "share"]), file=file)
-    for status in ("failed", "skipped"):
-        c = Counter(reason_key(r["reason"]) for r in report["ops"] if r["status"] == status)
-        if not c:
+    head = ", ".join(f"{k}={report[k]}" for k in ("kind", "mode", "dtype", "grad") if k in report)
+    print(head, file=file)
+    print(tabulate(rows, headers=["status", "items", "share"]), file=file)
+    print(f"native pass rate (of items not skipped/excluded): {100 * report['rates']['native']:.1f}%, "
+          f"correct (incl. host fallback): {100 * report['rates']['correct']:.1f}%", file=file)
+    for status in ("crash", "fail", "error", "pass_host", "excluded", "skip"):
+        recs = [r for r in report["items"] if r["status"] == status]
+        if not recs:
             continue
-        examples: Dict[str, List[str]] = {}
-        for r in report["ops"]:
-            if r["status"] == status:
-                examples.setdefault(reason_key(r["reason"]), []).append(op_key_from_record(r))
+        groups: Dict[str, List[str]] = {}
+        for r in recs:
+            groups.setdefault(reason_key(r.get("reason", "")), []).append(r["name"])
+        table = [[len(v), k, ", ".join(v[:4]) + (" ..." if len(v) > 4 else "")]
+                 for k, v in sorted(groups.items(), key=lambda kv: -len(kv[1]))[:top]]
         print(file=file)
-        table = [[n, k, ", ".join(examples[k][:4]) + (" ..." if len(examples[k]) > 4 else "")]
-                 for k, n in c.most_common(top)]
-        print(tabulate(table, headers=["ops", f"most common {status} reasons", "e.g."],
-                       maxcolwidths=[None, 70, 40]), file=file)
+        print(tabulate(table, headers=["items", f"{status}: most common reasons", "e.g."],
+                       maxcolwidths=[None, 70, 45]), file=file)
 
 
-def op_key_from_record(r: Dict[str, Any]) -> str:
-    """``name`` or ``name.variant`` of a record."""
-    return f"{r['name']}.{r['variant']}" if r["variant"] else r["name"]
+def items_for(kind: str, dtype: torch.dtype, names: Optional[Sequence[str]] = None,
+              limit: Optional[int] = None) -> List[Tuple[str, str]]:
+    """``(kind, key)`` of every op (or module) supporting ``dtype``."""
+    keys = ([op_key(i) for i in opinfos(dtype, names)] if kind == "op"
+            else [module_key(*p) for p in moduleinfos(dtype, names)])
+    seen, out = set(), []
+    for k in keys:       # a few OpInfos share name and variant: run each key once
+        if k not in seen:
+            seen.add(k)
+            out.append((kind, k))
+    return out[:limit] if limit else out
 
 
-def run(backend: str = "reference", names: Optional[Sequence[str]] = None, limit: Optional[int] = None,
-        max_samples: Optional[int] = None, timeout: float = 30.0, verbose: bool = False) -> Dict[str, Any]:
-    """Run the bench over op_db (or ``names``) and return the report dict."""
-    infos = float32_ops(names)
-    if limit is not None:
-        infos = infos[:limit]
-    records = []
-    for info in infos:
-        t0 = time.perf_counter()
-        rec = run_op(info, backend, max_samples=max_samples, timeout=timeout)
-        rec["seconds"] = round(time.perf_counter() - t0, 3)
-        records.append(rec)
-        if verbose:
-            print(f"{op_key_from_record(rec):40s} {rec['status']:8s} {rec['reason'][:100]}", flush=True)
-    return summarize(records)
-
-
-#: Modules that register a jit backend when imported.
-BACKEND_MODULES = {"neuron": "tn.lower"}
-
-
-def ensure_backend(name: str) -> None:
-    """Import the module that registers backend ``name`` if it is not registered yet;
-    exits with a message naming the registered backends if it still is not."""
-    import importlib
-
-    from tn.jit import backends
-
-    if name not in backends() and name in BACKEND_MODULES:
-        importlib.import_module(BACKEND_MODULES[name])
-    if name not in backends():
-        raise SystemExit(f"coverage.py: unknown jit backend {name!r}; registered: {', '.join(backends())}")
+def run(mode: str = "jit", backend: str = "neuron", dtype: torch.dtype = torch.float32, grad: bool = False,
+        kind: str = "op", names: Optional[Sequence[str]] = None, limit: Optional[int] = None,
+        max_samples: Optional[int] = None, timeout: float = 60.0, workers: int = 2, crash_only: bool = False,
+        verbose: bool = False) -> Dict[str, Any]:
+    """Run the bench and return the report dict (see the module docstring)."""
+    items = items_for(kind, dtype, names, limit)
+    opts = dict(mode=mode, backend=backend, dtype=dtype, grad=grad, max_samples=max_samples, timeout=timeout,
+                crash_only=crash_only)
+    t0 = time.perf_counter()
+    records = run_pool(items, opts, workers=workers, verbose=verbose)
+    return summarize(records, kind=kind, mode=mode, backend=backend if mode == "jit" else None,
+                     dtype=str(dtype).replace("torch.", ""), grad=grad, crash_only=crash_only,
+                     max_samples=max_samples, seconds=round(time.perf_counter() - t0, 1),
+                     torch=torch.__version__)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command-line entry point."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=["jit"], default="jit", help="door to test (jit)")
-    parser.add_argument("--backend", default="reference", help="tn.jit backend (default: reference)")
-    parser.add_argument("--json", metavar="PATH", help="write the report as JSON here")
-    parser.add_argument("--ops", help="comma-separated op names (name or name.variant)")
-    parser.add_argument("--limit", type=int, help="run only the first N ops")
-    parser.add_argument("--max-samples", type=int, help="at most N samples per op")
-    parser.add_argument("--timeout", type=float, default=30.0,
-                        help="CPU seconds per sample before the op fails (0: no limit)")
-    parser.add_argument("--verbose", "-v", action="store_true", help="print one line per op as it runs")
-    parser.add_argument("--allow-host", action="store_true",
-                        help="let a compiling backend run equations on the host (default: strict, such ops skip)")
-    ns = parser.parse_args(argv)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=["eager", "jit", "compile", "adaptive"], default="jit")
+    p.add_argument("--backend", default="neuron", help="tn.jit backend for --mode jit (default: neuron)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--grad", action="store_true", help="also compare gradients")
+    p.add_argument("--modules", action="store_true", help="run module_db (ModuleInfo) instead of op_db")
+    p.add_argument("--ops", help="comma-separated names (op name, name.variant, or module name)")
+    p.add_argument("--limit", type=int, help="only the first N items")
+    p.add_argument("--max-samples", type=int, help="at most N samples per item")
+    p.add_argument("--timeout", type=float, default=60.0, help="CPU seconds per sample (0: no limit)")
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--crash-only", action="store_true", help="run without comparing: a sweep for crashes")
+    p.add_argument("--json", metavar="PATH", help="write the report as JSON here")
+    p.add_argument("--verbose", "-v", action="store_true", help="one line per item as it finishes")
+    ns = p.parse_args(argv)
     torch.set_num_threads(1)
-    if ns.backend != "reference" and not ns.allow_host:
-        os.environ["TN_STRICT"] = "1"     # host fallbacks are refusals (skipped), not passes
-    ensure_backend(ns.backend)
     names = [n.strip() for n in ns.ops.split(",") if n.strip()] if ns.ops else None
-    report = run(ns.backend, names, ns.limit, ns.max_samples, ns.timeout, ns.verbose)
-    report["mode"], report["backend"] = ns.mode, ns.backend
+    report = run(ns.mode, ns.backend, DTYPES[ns.dtype], ns.grad, "module" if ns.modules else "op", names,
+                 ns.limit, ns.max_samples, ns.timeout, ns.workers, ns.crash_only, ns.verbose)
     print_report(report)
     if ns.json:
         with open(ns.json, "w") as fh:

@@ -166,6 +166,19 @@ def test_multilabel_margin_loss_value_shape_and_gradient(door, reduction, target
     torch.testing.assert_close(got_g, want_g)
 
 
+def test_eager_cache_tells_keyword_arguments_apart():
+    # the boxed fallback passes only non-default keywords: out_int32=True and right=True have the same leaves
+    x, b = torch.tensor(-1.0), torch.tensor([-2.0, 0.0, 3.0])
+    xd, bd = x.to(DEV), b.to(DEV)
+    for kw in ({"right": True}, {"out_int32": True}, {"out_int32": True, "right": True}, {}):
+        got = torch.bucketize(xd, bd, **kw)
+        want = torch.bucketize(x, b, **kw)
+        assert got.dtype == want.dtype, kw
+        assert torch.equal(got.cpu(), want)
+        got = torch.searchsorted(bd, xd.reshape(1), **kw)
+        assert got.dtype == torch.searchsorted(b, x.reshape(1), **kw).dtype, kw
+
+
 # ---------------------------------------------------------------- CPU index tensors (CUDA accepts them)
 
 def test_cpu_index_tensors_index_a_device_tensor():
@@ -189,3 +202,16 @@ def test_cpu_index_tensors_index_a_device_tensor():
 def test_other_cpu_tensors_still_refused():
     with pytest.raises(tn.TnError, match="neuron device"):
         torch.randn(3, device=DEV) + torch.randn(3)
+
+
+def test_host_fallback_out_tensors_that_the_kernel_resizes():
+    # linalg.lstsq's CPU kernel sizes its solution (m, k) before narrowing it to (n, k): a CPU alias of device
+    # memory cannot be resized ("Trying to resize storage that is not resizable")
+    a, b = torch.randn(5, 3), torch.randn(5, 2)
+    got = torch.linalg.lstsq(a.to(DEV), b.to(DEV))
+    for g, w in zip(got, torch.linalg.lstsq(a, b)):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g.cpu(), w)
+    out = torch.empty(0, device=DEV)
+    torch.linalg.inv(a[:3, :3].to(DEV), out=out)
+    torch.testing.assert_close(out.cpu(), torch.linalg.inv(a[:3, :3]))

@@ -281,7 +281,9 @@ def run_op(op, args: tuple, kwargs: dict):
 
 def _entry(op, name: str, flat: list, spec, build=None, quiet: bool = False) -> _Entry:
     """The cached :class:`_Entry` of ``op`` for this signature, compiled on a miss."""
-    key = (op, tuple(_leaf_key(a) for a in flat))
+    # the structure (kwarg names, list lengths) belongs to the key: the boxed fallback passes only non-default
+    # keyword arguments, so bucketize(x, b, out_int32=True) and bucketize(x, b, right=True) have the same leaves
+    key = (op, spec, tuple(_leaf_key(a) for a in flat))
     entry = _CACHE.get(key)
     if entry is None:
         _STATS["misses"] += 1
@@ -584,8 +586,23 @@ def _bind_args(schema, args: tuple, kwargs: dict) -> Dict[str, Any]:
 
 
 def _run_host(op, flat: list, spec):
-    """Run ``op`` with torch's CPU kernels on aliases of the device memory; fresh results are copied to the device."""
-    _presize_outs(op, flat, spec)
+    """Run ``op`` with torch's CPU kernels on aliases of the device memory; fresh results are copied to the device.
+
+    ``out=`` tensors on the device are replaced by fresh CPU tensors for the call and written back after it
+    (resized to what the kernel made): a CPU alias cannot be resized, and some kernels size an out tensor
+    differently from their meta kernel before narrowing it (``linalg.lstsq``)."""
+    dev_outs = {}
+    if _has_out_args(op):
+        args, kwargs = _unflatten(flat, spec)
+        for a in op._schema.arguments:
+            v = kwargs.get(a.name)
+            if (a.kwarg_only and a.alias_info is not None and a.alias_info.is_write and isinstance(v, torch.Tensor)
+                    and v.device.type == "neuron"):
+                host = torch.empty(0, dtype=v.dtype)
+                dev_outs[id(host)] = v
+                kwargs[a.name] = host
+        if dev_outs:
+            flat, spec = _flatten(args, kwargs)
     back = {}
     leaves = []
     for a in flat:
@@ -597,6 +614,17 @@ def _run_host(op, flat: list, spec):
             leaves.append(a)
     args, kwargs = _unflatten(leaves, spec)
     r = op(*args, **kwargs)
+    if dev_outs:
+        from .aten import _resize
+
+        for a in flat:
+            d = dev_outs.get(id(a))
+            if d is not None:
+                if d.shape != a.shape:
+                    _resize(d, a.shape)
+                if a.numel():
+                    cpu_alias(d).copy_(a)
+                back[id(a)] = d
 
     def conv(x):
         if isinstance(x, torch.Tensor):
