@@ -113,7 +113,10 @@ class Setting:
         return value
 
     def check(self, value: Any) -> Any:
-        """``value`` given from Python, converted like the variable's text would be (strings are parsed)."""
+        """``value`` given from Python, converted like the variable's text would be (strings are parsed; None
+        for a setting whose default is None means "derive it", as when the variable is unset)."""
+        if value is None and self.default is None:
+            return None
         if isinstance(value, str) and self.kind != "str":
             return self.parse(value)
         if self.kind == "flag":
@@ -150,10 +153,14 @@ SETTINGS: Dict[str, Setting] = _settings(
             "NeuronCore architecture modelled: trn1 (NeuronCore-v2) or trn2 (NeuronCore-v3); unset, it follows "
             "TN_INSTANCE (default trn2)", ("trn1", "trn2")),
     Setting("instance", "TN_INSTANCE", "str", None,
-            "the instance type modelled (e.g. trn2.48xlarge, trn1.32xlarge); unset, the smallest instance of "
-            "TN_ARCH"),
+            "the instance type modelled: trn1.2xlarge, trn1.32xlarge, trn1n.32xlarge, trn2.3xlarge, "
+            "trn2.48xlarge; torch.neuron.device_count() is its logical cores; unset, the one-chip instance of "
+            "TN_ARCH (trn2.3xlarge: 4 devices)"),
     Setting("lnc", "TN_LNC", "int", None,
             "logical NeuronCore size: 1 or 2 physical cores per torch device (unset: 2 on trn2, 1 on trn1)"),
+    Setting("instances", "TN_INSTANCES", "int", 1,
+            "instances (nodes) of TN_INSTANCE the modelled job spans; a process sees the devices of one instance, "
+            "the collective model the rest"),
     Setting("device_memory", "TN_DEVICE_MEMORY", "size", 0,
             "cap on the neuron device's memory per device (bytes or 16g; 0: no cap; read when the device "
             "starts)"),
