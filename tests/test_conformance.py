@@ -215,3 +215,15 @@ def test_host_fallback_out_tensors_that_the_kernel_resizes():
     out = torch.empty(0, device=DEV)
     torch.linalg.inv(a[:3, :3].to(DEV), out=out)
     torch.testing.assert_close(out.cpu(), torch.linalg.inv(a[:3, :3]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+def test_sgn_gradient_on_device(dtype):
+    # sgn's backward makes an _efficientzerotensor(device=neuron) on the host: the host fallback passed the
+    # neuron device on and re-entered itself until RecursionError
+    x0 = torch.randn(5, dtype=dtype)
+    x0[1] = 0
+    x, y = x0.to(DEV).requires_grad_(), x0.clone().requires_grad_()
+    for t in (x, y):
+        (torch.sgn(t) * t).abs().sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), y.grad)

@@ -134,7 +134,14 @@ def test_model_under_autocast_matches_cpu_autocast():
     loss_d.backward()
     for (name, p), q in zip(cpu.named_parameters(), dev.parameters()):
         assert q.grad.dtype == F32 and q.grad.device.type == "neuron", name   # fp32 master weights get fp32 grads
-        torch.testing.assert_close(q.grad.cpu(), p.grad, atol=3e-2, rtol=5e-2, msg=name)
+        # tolerances scaled to the gradient's values (a fixed atol of 3e-2 passed an all-zero gradient for
+        # 9 of the 17 parameters): elementwise at 3% of the largest entry, and as a whole within 5% in norm
+        # (bf16 rounding gives ~1%); an all-zero gradient is 100% off, a sign-flipped one 200%
+        scale = p.grad.abs().max().item()
+        assert scale > 0, name
+        torch.testing.assert_close(q.grad.cpu(), p.grad, atol=3e-2 * scale, rtol=5e-2, msg=name)
+        rel = ((q.grad.cpu() - p.grad).norm() / p.grad.norm()).item()
+        assert rel < 5e-2, f"{name}: gradient off by {rel:.1%} in norm"
     # and against the fp32 model: autocast changes the numbers only by bf16 rounding
     with torch.no_grad():
         ref = cpu(ids)

@@ -107,15 +107,6 @@ def test_entry_point_finds_the_backend_without_importing_tn():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
 
 
-def _device_available():
-    mod = getattr(torch, "neuron", None)
-    try:
-        return bool(mod is not None and mod.is_available())
-    except Exception:
-        return False
-
-
-needs_device = pytest.mark.skipif(not _device_available(), reason="the neuron device (tn/device) is not available")
 
 
 class _Attention(torch.nn.Module):
@@ -162,7 +153,6 @@ def test_host_ops_of_rejects_non_jitted():
         dynamo_backend.host_ops_of(lambda x: x)
 
 
-@needs_device
 def test_device_inputs_results_stay_on_device():
     model = _mlp()
     x = torch.randn(8, 16)
@@ -176,7 +166,6 @@ def test_device_inputs_results_stay_on_device():
     assert all(p.device.type == "neuron" for p in dev.parameters())
 
 
-@needs_device
 def test_device_training_sgd_and_adamw_follow_cpu():
     torch.manual_seed(3)
     data, target = torch.randn(16, 16), torch.randn(16, 4)
@@ -200,7 +189,6 @@ def test_device_training_sgd_and_adamw_follow_cpu():
         torch.testing.assert_close(torch.tensor(losses["neuron"]), torch.tensor(losses["cpu"]), rtol=1e-4, atol=1e-6)
 
 
-@needs_device
 def test_device_buffer_mutation_is_written_back():
     # BatchNorm's running stats are input mutations of the graph: they must land in device memory.
     torch.manual_seed(0)

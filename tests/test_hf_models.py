@@ -60,16 +60,6 @@ def inputs(batch=2, seq=8, seed=1, pad=False):
     return ids, mask
 
 
-def device_available():
-    """True when the neuron device (tn/device) is registered and usable."""
-    mod = getattr(torch, "neuron", None)
-    try:
-        return bool(mod is not None and mod.is_available())
-    except Exception:
-        return False
-
-
-needs_device = pytest.mark.skipif(not device_available(), reason="the neuron device (tn/device) is not available")
 
 
 def no_dropout(model):
@@ -180,7 +170,6 @@ def test_torch_compile_generate_same_tokens(name):
 # --------------------------------------------------------------------------- the neuron device
 
 
-@needs_device
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 def test_device_matches_eager(name):
     model = build(name)
@@ -193,7 +182,6 @@ def test_device_matches_eager(name):
     torch.testing.assert_close(got.cpu(), want, **TOL)
 
 
-@needs_device
 @pytest.mark.parametrize("name", CAUSAL)
 def test_device_generate_same_tokens(name):
     model = build(name)
@@ -205,7 +193,6 @@ def test_device_generate_same_tokens(name):
     assert torch.equal(got.cpu(), want)
 
 
-@needs_device
 @pytest.mark.parametrize("name", ["gpt2"])
 def test_torch_compile_on_device_inputs(name):
     model = build(name)
@@ -251,7 +238,6 @@ def test_torch_compile_training_matches_eager(name):
     assert dynamo_backend.host_ops() == {}, "forward and backward graphs should lower to the NeuronCore"
 
 
-@needs_device
 @pytest.mark.parametrize("name", [pytest.param("gpt2"), pytest.param("llama", marks=pytest.mark.slow)])
 def test_torch_compile_training_on_device_matches_cpu(name):
     ids, _ = inputs()

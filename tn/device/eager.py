@@ -48,6 +48,7 @@ from .allocator import contiguous_strides, cpu_alias, new_tensor
 _create_empty = torch._C._acc.create_empty_tensor
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_CPU = torch.device("cpu")
 
 __all__ = ["fallback", "run_op", "run_fused", "cache_info", "clear_cache", "strict"]
 
@@ -610,6 +611,8 @@ def _run_host(op, flat: list, spec):
             c = cpu_alias(a)
             back[id(c)] = a
             leaves.append(c)
+        elif isinstance(a, torch.device) and a.type == "neuron":
+            leaves.append(_CPU)   # a factory op (_efficientzerotensor ...) made on the host, its result copied over
         else:
             leaves.append(a)
     args, kwargs = _unflatten(leaves, spec)
