@@ -23,6 +23,40 @@ if os.environ.get("TN_TEST_BACKENDS"):
 _BACKEND_MODULES = {"neuron": "tn.lower"}
 
 
+#: Test modules of the neuron device whose tests run twice, in both eager modes of the device: "op" (every op
+#: its own program) and "adaptive" (ops gathered into windows, tn.device.windows). Tests marked op_mode_only
+#: run in op mode only; adaptive runs of tests marked adaptive_slow are marked slow.
+EAGER_MODE_MODULES = ("test_device", "test_device_usage", "test_training_device", "test_device_autocast",
+                      "test_device_memory")
+
+
+def pytest_generate_tests(metafunc):
+    if "device_eager_mode" not in metafunc.fixturenames:
+        return
+    if metafunc.module.__name__.rpartition(".")[2] not in EAGER_MODE_MODULES or \
+            metafunc.definition.get_closest_marker("op_mode_only"):
+        return
+    slow = metafunc.definition.get_closest_marker("adaptive_slow") is not None
+    metafunc.parametrize("device_eager_mode", ["op", pytest.param("adaptive", marks=[pytest.mark.slow] if slow
+                                                                  else [])], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def device_eager_mode(request):
+    """The neuron device's eager mode for this test ("op" or "adaptive", see EAGER_MODE_MODULES); tests outside
+    those modules keep the mode in force (TN_EAGER_MODE). Queued work is flushed and counted before the test
+    ends, so an adaptive run checks the windows it made."""
+    mode = getattr(request, "param", None)
+    if mode is None:
+        yield None
+        return
+    from tn.device import windows
+
+    with windows.eager_mode(mode):
+        yield mode
+        windows.flush("end of test")
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request):
     """Name of a tn.jit backend; tests using it run once per entry of BACKENDS."""

@@ -232,6 +232,7 @@ def test_op_tracking_and_strict(monkeypatch):
     eager.clear_cache()
 
 
+@pytest.mark.op_mode_only
 def test_one_op_programs_are_cached_and_profiled():
     d = torch.randn(6, 10).to("neuron")
     e = torch.randn(6, 10).to("neuron")
@@ -276,6 +277,7 @@ def test_native_free_checks_pointers():
     assert lib.tn_dev_free(ffi.NULL) != 0
 
 
+@pytest.mark.op_mode_only
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("opname", ["add", "sub", "mul"])
 def test_fast_path_matches_cpu_and_program(dtype, opname):
@@ -302,6 +304,7 @@ def test_fast_path_matches_cpu_and_program(dtype, opname):
         fastpath.set_enabled(True)
 
 
+@pytest.mark.op_mode_only
 def test_fast_path_falls_back_for_other_cases():
     x = torch.randn(4, 4)
     d = x.to("neuron")

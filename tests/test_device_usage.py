@@ -45,6 +45,7 @@ def test_printing_runs_no_device_op_even_in_strict_mode(monkeypatch):
     eager.clear_cache()
 
 
+@pytest.mark.op_mode_only
 # ---------------------------------------------------------------- fast path and host fallbacks are visible
 def test_fast_path_is_counted_and_profiles_only_hold_real_runs():
     a, b = torch.randn(8, 8).to("neuron"), torch.randn(8, 8).to("neuron")

@@ -69,6 +69,7 @@ def test_gradients_and_zero_grad():
     assert wd.grad is None
 
 
+@pytest.mark.adaptive_slow
 def test_gpt2_two_layers_20_steps_match_cpu():
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()

@@ -144,7 +144,7 @@ SETTINGS: Dict[str, Setting] = _settings(
             "on the host"),
     Setting("log", "TN_LOG", "words", frozenset(),
             "what to log to the 'tn' logger: recompiles (tn.jit cache misses), adaptive (tn.adaptive decisions), "
-            "all"),
+            "windows (adaptive eager windows of the neuron device), all"),
     Setting("verify", "TN_VERIFY", "flag", False,
             "tn.passes.optimize verifies the IR after every pass and names the pass that broke it (read at import)"),
     Setting("no_warmup", "TN_NO_WARMUP", "flag", False,
@@ -170,6 +170,12 @@ SETTINGS: Dict[str, Setting] = _settings(
             "largest tensor (elements) the device's small-op fast path takes (read at import)"),
     Setting("device_cache", "TN_DEVICE_CACHE", "int", 4096,
             "eager one-op programs the neuron device keeps compiled (LRU entries; read at import)"),
+    Setting("eager_mode", "TN_EAGER_MODE", "str", "op",
+            "eager ops on the neuron device: op (each op its own program, run at once) or adaptive (ops queued "
+            "into windows compiled as one program each, run when a value is needed; torch.neuron.set_eager_mode)",
+            ("op", "adaptive")),
+    Setting("window_ops", "TN_WINDOW_OPS", "int", 1024,
+            "adaptive eager: most ops one window gathers before it is run (the buffer limit)"),
     Setting("engine_host_times", "TN_ENGINE_HOST_TIMES", "flag", False,
             "profiles also record the host time each native engine call took (read at import)"),
 )

@@ -157,7 +157,34 @@ def user_frame() -> Optional[Any]:
     return None
 
 
+_SOURCE_HINT = threading.local()
+
+
+class source_hint:
+    """Context manager: equations traced inside name ``src`` (``"file.py:12"``) as their user source.
+
+    For code that replays ops recorded earlier (the device's adaptive eager windows), so an equation
+    names the line that issued the op, not the line that replays it.
+    """
+
+    __slots__ = ("src", "saved")
+
+    def __init__(self, src: Optional[str]):
+        self.src = src
+        self.saved = None
+
+    def __enter__(self) -> None:
+        self.saved = getattr(_SOURCE_HINT, "src", None)
+        _SOURCE_HINT.src = self.src
+
+    def __exit__(self, *exc: Any) -> None:
+        _SOURCE_HINT.src = self.saved
+
+
 def _source() -> Optional[str]:
+    hint = getattr(_SOURCE_HINT, "src", None)
+    if hint is not None:
+        return hint
     f = user_frame()
     if f is None:
         return None

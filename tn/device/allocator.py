@@ -119,18 +119,35 @@ def contiguous_strides(size) -> tuple:
     return tuple(reversed(st))
 
 
-def cpu_alias(t: torch.Tensor) -> torch.Tensor:
+#: Called with a neuron tensor before the host reads or writes its memory (tn.device.windows fills it: queued
+#: ops that touch that memory run first).
+BEFORE_HOST_ACCESS: list = [None]
+
+
+def cpu_alias(t: torch.Tensor, sync: bool = True) -> torch.Tensor:
     """A CPU tensor on the same memory as neuron tensor ``t`` (same size, stride, offset; no copy).
 
-    The alias does not own the memory: keep ``t`` (or its storage) alive while the alias is used.
+    The alias does not own the memory: keep ``t`` (or its storage) alive while the alias is used. With
+    ``sync`` (the default) ops still queued in an adaptive eager window that touch the memory run first;
+    ``sync=False`` is for metadata-only uses (views) that never read the values.
     """
+    hook = BEFORE_HOST_ACCESS[0]
+    if sync and hook is not None:
+        hook(t)
     st = t.untyped_storage()
     cst = _construct(st.data_ptr(), _CPU, st.nbytes())
     return torch.empty(0, dtype=t.dtype).set_(cst, t.storage_offset(), t.size(), t.stride())
 
 
+#: Called before the counters are read (tn.device.windows fills it: queued ops run, so memory they still hold
+#: is counted as op-by-op eager would count it).
+BEFORE_STATS: list = [None]
+
+
 def stats() -> dict:
     """Allocator counters: allocated, peak, reserved, requested (bytes), allocs, frees, cache_hits, limit."""
+    if BEFORE_STATS[0] is not None:
+        BEFORE_STATS[0]()
     out = _ffi.new("int64_t[8]")
     _lib.tn_dev_stats(out)
     keys = ("allocated", "peak", "reserved", "requested", "allocs", "frees", "cache_hits", "limit")

@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import TnError
-from . import tracking
+from . import allocator, tracking
 from .allocator import (DEVICE, alloc_storage, contiguous_strides, cpu_alias, new_tensor, storage_nbytes)
 
 __all__ = ["register", "check_device", "install_kernels"]
@@ -108,6 +108,8 @@ def _copy_from_and_resize(self, dst):
 
 
 def _resize(self, size, memory_format=None):
+    if allocator.BEFORE_HOST_ACCESS[0] is not None:   # growing copies the bytes: queued writes land first
+        allocator.BEFORE_HOST_ACCESS[0](self)
     size = tuple(int(s) for s in size)
     stride = contiguous_strides(size)
     item = self.element_size()

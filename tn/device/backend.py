@@ -19,7 +19,8 @@ __all__ = ["is_available", "is_initialized", "device_count", "current_device", "
            "memory_allocated", "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats",
            "empty_cache", "memory_stats", "set_memory_limit", "executed_ops", "fallback_ops", "fallback_reasons",
            "fastpath_ops", "reset_op_counts",
-           "device_time_ns", "get_device_name", "device", "get_amp_supported_dtype", "is_bf16_supported",
+           "device_time_ns", "set_eager_mode", "get_eager_mode", "eager_mode", "window_stats", "reset_window_stats",
+           "get_device_name", "device", "get_amp_supported_dtype", "is_bf16_supported",
            "mem_get_info", "reset_max_memory_allocated", "get_device_properties"]
 
 
@@ -70,7 +71,47 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 def synchronize(device=None) -> None:
-    """Wait for the device: eager ops run synchronously, so there is nothing to wait for."""
+    """Wait for the device: runs the ops queued in adaptive eager windows (op mode has nothing to wait for)."""
+    from . import windows
+
+    windows.flush("synchronize")
+
+
+def set_eager_mode(mode: str) -> None:
+    """How eager ops run on the device: ``"op"`` (each op its own program, at once; the default, also
+    ``TN_EAGER_MODE``) or ``"adaptive"`` (ops queued into windows, each compiled as one fused program and
+    run when a value is needed; see :mod:`tn.device.windows`)."""
+    from . import windows
+
+    windows.set_mode(mode)
+
+
+def get_eager_mode() -> str:
+    """The device's eager mode: ``"op"`` or ``"adaptive"`` (see :func:`set_eager_mode`)."""
+    from . import windows
+
+    return windows.mode()
+
+
+def eager_mode(mode: str):
+    """Context manager: eager ops run in ``mode`` (``"op"`` or ``"adaptive"``) inside the block."""
+    from . import windows
+
+    return windows.eager_mode(mode)
+
+
+def window_stats() -> dict:
+    """Adaptive eager counters: windows, ops, ops per window, cache hits and hit rate, compiles, flush reasons."""
+    from . import windows
+
+    return windows.stats()
+
+
+def reset_window_stats() -> None:
+    """Zero :func:`window_stats`."""
+    from . import windows
+
+    windows.reset_stats()
 
 
 def manual_seed(seed: int) -> None:

@@ -42,7 +42,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import config
 from ..errors import TnError, UnsupportedOpError
-from . import tracking
+from . import tracking, windows
 from .allocator import contiguous_strides, cpu_alias, new_tensor
 
 _create_empty = torch._C._acc.create_empty_tensor
@@ -266,6 +266,10 @@ def run_op(op, args: tuple, kwargs: dict):
         flat = _resolve_math_bits(op, name, flat, spec)
     if _has_out_args(op):   # out= overloads, whatever their name (kthvalue.values, max.dim_max ...)
         _presize_empty_outs(op, flat, spec)
+    if windows.active():    # adaptive eager: queue the op into the open window (tn.device.windows)
+        r = windows.record(op, name, flat, spec)
+        if r is not NotImplemented:
+            return r
     if _SEEDED in op.tags:
         tracking.count(name)
         tracking.count_fallback(name, "random op: numbers drawn from torch's CPU generator on the host")
@@ -312,6 +316,10 @@ def run_fused(op, args: tuple, kwargs: dict, build=None):
     name = op_name(op)
     flat, spec = _flatten(args, kwargs)
     _check_devices(name, flat)
+    if windows.active():    # adaptive eager: the composite op is one op of the open window
+        r = windows.record(op, name, flat, spec, deterministic=True)
+        if r is not NotImplemented:
+            return r
     entry = _entry(op, name, flat, spec, build, quiet=True)
     if entry.exe is None:
         return NotImplemented
@@ -682,7 +690,7 @@ def _run_view(op, flat: list, spec):
         if isinstance(a, torch.Tensor) and a.device.type == "neuron":
             if base is None:
                 base = a
-            leaves.append(cpu_alias(a))
+            leaves.append(cpu_alias(a, sync=False))   # metadata only: queued ops need not run
         else:
             leaves.append(a)
     args, kwargs = _unflatten(leaves, spec)

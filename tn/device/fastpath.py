@@ -24,7 +24,7 @@ import torch
 
 from ..neuron import runtime as _runtime
 from .. import config
-from . import eager, tracking
+from . import eager, tracking, windows
 from .allocator import _lib, alloc_storage, contiguous_strides
 
 __all__ = ["register", "enabled", "FAST_OPS"]
@@ -54,7 +54,8 @@ def _make(idx: int, op, name: str):
         if (type(b) is torch.Tensor and type(a) is torch.Tensor and alpha == 1 and not a.is_cpu and not b.is_cpu
                 and b.dtype is a.dtype and a.is_contiguous() and b.is_contiguous() and a.shape == b.shape):
             e = _SEEN.get((idx, a.shape, a.dtype))
-            if e is not None and _ON[0] and not _runtime._LISTENERS:  # off while a tn.profile() block is active
+            # off while a tn.profile() block is active, and in adaptive eager mode (ops are queued instead)
+            if e is not None and _ON[0] and not _runtime._LISTENERS and not windows.active():
                 ns, n, nbytes, strides, code = e
                 st = alloc_storage(nbytes)
                 out = _create_empty(_EMPTY, a.dtype)

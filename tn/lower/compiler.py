@@ -243,10 +243,11 @@ class NeuronExecutable:
     """
 
     def __init__(self, ir: IR, arch: Any = None, strict: Optional[bool] = None, debug: bool = False,
-                 fuse: bool = True, _laid_out: Optional[Dict[Var, Any]] = None):
+                 fuse: bool = True, _laid_out: Optional[Dict[Var, Any]] = None, name: Optional[str] = None):
         from ..neuron import get_arch
 
         self.ir = ir
+        self.name = name
         self.arch = get_arch(arch)
         self.strict = strict_default() if strict is None else bool(strict)
         self.debug = debug
@@ -602,7 +603,7 @@ class NeuronExecutable:
             ir2 = IR(list(ir.inputs) + extra, ir.eqns, ir.outputs, ir.consts, ir.mutations)
             try:
                 self._layout_child = NeuronExecutable(ir2, arch=self.arch, strict=self.strict, debug=self.debug,
-                                                      fuse=True, _laid_out=laid)
+                                                      fuse=True, _laid_out=laid, name=self.name)
             except Exception as e:  # never worse than the plain program
                 log.warning("tn.lower: the laid-out variant did not compile (%s: %s); keeping the plain program",
                             type(e).__name__, e)
@@ -813,7 +814,8 @@ class NeuronExecutable:
                 k += 1
                 continue
             if cur is None:
-                prog = Program(f"tn_{len(steps)}_{eqn.op.name}", self.arch, record_sources=self.debug)
+                prog = Program(f"{self.name}_{len(steps)}" if self.name else f"tn_{len(steps)}_{eqn.op.name}",
+                               self.arch, record_sources=self.debug)
                 cur = {"prog": prog, "ctx": LowerCtx(prog), "hbm": {}, "made": {}, "ins": [], "eqns": [], "pro": {}}
             prog, ctx, hbm = cur["prog"], cur["ctx"], cur["hbm"]
 
@@ -1090,13 +1092,14 @@ def _note_host_ops(counts: Dict[str, int]) -> None:
 
 
 def compile_ir(ir: IR, *, arch: Any = None, strict: Optional[bool] = None, debug: bool = False,
-               fuse: bool = True) -> NeuronExecutable:
+               fuse: bool = True, name: Optional[str] = None) -> NeuronExecutable:
     """Compile ``ir`` for the software NeuronCore (the ``"neuron"`` jit backend's ``compile_fn``).
 
     ``arch``: ``"trn2"`` (default) or ``"trn1"``. ``strict``: host fallbacks
     become :class:`tn.UnsupportedOpError` (default from ``TN_STRICT``).
     ``debug``: record the emitting file:line of every instruction (for error
     messages). ``fuse``: fuse elementwise chains, row reductions and
-    epilogues (:mod:`tn.lower.fusion`).
+    epilogues (:mod:`tn.lower.fusion`). ``name``: the programs' name prefix (profiles show
+    ``{name}_{k}``; default ``tn_{k}_{first op}``).
     """
-    return NeuronExecutable(ir, arch=arch, strict=strict, debug=debug, fuse=fuse)
+    return NeuronExecutable(ir, arch=arch, strict=strict, debug=debug, fuse=fuse, name=name)

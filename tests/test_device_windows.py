@@ -1,0 +1,253 @@
+# Adaptive eager on the neuron device (tn.device.windows): queued ops, one compiled program per window, as eager.
+import copy
+import logging
+import threading
+
+import pytest
+import torch
+
+import tn
+from tn.device import windows
+
+
+@pytest.fixture
+def adaptive():
+    """Adaptive eager mode with fresh counters; flushes at the end."""
+    windows.reset_stats()
+    with windows.eager_mode("adaptive"):
+        yield windows
+        windows.flush("end of test")
+
+
+def _dev(*ts):
+    return [t.to("neuron") for t in ts]
+
+
+def test_elementwise_chain_is_one_window_run_when_read(adaptive):
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    xd, wd = _dev(x, w)
+    yd = ((xd @ wd).relu() * 2 + 1).sum(1)
+    assert yd.shape == (4,) and yd.dtype == torch.float32 and yd.device.type == "neuron"
+    assert windows.pending_ops() == 5          # nothing ran yet
+    torch.testing.assert_close(yd.cpu(), ((x @ w).relu() * 2 + 1).sum(1))
+    s = windows.stats()
+    assert (s["windows"], s["ops"], s["compiles"], s["pending_ops"]) == (1, 5, 1, 0)
+    assert s["flush_reasons"] == {"host access": 1}
+    yd2 = ((xd @ wd).relu() * 2 + 1).sum(1)    # the same sequence again: the cached program
+    torch.testing.assert_close(yd2.cpu(), yd.cpu(), rtol=0, atol=0)
+    s = windows.stats()
+    assert (s["windows"], s["hits"], s["compiles"]) == (2, 1, 1) and s["hit_rate"] == 0.5
+
+
+def test_views_and_in_place_ops_behave_as_in_eager(adaptive):
+    x = torch.randn(6, 5)
+    p = torch.randn(5)
+
+    def f(x, p):
+        y = x * 2
+        v = y[1:4, ::2]            # a strided view of a pending result
+        v.add_(1)                  # written through the view
+        y.t()[0].mul_(3)           # a transposed row: column 0 of y
+        p.sub_(y.mean(0))          # an in-place update of a tensor made before the window
+        z = torch.cat([y, p[None]], 0).unsqueeze(0)
+        return y, v, z, p
+
+    want = f(x.clone(), p.clone())
+    xd, pd = _dev(x, p)
+    got = f(xd, pd)
+    assert got[3] is pd and windows.pending_ops() > 0
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.stride() == w.stride() or not w.is_contiguous()
+        torch.testing.assert_close(g.cpu(), w)
+    torch.testing.assert_close(pd.cpu(), want[3])
+
+
+def test_results_nobody_holds_are_not_written_back(adaptive):
+    xd = torch.randn(64, 64).to("neuron")
+    a = xd.exp()
+    b = a * 2
+    c = b + 1
+    del a, b
+    c.cpu()
+    entry = next(reversed(windows._CACHE.values()))
+    assert len(entry.outputs) == 1             # only c leaves the program; a and b stayed on chip
+
+
+def test_error_at_flush_names_the_users_line(adaptive):
+    w = torch.randn(5, 3).to("neuron")
+    idx = torch.tensor([1, 7]).to("neuron")
+    y = torch.nn.functional.embedding(idx, w) * 2   # index 7 is out of range: found when the window runs
+    with pytest.raises(Exception, match=r"test_device_windows.py:\d+: `y = torch.nn.functional.embedding"):
+        y.cpu()
+
+
+def test_shape_errors_raise_when_the_op_is_issued(adaptive):
+    a, b = _dev(torch.randn(3, 4), torch.randn(5, 6))
+    with pytest.raises(RuntimeError):
+        a @ b                                       # the meta kernel runs at once, as eager checks
+    assert windows.pending_ops() == 0
+
+
+def test_training_steps_match_op_mode_with_backward_in_the_window():
+    def run(mode):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                                torch.nn.Dropout(0.1), torch.nn.Linear(32, 4)).to("neuron")
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        x = torch.randn(8, 16).to("neuron")
+        y = torch.randint(0, 4, (8,)).to("neuron")
+        threads = set()
+        m[0].weight.register_hook(lambda g: threads.add(threading.get_ident()))
+        losses = []
+        with windows.eager_mode(mode):
+            for _ in range(6):
+                opt.zero_grad()
+                loss = torch.nn.functional.cross_entropy(m(x), y)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+        return losses, threads
+
+    windows.reset_stats()
+    want, _ = run("op")
+    got, threads = run("adaptive")
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-6)
+    assert threading.get_ident() not in threads     # backward ran on autograd's device thread
+    s = windows.stats()
+    assert s["hits"] >= 6 and s["flush_reasons"].get("random op", 0) == 6   # dropout: drawn on the host
+
+
+def test_dropout_draws_the_numbers_of_op_mode(adaptive):
+    x = torch.randn(4, 100).to("neuron")
+    torch.manual_seed(3)
+    got = torch.nn.functional.dropout(x * 1, 0.5).cpu()
+    with windows.eager_mode("op"):
+        torch.manual_seed(3)
+        want = torch.nn.functional.dropout(x * 1, 0.5).cpu()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_branching_on_a_value_flushes(adaptive):
+    xd = torch.tensor([1.0, -2.0, 3.0]).to("neuron")
+    s = (xd * 2).sum()
+    if s > 0:                                   # reads the value: the window runs here
+        out = s + 1
+    assert windows.stats()["windows"] == 1
+    assert out.item() == pytest.approx(5.0)
+
+
+def test_synchronize_memory_stats_and_leaving_the_mode_flush():
+    windows.reset_stats()
+    xd = torch.randn(8).to("neuron")
+    with windows.eager_mode("adaptive"):
+        y = xd + 1
+        torch.neuron.synchronize()
+        assert windows.pending_ops() == 0
+        z = y * 2
+        torch.neuron.memory_allocated()
+        assert windows.pending_ops() == 0
+        w = z - 1
+    assert windows.pending_ops() == 0 and windows.mode() == "op"
+    torch.testing.assert_close(w.cpu(), (xd.cpu() + 1) * 2 - 1)
+    assert windows.stats()["flush_reasons"] == {"synchronize": 1, "memory statistics": 1,
+                                                "eager mode change": 1}
+
+
+def test_switch_and_environment(monkeypatch):
+    with pytest.raises(tn.TnError, match="'op'.*'adaptive'"):
+        torch.neuron.set_eager_mode("lazy")
+    assert torch.neuron.get_eager_mode() == "op"
+    monkeypatch.setenv("TN_EAGER_MODE", "adaptive")
+    monkeypatch.setitem(windows._STATE, "mode", None)     # as at start-up: read from the configuration
+    assert torch.neuron.get_eager_mode() == "adaptive"
+    torch.neuron.set_eager_mode("op")
+    with torch.neuron.eager_mode("adaptive"):
+        assert windows.active()
+    assert not windows.active()
+
+
+def test_buffer_limit_and_log(adaptive, caplog):
+    xd = torch.randn(8).to("neuron")
+    with tn.config.override(window_ops=4, log={"windows"}), caplog.at_level(logging.INFO, logger="tn"):
+        y = xd
+        for _ in range(10):
+            y = y + 1
+        torch.testing.assert_close(y.cpu(), xd.cpu() + 10)
+    assert windows.stats()["ops_per_window"] == {4: 2, 2: 1}
+    lines = [r.getMessage() for r in caplog.records if "tn.device window" in r.getMessage()]
+    assert len(lines) == 3 and "flushed by buffer limit" in lines[0] and "compiled" in lines[0]
+    assert "cache hit" in lines[1] and "host access (test_device_windows.py:" in lines[2]
+
+
+def test_profile_shows_windows_as_programs(adaptive):
+    xd = torch.randn(16, 16).to("neuron")
+    with tn.profile() as prof:
+        (xd.exp() * xd).sum(0).cpu()
+    names = [r.name for r in prof.runs]
+    assert names and all(n.startswith("window3_exp_mul_sum") for n in names)
+    assert windows.stats()["device_ns"] == pytest.approx(sum(r.total_ns for r in prof.runs))
+
+
+def test_window_that_cannot_compile_runs_op_by_op(adaptive, monkeypatch):
+    def refuse(ir, name):
+        raise tn.UnsupportedOpError("refused for the test")
+
+    monkeypatch.setattr(windows, "_compile_ir", refuse)
+    xd = torch.randn(5, 7).to("neuron")
+    y = (xd * 3).softmax(-1)
+    torch.testing.assert_close(y.cpu(), (xd.cpu() * 3).softmax(-1))
+    assert windows.stats()["op_by_op"] == 1
+
+
+def test_backward_from_another_thread_shares_the_queue(adaptive):
+    xd = torch.randn(4, 4).to("neuron").requires_grad_()
+    out = {}
+
+    def work():
+        out["y"] = (xd * xd).sum()
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    out["y"].backward()
+    torch.testing.assert_close(xd.grad.cpu(), 2 * xd.detach().cpu())
+
+
+def test_hf_gpt2_generate_same_tokens(tiny_hf):
+    m = tiny_hf("gpt2")
+    ids = torch.randint(2, 64, (1, 6))
+    want = m.generate(ids, max_new_tokens=5, do_sample=False)
+    md = copy.deepcopy(m).to("neuron")
+    windows.reset_stats()
+    with torch.no_grad(), windows.eager_mode("adaptive"):
+        got = md.generate(ids.to("neuron"), max_new_tokens=5, do_sample=False)
+    assert torch.equal(got.cpu(), want)
+    s = windows.stats()
+    assert s["windows"] and s["op_by_op"] == 0 and s["mean_ops_per_window"] > 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "gpt2-eager-attention"])
+def test_hf_generate_same_tokens_slow(tiny_hf, kind):
+    m = tiny_hf(kind)
+    ids = torch.randint(2, 64, (2, 5))
+    want = m.generate(ids, max_new_tokens=6, do_sample=False)
+    md = copy.deepcopy(m).to("neuron")
+    with torch.no_grad(), windows.eager_mode("adaptive"):
+        got = md.generate(ids.to("neuron"), max_new_tokens=6, do_sample=False)
+    assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.slow
+def test_hf_bert_forward_matches_cpu():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=32)
+    m = transformers.BertModel(cfg).eval()
+    ids = torch.randint(0, 64, (2, 9))
+    want = m(input_ids=ids).last_hidden_state
+    md = copy.deepcopy(m).to("neuron")
+    with torch.no_grad(), windows.eager_mode("adaptive"):
+        got = md(input_ids=ids.to("neuron")).last_hidden_state.cpu()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,679 @@
+# Adaptive eager on the neuron device: eager ops queued into windows, each window compiled and run as one program.
+"""Adaptive eager mode of the ``neuron`` device (``torch.neuron.set_eager_mode("adaptive")``).
+
+In op mode (the default) every eager op is its own one-op program, run at
+once (:mod:`tn.device.eager`). In adaptive mode an op on neuron tensors is
+*recorded* instead: its results are real neuron tensors at once (shape,
+dtype, strides from the op's meta kernel, memory from the caching allocator,
+autograd graph as usual, since recording happens below autograd), but their
+contents are computed later, when a **window** of recorded ops is flushed:
+
+* the host needs memory the window writes or reads (``.cpu()``, ``.item()``,
+  ``print``, ``numpy()``, a host fallback op, a device op that is not
+  recorded, ``tn.jit``/``torch.compile``/``tn.adaptive`` reading the tensor):
+  every such access goes through :func:`tn.device.allocator.cpu_alias`,
+  whose hook flushes first;
+* ``torch.neuron.synchronize()``, leaving adaptive mode, a random op (drawn
+  on the host from torch's CPU generator as in op mode, so the same seed
+  gives the same numbers), an op tn cannot record (data-dependent shapes,
+  a dtype reinterpretation of pending memory), or the buffer limit
+  (``TN_WINDOW_OPS`` ops, default 1024).
+
+A flushed window is replayed through the tracer (:func:`tn.trace.trace_flat`)
+into one IR: every storage the window touches is one value (a program input
+when it existed before the window, a result when an op of the window made it),
+tensors are views of their storage's value, in-place ops are functionalised
+by the tracer as under ``tn.jit``. Results whose memory nobody holds any more
+(intermediates, activations that backward already consumed) are not outputs,
+so they stay on chip. The IR is optimised and compiled by
+:func:`tn.lower.compile_ir` (the same fusion as ``tn.jit``) and cached by the
+window's signature: the op sequence, every tensor's metadata and storage slot,
+non-tensor arguments, and which results are still alive. Steady loops
+(training steps, decode steps of the same length) hit the cache.
+
+A window that cannot be traced or compiled runs op by op through the eager
+path (and its signature is remembered, so a steady loop does not retry).
+Errors keep eager's debuggability: an op's shape and dtype errors surface
+when it is recorded (its meta kernel runs then), at the user's line; an error
+while a window runs re-runs the window op by op, and the failing op's error
+names the user's ``file:line`` that issued it. Equations carry that line too
+(``Eqn.source``), so compiler messages name it.
+
+Windows belong to a queue; there is one queue per device and stream
+(:func:`_queue`: today one stream, the device's default; the seam for
+``torch.neuron.Stream``). Threads share it under a lock, so autograd's
+backward pass (run by the device's worker thread) lands in the same queue in
+issue order: forward, backward and optimizer step form few windows.
+
+``TN_LOG=windows`` logs every window (ops, cache hit or compile, why it was
+flushed); :func:`stats` counts windows, ops, hits and flush reasons.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import Counter, OrderedDict
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from .. import config
+from . import allocator, tracking
+
+__all__ = ["mode", "set_mode", "eager_mode", "active", "flush", "stats", "reset_stats", "clear_cache",
+           "pending_ops"]
+
+log = logging.getLogger("tn")
+aten = torch.ops.aten
+
+_MODES = ("op", "adaptive")
+_STATE = {"mode": None}          # None: not read from the configuration yet
+_TLS = threading.local()         # .executing: this thread is running a flushed window (record nothing)
+_CACHE: "OrderedDict[Any, _Compiled]" = OrderedDict()
+_CACHE_MAX = 512
+_REFUSED: set = set()            # per-op signatures the tracer could not replay: flushed around, run eagerly
+_META: Dict[Any, Any] = {}       # per-op metadata key -> result plan (from the op's meta kernel)
+_SEEDED = torch.Tag.nondeterministic_seeded
+_STATS: Dict[str, Any] = {}
+
+
+def _zero_stats() -> None:
+    _STATS.clear()
+    _STATS.update({"windows": 0, "ops": 0, "hits": 0, "compiles": 0, "op_by_op": 0, "compile_s": 0.0,
+                   "flush_reasons": Counter(), "ops_per_window": Counter(), "device_ns": 0.0})
+
+
+_zero_stats()
+
+
+# --------------------------------------------------------------------------- the switch
+
+
+def mode() -> str:
+    """The eager mode of the neuron device: ``"op"`` (one program per op, at once) or ``"adaptive"`` (windows)."""
+    m = _STATE["mode"]
+    if m is None:
+        m = _STATE["mode"] = config.get("eager_mode")
+    return m
+
+
+def set_mode(m: str) -> None:
+    """Switch the neuron device's eager mode (``"op"`` or ``"adaptive"``); leaving adaptive runs what is queued."""
+    if m not in _MODES:
+        from ..errors import TnError
+
+        raise TnError(f"eager mode {m!r} does not exist: use 'op' (one program per op) or 'adaptive' (ops "
+                      f"gathered into compiled windows)")
+    if m != "adaptive" and mode() == "adaptive":
+        flush("eager mode change")
+    _STATE["mode"] = m
+
+
+@contextlib.contextmanager
+def eager_mode(m: str) -> Iterator[None]:
+    """Context manager: the neuron device runs eager ops in mode ``m`` inside the block (restored after)."""
+    saved = mode()
+    set_mode(m)
+    try:
+        yield
+    finally:
+        set_mode(saved)
+
+
+def active() -> bool:
+    """Whether ops issued now are recorded into a window (adaptive mode, not while a window runs)."""
+    return (_STATE["mode"] or mode()) == "adaptive" and not getattr(_TLS, "executing", False)
+
+
+# --------------------------------------------------------------------------- queues, slots, records
+
+
+class _Slot:
+    """One storage a window touches: its index in the window, dtype, the value's shape, and the storage.
+
+    ``external`` storages existed before the window (program inputs; held strongly until the flush);
+    the others were made by an op of the window (held weakly: when the user drops every tensor on one,
+    its value is not written back).
+    """
+
+    __slots__ = ("index", "external", "dtype", "shape", "nbytes", "strong", "ref")
+
+    def __init__(self, index: int, st: Any, external: bool, dtype: torch.dtype, shape: Tuple[int, ...]):
+        self.index = index
+        self.external = external
+        self.dtype = dtype
+        self.shape = shape
+        self.nbytes = st.nbytes()
+        self.strong = st if external else None
+        self.ref = None if external else weakref.ref(st)
+
+    def storage(self) -> Any:
+        """The storage object (None once a window-made storage has died)."""
+        return self.strong if self.external else self.ref()
+
+
+class _Ref:
+    """A tensor argument of a recorded op: storage slot, shape, stride, offset, dtype."""
+
+    __slots__ = ("slot", "shape", "stride", "offset", "dtype")
+
+    def __init__(self, slot: int, shape: tuple, stride: tuple, offset: int, dtype: torch.dtype):
+        self.slot = slot
+        self.shape = shape
+        self.stride = stride
+        self.offset = offset
+        self.dtype = dtype
+
+
+class _Rec:
+    """One recorded op: the aten overload, its flat arguments (tensors as :class:`_Ref`), result plan, source."""
+
+    __slots__ = ("op", "leaves", "spec", "plan", "fresh", "src")
+
+    def __init__(self, op, leaves, spec, plan, fresh, src):
+        self.op = op
+        self.leaves = leaves
+        self.spec = spec
+        self.plan = plan
+        self.fresh = fresh      # [(result leaf index, slot index)]
+        self.src = src          # (filename, line) of the user's code, or None
+
+
+class _Window:
+    """The ops recorded since the last flush of one queue."""
+
+    __slots__ = ("recs", "slots", "by_ptr", "keys")
+
+    def __init__(self):
+        self.recs: List[_Rec] = []
+        self.slots: List[_Slot] = []
+        self.by_ptr: Dict[int, _Slot] = {}
+        self.keys: List[Any] = []
+
+    def slot_of(self, st: Any) -> Optional[_Slot]:
+        """The live slot of storage ``st`` (None if the window does not touch it)."""
+        s = self.by_ptr.get(st.data_ptr())
+        if s is not None and s.storage() is st:
+            return s
+        return None
+
+
+class _Queue:
+    """A device stream's queue of work: the open window, under a lock shared by every thread."""
+
+    __slots__ = ("lock", "window")
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.window = _Window()
+
+
+_QUEUES: Dict[Any, _Queue] = {}
+
+
+def _queue() -> _Queue:
+    """The queue ops issued now go to: one per (device, stream); today the device's one default stream."""
+    q = _QUEUES.get(None)
+    if q is None:
+        q = _QUEUES.setdefault(None, _Queue())
+    return q
+
+
+def pending_ops() -> int:
+    """Ops recorded and not yet run (in every queue)."""
+    return sum(len(q.window.recs) for q in _QUEUES.values())
+
+
+# --------------------------------------------------------------------------- recording
+
+
+def _user_src() -> Optional[Tuple[str, int]]:
+    from ..trace import user_frame
+
+    f = user_frame()
+    return (f.f_code.co_filename, f.f_lineno) if f is not None else None
+
+
+def _base_shape(t: torch.Tensor, nbytes: int) -> Tuple[int, ...]:
+    """The shape of a storage's value: ``t``'s when ``t`` covers it row-major, else the flat element count."""
+    if t.storage_offset() == 0 and t.is_contiguous() and t.numel() * t.element_size() == nbytes:
+        return tuple(t.shape)
+    return (nbytes // t.element_size(),)
+
+
+def _meta_of(r: _Ref) -> torch.Tensor:
+    if r.offset == 0:
+        return torch.empty_strided(r.shape, r.stride, dtype=r.dtype, device="meta")
+    extent = r.offset + 1 + sum((d - 1) * s for d, s in zip(r.shape, r.stride) if d > 0)
+    return torch.empty((extent,), dtype=r.dtype, device="meta").as_strided(r.shape, r.stride, r.offset)
+
+
+def _plan(op, leaves: list, spec) -> Any:
+    """Run ``op``'s meta kernel: ``(out_tree, [("alias", leaf) | ("fresh", shape, dtype) | ("static", v)])``."""
+    from .eager import _unflatten
+
+    metas = [_meta_of(x) if type(x) is _Ref else
+             (torch.empty((), dtype=x.dtype, device="meta") if isinstance(x, torch.Tensor) else x) for x in leaves]
+    by_id = {id(m): i for i, m in enumerate(metas) if type(leaves[i]) is _Ref}
+    args, kwargs = _unflatten(metas, spec)
+    res = op(*args, **kwargs)
+    flat, tree = tree_flatten(res)
+    out = []
+    for x in flat:
+        if isinstance(x, torch.Tensor):
+            i = by_id.get(id(x))
+            out.append(("alias", i) if i is not None else ("fresh", tuple(x.shape), x.dtype))
+        else:
+            out.append(("static", x))
+    return tree, out
+
+
+def _leaf_key(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):     # a CPU scalar tensor (wrapped number): baked into the program
+        return ("t", x.dtype, x.item())
+    if isinstance(x, float):
+        return ("f", repr(x))
+    if isinstance(x, (int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return (type(x).__name__, x)
+    return ("r", type(x).__name__, repr(x))
+
+
+class _NotRecordable(Exception):
+    """This op is run eagerly instead (the reason is the message)."""
+
+
+def record(op, name: str, flat: list, spec, deterministic: bool = False) -> Any:
+    """Record aten ``op`` (flat arguments ``flat``, structure ``spec``) into the open window and return its
+    results (neuron tensors whose contents the window's flush computes), or ``NotImplemented`` when the op
+    must run eagerly now (the queue was flushed first where the op depends on it). ``deterministic``: the
+    caller knows this call draws no random numbers although torch tags the op random (SDPA without dropout)."""
+    if not deterministic and _SEEDED in op.tags:
+        flush("random op", name)
+        return NotImplemented
+    q = _queue()
+    with q.lock:
+        try:
+            return _record(q, op, name, flat, spec)
+        except _NotRecordable as e:
+            flush(str(e), name)
+            return NotImplemented
+
+
+_TRACEABLE: Dict[Any, bool] = {}
+
+
+def _traceable(op) -> bool:
+    """False for ops the tracer surely cannot replay (data-dependent results; no core op, decomposition or
+    composite kernel, e.g. fused optimizer kernels): they run eagerly, as in op mode."""
+    ok = _TRACEABLE.get(op)
+    if ok is None:
+        from .. import trace as _trace
+
+        if op in _trace._DATA_DEPENDENT:
+            ok = False
+        else:
+            h = _trace._resolve(op)
+            ok = not (h is _trace._h_decompose and _trace._decomposition_for(op) is None
+                      and not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"))
+        _TRACEABLE[op] = ok
+    return ok
+
+
+def _record(q: _Queue, op, name: str, flat: list, spec) -> Any:
+    if not _traceable(op):
+        raise _NotRecordable("an op the tracer cannot replay")
+    w = q.window
+    leaves: list = []
+    meta_key: list = [op]
+    slot_key: list = []
+    new_slots: List[Tuple[Any, torch.Tensor]] = []
+    any_dev = False
+    for a in flat:
+        if isinstance(a, torch.Tensor):
+            if a.device.type != "neuron":
+                if a.dim() or a.requires_grad:
+                    raise _NotRecordable("a host tensor argument")
+                leaves.append(a)
+                meta_key.append(_leaf_key(a))
+                continue
+            if a.numel() == 0:
+                raise _NotRecordable("an empty tensor")
+            any_dev = True
+            st = a.untyped_storage()
+            s = w.slot_of(st)
+            if s is None:
+                for st2, t2 in new_slots:
+                    if st2 is st:
+                        s = t2
+                        break
+                if s is None:
+                    nb = st.nbytes()
+                    s = _Slot(len(w.slots) + len(new_slots), st, True, a.dtype, _base_shape(a, nb))
+                    new_slots.append((st, s))
+                    slot_key.append(("ext", s.index, s.shape, s.dtype))
+            if s.dtype != a.dtype:
+                raise _NotRecordable("a dtype view of pending memory")
+            r = _Ref(s.index, tuple(a.shape), tuple(a.stride()), a.storage_offset(), a.dtype)
+            leaves.append(r)
+            meta_key.append((r.shape, r.stride, r.offset, r.dtype))
+            slot_key.append(s.index)
+        else:
+            leaves.append(a)
+            meta_key.append(_leaf_key(a))
+    if not any_dev:
+        raise _NotRecordable("no device tensor argument")
+    mk = tuple(meta_key)
+    rec_key = (mk, tuple(slot_key))
+    if rec_key in _REFUSED:
+        raise _NotRecordable("an op the window tracer refused before")
+    plan = _META.get(mk)
+    if plan is None:
+        try:
+            plan = _plan(op, leaves, spec)
+        except Exception as e:   # no meta kernel, or a bad call: eager runs it (and raises at the user's line)
+            raise _NotRecordable(f"its meta kernel failed ({type(e).__name__})") from None
+        _META[mk] = plan
+    tree, items = plan
+    # commit: the op belongs to the window from here on
+    for st, s in new_slots:
+        w.slots.append(s)
+        w.by_ptr[st.data_ptr()] = s
+    out = []
+    fresh = []
+    for j, it in enumerate(items):
+        kind = it[0]
+        if kind == "fresh":
+            shape, dtype = it[1], it[2]
+            t = allocator.new_tensor(shape, allocator.contiguous_strides(shape), dtype)
+            st = t.untyped_storage()
+            s = _Slot(len(w.slots), st, False, dtype, shape)
+            w.slots.append(s)
+            w.by_ptr[st.data_ptr()] = s
+            fresh.append((j, s.index))
+            out.append(t)
+        elif kind == "alias":
+            out.append(flat[it[1]])
+        else:
+            out.append(it[1])
+    w.recs.append(_Rec(op, leaves, spec, plan, fresh, _user_src()))
+    w.keys.append(rec_key)
+    tracking.count(name)
+    result = tree_unflatten(out, tree)
+    if len(w.recs) >= config.get("window_ops"):
+        flush("buffer limit")
+    return result
+
+
+# --------------------------------------------------------------------------- flushing
+
+
+def flush(reason: str = "explicit", detail: Optional[str] = None) -> None:
+    """Run every op recorded so far (``reason`` is counted in :func:`stats` and logged with ``TN_LOG=windows``)."""
+    for q in tuple(_QUEUES.values()):
+        with q.lock:
+            w = q.window
+            if not w.recs:
+                continue
+            q.window = _Window()
+            _run_window(w, reason if detail is None else f"{reason} ({detail})", reason)
+
+
+def before_host_access(t: torch.Tensor) -> None:
+    """Hook of :func:`tn.device.allocator.cpu_alias`: flush when a queued op reads or writes ``t``'s memory."""
+    for q in tuple(_QUEUES.values()):
+        w = q.window
+        if w.recs and w.slot_of(t.untyped_storage()) is not None:
+            where = _user_src()
+            flush("host access", f"{os.path.basename(where[0])}:{where[1]}" if where else None)
+            return
+
+
+class _Compiled:
+    """A compiled window: the executable, which slots are its inputs and outputs, and the IR's mutations."""
+
+    __slots__ = ("exe", "inputs", "outputs", "mutations", "reason", "name")
+
+    def __init__(self, exe=None, inputs=(), outputs=(), mutations=(), reason=None, name=""):
+        self.exe = exe
+        self.inputs = tuple(inputs)
+        self.outputs = tuple(outputs)
+        self.mutations = tuple(mutations)
+        self.reason = reason
+        self.name = name
+
+
+def _short(src: Optional[Tuple[str, int]]) -> Optional[str]:
+    return f"{os.path.basename(src[0])}:{src[1]}" if src else None
+
+
+def _window_name(w: _Window) -> str:
+    """``window12_addmm_gelu_native_layer_norm_mm``: a window's op count and its first four distinct ops."""
+    seen: List[str] = []
+    for r in w.recs:
+        n = r.op._schema.name.split("::")[-1]
+        if n not in seen:
+            seen.append(n)
+            if len(seen) == 4:
+                break
+    return f"window{len(w.recs)}_" + "_".join(seen)
+
+
+def _run_window(w: _Window, reason: str, kind: str) -> None:
+    live = tuple(s.index for s in w.slots if not s.external and s.ref() is not None)
+    key = (tuple(w.keys), tuple(s.index for s in w.slots if s.external), live)
+    _STATS["windows"] += 1
+    _STATS["ops"] += len(w.recs)
+    _STATS["ops_per_window"][len(w.recs)] += 1
+    _STATS["flush_reasons"][kind] += 1
+    entry = _CACHE.get(key)
+    hit = entry is not None
+    if hit:
+        _STATS["hits"] += 1
+        _CACHE.move_to_end(key)
+    else:
+        t0 = time.perf_counter()
+        entry = _compile(w, live)
+        _STATS["compile_s"] += time.perf_counter() - t0
+        _STATS["compiles"] += 1
+        _CACHE[key] = entry
+        if len(_CACHE) > _CACHE_MAX:
+            _CACHE.popitem(last=False)
+    if config.log_enabled("windows"):
+        log.info("tn.device window: %s, %s, flushed by %s%s", entry.name or _window_name(w),
+                 "cache hit" if hit else ("compiled" if entry.exe is not None else f"op by op: {entry.reason}"),
+                 reason, f"; {len(live)} results kept" if live else "")
+    _TLS.executing = True
+    try:
+        if entry.exe is not None:
+            try:
+                _run_compiled(w, entry)
+                return
+            except Exception as e:   # the op-by-op re-run below raises the error at the op that caused it
+                log.debug("tn.device window %s failed (%s: %s); re-running op by op", entry.name,
+                          type(e).__name__, e)
+        _STATS["op_by_op"] += 1
+        _run_op_by_op(w)
+    finally:
+        _TLS.executing = False
+
+
+def _alias(st: Any, dtype: torch.dtype, shape: Tuple[int, ...]) -> torch.Tensor:
+    """A contiguous CPU tensor of ``shape`` at the start of neuron storage ``st`` (no copy)."""
+    cst = torch._C._construct_storage_from_data_pointer(st.data_ptr(), torch.device("cpu"), st.nbytes())
+    return torch.empty(0, dtype=dtype).set_(cst, 0, shape, allocator.contiguous_strides(shape))
+
+
+def _run_compiled(w: _Window, entry: _Compiled) -> None:
+    slots = w.slots
+    ins = [_alias(slots[i].strong, slots[i].dtype, slots[i].shape) for i in entry.inputs]
+    outs = entry.exe(ins)
+    prof = entry.exe.last_profile
+    if prof is not None:
+        tracking.add_device_ns(prof.total_ns)
+        _STATS["device_ns"] += prof.total_ns
+    for j, i in enumerate(entry.outputs):
+        s = slots[i]
+        st = s.storage()
+        if st is not None:
+            _alias(st, s.dtype, s.shape).copy_(outs[j].reshape(s.shape))
+    for i, j in entry.mutations:
+        ins[i].copy_(outs[j].reshape(ins[i].shape))
+
+
+def _compile_ir(ir: Any, name: str) -> Any:
+    """A window's executable (strict mode: a host equation raises, and the window runs op by op)."""
+    from .. import lower
+
+    return lower.compile_ir(ir, name=name)
+
+
+def _compile(w: _Window, live: Tuple[int, ...]) -> _Compiled:
+    from ..passes import optimize
+    from ..trace import trace_flat
+
+    name = _window_name(w)
+    ext = [s.index for s in w.slots if s.external]
+    metas = [torch.empty(w.slots[i].shape, dtype=w.slots[i].dtype, device="meta") for i in ext]
+    try:
+        traced = trace_flat(_replayer(w, ext, live), metas)
+        ir = optimize(traced.ir)
+        exe = _compile_ir(ir, name)
+    except _ReplayError as e:
+        _REFUSED.add(w.keys[e.k])
+        return _Compiled(reason=f"{type(e.cause).__name__} at {_short(w.recs[e.k].src)}: "
+                         f"{str(e.cause).splitlines()[0] if str(e.cause) else ''}", name=name)
+    except Exception as e:   # the window runs op by op; its ops' own errors (if any) surface there
+        return _Compiled(reason=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", name=name)
+    return _Compiled(exe, ext, live, ir.mutations, name=name)
+
+
+class _ReplayError(Exception):
+    def __init__(self, k: int, cause: BaseException):
+        super().__init__(str(cause))
+        self.k = k
+        self.cause = cause
+
+
+def _replayer(w: _Window, ext: List[int], live: Tuple[int, ...]):
+    """The function :func:`tn.trace.trace_flat` traces: the window's ops, in order, on its storages' values."""
+    from ..trace import source_hint
+    from .eager import _unflatten
+
+    def view(bases: Dict[int, torch.Tensor], r: _Ref) -> torch.Tensor:
+        b = bases[r.slot]
+        if r.shape == tuple(b.shape) and r.stride == tuple(b.stride()) and r.offset == b.storage_offset():
+            return b
+        if r.offset == 0 and r.stride == allocator.contiguous_strides(r.shape) and b.numel() == _numel(r.shape):
+            return b.view(r.shape)
+        return torch.as_strided(b, r.shape, r.stride, r.offset)
+
+    def replay(*tensors):
+        bases = dict(zip(ext, tensors))
+        for k, rec in enumerate(w.recs):
+            try:
+                with source_hint(_short(rec.src)):
+                    leaves = [view(bases, x) if type(x) is _Ref else x for x in rec.leaves]
+                    args, kwargs = _unflatten(leaves, rec.spec)
+                    res = rec.op(*args, **kwargs)
+                    if rec.fresh:
+                        flat = tree_flatten(res)[0]
+                        for j, slot in rec.fresh:
+                            t = flat[j]
+                            if not (t.is_contiguous() and t.storage_offset() == 0):
+                                t = t.contiguous()
+                            bases[slot] = t
+            except Exception as e:
+                raise _ReplayError(k, e) from e
+        return [bases[i] for i in live]
+
+    return replay
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _tensor_on(st: Any, r: _Ref) -> torch.Tensor:
+    """A neuron tensor with ``r``'s metadata on storage ``st``."""
+    t = allocator._create_empty([0], r.dtype)
+    allocator._set_handle(allocator._CPU_KEYS, t, st, r.offset, r.shape, r.stride)
+    return t
+
+
+def _run_op_by_op(w: _Window) -> None:
+    """Run a window's ops one by one through the eager path; an error names the user's line of its op."""
+    from .eager import _unflatten, run_op
+
+    stores = []
+    for s in w.slots:
+        st = s.storage()
+        if st is None:      # a result nobody holds any more: scratch memory for the ops that read it
+            st = allocator.alloc_storage(s.nbytes)
+        stores.append(st)
+    for rec in w.recs:
+        leaves = [_tensor_on(stores[x.slot], x) if type(x) is _Ref else x for x in rec.leaves]
+        args, kwargs = _unflatten(leaves, rec.spec)
+        try:
+            res = run_op(rec.op, args, kwargs)
+        except Exception as e:
+            _name_the_line(e, rec)
+            raise
+        if rec.fresh:
+            flat = tree_flatten(res)[0]
+            for j, slot in rec.fresh:
+                s = w.slots[slot]
+                _alias(stores[slot], s.dtype, s.shape).copy_(allocator.cpu_alias(flat[j]))
+
+
+def _name_the_line(e: BaseException, rec: _Rec) -> None:
+    """Say in ``e`` which user line issued the op (the error surfaced later, when its window ran)."""
+    if rec.src is None:
+        return
+    import linecache
+
+    fn, line = rec.src
+    code = linecache.getline(fn, line).strip()
+    note = (f"{fn}:{line}: `{code}`" if code else f"{fn}:{line}") + \
+        f": this op ({rec.op}) was queued in an adaptive eager window there and ran when the window was flushed"
+    if e.args and isinstance(e.args[0], str):
+        e.args = (f"{note}\n{e.args[0]}",) + tuple(e.args[1:])
+    else:
+        e.add_note(note)
+
+
+# --------------------------------------------------------------------------- counters
+
+
+def stats() -> Dict[str, Any]:
+    """Adaptive eager counters: windows run, ops, cache hits, compiles, op-by-op windows, compile seconds,
+    modelled device ns, hit rate, mean ops per window, ``flush_reasons`` and ``ops_per_window`` histograms."""
+    out = {k: (dict(v) if isinstance(v, Counter) else v) for k, v in _STATS.items()}
+    n = out["windows"]
+    out["hit_rate"] = out["hits"] / n if n else 0.0
+    out["mean_ops_per_window"] = out["ops"] / n if n else 0.0
+    out["pending_ops"] = pending_ops()
+    out["cached_windows"] = len(_CACHE)
+    return out
+
+
+def reset_stats() -> None:
+    """Zero the counters of :func:`stats`."""
+    _zero_stats()
+
+
+def clear_cache() -> None:
+    """Drop every compiled window (and the record of windows that could not be traced)."""
+    _CACHE.clear()
+    _REFUSED.clear()
+
+
+allocator.BEFORE_HOST_ACCESS[0] = before_host_access
+allocator.BEFORE_STATS[0] = lambda: flush("memory statistics") if pending_ops() else None
