@@ -139,6 +139,10 @@ def cpu_alias(t: torch.Tensor, sync: bool = True) -> torch.Tensor:
     return torch.empty(0, dtype=t.dtype).set_(cst, t.storage_offset(), t.size(), t.stride())
 
 
+#: Called with each tensor ``torch.empty`` made on the device (tn.device.windows fills it: memory a window may
+#: write before anything reads it).
+ON_EMPTY: list = [None]
+
 #: Called before the counters are read (tn.device.windows fills it: queued ops run, so memory they still hold
 #: is counted as op-by-op eager would count it).
 BEFORE_STATS: list = [None]

@@ -64,12 +64,21 @@ def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=
         stride = contiguous_strides(size)
     else:
         stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
-    return new_tensor(size, stride, dtype)
+    return _made_empty(new_tensor(size, stride, dtype))
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
     check_device(device)
-    return new_tensor(tuple(int(s) for s in size), tuple(int(s) for s in stride), dtype or torch.get_default_dtype())
+    return _made_empty(new_tensor(tuple(int(s) for s in size), tuple(int(s) for s in stride),
+                                  dtype or torch.get_default_dtype()))
+
+
+def _made_empty(t):
+    """Tell an adaptive eager window about memory ``torch.empty`` made (its values are undefined until written)."""
+    hook = allocator.ON_EMPTY[0]
+    if hook is not None:
+        hook(t)
+    return t
 
 
 def _with_math_bits(alias: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

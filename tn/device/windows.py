@@ -141,11 +141,13 @@ class _Slot:
     its value is not written back).
     """
 
-    __slots__ = ("index", "external", "dtype", "shape", "nbytes", "strong", "ref")
+    __slots__ = ("index", "external", "dtype", "shape", "nbytes", "strong", "ref", "blank")
 
-    def __init__(self, index: int, st: Any, external: bool, dtype: torch.dtype, shape: Tuple[int, ...]):
+    def __init__(self, index: int, st: Any, external: bool, dtype: torch.dtype, shape: Tuple[int, ...],
+                 blank: bool = False):
         self.index = index
         self.external = external
+        self.blank = blank      # made by torch.empty while the window was open: no value until an op writes it
         self.dtype = dtype
         self.shape = shape
         self.nbytes = st.nbytes()
@@ -187,13 +189,14 @@ class _Rec:
 class _Window:
     """The ops recorded since the last flush of one queue."""
 
-    __slots__ = ("recs", "slots", "by_ptr", "keys")
+    __slots__ = ("recs", "slots", "by_ptr", "keys", "blanks")
 
     def __init__(self):
         self.recs: List[_Rec] = []
         self.slots: List[_Slot] = []
         self.by_ptr: Dict[int, _Slot] = {}
         self.keys: List[Any] = []
+        self.blanks: Dict[int, Any] = {}   # address -> weak reference: memory torch.empty made, no op used yet
 
     def slot_of(self, st: Any) -> Optional[_Slot]:
         """The live slot of storage ``st`` (None if the window does not touch it)."""
@@ -239,10 +242,26 @@ def _user_src() -> Optional[Tuple[str, int]]:
     return (f.f_code.co_filename, f.f_lineno) if f is not None else None
 
 
+def _memory_order(shape: tuple, stride: tuple) -> Optional[Tuple[list, tuple]]:
+    """``(perm, shape in memory order)`` when ``shape``/``stride`` is a dense permutation of a row-major
+    layout (``x.t()``, ``x.permute(...)`` of a contiguous tensor), else None."""
+    perm = sorted(range(len(shape)), key=lambda d: (-stride[d], d))
+    mem = tuple(shape[d] for d in perm)
+    want = allocator.contiguous_strides(mem)
+    if all(stride[d] == w or n == 1 for d, w, n in zip(perm, want, mem)):
+        return perm, mem
+    return None
+
+
 def _base_shape(t: torch.Tensor, nbytes: int) -> Tuple[int, ...]:
-    """The shape of a storage's value: ``t``'s when ``t`` covers it row-major, else the flat element count."""
-    if t.storage_offset() == 0 and t.is_contiguous() and t.numel() * t.element_size() == nbytes:
-        return tuple(t.shape)
+    """The shape of a storage's value: ``t``'s in memory order when ``t`` covers it densely (contiguous or a
+    permutation of contiguous), else the flat element count."""
+    if t.storage_offset() == 0 and t.numel() * t.element_size() == nbytes:
+        if t.is_contiguous():
+            return tuple(t.shape)
+        mo = _memory_order(tuple(t.shape), tuple(t.stride()))
+        if mo is not None:
+            return mo[1]
     return (nbytes // t.element_size(),)
 
 
@@ -353,9 +372,11 @@ def _record(q: _Queue, op, name: str, flat: list, spec) -> Any:
                         break
                 if s is None:
                     nb = st.nbytes()
-                    s = _Slot(len(w.slots) + len(new_slots), st, True, a.dtype, _base_shape(a, nb))
+                    blank = w.blanks.get(st.data_ptr())
+                    blank = blank is not None and blank() is st
+                    s = _Slot(len(w.slots) + len(new_slots), st, not blank, a.dtype, _base_shape(a, nb), blank)
                     new_slots.append((st, s))
-                    slot_key.append(("ext", s.index, s.shape, s.dtype))
+                    slot_key.append(("blank" if blank else "ext", s.index, s.shape, s.dtype))
             if s.dtype != a.dtype:
                 raise _NotRecordable("a dtype view of pending memory")
             r = _Ref(s.index, tuple(a.shape), tuple(a.stride()), a.storage_offset(), a.dtype)
@@ -383,6 +404,8 @@ def _record(q: _Queue, op, name: str, flat: list, spec) -> Any:
     for st, s in new_slots:
         w.slots.append(s)
         w.by_ptr[st.data_ptr()] = s
+        if s.blank:
+            del w.blanks[st.data_ptr()]
     out = []
     fresh = []
     for j, it in enumerate(items):
@@ -418,16 +441,35 @@ def flush(reason: str = "explicit", detail: Optional[str] = None) -> None:
         with q.lock:
             w = q.window
             if not w.recs:
+                if w.blanks:             # only blank memory, no op: nothing to run
+                    q.window = _Window()
                 continue
             q.window = _Window()
             _run_window(w, reason if detail is None else f"{reason} ({detail})", reason)
+
+
+def on_empty(t: torch.Tensor) -> None:
+    """Hook of the device's ``empty`` kernels: in adaptive mode, memory made now is a blank slot of the window
+    (weakly held, no program input: an ``out=`` op that fills it defines its value)."""
+    if not active() or t.numel() == 0:
+        return
+    q = _queue()
+    with q.lock:
+        st = t.untyped_storage()
+        q.window.blanks[st.data_ptr()] = weakref.ref(st)
 
 
 def before_host_access(t: torch.Tensor) -> None:
     """Hook of :func:`tn.device.allocator.cpu_alias`: flush when a queued op reads or writes ``t``'s memory."""
     for q in tuple(_QUEUES.values()):
         w = q.window
-        if w.recs and w.slot_of(t.untyped_storage()) is not None:
+        if not w.by_ptr and not w.blanks:
+            continue
+        st = t.untyped_storage()
+        if w.blanks.pop(st.data_ptr(), None) is not None:   # blank memory the host writes (empty, then copy_)
+            continue
+        s = w.slot_of(st)
+        if w.recs and s is not None:
             where = _user_src()
             flush("host access", f"{os.path.basename(where[0])}:{where[1]}" if where else None)
             return
@@ -465,7 +507,7 @@ def _window_name(w: _Window) -> str:
 
 def _run_window(w: _Window, reason: str, kind: str) -> None:
     live = tuple(s.index for s in w.slots if not s.external and s.ref() is not None)
-    key = (tuple(w.keys), tuple(s.index for s in w.slots if s.external), live)
+    key = (tuple(w.keys), tuple((s.external, s.blank, s.shape, s.dtype) for s in w.slots), live)
     _STATS["windows"] += 1
     _STATS["ops"] += len(w.recs)
     _STATS["ops_per_window"][len(w.recs)] += 1
@@ -565,12 +607,11 @@ def _replayer(w: _Window, ext: List[int], live: Tuple[int, ...]):
     from .eager import _unflatten
 
     def view(bases: Dict[int, torch.Tensor], r: _Ref) -> torch.Tensor:
-        b = bases[r.slot]
-        if r.shape == tuple(b.shape) and r.stride == tuple(b.stride()) and r.offset == b.storage_offset():
-            return b
-        if r.offset == 0 and r.stride == allocator.contiguous_strides(r.shape) and b.numel() == _numel(r.shape):
-            return b.view(r.shape)
-        return torch.as_strided(b, r.shape, r.stride, r.offset)
+        b = bases.get(r.slot)
+        if b is None:     # memory made by torch.empty inside the window, read before written: undefined values
+            s = w.slots[r.slot]
+            b = bases[r.slot] = torch.empty(s.shape, dtype=s.dtype)
+        return _view_of(b, r.shape, r.stride, r.offset)
 
     def replay(*tensors):
         bases = dict(zip(ext, tensors))
@@ -592,6 +633,45 @@ def _replayer(w: _Window, ext: List[int], live: Tuple[int, ...]):
         return [bases[i] for i in live]
 
     return replay
+
+
+def _view_of(b: torch.Tensor, shape: tuple, stride: tuple, offset: int) -> torch.Tensor:
+    """The tensor ``as_strided(b, shape, stride, offset)`` of a row-major base ``b``, written with the view
+    ops that say what it is (reshape, permute, narrow, expand), which the compiler reads better than a
+    strided copy; ``as_strided`` only when none fits."""
+    bshape = tuple(b.shape)
+    if shape == bshape and offset == 0 and all(s == c or d == 1 for s, c, d in
+                                               zip(stride, allocator.contiguous_strides(shape), shape)):
+        return b
+    if any(s == 0 and d != 1 for d, s in zip(shape, stride)):      # broadcast dims: view without them, expand
+        core = tuple(1 if s == 0 else d for d, s in zip(shape, stride))
+        return _view_of(b, core, stride, offset).expand(shape)
+    n, bn = _numel(shape), b.numel()
+    contiguous = all(s == c or d == 1 for s, c, d in zip(stride, allocator.contiguous_strides(shape), shape))
+    if contiguous:
+        if offset == 0 and n == bn:
+            return b.view(shape)
+        if offset + n <= bn:
+            return b.reshape(-1).narrow(0, offset, n).view(shape)
+    if offset == 0 and n == bn:
+        mo = _memory_order(shape, stride)
+        if mo is not None:
+            perm, mem = mo
+            inv = [perm.index(d) for d in range(len(perm))]
+            return (b if mem == bshape else b.view(mem)).permute(inv)
+    bstr = allocator.contiguous_strides(bshape)
+    if len(shape) == len(bshape) and all(s == c or d == 1 for d, s, c in zip(shape, stride, bstr)):
+        starts, rest = [], offset
+        for c in bstr:
+            starts.append(rest // c)
+            rest %= c
+        if rest == 0 and all(st + d <= bd for st, d, bd in zip(starts, shape, bshape)):
+            t = b
+            for i, (st, d, bd) in enumerate(zip(starts, shape, bshape)):
+                if st or d != bd:
+                    t = t.narrow(i, st, d)
+            return t
+    return torch.as_strided(b, shape, stride, offset)
 
 
 def _numel(shape) -> int:
@@ -676,4 +756,5 @@ def clear_cache() -> None:
 
 
 allocator.BEFORE_HOST_ACCESS[0] = before_host_access
+allocator.ON_EMPTY[0] = on_empty
 allocator.BEFORE_STATS[0] = lambda: flush("memory statistics") if pending_ops() else None
