@@ -157,3 +157,12 @@ def test_jit_linear_odd_shapes_both_variants(dtype):
         want = m(x)
         for _ in range(3):
             torch.testing.assert_close(f(x), want, **TOL[dtype])
+
+
+def test_fingerprint_of_a_tensor_past_float32_integer_range_stays_in_bounds():
+    # 2**25 + 1 elements: a float32 linspace(0, n - 1) rounded the last index to n (IndexError on GPT-2's wte)
+    from tn.lower.layout import fingerprint
+
+    t = torch.arange(2 ** 25 + 1, dtype=torch.int32).view(torch.float32)
+    fp = fingerprint(t).view(torch.int32)
+    assert fp[0].item() == 0 and fp[-1].item() == 2 ** 25

@@ -208,7 +208,8 @@ def fingerprint(t: torch.Tensor) -> torch.Tensor:
     if n <= _FP_SAMPLES:
         s = flat.clone()
     else:
-        idx = torch.linspace(0, n - 1, _FP_SAMPLES).long()
+        # integer spacing: a float32 linspace rounds n - 1 up past the end for n > 2**24
+        idx = torch.arange(_FP_SAMPLES, dtype=torch.int64) * (n - 1) // (_FP_SAMPLES - 1)
         s = flat[idx]
     if s.device.type != "cpu":
         s = s.cpu()
