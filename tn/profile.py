@@ -200,6 +200,13 @@ class Profile:
             offset_us += r.total_us
         return events
 
+    def save_html(self, path, title: str = "tn.profile") -> str:
+        """Write a self-contained HTML page of the runs: a zoomable timeline per engine/DMA queue, programs,
+        opcodes, host ops (rendered by :mod:`tn.assess.html`; needs ``pip install 'tn[report]'``)."""
+        from .assess.html import profile_page
+
+        return profile_page(self, str(path), title)
+
     def save_trace(self, path) -> str:
         """Write the Chrome/Perfetto trace JSON to ``path`` (returns the path)."""
         with open(path, "w") as f:
