@@ -47,8 +47,13 @@ def _doors(doors: Optional[Sequence[str]]) -> list:
     return list(dict.fromkeys(doors))
 
 
-def _door_entry(progress, door, target, opts, ref):
-    return run_door(door, target, opts, ref, progress)
+def _door_entry(progress, door, target, opts, ref, overrides):
+    """A door process's work: :func:`run_door` under the chip settings of the assessment (a spawned process
+    does not inherit the parent's ``tn.config`` overrides)."""
+    from .. import config
+
+    with config.override(**overrides) if overrides else contextlib.nullcontext():
+        return run_door(door, target, opts, ref, progress)
 
 
 def assess_target(target: Target, *, doors: Optional[Sequence[str]] = None, dtype: str = "fp32",
@@ -57,7 +62,7 @@ def assess_target(target: Target, *, doors: Optional[Sequence[str]] = None, dtyp
                   progress: bool = True, stream: Any = None) -> AssessResult:
     """Assess a loaded :class:`tn.assess.target.Target` (see :func:`assess` for the options)."""
     from .. import config
-    from ..neuron.arch import default_arch_name
+    from ..neuron.machine import machine
 
     t_start = time.perf_counter()
     if dtype not in ("fp32", "bf16"):
@@ -66,15 +71,13 @@ def assess_target(target: Target, *, doors: Optional[Sequence[str]] = None, dtyp
     stream = stream or sys.stderr
     over = {k: v for k, v in (("arch", arch), ("instance", instance), ("lnc", lnc)) if v is not None}
     with config.override(**over) if over else contextlib.nullcontext():
-        arch_name = default_arch_name()
-        lnc_v = config.get("lnc") or (2 if arch_name == "trn2" else 1)
+        mach = machine()
         opts = Options(dtype=dtype, train=train, repeats=max(1, int(repeats)))
         notes = []
         if cores > 1:
             n = torch.neuron.device_count()
-            if n < cores:
-                notes.append(f"--cores {cores}: n/a: needs many-core support (neuron:N devices; this tn has {n}); "
-                             f"assessed on one core")
+            notes.append(f"--cores {cores}: n/a: sharded runs are not part of tn assess yet (needs the many-core "
+                         f"devices, {n} visible now, and a sharding plan); every door ran on one core")
         if train:
             notes.append("training step: forward, loss, backward; the loss and every gradient compared with the CPU "
                          "(optimizer step not included); dropout set to p=0")
@@ -94,12 +97,14 @@ def assess_target(target: Target, *, doors: Optional[Sequence[str]] = None, dtyp
                "outputs": [{"output": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
                            for n, t in ref if not n.startswith("grad ")]}
         result = AssessResult(label=target.label, options={"dtype": dtype, "train": train, "doors": doors,
-                                                           "arch": arch_name, "instance": config.get("instance"),
-                                                           "lnc": lnc_v, "cores": cores, "repeats": opts.repeats},
+                                                           "arch": mach.arch_name, "instance": mach.name,
+                                                           "lnc": mach.lnc, "devices_per_instance": mach.device_count,
+                                                           "hbm_per_device_bytes": mach.hbm_bytes_per_device,
+                                                           "cores": cores, "repeats": opts.repeats},
                               cpu=cpu, notes=notes)
         for door in doors:
             result.doors[door] = run_in_child(
-                door, _door_entry, timeout, args=(door, target, opts, ref), show=progress, stream=stream,
+                door, _door_entry, timeout, args=(door, target, opts, ref, over), show=progress, stream=stream,
                 spawn=train, import_file=target.source_file)
             result.doors[door].setdefault("title", DOOR_TITLES[door])
             result.doors[door].setdefault("door", door)

@@ -20,17 +20,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-__all__ = ["AssessResult", "hbm_per_core", "fmt_bytes"]
+__all__ = ["AssessResult", "fmt_bytes"]
 
 _GIB = 1 << 30
-#: HBM per chip and physical NeuronCores per chip (AWS Neuron docs: trn1 32 GiB / 2 cores, trn2 96 GiB / 8).
-_HBM_PER_CHIP = {"trn1": (32 * _GIB, 2), "trn2": (96 * _GIB, 8)}
-
-
-def hbm_per_core(arch: str, lnc: Optional[int]) -> int:
-    """HBM bytes of one (logical) core: the chip's HBM over its physical cores, times ``lnc``."""
-    per_chip, cores = _HBM_PER_CHIP.get(arch, _HBM_PER_CHIP["trn2"])
-    return per_chip // cores * (lnc or 1)
 
 
 def fmt_bytes(n: Optional[float]) -> str:
@@ -76,8 +68,8 @@ class AssessResult:
         return min(ok, key=lambda k: self.doors[k]["device_us"]) if ok else None
 
     def hbm_capacity(self) -> int:
-        """HBM bytes of the core modelled (see :func:`hbm_per_core`)."""
-        return hbm_per_core(self.options.get("arch", "trn2"), self.options.get("lnc"))
+        """HBM bytes of one device (logical core) of the modelled instance (:func:`tn.neuron.machine.machine`)."""
+        return int(self.options["hbm_per_device_bytes"])
 
     def footprint(self) -> Optional[int]:
         """Largest HBM footprint among the doors that ran (bytes)."""
@@ -144,8 +136,12 @@ class AssessResult:
             change.append(f"{k} fails: {e.get('type', '')}" + (f" at {e['where']}" if e.get("where") else ""))
         fp, cap = self.footprint(), self.hbm_capacity()
         if fp and fp > cap:
+            need = math.ceil(fp / cap)
+            devs = self.options.get("devices_per_instance")
             change.append(f"needs sharding: {fmt_bytes(fp)} > {fmt_bytes(cap)} HBM of one core "
-                          f"(>= {math.ceil(fp / cap)} cores: tensor/pipeline parallel or FSDP)")
+                          f"(>= {need} cores: tensor/pipeline parallel or FSDP"
+                          + (f"; more than one {self.options.get('instance')} ({devs} cores)" if devs and need > devs
+                             else "") + ")")
         uniq = list(dict.fromkeys(change))
         lines.append("what needs changing? " + ("nothing found" + (f": fits one core's HBM ({fmt_bytes(fp)} of "
                                                                    f"{fmt_bytes(cap)})" if fp else "")
@@ -215,7 +211,7 @@ class AssessResult:
 
         o = self.options
         parts = [f"tn assess: {self.label}  ({'training step' if o.get('train') else 'inference'}, {o.get('dtype')}, "
-                 f"{o.get('arch')}{', ' + o['instance'] if o.get('instance') else ''}, lnc {o.get('lnc')})", ""]
+                 f"{o.get('instance')} ({o.get('arch')}), lnc {o.get('lnc')})", ""]
         parts.append(tabulate(self.door_rows(), headers="keys", tablefmt="simple"))
         errs = self.error_rows()
         if errs:
