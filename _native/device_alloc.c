@@ -1,4 +1,4 @@
-/* Caching allocator of the `neuron` device's memory (the software NeuronCore's HBM): size classes, free lists, stats. */
+/* Caching allocator of the `neuron` devices' memory (each device's HBM): one arena per device, size classes, free lists, stats. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -17,12 +17,20 @@ typedef struct blk {
     int64_t cap;          /* usable bytes */
     int64_t cls;          /* size class index */
     int64_t req;          /* bytes asked for by the live allocation */
+    int64_t dev;          /* device (arena) index */
     struct blk *next;     /* free-list link */
 } blk;
 
+/* One arena per device: its free lists, counters and limit (the device's HBM). */
+typedef struct arena {
+    blk *free_heads[NCLASS];
+    int64_t allocated, peak, reserved, requested, nalloc, nfree, hits, limit;
+} arena;
+
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static blk *free_heads[NCLASS];
-static int64_t st_allocated, st_peak, st_reserved, st_requested, st_nalloc, st_nfree, st_hits, st_limit;
+static arena arenas[TN_DEV_MAX_DEVICES];
+
+static int bad_device(int64_t dev) { return dev < 0 || dev >= TN_DEV_MAX_DEVICES; }
 
 /* Size class of n bytes: 64 B minimum, then 4 classes per power of two (at most 25% rounding waste). */
 static void size_class(int64_t n, int64_t *cap, int64_t *cls) {
@@ -41,27 +49,28 @@ static void size_class(int64_t n, int64_t *cap, int64_t *cls) {
     if (*cls >= NCLASS) *cls = NCLASS - 1;
 }
 
-static void release_cached_locked(void) {
+static void release_cached_locked(arena *a) {
     for (int i = 0; i < NCLASS; i++) {
-        blk *b = free_heads[i];
+        blk *b = a->free_heads[i];
         while (b) {
             blk *nx = b->next;
-            st_reserved -= b->cap;
+            a->reserved -= b->cap;
             b->magic = 0;
             free(b);
             b = nx;
         }
-        free_heads[i] = NULL;
+        a->free_heads[i] = NULL;
     }
 }
 
-void *tn_dev_alloc(int64_t nbytes) {
-    if (nbytes < 0 || nbytes > ((int64_t)1 << 46)) return NULL;
+void *tn_dev_alloc_on(int64_t dev, int64_t nbytes) {
+    if (bad_device(dev) || nbytes < 0 || nbytes > ((int64_t)1 << 46)) return NULL;
     int64_t cap, cls;
     size_class(nbytes, &cap, &cls);
     pthread_mutex_lock(&mu);
+    arena *a = &arenas[dev];
     blk *b = NULL;
-    blk **pp = &free_heads[cls];
+    blk **pp = &a->free_heads[cls];
     while (*pp) {                       /* the last class mixes sizes: take a block big enough */
         if ((*pp)->cap >= cap) {
             b = *pp;
@@ -71,16 +80,16 @@ void *tn_dev_alloc(int64_t nbytes) {
         pp = &(*pp)->next;
     }
     if (b) {
-        st_hits++;
+        a->hits++;
     } else {
-        if (st_limit > 0 && st_reserved + cap > st_limit) release_cached_locked();
-        if (st_limit > 0 && st_reserved + cap > st_limit) {
+        if (a->limit > 0 && a->reserved + cap > a->limit) release_cached_locked(a);
+        if (a->limit > 0 && a->reserved + cap > a->limit) {
             pthread_mutex_unlock(&mu);
             return NULL;
         }
         void *raw = NULL;
         if (posix_memalign(&raw, HDR, (size_t)(HDR + cap)) != 0 || raw == NULL) {
-            release_cached_locked();
+            for (int d = 0; d < TN_DEV_MAX_DEVICES; d++) release_cached_locked(&arenas[d]);
             if (posix_memalign(&raw, HDR, (size_t)(HDR + cap)) != 0 || raw == NULL) {
                 pthread_mutex_unlock(&mu);
                 return NULL;
@@ -89,34 +98,38 @@ void *tn_dev_alloc(int64_t nbytes) {
         b = (blk *)raw;
         b->cap = cap;
         b->cls = cls;
-        st_reserved += cap;
+        b->dev = dev;
+        a->reserved += cap;
     }
     b->magic = MAGIC_LIVE;
     b->req = nbytes;
     b->next = NULL;
-    st_allocated += b->cap;
-    st_requested += nbytes;
-    if (st_allocated > st_peak) st_peak = st_allocated;
-    st_nalloc++;
+    a->allocated += b->cap;
+    a->requested += nbytes;
+    if (a->allocated > a->peak) a->peak = a->allocated;
+    a->nalloc++;
     pthread_mutex_unlock(&mu);
     return (char *)b + HDR;
 }
+
+void *tn_dev_alloc(int64_t nbytes) { return tn_dev_alloc_on(0, nbytes); }
 
 int tn_dev_free(void *ptr) {
     if (ptr == NULL || ((uintptr_t)ptr & (HDR - 1)) != 0) return TN_EARGS;
     blk *b = (blk *)((char *)ptr - HDR);
     pthread_mutex_lock(&mu);
-    if (b->magic != MAGIC_LIVE) {
+    if (b->magic != MAGIC_LIVE || bad_device(b->dev)) {
         int rc = b->magic == MAGIC_FREE ? TN_EINDEX : TN_EARGS;
         pthread_mutex_unlock(&mu);
         return rc;
     }
+    arena *a = &arenas[b->dev];
     b->magic = MAGIC_FREE;
-    st_allocated -= b->cap;
-    st_requested -= b->req;
-    st_nfree++;
-    b->next = free_heads[b->cls];
-    free_heads[b->cls] = b;
+    a->allocated -= b->cap;
+    a->requested -= b->req;
+    a->nfree++;
+    b->next = a->free_heads[b->cls];
+    a->free_heads[b->cls] = b;
     pthread_mutex_unlock(&mu);
     return TN_OK;
 }
@@ -127,35 +140,53 @@ int64_t tn_dev_block_bytes(void *ptr) {
     return b->magic == MAGIC_LIVE ? b->cap : TN_EARGS;
 }
 
-void tn_dev_stats(int64_t *out) {
-    pthread_mutex_lock(&mu);
-    out[0] = st_allocated;
-    out[1] = st_peak;
-    out[2] = st_reserved;
-    out[3] = st_requested;
-    out[4] = st_nalloc;
-    out[5] = st_nfree;
-    out[6] = st_hits;
-    out[7] = st_limit;
-    pthread_mutex_unlock(&mu);
+int64_t tn_dev_block_device(int64_t addr) {
+    void *ptr = (void *)(intptr_t)addr;
+    if (ptr == NULL || ((uintptr_t)ptr & (HDR - 1)) != 0) return TN_EARGS;
+    blk *b = (blk *)((char *)ptr - HDR);
+    return b->magic == MAGIC_LIVE ? b->dev : TN_EARGS;
 }
 
-void tn_dev_reset_peak(void) {
+int tn_dev_stats(int64_t dev, int64_t *out) {
+    if (bad_device(dev) || out == NULL) return TN_EINDEX;
     pthread_mutex_lock(&mu);
-    st_peak = st_allocated;
+    arena *a = &arenas[dev];
+    out[0] = a->allocated;
+    out[1] = a->peak;
+    out[2] = a->reserved;
+    out[3] = a->requested;
+    out[4] = a->nalloc;
+    out[5] = a->nfree;
+    out[6] = a->hits;
+    out[7] = a->limit;
     pthread_mutex_unlock(&mu);
+    return TN_OK;
 }
 
-void tn_dev_empty_cache(void) {
+int tn_dev_reset_peak(int64_t dev) {
+    if (bad_device(dev)) return TN_EINDEX;
     pthread_mutex_lock(&mu);
-    release_cached_locked();
+    arenas[dev].peak = arenas[dev].allocated;
     pthread_mutex_unlock(&mu);
+    return TN_OK;
 }
 
-void tn_dev_set_limit(int64_t nbytes) {
+int tn_dev_empty_cache(int64_t dev) {
+    if (dev != -1 && bad_device(dev)) return TN_EINDEX;
     pthread_mutex_lock(&mu);
-    st_limit = nbytes < 0 ? 0 : nbytes;
+    for (int64_t d = 0; d < TN_DEV_MAX_DEVICES; d++)
+        if (dev == -1 || d == dev) release_cached_locked(&arenas[d]);
     pthread_mutex_unlock(&mu);
+    return TN_OK;
+}
+
+int tn_dev_set_limit(int64_t dev, int64_t nbytes) {
+    if (dev != -1 && bad_device(dev)) return TN_EINDEX;
+    pthread_mutex_lock(&mu);
+    for (int64_t d = 0; d < TN_DEV_MAX_DEVICES; d++)
+        if (dev == -1 || d == dev) arenas[d].limit = nbytes < 0 ? 0 : nbytes;
+    pthread_mutex_unlock(&mu);
+    return TN_OK;
 }
 
 /* ---- fast path of small eager elementwise ops (tn.device.fastpath) ---- */
@@ -199,7 +230,9 @@ int tn_dev_binary(int op, int dtype, int64_t a, int64_t b, int64_t out, int64_t 
     return TN_EARGS;
 }
 
-/* The same as tn_dev_alloc / tn_dev_free with addresses as integers (cheaper to call from Python). */
-int64_t tn_dev_alloc_addr(int64_t nbytes) { return (int64_t)(intptr_t)tn_dev_alloc(nbytes); }
+/* The same as tn_dev_alloc_on / tn_dev_free with addresses as integers (cheaper to call from Python). */
+int64_t tn_dev_alloc_addr(int64_t dev, int64_t nbytes) { return (int64_t)(intptr_t)tn_dev_alloc_on(dev, nbytes); }
 
 int tn_dev_free_addr(int64_t addr) { return tn_dev_free((void *)(intptr_t)addr); }
+
+int tn_dev_max_devices(void) { return TN_DEV_MAX_DEVICES; }

@@ -78,20 +78,28 @@ int tn_matmul_ap(const tn_ap *psum, const tn_ap *stat, const tn_ap *mov, int64_t
 /* --- end engine kernels --- */
 
 /* --- device allocator --- */
-/* Caching allocator of the neuron device's memory (device_alloc.c): 64-byte aligned blocks in size classes
-   (4 per power of two), freed blocks kept for reuse; thread-safe. tn_dev_alloc returns NULL when out of memory
-   or over the limit; tn_dev_free returns 0, TN_EINDEX for a double free or TN_EARGS for a pointer it never gave.
-   tn_dev_stats fills 8 values: allocated, peak, reserved, requested, allocs, frees, cache hits, limit (bytes). */
+/* Caching allocator of the neuron devices' memory (device_alloc.c): one arena per device index
+   (0 .. TN_DEV_MAX_DEVICES-1), 64-byte aligned blocks in size classes (4 per power of two), freed blocks kept for
+   reuse by their own device; thread-safe. tn_dev_alloc_on returns NULL when out of memory, over the device's
+   limit or for a device index out of range; tn_dev_alloc is device 0. tn_dev_free returns 0, TN_EINDEX for a
+   double free or TN_EARGS for a pointer it never gave (a block goes back to the arena it came from).
+   tn_dev_stats fills 8 values of one device: allocated, peak, reserved, requested, allocs, frees, cache hits,
+   limit (bytes). Functions taking a device return TN_EINDEX for an index out of range; empty_cache and set_limit
+   take -1 for every device. tn_dev_block_device is the device of a live block (TN_EARGS otherwise). */
+#define TN_DEV_MAX_DEVICES 128
+void *tn_dev_alloc_on(int64_t dev, int64_t nbytes);
 void *tn_dev_alloc(int64_t nbytes);
 int tn_dev_free(void *ptr);
 int64_t tn_dev_block_bytes(void *ptr);
-void tn_dev_stats(int64_t *out);
-void tn_dev_reset_peak(void);
-void tn_dev_empty_cache(void);
-void tn_dev_set_limit(int64_t nbytes);
+int64_t tn_dev_block_device(int64_t addr);
+int tn_dev_stats(int64_t dev, int64_t *out);
+int tn_dev_reset_peak(int64_t dev);
+int tn_dev_empty_cache(int64_t dev);
+int tn_dev_set_limit(int64_t dev, int64_t nbytes);
 /* tn_dev_alloc / tn_dev_free with addresses as integers (0 = out of memory), cheaper to call from Python. */
-int64_t tn_dev_alloc_addr(int64_t nbytes);
+int64_t tn_dev_alloc_addr(int64_t dev, int64_t nbytes);
 int tn_dev_free_addr(int64_t addr);
+int tn_dev_max_devices(void);   /* TN_DEV_MAX_DEVICES, checked against tn.neuron.machine.MAX_DEVICES */
 /* Fast path of small eager ops: out[i] = a[i] (op) b[i] over n contiguous elements at addresses a, b, out;
    op 0 add, 1 sub, 2 mul; dtype TN_F32, or TN_BF16 computed in fp32 and rounded to nearest even (as the
    engines do). Returns 0, or TN_EARGS (touching nothing) for a null address or bad op/dtype/n. */

@@ -1,11 +1,19 @@
 # The neuron device's memory: storages from the native caching allocator (_native/device_alloc.c), freed when they die.
-"""Device memory of the ``neuron`` device.
+"""Device memory of the ``neuron`` devices.
 
 Every neuron tensor's storage is a block of the native caching allocator
-(``tn_dev_alloc`` in ``_native/device_alloc.c``): 64-byte aligned, rounded
-to a size class (four per power of two), kept on a free list when released
-and reused by the next allocation of its class. This memory is the software
-NeuronCore's HBM: programs bind it by pointer.
+(``tn_dev_alloc_on`` in ``_native/device_alloc.c``): one arena per device
+index, 64-byte aligned, rounded to a size class (four per power of two), kept
+on its device's free list when released and reused by the next allocation of
+its class on that device. Each arena has its own counters (:func:`stats`) and
+limit (``TN_DEVICE_MEMORY`` applies to every device). This memory is the
+software NeuronCore's HBM: programs bind it by pointer.
+
+The *current device* (``torch.neuron.set_device``, ``torch.neuron.device(i)``)
+is thread-local, as on CUDA, and is the chip model's current core
+(:func:`tn.neuron.timeline.current_core`): allocations without an index land
+there, and each eager op makes its inputs' device current while it runs
+(:func:`on_device`), so results land with their inputs.
 
 The storage object is built with ``torch._C._construct_storage_from_data_pointer``
 and a weak reference with a callback returns the block to the allocator
@@ -13,24 +21,127 @@ exactly when the storage dies (the last tensor or view using it).
 """
 from __future__ import annotations
 
+import os as _os
 import weakref
 
 import torch
 
 from .. import config
 from ..errors import TnError
+from ..neuron.machine import MAX_DEVICES, machine
+from ..neuron.timeline import current_core as _current_core
+from ..neuron.timeline import set_current_core as _set_current_core
 
-__all__ = ["DEVICE", "DeviceMemoryError", "alloc_storage", "new_tensor", "cpu_alias", "stats",
-           "memory_allocated", "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats",
-           "empty_cache", "set_memory_limit"]
+__all__ = ["DEVICE", "DEVICES", "DeviceMemoryError", "DeviceIndexError", "alloc_storage", "new_tensor", "cpu_alias",
+           "stats", "memory_allocated", "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats",
+           "empty_cache", "set_memory_limit", "current_index", "set_current_index", "on_device", "device_index",
+           "check_index", "device_count", "initialized"]
 
-#: The one device tn models (a single NeuronCore).
+#: Device 0 (every process has it).
 DEVICE = torch.device("neuron", 0)
+#: ``DEVICES[i]`` is ``torch.device("neuron", i)`` for every index the allocator has an arena for.
+DEVICES = tuple(torch.device("neuron", i) for i in range(MAX_DEVICES))
 _CPU = torch.device("cpu")
 
 
 class DeviceMemoryError(TnError):
-    """The neuron device is out of memory (or over the limit set with ``TN_DEVICE_MEMORY``)."""
+    """A neuron device is out of memory (or over the limit set with ``TN_DEVICE_MEMORY``)."""
+
+
+class DeviceIndexError(TnError, RuntimeError):
+    """A neuron device index that the modelled machine does not have (a RuntimeError, as torch raises)."""
+
+
+def device_count() -> int:
+    """Logical cores of the modelled instance (:func:`tn.neuron.machine.machine`)."""
+    return machine().device_count
+
+
+def check_index(index: int) -> int:
+    """``index`` if the machine has that device, else :class:`DeviceIndexError` naming the count."""
+    if type(index) is not int:
+        index = int(index)
+    if index == 0:
+        return 0
+    m = machine()
+    if not 0 <= index < m.device_count:
+        raise DeviceIndexError(
+            f"device neuron:{index} does not exist: the modelled {m.describe()} has {m.device_count} neuron "
+            f"device(s) (torch.neuron.device_count() == {m.device_count}); use neuron:0 .. neuron:{m.device_count - 1}"
+            f", or pick a bigger machine with TN_INSTANCE / TN_LNC")
+    return index
+
+
+def device_index(device=None) -> int:
+    """The neuron device index of ``device`` (an int, ``"neuron:1"``, a torch.device; None or no index: the current
+    device), checked against the machine."""
+    if device is None:
+        return current_index()
+    if isinstance(device, int):
+        return check_index(device)
+    d = device if isinstance(device, torch.device) else torch.device(device)
+    if d.type != "neuron":
+        raise TnError(f"{d} is not a neuron device")
+    return current_index() if d.index is None else check_index(d.index)
+
+
+#: ``_STATE[0]``: the device was used (memory allocated or a device selected); a fork after it is a bad fork
+_STATE = {"initialized": False, "bad_fork": False}
+
+
+def initialized() -> bool:
+    """True once this process allocated device memory or selected a device."""
+    return _STATE["initialized"]
+
+
+def _bad_fork_error() -> TnError:
+    return TnError("Cannot re-initialize the neuron device in a forked subprocess: the parent process had already "
+                   "used it (device memory, current device and streams do not survive fork). To use the neuron "
+                   "device with multiprocessing, use the 'spawn' start method "
+                   "(torch.multiprocessing.set_start_method('spawn') or mp.get_context('spawn'))")
+
+
+def _after_fork_in_child() -> None:
+    if _STATE["initialized"]:
+        _STATE["bad_fork"] = True
+
+
+_os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _mark_initialized() -> None:
+    if _STATE["bad_fork"]:
+        raise _bad_fork_error()
+    _STATE["initialized"] = True
+
+
+def current_index() -> int:
+    """This thread's current neuron device index (default 0)."""
+    return _current_core()
+
+
+def set_current_index(index: int) -> int:
+    """Make device ``index`` current for this thread (checked); returns the previous one."""
+    index = check_index(index)
+    _mark_initialized()
+    return _set_current_core(index)
+
+
+class on_device:
+    """Context manager: device ``index`` (unchecked: an existing tensor's) is current inside the block."""
+
+    __slots__ = ("index", "prev")
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def __enter__(self):
+        self.prev = _set_current_core(self.index)
+        return self
+
+    def __exit__(self, *exc):
+        _set_current_core(self.prev)
+        return False
 
 
 def _native():
@@ -56,9 +167,12 @@ _weakref = weakref.ref
 
 
 def _limit_from_env() -> None:
+    if _lib.tn_dev_max_devices() != MAX_DEVICES:
+        raise TnError(f"the native device allocator has {_lib.tn_dev_max_devices()} arenas but tn.neuron.machine "
+                      f"expects {MAX_DEVICES}: rebuild with `python setup.py build_ext --inplace`")
     n = config.get("device_memory")
     if n:
-        _lib.tn_dev_set_limit(n)
+        _lib.tn_dev_set_limit(-1, n)
 
 
 _limit_from_env()
@@ -71,16 +185,21 @@ def _release(ref) -> None:
         _free(entry[1])
 
 
-def alloc_storage(nbytes: int) -> torch.UntypedStorage:
-    """A new neuron ``UntypedStorage`` of ``nbytes`` bytes from the caching allocator (contents undefined)."""
-    addr = _alloc(nbytes)
+def alloc_storage(nbytes: int, index: int = None) -> torch.UntypedStorage:
+    """A new neuron ``UntypedStorage`` of ``nbytes`` bytes on device ``index`` (default: the current device; the
+    caller checked it) from the caching allocator (contents undefined)."""
+    if index is None:
+        index = _current_core()
+    if not _STATE["initialized"] or _STATE["bad_fork"]:
+        _mark_initialized()
+    addr = _alloc(index, nbytes)
     if not addr:
-        s = stats()
+        s = stats(index)
         raise DeviceMemoryError(
-            f"neuron device: cannot allocate {nbytes} bytes ({s['allocated']} in use, {s['reserved']} reserved, "
+            f"neuron:{index}: cannot allocate {nbytes} bytes ({s['allocated']} in use, {s['reserved']} reserved, "
             f"limit {s['limit'] or 'none'}); free tensors, call torch.neuron.empty_cache(), or raise "
             f"TN_DEVICE_MEMORY")
-    st = _construct(addr, DEVICE, nbytes)
+    st = _construct(addr, DEVICES[index], nbytes)
     ref = _weakref(st, _release)
     _LIVE[id(ref)] = (ref, addr)
     return st
@@ -101,9 +220,10 @@ def storage_nbytes(size, stride, itemsize: int) -> int:
     return n * itemsize
 
 
-def new_tensor(size, stride, dtype: torch.dtype) -> torch.Tensor:
-    """A new neuron tensor of ``size``/``stride``/``dtype`` on fresh device memory (contents undefined)."""
-    st = alloc_storage(storage_nbytes(size, stride, dtype.itemsize))
+def new_tensor(size, stride, dtype: torch.dtype, index: int = None) -> torch.Tensor:
+    """A new neuron tensor of ``size``/``stride``/``dtype`` on fresh memory of device ``index`` (default: the
+    current device) (contents undefined)."""
+    st = alloc_storage(storage_nbytes(size, stride, dtype.itemsize), index)
     t = _create_empty([0], dtype)
     _set_handle(_CPU_KEYS, t, st, 0, size, stride)
     return t
@@ -148,41 +268,43 @@ ON_EMPTY: list = [None]
 BEFORE_STATS: list = [None]
 
 
-def stats() -> dict:
-    """Allocator counters: allocated, peak, reserved, requested (bytes), allocs, frees, cache_hits, limit."""
+def stats(device=None) -> dict:
+    """Allocator counters of one device (default: the current one): allocated, peak, reserved, requested
+    (bytes), allocs, frees, cache_hits, limit."""
     if BEFORE_STATS[0] is not None:
         BEFORE_STATS[0]()
     out = _ffi.new("int64_t[8]")
-    _lib.tn_dev_stats(out)
+    _lib.tn_dev_stats(device_index(device), out)
     keys = ("allocated", "peak", "reserved", "requested", "allocs", "frees", "cache_hits", "limit")
     return dict(zip(keys, (int(v) for v in out)))
 
 
 def memory_allocated(device=None) -> int:
-    """Bytes held by live neuron tensors (size-class rounded, like CUDA's counter)."""
-    return stats()["allocated"]
+    """Bytes held by live tensors of the device (size-class rounded, like CUDA's counter)."""
+    return stats(device)["allocated"]
 
 
 def max_memory_allocated(device=None) -> int:
     """Peak of :func:`memory_allocated` since start or the last :func:`reset_peak_memory_stats`."""
-    return stats()["peak"]
+    return stats(device)["peak"]
 
 
 def memory_reserved(device=None) -> int:
-    """Bytes the allocator holds: live blocks plus cached free blocks."""
-    return stats()["reserved"]
+    """Bytes the device's arena holds: live blocks plus cached free blocks."""
+    return stats(device)["reserved"]
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    """Restart the peak counter at the current allocation."""
-    _lib.tn_dev_reset_peak()
+    """Restart the device's peak counter at its current allocation."""
+    _lib.tn_dev_reset_peak(device_index(device))
 
 
 def empty_cache() -> None:
-    """Return every cached free block to the host (live tensors are untouched)."""
-    _lib.tn_dev_empty_cache()
+    """Return every device's cached free blocks to the host (live tensors are untouched)."""
+    _lib.tn_dev_empty_cache(-1)
 
 
-def set_memory_limit(nbytes: int) -> None:
-    """Cap the device memory (bytes, 0 = no cap); also settable with ``TN_DEVICE_MEMORY=16g``."""
-    _lib.tn_dev_set_limit(int(nbytes))
+def set_memory_limit(nbytes: int, device=None) -> None:
+    """Cap a device's memory (bytes, 0 = no cap; default: every device); also settable with
+    ``TN_DEVICE_MEMORY=16g``."""
+    _lib.tn_dev_set_limit(-1 if device is None else device_index(device), int(nbytes))

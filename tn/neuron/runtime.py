@@ -30,6 +30,7 @@ import numpy as np
 from .. import config
 from ..errors import NeuronError
 from . import isa
+from . import timeline as _timeline
 from .arch import NUM_ENGINES
 
 __all__ = ["run", "RunResult", "PreparedCall", "simulate_timing", "to_bf16", "from_bf16", "add_listener",
@@ -96,11 +97,14 @@ class RunResult:
     [validation + timing model, C kernel], when :data:`HOST_TIMES` is on; else
     None; see :meth:`host_ns_by_opcode`). ``busy_ns``, ``counts`` and
     ``outputs`` are built on first access (a run only keeps the engine's arrays).
+    ``core``, ``queue`` and ``start_ns``: where the run was placed on the
+    modelled machine (:mod:`tn.neuron.timeline`; ``start_ns`` None for a result
+    not placed, e.g. :func:`simulate_timing`).
     """
 
     __slots__ = ("name", "arch", "total_ns", "hbm_read_bytes", "hbm_write_bytes", "sbuf_peak_bytes",
                  "psum_peak_bytes", "matmul_flops", "times", "queues", "opcodes", "wall_s", "host_ns",
-                 "_busy", "_counts", "_outputs", "_lazy")
+                 "core", "queue", "start_ns", "_busy", "_counts", "_outputs", "_lazy")
 
     def __init__(self, name, arch, total_ns, busy_ns, counts, hbm_read_bytes, hbm_write_bytes, sbuf_peak_bytes,
                  psum_peak_bytes, matmul_flops, outputs=None, times=None, queues=None, opcodes=None, wall_s=0.0):
@@ -120,6 +124,8 @@ class RunResult:
         self.opcodes = opcodes
         self.wall_s = wall_s
         self.host_ns = None
+        self.core = self.queue = 0
+        self.start_ns = None
         self._lazy = None
 
     @classmethod
@@ -138,6 +144,8 @@ class RunResult:
         r.opcodes = call.opcodes
         r.wall_s = wall
         r.host_ns = None
+        r.core = r.queue = 0
+        r.start_ns = None
         r._busy = r._counts = r._outputs = None
         r._lazy = (call, busy, counts, values)
         return r
@@ -507,6 +515,10 @@ class PreparedCall:
         res = RunResult._of_run(self, total, times if n else times[:0], busy, counts, hbm, bound, wall)
         if host is not None:
             res.host_ns = host[:n]
+        q = _current_queue()
+        res.core = q.core
+        res.queue = q.id
+        res.start_ns = _advance(res.total_ns, queue=q)[0]
         if report:
             for _, fn in _LISTENERS:
                 fn(res)
@@ -515,6 +527,8 @@ class PreparedCall:
 
 _I64 = np.dtype(np.int64)
 _perf_counter = time.perf_counter
+_current_queue = _timeline.current_queue
+_advance = _timeline.advance
 #: ``HOST_TIMES[0]``: runs record the engine's host ns per instruction in ``RunResult.host_ns`` (profiling the
 #: simulator itself; two clock reads per instruction). Set by ``TN_ENGINE_HOST_TIMES=1`` or assigned directly.
 HOST_TIMES = [config.get("engine_host_times")]
