@@ -33,7 +33,7 @@ def test_private_torch_apis_exist():
 
 def test_registration():
     assert torch._C._get_privateuse1_backend_name() == "neuron"
-    assert torch.neuron.is_available() and torch.neuron.device_count() == 1
+    assert torch.neuron.is_available() and torch.neuron.device_count() == tn.neuron.machine.machine().device_count
     assert torch.neuron.current_device() == 0
     torch.neuron.synchronize()
     x = torch.ones(2).neuron()
@@ -193,17 +193,18 @@ def test_state_dict_save_load():
 
 
 def test_bad_device_index_and_mixing():
-    with pytest.raises(tn.TnError, match="neuron:1"):
-        torch.zeros(2, device="neuron:1")
-    with pytest.raises(tn.TnError, match="neuron:1"):
-        torch.ones(2).to("neuron:1")
-    with pytest.raises(tn.TnError, match="neuron:1"):
-        torch.UntypedStorage(8, device="neuron:1")
+    bad = f"neuron:{torch.neuron.device_count()}"   # one past the modelled machine's last device
+    with pytest.raises(RuntimeError, match=bad):
+        torch.zeros(2, device=bad)
+    with pytest.raises(RuntimeError, match=bad):
+        torch.ones(2).to(bad)
+    with pytest.raises(RuntimeError, match=bad):
+        torch.UntypedStorage(8, device=bad)
     with pytest.raises(Exception, match="device_count"):
         buf = io.BytesIO()
         torch.save(torch.ones(2), buf)
         buf.seek(0)
-        torch.load(buf, map_location="neuron:1")
+        torch.load(buf, map_location=bad)
     with pytest.raises((tn.TnError, RuntimeError), match="device"):
         torch.add(torch.ones(3).to("neuron"), torch.ones(3))
     # a 0-dim CPU tensor mixes in, as with CUDA

@@ -301,7 +301,7 @@ def test_non_contiguous_views_and_as_strided():
 # ---------------------------------------------------------------- module functions
 def test_torch_neuron_module_functions():
     n = torch.neuron
-    assert n.is_available() and n.device_count() == 1 and n.current_device() == 0 and n.is_initialized()
+    assert n.is_available() and n.device_count() == 4 and n.current_device() == 0 and n.is_initialized()
     n.synchronize()
     n.synchronize("neuron:0")
     gc.collect()
@@ -322,15 +322,15 @@ def test_torch_neuron_module_functions():
     props = n.get_device_properties(0)
     assert props.total_memory == total and "NeuronCore" in props.name == n.get_device_name()
     assert n.is_bf16_supported() and torch.bfloat16 in n.get_amp_supported_dtype()
-    with pytest.raises(tn.TnError, match="neuron:1"):
-        n.set_device(1)
+    with pytest.raises(RuntimeError, match="neuron:4 does not exist"):
+        n.set_device(4)
     with n.device(0):
         pass
 
 
 def test_torch_accelerator_functions():
     acc = torch.accelerator
-    assert acc.current_accelerator().type == "neuron" and acc.device_count() == 1 and acc.is_available()
+    assert acc.current_accelerator().type == "neuron" and acc.device_count() == 4 and acc.is_available()
     acc.synchronize()
     gc.collect()
     t = torch.empty(1000, device="neuron")

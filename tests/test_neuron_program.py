@@ -106,7 +106,8 @@ def test_profile_collects_runs_and_writes_trace(tmp_path):
     data = json.load(open(path))
     names = {e["args"]["name"] for e in data["traceEvents"] if e.get("name") == "thread_name"}
     assert {"TensorE", "ScalarE", "DMA0"} <= names
-    slices = [e for e in data["traceEvents"] if e["ph"] == "X"]
+    slices = [e for e in data["traceEvents"] if e["ph"] == "X" and e["cat"] == "instruction"]
+    assert sum(e["ph"] == "X" and e["cat"] == "program" for e in data["traceEvents"]) == 2   # one per run
     assert len(slices) == 12 and {"matmul", "activation", "dma_copy"} <= {e["name"] for e in slices}
 
 

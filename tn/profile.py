@@ -17,6 +17,19 @@ thread, like ``torch.profiler``: autograd runs a device's backward pass in a
 worker thread, and ``loss.backward()`` inside the block must show up. Ops that
 ran on the host instead of the NeuronCore (no lowering) are counted in
 ``prof.host_ops`` (see :func:`note_host_op`).
+
+Many cores: every run carries the core (torch device index) it ran on and its
+start on that core's modelled timeline (:mod:`tn.neuron.timeline`: streams,
+one program at a time per core). The trace has one track group (process) per
+core, ``neuron:N``, with a track per stream (one slice per program), one per
+engine/DMA queue (the instructions) and tracks for timed records other parts
+add with :func:`add_record` (``collectives``: the distributed backend's
+collectives; ``transfers``: device-to-device copies). ``prof.table(by="core")``
+sums per core. Traces of several processes (the ranks of a job, each saving
+its own) merge into one Perfetto file with :func:`merge_traces`::
+
+    prof.save_trace(f"rank{rank}.json")                 # in every rank
+    tn.profile.merge_traces(["rank0.json", "rank1.json"], "job.json")
 """
 from __future__ import annotations
 
@@ -25,9 +38,50 @@ import json
 from .neuron.arch import NUM_ENGINES
 from .neuron.runtime import HOST_TIMES, RunResult, add_listener, remove_listener
 
-__all__ = ["profile", "Profile", "note_host_op"]
+__all__ = ["profile", "Profile", "note_host_op", "add_record", "Record", "merge_traces"]
 
 _ACTIVE: list = []  # Profile objects inside their `with` block, any thread
+#: Chrome-trace thread ids of the record tracks of a core (instruction queues use 0..19, streams 1000+)
+_RECORD_TIDS = {"collectives": 900, "transfers": 901}
+_STREAM_TID = 1000
+
+
+class Record:
+    """A timed span on a core's modelled timeline that is not a program run: ``core``, ``name``, ``start_ns``,
+    ``end_ns``, ``nbytes``, ``track`` (``"collectives"``, ``"transfers"``, or another name), ``args`` (dict)."""
+
+    __slots__ = ("core", "name", "start_ns", "end_ns", "nbytes", "track", "args")
+
+    def __init__(self, core, name, start_ns, end_ns, nbytes=0, track="collectives", args=None):
+        self.core = int(core)
+        self.name = str(name)
+        self.start_ns = float(start_ns)
+        self.end_ns = float(end_ns)
+        self.nbytes = int(nbytes)
+        self.track = str(track)
+        self.args = dict(args or {})
+
+    @property
+    def dur_ns(self) -> float:
+        """``end_ns - start_ns``."""
+        return self.end_ns - self.start_ns
+
+    def __repr__(self):
+        return (f"Record(core={self.core}, {self.track}: {self.name!r}, {self.start_ns:.0f}-{self.end_ns:.0f} ns, "
+                f"{self.nbytes} B)")
+
+
+def add_record(core: int, name: str, start_ns: float, end_ns: float, nbytes: int = 0, track: str = "collectives",
+               args: dict = None) -> None:
+    """Add a timed span to every active profile: ``name`` on ``core``'s ``track`` from ``start_ns`` to ``end_ns``
+    (modelled ns on that core's timeline, e.g. from :func:`tn.neuron.timeline.advance` with
+    ``resource="collectives"``), moving ``nbytes``; ``args`` shows in the trace. Does nothing when no profile is
+    active. The distributed backend records each collective with it."""
+    if not _ACTIVE:
+        return
+    rec = Record(core, name, start_ns, end_ns, nbytes, track, args)
+    for prof in tuple(_ACTIVE):
+        prof.records.append(rec)
 
 
 def note_host_op(name: str, n: int = 1) -> None:
@@ -41,6 +95,7 @@ class Profile:
 
     def __init__(self, host_times: bool = False):
         self.runs: list[RunResult] = []
+        self.records: list[Record] = []     # timed spans added with add_record (collectives, transfers)
         self.host_ops: dict[str, int] = {}  # op name -> calls that ran on the host instead of the chip
         self._token = None
         self._host_times = host_times
@@ -69,11 +124,33 @@ class Profile:
         """Modelled time of all runs, back to back, in µs."""
         return sum(r.total_us for r in self.runs)
 
+    def cores(self) -> list[int]:
+        """The cores (device indices) that ran programs or have records in this profile, sorted."""
+        return sorted({r.core for r in self.runs} | {rec.core for rec in self.records})
+
+    def core_rows(self) -> list[dict]:
+        """One dict per core: programs run, their modelled time, the span from the first start to the last end
+        on the core's timeline, compute utilisation over that span, and the time of each record track."""
+        out = []
+        for core in self.cores():
+            runs = [r for r in self.runs if r.core == core]
+            recs = [x for x in self.records if x.core == core]
+            spans = [(r.start_ns, r.start_ns + r.total_ns) for r in runs if r.start_ns is not None]
+            spans += [(x.start_ns, x.end_ns) for x in recs]
+            busy = sum(r.total_ns for r in runs)
+            span = (max(e for _, e in spans) - min(s for s, _ in spans)) if spans else 0.0
+            row = {"core": f"neuron:{core}", "runs": len(runs), "compute_us": busy / 1e3, "span_us": span / 1e3,
+                   "compute %": 100.0 * busy / span if span else 0.0}
+            for track in sorted({x.track for x in self.records}):
+                row[f"{track}_us"] = sum(x.dur_ns for x in recs if x.track == track) / 1e3
+            out.append(row)
+        return out
+
     def rows(self) -> list[dict]:
-        """One dict per program name (runs of the same program aggregated)."""
+        """One dict per (core, program name) (runs of the same program on the same core aggregated)."""
         agg = {}
         for r in self.runs:
-            a = agg.setdefault(r.name, {"program": r.name, "runs": 0, "time_us": 0.0, "instructions": 0,
+            a = agg.setdefault((r.core, r.name), {"core": r.core, "program": r.name, "runs": 0, "time_us": 0.0, "instructions": 0,
                                         "hbm_read_MB": 0.0, "hbm_write_MB": 0.0, "_busy": {}, "_total": 0.0,
                                         "_flops": 0, "_arch": r.arch, "sbuf_peak_KiB": 0.0, "psum_peak_KiB": 0.0,
                                         "host_ms": 0.0})
@@ -144,12 +221,20 @@ class Profile:
     def table(self, tablefmt: str = "simple", print_it: bool = True, by: str = "program") -> str:
         """A tabulate summary of the collected runs (printed unless ``print_it=False``); returns the text.
 
-        ``by="program"`` (default): one row per program; ``by="opcode"``: busy
+        ``by="program"`` (default): one row per program and core; ``by="core"``:
+        one row per core (time, span, utilisation, collectives); ``by="opcode"``: busy
         time per engine and opcode over all runs; ``by="host"``: the simulator's
         own host time per opcode (runs recorded with ``host_times=True``).
         """
         from tabulate import tabulate
 
+        if by == "core":
+            rows = self.core_rows()
+            text = tabulate(rows, headers="keys", tablefmt=tablefmt, floatfmt=".3g") if rows else \
+                "tn.profile: no NeuronCore programs ran inside the block"
+            if print_it:
+                print(text)
+            return text
         if by in ("opcode", "host"):
             rows = self.opcode_rows() if by == "opcode" else self.host_rows()
             text = tabulate(rows, headers="keys", tablefmt=tablefmt, floatfmt=".3g") if rows else \
@@ -161,7 +246,7 @@ class Profile:
         if by != "program":
             from .errors import TnError
 
-            raise TnError(f"profile.table(by={by!r}): use 'program', 'opcode' or 'host'")
+            raise TnError(f"profile.table(by={by!r}): use 'program', 'core', 'opcode' or 'host'")
         rows = self.rows()
         if not rows:
             text = "tn.profile: no NeuronCore programs ran inside the block"
@@ -180,24 +265,51 @@ class Profile:
 
     # ------------------------------------------------------------------ traces
     def trace_events(self) -> list[dict]:
-        """Chrome trace events: one process per run (laid out back to back), one thread per engine/DMA queue."""
-        events = []
-        offset_us = 0.0
-        for pid, r in enumerate(self.runs, start=1):
-            events.append({"ph": "M", "name": "process_name", "pid": pid,
-                           "args": {"name": f"{r.name} ({r.arch.name})"}})
-            used = sorted(set(int(q) for q in r.queues))
-            for q in used:
-                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": q,
-                               "args": {"name": r.arch.queue_name(q)}})
-                events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": q, "args": {"sort_index": q}})
-            for i, (q, (s, e), o) in enumerate(zip(r.queues, r.times, r.opcodes)):
-                from .neuron.isa import OPCODE_NAMES
+        """Chrome trace events: one process (track group) per core ``neuron:N``; in it a track per stream with one
+        slice per program, a track per engine/DMA queue with the instructions, and a track per record kind
+        (collectives, transfers). Runs are placed at their modelled start on their core's timeline (runs without
+        one, e.g. :func:`tn.neuron.runtime.simulate_timing` results, follow the core's previous run)."""
+        from .neuron.isa import OPCODE_NAMES
 
-                events.append({"ph": "X", "name": OPCODE_NAMES.get(int(o), str(o)), "pid": pid, "tid": int(q),
-                               "ts": offset_us + float(s) / 1e3, "dur": max(float(e - s) / 1e3, 1e-3),
-                               "args": {"instruction": i}})
-            offset_us += r.total_us
+        events = []
+        seen_threads = set()
+
+        def thread(pid, tid, name, sort):
+            if (pid, tid) not in seen_threads:
+                seen_threads.add((pid, tid))
+                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+                events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                               "args": {"sort_index": sort}})
+
+        for core in self.cores():
+            pid = core + 1
+            events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"neuron:{core}"}})
+            events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": core}})
+        cursor: dict = {}
+        for r in self.runs:
+            pid = r.core + 1
+            start = r.start_ns if r.start_ns is not None else cursor.get(r.core, 0.0)
+            cursor[r.core] = start + r.total_ns
+            base_us = start / 1e3
+            stid = _STREAM_TID + int(r.queue)
+            thread(pid, stid, f"stream {r.queue}", -1000 + int(r.queue))
+            events.append({"ph": "X", "cat": "program", "name": r.name, "pid": pid, "tid": stid, "ts": base_us,
+                           "dur": max(r.total_ns / 1e3, 1e-3), "args": {"arch": r.arch.name}})
+            for q in sorted(set(int(q) for q in r.queues)):
+                thread(pid, q, r.arch.queue_name(q), q)
+            for i, (q, (s0, e0), o) in enumerate(zip(r.queues, r.times, r.opcodes)):
+                events.append({"ph": "X", "cat": "instruction", "name": OPCODE_NAMES.get(int(o), str(o)), "pid": pid,
+                               "tid": int(q), "ts": base_us + float(s0) / 1e3,
+                               "dur": max(float(e0 - s0) / 1e3, 1e-3), "args": {"instruction": i, "program": r.name}})
+        for rec in self.records:
+            pid = rec.core + 1
+            tid = _RECORD_TIDS.get(rec.track)
+            if tid is None:
+                tid = _RECORD_TIDS.setdefault(rec.track, 902 + len(_RECORD_TIDS))
+            thread(pid, tid, rec.track, 500 + tid)
+            events.append({"ph": "X", "cat": rec.track, "name": rec.name, "pid": pid, "tid": tid,
+                           "ts": rec.start_ns / 1e3, "dur": max(rec.dur_ns / 1e3, 1e-3),
+                           "args": {"bytes": rec.nbytes, **rec.args}})
         return events
 
     def save_html(self, path, title: str = "tn.profile") -> str:
@@ -214,9 +326,48 @@ class Profile:
         return str(path)
 
 
+def merge_traces(paths, out_path, labels=None) -> str:
+    """Merge Chrome/Perfetto trace files (e.g. one :meth:`Profile.save_trace` per rank) into one at ``out_path``.
+
+    Each input's track groups keep their tracks and times and are renamed ``"<label> neuron:N"`` (``labels``
+    default: ``rank0``, ``rank1``, ... in the order of ``paths``); process ids are renumbered so that inputs never
+    collide (input ``k``'s pid ``p`` becomes ``k * 10000 + p``). Returns ``out_path``."""
+    paths = list(paths)
+    labels = [f"rank{k}" for k in range(len(paths))] if labels is None else list(labels)
+    if len(labels) != len(paths):
+        from .errors import TnError
+
+        raise TnError(f"merge_traces: {len(paths)} traces but {len(labels)} labels")
+    merged = []
+    for k, (path, label) in enumerate(zip(paths, labels)):
+        with open(path) as f:
+            data = json.load(f)
+        events = data["traceEvents"] if isinstance(data, dict) else data
+        for e in events:
+            e = dict(e)
+            if "pid" in e:
+                e["pid"] = k * 10000 + int(e["pid"])
+            if e.get("ph") == "M" and e.get("name") == "process_name":
+                e["args"] = {"name": f"{label} {e.get('args', {}).get('name', '')}".strip()}
+            if e.get("ph") == "M" and e.get("name") == "process_sort_index":
+                e["args"] = {"sort_index": k * 10000 + int(e.get("args", {}).get("sort_index", 0))}
+            merged.append(e)
+    with open(out_path, "w") as f:
+        json.dump({"traceEvents": merged, "displayTimeUnit": "ns"}, f)
+    return str(out_path)
+
+
 def profile(host_times: bool = False) -> Profile:
     """Context manager collecting every NeuronCore program run inside it: ``with tn.profile() as prof: ...``.
 
     ``host_times=True`` also records the engine's host time per instruction
     inside the block (``prof.table(by="host")``)."""
     return Profile(host_times)
+
+
+# ``tn.profile`` is this function (the package exports it): the helpers ride on it, so
+# ``tn.profile.merge_traces(...)`` and ``tn.profile.add_record(...)`` work as written in the docstring.
+profile.merge_traces = merge_traces
+profile.add_record = add_record
+profile.Record = Record
+profile.Profile = Profile

@@ -9,11 +9,13 @@ eager fallback of :mod:`tn.device.eager`, the small-op fast path
 (:mod:`tn.device.autocast`), pinned host memory (:mod:`tn.device.pinned`),
 the fused LSTM/GRU cells torch's RNNs call (:mod:`tn.device.rnn`), fused
 ``scaled_dot_product_attention`` (:mod:`tn.device.attention`) and the
-wrappers of :mod:`tn.device.guards`. Tensors on ``neuron:0`` are real
+wrappers of :mod:`tn.device.guards`, and the streams and events of
+:mod:`tn.device.streams`. Tensors on ``neuron:0 .. neuron:N-1`` (N the
+logical cores of the modelled instance, :mod:`tn.neuron.machine`) are real
 ``torch.Tensor``s whose storage is native device memory
-(:mod:`tn.device.allocator`), the model's HBM.
+(:mod:`tn.device.allocator`, one arena per device), the model's HBM.
 
-Limits: one device (``neuron:0``); random numbers come from torch's CPU
+Limits: random numbers come from torch's CPU
 generator (same numbers as on the CPU for the same seed;
 ``torch.Generator(device="neuron")`` does not exist, torch needs C++ hooks
 for it); ``torch.UntypedStorage(n, device="neuron")`` and ``torch.load(...,
@@ -77,6 +79,9 @@ def register() -> None:
     from . import attention
 
     attention.register()
+    from . import streams
+
+    streams.register()
     guards.install()
     # op tracking, also reachable as tn.neuron.fallback_ops() / executed_ops()
     from .. import neuron as _chip

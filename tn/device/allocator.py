@@ -223,9 +223,49 @@ def storage_nbytes(size, stride, itemsize: int) -> int:
 def new_tensor(size, stride, dtype: torch.dtype, index: int = None) -> torch.Tensor:
     """A new neuron tensor of ``size``/``stride``/``dtype`` on fresh memory of device ``index`` (default: the
     current device) (contents undefined)."""
+    if index is None:
+        index = _current_core()
     st = alloc_storage(storage_nbytes(size, stride, dtype.itemsize), index)
-    t = _create_empty([0], dtype)
+    t = _create_empty([0], dtype) if index == 0 else _alias(_CPU_KEYS, _template(index, dtype))
     _set_handle(_CPU_KEYS, t, st, 0, size, stride)
+    return t
+
+
+def blank(dtype: torch.dtype, index: int) -> torch.Tensor:
+    """A tensor of device ``index`` and ``dtype`` with no memory yet (give it a storage with ``set_``)."""
+    return _create_empty([0], dtype) if index == 0 else _alias(_CPU_KEYS, _template(index, dtype))
+
+
+_TEMPLATES: dict = {}
+_alias = torch.ops.aten.alias.default.redispatch
+_view_dtype = torch.ops.aten.view.dtype.redispatch
+_DL_EXT_DEV = 12   # DLPack's kDLExtDev: torch maps it to PrivateUse1
+
+
+def _template(index: int, dtype: torch.dtype) -> torch.Tensor:
+    """An empty tensor on ``neuron:index`` of ``dtype`` whose aliases become new tensors of that device.
+
+    torch 2.13 gives a Python backend one way to make a tensor of its device, ``torch._C._acc.create_empty_tensor``,
+    and it always says device 0; a tensor's storage can only be replaced by one of the same device. DLPack can
+    name any PrivateUse1 index: an empty CPU tensor exported with its device rewritten to ``(kDLExtDev, index)``
+    imports as an empty ``neuron:index`` tensor (no memory of ours). Each new tensor is an alias of it (a fresh
+    TensorImpl, not an autograd view: torch's CPU kernel, reached below ADInplaceOrView) given its own storage."""
+    t = _TEMPLATES.get((index, dtype))
+    if t is None:
+        import ctypes
+
+        cap = torch.utils.dlpack.to_dlpack(torch.empty(0, dtype=torch.uint8))
+        get = ctypes.pythonapi.PyCapsule_GetPointer
+        get.restype = ctypes.c_void_p
+        get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        # DLManagedTensor starts with DLTensor {void *data; DLDevice {int32 device_type; int32 device_id}; ...}
+        dev = (ctypes.c_int32 * 2).from_address(get(cap, b"dltensor") + ctypes.sizeof(ctypes.c_void_p))
+        dev[0], dev[1] = _DL_EXT_DEV, index
+        base = torch.utils.dlpack.from_dlpack(cap)
+        if base.device != DEVICES[index]:
+            raise TnError(f"cannot make tensors on neuron:{index}: DLPack import gave {base.device}")
+        t = base if dtype == torch.uint8 else _view_dtype(_CPU_KEYS, base, dtype)
+        _TEMPLATES[(index, dtype)] = t
     return t
 
 

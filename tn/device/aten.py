@@ -3,10 +3,13 @@
 goes to the boxed fallback in :mod:`tn.device.eager`).
 
 * allocation: ``empty.memory_format``, ``empty_strided`` (the caching
-  allocator; only device index 0 exists),
+  allocator; on the device named, or the current one; an index past
+  ``torch.neuron.device_count()`` is a RuntimeError naming the count),
 * transfers: ``_copy_from``, ``_copy_from_and_resize`` (host <-> device and
   device <-> device copies: the device memory is host memory, so a copy is a
-  strided memcpy on CPU aliases),
+  strided memcpy on CPU aliases; a copy between two neuron devices is also
+  counted and timed as a device-to-device transfer, see
+  :func:`tn.device.streams.device_to_device`),
 * metadata only: ``view``, ``view.dtype``, ``as_strided``, ``_reshape_alias``,
   ``set_`` (storage variants), ``resize_``: these redispatch to torch's CPU
   kernels, which only touch sizes/strides/offset and keep the neuron storage,
@@ -37,7 +40,8 @@ import torch
 
 from ..errors import TnError
 from . import allocator, tracking
-from .allocator import (DEVICE, alloc_storage, contiguous_strides, cpu_alias, new_tensor, storage_nbytes)
+from .allocator import (DEVICE, alloc_storage, check_index, contiguous_strides, cpu_alias, current_index, new_tensor,
+                        storage_nbytes)
 
 __all__ = ["register", "check_device", "install_kernels"]
 
@@ -46,31 +50,34 @@ _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _LIBS: list = []
 
 
-def check_device(device) -> None:
-    """Raise a clear error for any neuron device index but 0."""
+def check_device(device) -> int:
+    """The index of neuron ``device`` (None or no index: the current device); a :class:`DeviceIndexError`
+    (a RuntimeError naming the device count) for an index the modelled machine does not have."""
     if device is None:
-        return
+        return current_index()
+    if isinstance(device, int):
+        return check_index(device)
     d = torch.device(device) if not isinstance(device, torch.device) else device
-    if d.type == "neuron" and d.index not in (None, 0):
-        raise TnError(f"device {d} does not exist: tn models one NeuronCore, neuron:0 (torch.neuron.device_count() "
-                      f"== 1); use device='neuron' or 'neuron:0'")
+    if d.type != "neuron" or d.index is None:
+        return current_index()
+    return check_index(d.index)
 
 
 def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    check_device(device)
+    index = check_device(device)
     dtype = dtype or torch.get_default_dtype()
     size = tuple(int(s) for s in size)
     if memory_format is None or memory_format in (torch.contiguous_format, torch.preserve_format):
         stride = contiguous_strides(size)
     else:
         stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
-    return _made_empty(new_tensor(size, stride, dtype))
+    return _made_empty(new_tensor(size, stride, dtype, index))
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-    check_device(device)
+    index = check_device(device)
     return _made_empty(new_tensor(tuple(int(s) for s in size), tuple(int(s) for s in stride),
-                                  dtype or torch.get_default_dtype()))
+                                  dtype or torch.get_default_dtype(), index))
 
 
 def _made_empty(t):
@@ -93,8 +100,8 @@ def _with_math_bits(alias: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
 def _copy_from(self, dst, non_blocking=False):
     tracking.count("aten::_copy_from")
-    if dst.device.type == "neuron":
-        check_device(dst.device)
+    if self.device.type == "neuron" and dst.device.type == "neuron" and self.device != dst.device:
+        _device_to_device(self, dst)
     # A lazily conjugated/negated tensor (x.conj(), fft results) reaches this kernel as it is: the Conjugate and
     # Negative keys fall through for _copy_from (see register), as torch's CPU copy_ takes them, and the bits are
     # put on the CPU aliases. Without the fallthrough torch's math-bit fallback resolves the bit by a clone, whose
@@ -106,6 +113,13 @@ def _copy_from(self, dst, non_blocking=False):
                       f"the CPU; go through .cpu() first")
     d.copy_(src)
     return dst
+
+
+def _device_to_device(src, dst) -> None:
+    """Count and time a copy between two neuron devices (the bytes move below, on the host)."""
+    from .streams import device_to_device
+
+    device_to_device(src.device.index, dst.device.index, src.numel() * src.element_size())
 
 
 def _copy_from_and_resize(self, dst):
@@ -125,7 +139,7 @@ def _resize(self, size, memory_format=None):
     need = storage_nbytes(size, stride, item) + self.storage_offset() * item
     st = self.untyped_storage()
     if need > st.nbytes():
-        new = alloc_storage(need)
+        new = alloc_storage(need, self.device.index)
         old = st.nbytes()
         if old:
             dst = torch.empty(0, dtype=torch.uint8).set_(
@@ -197,7 +211,7 @@ def _set_source_tensor(self, source):
 
 
 def _set_empty(self):
-    st = alloc_storage(0)
+    st = alloc_storage(0, self.device.index)
     return aten.set_.source_Storage_storage_offset.redispatch(_CPU, self, st, 0, (0,), (1,))
 
 

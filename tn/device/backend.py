@@ -1,9 +1,18 @@
 # The `torch.neuron` module: device queries, synchronisation, memory statistics and op tracking of the neuron device.
 """What ``torch.neuron`` holds once ``import tn`` has registered the device.
 
-One device (``neuron:0``, a single software NeuronCore); ops run
-synchronously, so :func:`synchronize` returns at once. Random numbers come
-from torch's CPU generator (``torch.manual_seed`` seeds them).
+Devices ``neuron:0 .. neuron:N-1``, N = :func:`device_count`, the logical
+cores of the modelled instance (:func:`tn.neuron.machine.machine`: ``TN_INSTANCE``,
+``TN_LNC``; default one trn2 chip at LNC=2, 4 devices). The current device is
+thread-local (:func:`set_device`, :class:`device`, :func:`current_device`), as
+on CUDA; ``torch.device("neuron")`` and factories without an index land on
+it. Each device has its own memory arena (:func:`memory_stats` and friends
+take a device) and streams (:mod:`tn.device.streams`: :class:`Stream`,
+:class:`Event`, :func:`stream`, :func:`current_stream`, ...). Ops run
+synchronously on the host; streams and :func:`synchronize` act on the
+modelled timeline. Random numbers come from torch's CPU generator
+(``torch.manual_seed`` seeds them). Forking after the device was used makes
+every device call in the child raise (:func:`_is_in_bad_fork`), as with CUDA.
 """
 from __future__ import annotations
 
@@ -11,8 +20,12 @@ import torch
 
 from .allocator import (empty_cache, max_memory_allocated, memory_allocated, memory_reserved,  # noqa: F401
                         reset_peak_memory_stats, set_memory_limit, stats)
+from .streams import (Event, Stream, StreamContext, current_stream, default_stream, set_stream,  # noqa: F401
+                      stream, transfer_stats, reset_transfer_stats)
+from .streams import synchronize as _synchronize
 from .tracking import (device_time_ns, executed_ops, fallback_ops, fallback_reasons, fastpath_ops,  # noqa: F401
                        reset_op_counts)
+from . import allocator as _alloc
 
 __all__ = ["is_available", "is_initialized", "device_count", "current_device", "set_device", "synchronize",
            "manual_seed", "manual_seed_all", "seed", "initial_seed", "get_rng_state", "set_rng_state",
@@ -21,7 +34,9 @@ __all__ = ["is_available", "is_initialized", "device_count", "current_device", "
            "fastpath_ops", "reset_op_counts",
            "device_time_ns", "set_eager_mode", "get_eager_mode", "eager_mode", "window_stats", "reset_window_stats",
            "get_device_name", "device", "get_amp_supported_dtype", "is_bf16_supported",
-           "mem_get_info", "reset_max_memory_allocated", "get_device_properties"]
+           "mem_get_info", "reset_max_memory_allocated", "get_device_properties", "Stream", "Event",
+           "StreamContext", "stream", "current_stream", "default_stream", "set_stream", "transfer_stats",
+           "reset_transfer_stats", "machine"]
 
 
 def is_available() -> bool:
@@ -30,34 +45,57 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    """True: the device needs no lazy initialisation."""
-    return True
+    """True once this process used the device (allocated memory or selected a device), as ``torch.cuda``'s, and
+    False in a child forked after that."""
+    return _alloc.initialized() and not _is_in_bad_fork()
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    """True in a process forked after its parent used the neuron device (device calls there raise)."""
+    return _alloc._STATE["bad_fork"]
+
+
+def _lazy_init() -> None:
+    if _alloc._STATE["bad_fork"]:
+        raise _alloc._bad_fork_error()
+
+
+def init() -> None:
+    """Initialise the device (as ``torch.cuda.init``): marks it used; raises in a bad fork."""
+    _alloc._mark_initialized()
+
+
+def machine():
+    """The modelled :class:`tn.neuron.machine.Machine` (instance, LNC, topology)."""
+    from ..neuron.machine import machine as _machine
+
+    return _machine()
 
 
 def device_count() -> int:
-    """1: tn models one NeuronCore."""
-    return 1
+    """Logical NeuronCores of the modelled instance (``TN_INSTANCE`` / ``TN_LNC``; default 4: one trn2 chip at
+    LNC=2)."""
+    return _alloc.device_count()
 
 
 def current_device() -> int:
-    """0, the only device index."""
-    return 0
+    """This thread's current device index (default 0)."""
+    _lazy_init()
+    return _alloc.current_index()
 
 
 def set_device(device) -> None:
-    """Accept only device 0 (raises a clear error for any other index)."""
-    from .aten import check_device
-
-    check_device(torch.device("neuron", device) if isinstance(device, int) else device)
+    """Make ``device`` (an index, ``"neuron:1"``, a torch.device) this thread's current device; a RuntimeError
+    naming the device count for one that does not exist. A negative index is ignored, as on CUDA."""
+    if isinstance(device, int) and device < 0:
+        return
+    _alloc.set_current_index(_alloc.device_index(device))
 
 
 def get_device_name(device=None) -> str:
-    """Name of the modelled core."""
-    return "tn software NeuronCore (trn2)"
+    """Name of the modelled core (``"tn software NeuronCore (trn2.3xlarge, LNC=2)"``)."""
+    m = machine()
+    return f"tn software NeuronCore ({m.name}, LNC={m.lnc})"
 
 
 def get_amp_supported_dtype() -> list:
@@ -71,10 +109,13 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 def synchronize(device=None) -> None:
-    """Wait for the device: runs the ops queued in adaptive eager windows (op mode has nothing to wait for)."""
+    """Wait for the device (default: the current one): runs the ops queued in adaptive eager windows; on the
+    modelled timeline, work queued later starts after everything queued so far on the device's streams."""
     from . import windows
 
+    _lazy_init()
     windows.flush("synchronize")
+    _synchronize(device)
 
 
 def set_eager_mode(mode: str) -> None:
@@ -149,7 +190,7 @@ def mem_get_info(device=None) -> tuple:
     free is total minus what the allocator holds (:func:`memory_reserved`)."""
     import os
 
-    s = stats()
+    s = stats(device)
     total = s["limit"]
     if not total:
         try:
@@ -175,28 +216,41 @@ class _DeviceProperties:
 
 
 def get_device_properties(device=None) -> _DeviceProperties:
-    """``name`` and ``total_memory`` (see :func:`mem_get_info`) of the device, like ``torch.cuda``'s."""
-    set_device(0 if device is None else device)
-    return _DeviceProperties(get_device_name(), mem_get_info()[1])
+    """``name`` and ``total_memory`` (see :func:`mem_get_info`) of the device, like ``torch.cuda``'s; also
+    ``hbm_bytes`` (the modelled logical core's HBM) and ``index``."""
+    index = _alloc.device_index(device)
+    props = _DeviceProperties(get_device_name(), mem_get_info(index)[1])
+    props.hbm_bytes = machine().hbm_bytes_per_device
+    props.index = index
+    return props
 
 
 def memory_stats(device=None) -> dict:
-    """Allocator counters (see :func:`tn.device.allocator.stats`)."""
-    return stats()
+    """Allocator counters of a device (see :func:`tn.device.allocator.stats`)."""
+    return stats(device)
 
 
 class device:
-    """Context manager selecting a neuron device (only index 0 exists; any other raises a clear error)."""
+    """Context manager: ``device`` (index, ``"neuron:1"``, torch.device; None or -1: no change) is this thread's
+    current device inside the block, as ``torch.cuda.device``."""
 
     def __init__(self, device):
-        from .aten import check_device
-
-        if isinstance(device, int):
-            device = torch.device("neuron", device)
-        check_device(device)
+        self.idx = -1 if device is None or (isinstance(device, int) and device < 0) else _alloc.device_index(device)
+        self.prev_idx = -1
 
     def __enter__(self):
+        if self.idx >= 0:
+            self.prev_idx = _alloc.set_current_index(self.idx)
         return self
 
     def __exit__(self, *exc):
+        if self.idx >= 0:
+            _alloc.set_current_index(self.prev_idx)
         return False
+
+
+class device_of(device):
+    """Context manager: the device of tensor ``obj`` is current inside the block (no change for a CPU tensor)."""
+
+    def __init__(self, obj):
+        super().__init__(obj.get_device() if obj.device.type == "neuron" else -1)

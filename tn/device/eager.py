@@ -43,7 +43,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from .. import config
 from ..errors import TnError, UnsupportedOpError
 from . import tracking, windows
-from .allocator import contiguous_strides, cpu_alias, new_tensor
+from .allocator import contiguous_strides, cpu_alias, current_index, new_tensor, on_device
 
 _create_empty = torch._C._acc.create_empty_tensor
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
@@ -130,13 +130,36 @@ def _indices_to_device(args: tuple) -> tuple:
     return (args[0], type(idx)(moved)) + tuple(args[2:])
 
 
+class DeviceMismatchError(TnError, RuntimeError):
+    """An op's tensors are on different neuron devices (PyTorch's RuntimeError, with its wording)."""
+
+
+def _op_device(args: tuple, kwargs: dict) -> int:
+    """Index of the first neuron tensor among an op's arguments (lists opened one level); the current device if
+    there is none."""
+    for a in (*args, *kwargs.values()):
+        if type(a) in (list, tuple):
+            for b in a:
+                if isinstance(b, torch.Tensor) and b.device.type == "neuron":
+                    return b.device.index
+        elif isinstance(a, torch.Tensor) and a.device.type == "neuron":
+            return a.device.index
+    return current_index()
+
+
 def _check_devices(name: str, flat: list) -> bool:
-    """Raise unless every tensor is on the device (0-d CPU tensors mix in, as with CUDA); True when one of them
-    carries a lazy conjugate/negative bit (see :func:`_resolve_math_bits`)."""
+    """Raise unless every tensor is on the current neuron device (0-d CPU tensors mix in, as with CUDA); True when
+    one of them carries a lazy conjugate/negative bit (see :func:`_resolve_math_bits`)."""
     bits = False
+    index = current_index()
     for a in flat:
         if isinstance(a, torch.Tensor):
-            if a.device.type != "neuron" and a.dim() > 0:
+            dev = a.device
+            if dev.type == "neuron" and dev.index != index:
+                raise DeviceMismatchError(f"Expected all tensors to be on the same device, but found at least two "
+                                          f"devices, neuron:{index} and {dev}! ({name}; move tensors with "
+                                          f".to(device))")
+            if dev.type != "neuron" and a.dim() > 0:
                 raise TnError(f"{name}: expected all tensors on the neuron device, but one argument is on {a.device} "
                               f"(shape {list(a.shape)}); move it with .to('neuron') (only 0-dim CPU tensors and the "
                               f"indices of indexing ops mix in, as with CUDA)")
@@ -250,7 +273,17 @@ def fallback(op, *args, **kwargs):
 
 
 def run_op(op, args: tuple, kwargs: dict):
-    """Run an aten OpOverload whose tensor arguments live on the neuron device."""
+    """Run an aten OpOverload whose tensor arguments live on a neuron device, with that device current (its
+    programs are timed on that device's core, its results land there), as a CUDA kernel runs under a device
+    guard."""
+    index = _op_device(args, kwargs)
+    if index == current_index():
+        return _run_op(op, args, kwargs)
+    with on_device(index):
+        return _run_op(op, args, kwargs)
+
+
+def _run_op(op, args: tuple, kwargs: dict):
     name = op_name(op)
     args, kwargs = _rewrap_scalars(op, args, kwargs)
     if name in _CPU_INDEX_OPS:
@@ -313,6 +346,14 @@ def run_fused(op, args: tuple, kwargs: dict, build=None):
     ``NotImplemented`` when the op cannot be compiled (the caller then runs the
     decomposition), never a host fallback of the whole op.
     """
+    index = _op_device(args, kwargs)
+    if index == current_index():
+        return _run_fused(op, args, kwargs, build)
+    with on_device(index):
+        return _run_fused(op, args, kwargs, build)
+
+
+def _run_fused(op, args: tuple, kwargs: dict, build=None):
     name = op_name(op)
     flat, spec = _flatten(args, kwargs)
     _check_devices(name, flat)

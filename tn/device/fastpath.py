@@ -23,9 +23,11 @@ from __future__ import annotations
 import torch
 
 from ..neuron import runtime as _runtime
+from ..neuron import timeline as _timeline
 from .. import config
 from . import eager, tracking, windows
 from .allocator import _lib, alloc_storage, contiguous_strides
+from .allocator import blank as _blank
 
 __all__ = ["register", "enabled", "FAST_OPS"]
 
@@ -41,6 +43,7 @@ _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _binary = _lib.tn_dev_binary
 _count = tracking.count_fast
 _add_ns = tracking.add_device_ns
+_advance = _timeline.advance
 _EMPTY = [0]
 
 
@@ -56,13 +59,17 @@ def _make(idx: int, op, name: str):
             e = _SEEN.get((idx, a.shape, a.dtype))
             # off while a tn.profile() block is active, and in adaptive eager mode (ops are queued instead)
             if e is not None and _ON[0] and not _runtime._LISTENERS and not windows.active():
+                index = a.device.index
+                if b.device.index != index:   # mixed devices: the eager path raises torch's error
+                    return eager.run_op(op, (a, b), {})
                 ns, n, nbytes, strides, code = e
-                st = alloc_storage(nbytes)
-                out = _create_empty(_EMPTY, a.dtype)
+                st = alloc_storage(nbytes, index)
+                out = _create_empty(_EMPTY, a.dtype) if index == 0 else _blank(a.dtype, index)
                 _set_redispatch(_CPU, out, st, 0, a.shape, strides)
                 _binary(idx, code, a.data_ptr(), b.data_ptr(), st.data_ptr(), n)
                 _count(name)
-                _add_ns(ns)
+                _add_ns(ns, index)
+                _advance(ns, index)    # the program it stands in for, on that device's current stream
                 return out
             r = eager.run_op(op, (a, b), {})
             if e is None and a.dtype in _CODES and a.numel() <= _MAX and _ON[0]:

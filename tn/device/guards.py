@@ -17,11 +17,14 @@ to format a CPU view of the device memory instead (no copy, no device op; the
 for XLA/lazy tensors.
 
 ``torch.accelerator`` (torch's device-generic API; ``neuron`` is the current
-accelerator once tn is imported): ``synchronize`` and the memory functions
-reach C++ hooks (stream synchronisation, a ``c10::DeviceAllocator``) that a
-Python backend cannot register, and fail with internal asserts.
+accelerator once tn is imported): ``synchronize``, the device index and stream
+functions and the memory functions reach C++ hooks (torch 2.13's Python
+device guard always answers device 0 and the default stream, a
+``c10::DeviceAllocator``) that a Python backend cannot register.
 :func:`install` points them at :mod:`tn.device.backend` while the accelerator
-is ``neuron``: ``synchronize``, ``empty_cache``, ``memory_stats`` (torch's
+is ``neuron``: ``current_device_index``, ``set_device_index``,
+``device_index`` (the context manager), ``current_stream``, ``set_stream``,
+``synchronize``, ``empty_cache``, ``memory_stats`` (torch's
 flat key names for what the allocator counts), ``memory_allocated``,
 ``max_memory_allocated``, ``memory_reserved``, ``reset_peak_memory_stats``,
 ``get_memory_info``; ``max_memory_reserved`` and
@@ -62,11 +65,11 @@ def install() -> None:
             from .allocator import alloc_storage
             from .aten import check_device
 
-            check_device(device)
+            index = check_device(device)
             if kwargs or len(args) > 1 or (args and not isinstance(args[0], int)):
                 raise TnError("torch.UntypedStorage(..., device='neuron') takes only a size in bytes; build the "
                               "storage on the CPU and move it with .to('neuron')")
-            st = alloc_storage(int(args[0]) if args else 0)
+            st = alloc_storage(int(args[0]) if args else 0, index)
             if klass is not cls:
                 raise TnError(f"{klass.__name__}(device='neuron') is not supported; use torch.UntypedStorage")
             return st
@@ -122,7 +125,17 @@ def _accelerator_impls() -> dict:
         fn.__name__ = what
         return fn
 
+    def device_index(device, /):
+        return backend.device(device)
+
     return {
+        "current_device_index": lambda: backend.current_device(),
+        "current_device_idx": lambda: backend.current_device(),
+        "set_device_index": lambda device, /: backend.set_device(device),
+        "set_device_idx": lambda device, /: backend.set_device(device),
+        "device_index": device_index,
+        "current_stream": lambda device=None, /: backend.current_stream(device),
+        "set_stream": lambda stream, /: backend.set_stream(stream),
         "synchronize": lambda device=None, /: backend.synchronize(device),
         "empty_cache": lambda: backend.empty_cache(),
         "memory_stats": memory_stats,

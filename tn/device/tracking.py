@@ -24,6 +24,9 @@ from __future__ import annotations
 import threading
 from typing import Dict
 
+import torch
+
+from ..neuron.timeline import current_core as _current_core
 from ..profile import _ACTIVE as _PROFILES
 from ..profile import note_host_op as _note_host_op
 
@@ -35,16 +38,24 @@ _fallback: Dict[str, int] = {}
 _reasons: Dict[str, str] = {}
 _fast: Dict[str, int] = {}
 _device_ns = [0.0]
+_per_device: Dict[int, float] = {}
 
 
-def add_device_ns(ns: float) -> None:
-    """Charge ``ns`` of modelled NeuronCore time to the eager ops."""
+def add_device_ns(ns: float, index: int = None) -> None:
+    """Charge ``ns`` of modelled NeuronCore time to the eager ops of device ``index`` (default: the current one)."""
     _device_ns[0] += ns
+    if index is None:
+        index = _current_core()
+    _per_device[index] = _per_device.get(index, 0.0) + ns
 
 
-def device_time_ns() -> float:
-    """Modelled NeuronCore time (ns) of every eager device op since start or the last reset, back to back."""
-    return _device_ns[0]
+def device_time_ns(device=None) -> float:
+    """Modelled NeuronCore time (ns) of the eager device ops since start or the last reset, back to back: of
+    every device (default), or of ``device`` (an index or ``"neuron:1"``)."""
+    if device is None:
+        return _device_ns[0]
+    index = device if isinstance(device, int) else torch.device(device).index or 0
+    return _per_device.get(index, 0.0)
 
 
 def count(name: str) -> None:
@@ -98,3 +109,4 @@ def reset_op_counts() -> None:
         _reasons.clear()
         _fast.clear()
         _device_ns[0] = 0.0
+        _per_device.clear()

@@ -683,7 +683,7 @@ def _numel(shape) -> int:
 
 def _tensor_on(st: Any, r: _Ref) -> torch.Tensor:
     """A neuron tensor with ``r``'s metadata on storage ``st``."""
-    t = allocator._create_empty([0], r.dtype)
+    t = allocator.blank(r.dtype, st.device.index or 0)
     allocator._set_handle(allocator._CPU_KEYS, t, st, r.offset, r.shape, r.stride)
     return t
 

@@ -8,8 +8,8 @@ shows what the machine would have overlapped:
 * every core has **queues** (torch's streams; queue 0 is the default
   stream). A queue's ``ready_ns`` is when the last work put on it ends;
 * every core has **resources**: ``"compute"`` (its engines: one program at a
-  time) and ``"collectives"`` (the chip's collective-communication cores,
-  which run beside compute). Work on a resource starts when the resource is
+  time), ``"collectives"`` (the chip's collective-communication cores,
+  which run beside compute) and ``"transfers"`` (copies to other devices). Work on a resource starts when the resource is
   free, its queue is ready, and after the host's last synchronisation point
   of that core (``host_ns``);
 * :func:`advance` places ``ns`` of work and returns its ``(start, end)``;
@@ -43,8 +43,9 @@ from typing import Dict, Optional, Tuple
 __all__ = ["Queue", "current_core", "set_current_core", "current_queue", "set_current_queue", "default_queue",
            "new_queue", "advance", "wait_until", "host_sync", "core_time_ns", "reset", "RESOURCES"]
 
-#: What work can occupy on a core: its engines, and the collective-communication cores beside them.
-RESOURCES = ("compute", "collectives")
+#: What work can occupy on a core: its engines, the collective-communication cores beside them, and the DMA
+#: engines moving data to another device (device-to-device copies).
+RESOURCES = ("compute", "collectives", "transfers")
 
 
 class Queue:
