@@ -236,3 +236,6 @@ int64_t tn_dev_alloc_addr(int64_t dev, int64_t nbytes) { return (int64_t)(intptr
 int tn_dev_free_addr(int64_t addr) { return tn_dev_free((void *)(intptr_t)addr); }
 
 int tn_dev_max_devices(void) { return TN_DEV_MAX_DEVICES; }
+
+/* In a forked child: a fresh lock (another thread of the parent may have held it at fork time). */
+void tn_dev_reinit_after_fork(void) { pthread_mutex_init(&mu, NULL); }

@@ -99,7 +99,8 @@ int tn_dev_set_limit(int64_t dev, int64_t nbytes);
 /* tn_dev_alloc / tn_dev_free with addresses as integers (0 = out of memory), cheaper to call from Python. */
 int64_t tn_dev_alloc_addr(int64_t dev, int64_t nbytes);
 int tn_dev_free_addr(int64_t addr);
-int tn_dev_max_devices(void);   /* TN_DEV_MAX_DEVICES, checked against tn.neuron.machine.MAX_DEVICES */
+int tn_dev_max_devices(void);
+void tn_dev_reinit_after_fork(void);   /* a forked child that keeps using the device: a fresh allocator lock */   /* TN_DEV_MAX_DEVICES, checked against tn.neuron.machine.MAX_DEVICES */
 /* Fast path of small eager ops: out[i] = a[i] (op) b[i] over n contiguous elements at addresses a, b, out;
    op 0 add, 1 sub, 2 mul; dtype TN_F32, or TN_BF16 computed in fp32 and rounded to nearest even (as the
    engines do). Returns 0, or TN_EARGS (touching nothing) for a null address or bad op/dtype/n. */

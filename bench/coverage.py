@@ -566,6 +566,9 @@ def _find(kind: str, key: str, dtype: torch.dtype) -> Any:
 
 def _worker(conn: Any, opts: Dict[str, Any]) -> None:
     torch.set_num_threads(1)
+    from tn.device import allocator
+
+    allocator.reinit_after_fork()   # a forked worker uses the parent's (host-memory) device on purpose
     os.environ.setdefault("TN_NO_WARMUP", "1")
     while True:
         try:

@@ -374,6 +374,10 @@ def _child_touches_device(q):
     except Exception as e:   # noqa: BLE001 - the message is the result
         q.put(f"{type(e).__name__}: {e}")
     q.put(torch.neuron._is_in_bad_fork())
+    from tn.device import allocator
+
+    allocator.reinit_after_fork()                         # the explicit escape (host memory): usable again
+    q.put(float(torch.ones(2, device="neuron").sum()))
 
 
 def test_fork_after_init_is_a_clear_error():
@@ -385,6 +389,6 @@ def test_fork_after_init_is_a_clear_error():
     q = ctx.Queue()
     p = ctx.Process(target=_child_touches_device, args=(q,))
     p.start()
-    msg, bad = q.get(timeout=60), q.get(timeout=60)
+    msg, bad, total = q.get(timeout=60), q.get(timeout=60), q.get(timeout=60)
     p.join(timeout=60)
-    assert "forked subprocess" in msg and "spawn" in msg and bad is True
+    assert "forked subprocess" in msg and "spawn" in msg and bad is True and total == 2.0

@@ -35,7 +35,7 @@ from ..neuron.timeline import set_current_core as _set_current_core
 __all__ = ["DEVICE", "DEVICES", "DeviceMemoryError", "DeviceIndexError", "alloc_storage", "new_tensor", "cpu_alias",
            "stats", "memory_allocated", "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats",
            "empty_cache", "set_memory_limit", "current_index", "set_current_index", "on_device", "device_index",
-           "check_index", "device_count", "initialized"]
+           "check_index", "device_count", "initialized", "reinit_after_fork"]
 
 #: Device 0 (every process has it).
 DEVICE = torch.device("neuron", 0)
@@ -107,6 +107,17 @@ def _after_fork_in_child() -> None:
 
 
 _os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def reinit_after_fork() -> None:
+    """In a child forked after the device was used: use the device anyway (no bad-fork error from now on).
+
+    CUDA has no such escape; tn's device memory is host memory, which a forked child owns a copy of, so a child
+    that knows it (a crash-isolating worker pool such as ``bench/coverage.py``) may re-initialise: the
+    allocator's lock is made fresh; the inherited tensors and caches are the child's copy."""
+    _lib.tn_dev_reinit_after_fork()
+    _STATE["bad_fork"] = False
+    _STATE["initialized"] = True
 
 
 def _mark_initialized() -> None:
