@@ -392,3 +392,25 @@ def test_fork_after_init_is_a_clear_error():
     msg, bad, total = q.get(timeout=60), q.get(timeout=60), q.get(timeout=60)
     p.join(timeout=60)
     assert "forked subprocess" in msg and "spawn" in msg and bad is True and total == 2.0
+
+
+def test_visible_cores_give_a_process_its_own_core(tmp_path):
+    # one process per core, as TorchNeuron runs under torchrun: the process's neuron:0 stands for core 3
+    with cfg.override(instance="trn2.48xlarge", visible_cores="3"):
+        m = machine()
+        assert m.devices == (3,) and torch.neuron.device_count() == 1 and m.device_count == 64
+        with pytest.raises(RuntimeError, match="sees 1 \\(TN_VISIBLE_CORES\\).*device_count\\(\\) == 1"):
+            torch.ones(1, device="neuron:1")
+        x = torch.randn(8, 8, device="neuron", requires_grad=True)
+        (x * x).sum().backward()                          # autograd works: the process trains on neuron:0
+        close(x.grad, 2 * x.detach())
+        with tn.profile() as prof:
+            torch.mul(x.detach(), 2.0)
+        data = json.load(open(prof.save_trace(tmp_path / "t.json")))["traceEvents"]
+        assert [e["args"]["name"] for e in data if e.get("name") == "process_name"] == ["neuron:0 (core 3)"]
+    with cfg.override(instance="trn2.3xlarge", visible_cores="0-1,3"):
+        assert machine().devices == (0, 1, 3) and torch.neuron.device_count() == 3
+    for bad in ("4", "1,1", "x"):
+        with cfg.override(visible_cores=bad):
+            with pytest.raises(cfg.ConfigError, match="TN_VISIBLE_CORES"):
+                machine()

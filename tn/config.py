@@ -161,6 +161,9 @@ SETTINGS: Dict[str, Setting] = _settings(
     Setting("instances", "TN_INSTANCES", "int", 1,
             "instances (nodes) of TN_INSTANCE the modelled job spans; a process sees the devices of one instance, "
             "the collective model the rest"),
+    Setting("visible_cores", "TN_VISIBLE_CORES", "str", None,
+            "the logical cores of the instance this process sees as its devices, like NEURON_RT_VISIBLE_CORES "
+            "('3', '0-3', '0,2'): neuron:0 is the first; unset, every core of the instance"),
     Setting("device_memory", "TN_DEVICE_MEMORY", "size", 0,
             "cap on the neuron device's memory per device (bytes or 16g; 0: no cap; read when the device "
             "starts)"),

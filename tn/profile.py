@@ -281,9 +281,15 @@ class Profile:
                 events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
                                "args": {"sort_index": sort}})
 
+        from .neuron.machine import machine
+
+        devices = machine().devices
         for core in self.cores():
             pid = core + 1
-            events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"neuron:{core}"}})
+            label = f"neuron:{core}"
+            if core < len(devices) and devices[core] != core:   # TN_VISIBLE_CORES: name the instance's core
+                label += f" (core {devices[core]})"
+            events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": label}})
             events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": core}})
         cursor: dict = {}
         for r in self.runs:

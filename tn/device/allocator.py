@@ -53,8 +53,9 @@ class DeviceIndexError(TnError, RuntimeError):
 
 
 def device_count() -> int:
-    """Logical cores of the modelled instance (:func:`tn.neuron.machine.machine`)."""
-    return machine().device_count
+    """Devices this process sees: the logical cores of the modelled instance (:func:`tn.neuron.machine.machine`),
+    or those ``TN_VISIBLE_CORES`` names."""
+    return machine().process_device_count
 
 
 def check_index(index: int) -> int:
@@ -64,10 +65,12 @@ def check_index(index: int) -> int:
     if index == 0:
         return 0
     m = machine()
-    if not 0 <= index < m.device_count:
+    n = m.process_device_count
+    if not 0 <= index < n:
+        seen = f" of which this process sees {n} (TN_VISIBLE_CORES)" if m.visible is not None else ""
         raise DeviceIndexError(
-            f"device neuron:{index} does not exist: the modelled {m.describe()} has {m.device_count} neuron "
-            f"device(s) (torch.neuron.device_count() == {m.device_count}); use neuron:0 .. neuron:{m.device_count - 1}"
+            f"device neuron:{index} does not exist: the modelled {m.describe()}{seen} has {n} neuron "
+            f"device(s) (torch.neuron.device_count() == {n}); use neuron:0 .. neuron:{n - 1}"
             f", or pick a bigger machine with TN_INSTANCE / TN_LNC")
     return index
 

@@ -12,7 +12,11 @@ instances tn models; :func:`machine` resolves tn's settings into a
   accepts 1 or 2 (default 2), trn1 only 1,
 * ``TN_INSTANCES``: how many such instances the job spans (default 1; only
   the collective model looks past one instance: a process sees the devices
-  of its own instance, as a CUDA process sees the GPUs of its node).
+  of its own instance, as a CUDA process sees the GPUs of its node),
+* ``TN_VISIBLE_CORES``: which of the instance's cores the process sees, as
+  AWS's ``NEURON_RT_VISIBLE_CORES`` (``"3"``: one device, ``neuron:0``,
+  standing for core 3; unset: all). TorchNeuron runs one process per core
+  this way; ``Machine.devices[i]`` is the core behind ``neuron:i``.
 
 The architecture follows the instance (trn1.* instances have NeuronCore-v2,
 trn2.* NeuronCore-v3); ``TN_ARCH`` naming the other one is a
@@ -198,6 +202,18 @@ class Machine:
     instance: Instance
     lnc: int
     instances: int = 1
+    visible: Optional[Tuple[int, ...]] = None
+
+    @property
+    def devices(self) -> Tuple[int, ...]:
+        """The cores of the instance this process sees, in device order: ``devices[i]`` is the core behind
+        ``neuron:i`` (``TN_VISIBLE_CORES``; default every core)."""
+        return self.visible if self.visible is not None else tuple(range(self.device_count))
+
+    @property
+    def process_device_count(self) -> int:
+        """Devices this process sees: what ``torch.neuron.device_count()`` reports."""
+        return len(self.devices)
 
     # ------------------------------------------------------------ sizes
     @property
@@ -230,7 +246,8 @@ class Machine:
 
     @property
     def device_count(self) -> int:
-        """Logical cores of one instance: what ``torch.neuron.device_count()`` reports."""
+        """Logical cores of one instance (``torch.neuron.device_count()`` unless ``TN_VISIBLE_CORES`` picks
+        fewer)."""
         return self.chips * self.cores_per_chip
 
     @property
@@ -336,6 +353,24 @@ class Machine:
                 f"{self.hbm_bytes_per_device / GiB:.0f} GiB HBM, {self.instance.arch})")
 
 
+def parse_cores(text: str, count: int) -> Tuple[int, ...]:
+    """``"3"``, ``"0-3"``, ``"0,2,5"`` as a tuple of core indices, each below ``count`` (a ConfigError otherwise)."""
+    cores = []
+    for part in str(text).replace(" ", "").split(","):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            rng = range(int(lo), int(hi) + 1) if sep else [int(lo)]
+        except ValueError:
+            raise ConfigError(f"TN_VISIBLE_CORES={text!r}: use core numbers and ranges like '3', '0-3' or '0,2'") \
+                from None
+        cores.extend(rng)
+    if not cores or len(set(cores)) != len(cores) or not all(0 <= c < count for c in cores):
+        raise ConfigError(f"TN_VISIBLE_CORES={text!r}: need distinct cores 0..{count - 1} of the instance")
+    return tuple(cores)
+
+
 def machine(instance: Optional[str] = None, lnc: Optional[int] = None, instances: Optional[int] = None) -> Machine:
     """The :class:`Machine` of the arguments, else of tn's settings (``instance``, ``lnc``, ``instances``,
     ``arch``): see the module docstring. Raises :class:`tn.config.ConfigError` naming an unknown instance, an
@@ -359,6 +394,9 @@ def machine(instance: Optional[str] = None, lnc: Optional[int] = None, instances
     if int(n) < 1:
         raise ConfigError(f"TN_INSTANCES={n} must be at least 1")
     m = Machine(inst, lnc, int(n))
+    vis = config.get("visible_cores")
+    if vis:
+        m = Machine(inst, lnc, int(n), parse_cores(vis, m.device_count))
     if m.device_count > MAX_DEVICES:
         raise ConfigError(f"{m.describe()}: more than {MAX_DEVICES} devices per process is not supported")
     return m
