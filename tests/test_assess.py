@@ -285,3 +285,36 @@ def test_file_factory_module_is_importable_by_name(target_file):
     t = load_file_factory(f"{target_file}/targets.py:good")
     assert isinstance(t.model, torch.nn.Module) and t.inputs[0].shape == (4, 8)
     assert Options().dtype == "fp32"
+
+
+# --------------------------------------------------------------------------- verdicts from result data
+
+
+def _result(**door):
+    from tn.assess.report import AssessResult
+
+    base = {"status": "ok", "outputs": [{"output": "y", "ratio": 0.1, "max_abs_err": 1e-7, "ok": True}],
+            "host_ops": [], "runs": 3, "device_us": 10.0, "utilisation": {"TensorE": 40.0},
+            "hbm_peak_bytes": 1 << 20}
+    base.update(door)
+    return AssessResult(label="m", options={"dtype": "fp32", "arch": "trn2", "instance": "trn2.3xlarge", "lnc": 2,
+                                            "hbm_per_device_bytes": 24 << 30, "devices_per_instance": 4},
+                        cpu={"steady_ms_median": 2.0}, doors={"jit": base})
+
+
+def test_verdicts_name_sharding_and_host_only_doors():
+    v = _result().verdicts()
+    assert v[0].startswith("runs natively?       YES") and "nothing found: fits one core's HBM" in v[3]
+    v = _result(hbm_peak_bytes=100 << 30).verdicts()
+    assert "needs sharding: 100 GiB > 24 GiB HBM of one core (>= 5 cores" in v[3]
+    assert "more than one trn2.3xlarge (4 cores)" in v[3]
+    v = _result(runs=0).verdicts()
+    assert "ran on the host only" in v[0]
+    v = _result(outputs=[{"output": "y", "ratio": 3.0, "max_abs_err": 0.5, "ok": False, "note": ""}]).verdicts()
+    assert v[1].startswith("numerically right?   NO") and "'y' max error 0.5 (3x the tolerance)" in v[1]
+
+
+def test_module_rows_leave_out_containers_holding_the_step():
+    r = _result(modules_us={"(model)": 100.0, "body": 95.0, "body.0": 50.0, "body.1": 45.0, "head": 5.0})
+    r.doors["eager"] = r.doors.pop("jit")
+    assert [m["module"] for m in r.module_rows()] == ["body.0", "body.1", "head"]

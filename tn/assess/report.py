@@ -123,7 +123,7 @@ class AssessResult:
             lines.append(f"how fast?            {d['device_us'] / 1e3:.3g} ms modelled per step on one "
                          f"{self.options.get('arch')} NeuronCore via {best} (busiest: {top[0]} {top[1]:.0f}%)"
                          + (f"; {others}" if others else "")
-                         + (f"; this CPU {cpu_ms:.3g} ms" if cpu_ms else ""))
+                         + (f"; this CPU {cpu_ms:.4g} ms" if cpu_ms else ""))
         else:
             lines.append("how fast?            n/a: no door ran")
         change = []
@@ -153,7 +153,7 @@ class AssessResult:
     def door_rows(self) -> List[Dict[str, Any]]:
         """One row per door (and the CPU) for the summary table."""
         rows = [{"door": "cpu", "status": "reference", "max err / tol": "-", "host ops": "-",
-                 "1st call s": "-", "steady ms": _fmt(self.cpu.get("steady_ms_median")),
+                 "1st call s": "-", "steady ms": _fmt(self.cpu.get("steady_ms_median"), ".4g"),
                  "device ms": "-", "HBM": "-", "TensorE %": "-", "VectorE %": "-", "ScalarE %": "-",
                  "DMA %": "-"}]
         for k, d in self.doors.items():
@@ -164,7 +164,7 @@ class AssessResult:
                          "max err / tol": _fmt(ratio, ".2g") if outs else "-",
                          "host ops": sum(h["count"] for h in d.get("host_ops", [])) if d.get("status") in
                          ("ok", "mismatch") else "-",
-                         "1st call s": _fmt(d.get("first_call_s")), "steady ms": _fmt(d.get("steady_ms_median")),
+                         "1st call s": _fmt(d.get("first_call_s")), "steady ms": _fmt(d.get("steady_ms_median"), ".4g"),
                          "device ms": _fmt(d["device_us"] / 1e3) if d.get("device_us") is not None else "-",
                          "HBM": fmt_bytes(d.get("hbm_peak_bytes")),
                          "TensorE %": _fmt(u.get("TensorE"), ".0f"), "VectorE %": _fmt(u.get("VectorE"), ".0f"),
@@ -189,7 +189,11 @@ class AssessResult:
         door = None
         for k in ("adaptive", "eager"):
             d = self.doors.get(k)
-            items = [(m, us) for m, us in ((d or {}).get("modules_us") or {}).items() if m != "(model)"]
+            times = (d or {}).get("modules_us") or {}
+            total = times.get("(model)") or max(times.values(), default=0.0)
+            # containers holding most of the step (GPT-2's "transformer") say little: their children are shown
+            items = [(m, us) for m, us in times.items() if m != "(model)" and not (
+                us > 0.8 * total and any(c.startswith(m + ".") for c in times))]
             if len(items) > len(best):
                 best, door = items, k
         return [{"door": door, "module": m, "device_us": us} for m, us in best[:limit]]
