@@ -141,6 +141,13 @@ def test_assess_mlp_every_door_matches():
     assert json.loads(json.dumps(res.to_dict(), default=str))["ok"] is True
 
 
+def test_doors_run_after_the_parent_used_the_device():
+    y = (torch.ones(3, device="neuron") * 2).cpu()   # forked door processes must still use the device
+    assert torch.equal(y, torch.full((3,), 2.0))
+    res = tn.assess(torch.nn.Linear(8, 8), torch.randn(2, 8), doors="eager", progress=False, repeats=1)
+    assert res.ok, res.summary()
+
+
 def test_assess_reports_host_op_lines_and_a_failing_door():
     res = tn.assess(FftModel(), torch.randn(4, 16), doors="eager,jit", progress=False, repeats=1)
     assert not res.ok

@@ -91,6 +91,9 @@ def _fork_child(conn: Any, fn: Callable[..., Dict[str, Any]], args: tuple) -> No
     import torch
 
     torch.set_num_threads(1)   # a forked child must not reuse the parent's OpenMP thread team
+    from ..device import allocator
+
+    allocator.reinit_after_fork()   # the child owns its copy of the (host-memory) device, used on purpose
     _serve(conn, fn, args)
     os._exit(0)   # no atexit handlers of the parent's libraries in the child
 
