@@ -102,6 +102,19 @@ def test_timeline_merges_short_instructions_and_counts_every_one():
     assert all(0 <= b[1] <= b[2] <= span + 1e-6 for b in coarse["boxes"])
 
 
+def test_timeline_of_several_cores_has_lanes_per_core_placed_by_start():
+    f = tn.jit(_mlp())
+    with torch.no_grad(), tn.profile() as prof:
+        f(torch.randn(16, 32))
+    one = runs_data(prof.runs)[0]
+    runs = [dict(one, core=0, start_ns=1000.0), dict(one, core=1, start_ns=1500.0)]
+    tl = timeline_boxes(runs, resolution=10 ** 9)
+    assert tl["placed"] and tl["lanes"][0] == "core0 programs" and "core1 TensorE" in tl["lanes"]
+    assert tl["span_ns"] == pytest.approx(500.0 + one["total_ns"])
+    progs = sorted((b[1], b[0]) for b in tl["boxes"] if b[3] == "program")
+    assert progs == [(0.0, "core0 programs"), (500.0, "core1 programs")]
+
+
 # --------------------------------------------------------------------------- door processes
 
 

@@ -55,7 +55,8 @@ def runs_data(runs: Sequence[Any]) -> List[Dict[str, Any]]:
     out = []
     for r in runs:
         out.append({"name": r.name, "arch": r.arch.name, "total_ns": float(r.total_ns),
-                    "core": int(getattr(r, "core", 0) or 0), "queues": r.queues, "opcodes": r.opcodes,
+                    "core": int(getattr(r, "core", 0) or 0), "start_ns": getattr(r, "start_ns", None),
+                    "queues": r.queues, "opcodes": r.opcodes,
                     "times": r.times, "queue_names": [r.arch.queue_name(q) for q in range(r.arch.num_queues)]})
     return out
 
@@ -71,15 +72,22 @@ def timeline_boxes(runs: Sequence[Dict[str, Any]], resolution: int = 2500, max_b
     from ..neuron.isa import OPCODE_NAMES
 
     several = len({r["core"] for r in runs}) > 1
-    span = sum(r["total_ns"] for r in runs) or 1.0
+    # one core: runs back to back (what the step's modelled time sums); several: where the machine's clock put them
+    placed = several and all(r.get("start_ns") is not None for r in runs)
+    t0 = min((r["start_ns"] for r in runs), default=0.0) if placed else 0.0
+    span = (max(r["start_ns"] + r["total_ns"] for r in runs) - t0 if placed else
+            sum(r["total_ns"] for r in runs)) or 1.0
     per_lane: Dict[str, list] = {}
     lane_order: Dict[str, tuple] = {}
-    prog_lane = "programs"
     offset = 0.0
     n_instr = 0
     programs = []
     for r in runs:
-        programs.append((offset, offset + r["total_ns"], r["name"]))
+        if placed:
+            offset = r["start_ns"] - t0
+        prog_lane = f"core{r['core']} programs" if several else "programs"
+        lane_order.setdefault(prog_lane, (r["core"], -1))
+        programs.append((prog_lane, offset, offset + r["total_ns"], r["name"]))
         t = np.asarray(r["times"], dtype=np.float64).reshape(-1, 2)
         q = np.asarray(r["queues"]).astype(np.int64)
         o = np.asarray(r["opcodes"]).astype(np.int64)
@@ -90,7 +98,8 @@ def timeline_boxes(runs: Sequence[Dict[str, Any]], resolution: int = 2500, max_b
             lane_order.setdefault(lane, (r["core"], qq))
             sel = q == qq
             per_lane.setdefault(lane, []).append((t[sel, 0] + offset, t[sel, 1] + offset, o[sel]))
-        offset += r["total_ns"]
+        if not placed:
+            offset += r["total_ns"]
     min_ns = span / resolution
     while True:
         boxes = []
@@ -119,21 +128,23 @@ def timeline_boxes(runs: Sequence[Dict[str, Any]], resolution: int = 2500, max_b
         if len(boxes) <= max_boxes:
             break
         min_ns *= 2
-    # the program lane: merged the same way
+    # the program lanes: merged the same way
     pboxes = []
-    for s, e, name in programs:
-        if pboxes and s - pboxes[-1][1] < min_ns and pboxes[-1][2] - pboxes[-1][1] < min_ns:
-            last = pboxes[-1]
-            pboxes[-1] = (last[0], last[1], e, last[3] + [name])
+    last_of: Dict[str, int] = {}
+    for lane, s, e, name in sorted(programs, key=lambda p: (p[0], p[1])):
+        k = last_of.get(lane)
+        if k is not None and s - pboxes[k][1] < min_ns and pboxes[k][2] - pboxes[k][1] < min_ns:
+            pboxes[k] = (lane, pboxes[k][1], max(e, pboxes[k][2]), pboxes[k][3] + [name])
         else:
-            pboxes.append((prog_lane, s, e, [name]))
+            last_of[lane] = len(pboxes)
+            pboxes.append((lane, s, e, [name]))
     for lane, s, e, names in pboxes:
         detail = names[0] if len(names) == 1 else f"{len(names)} programs: " + ", ".join(names[:6]) + (
             " ..." if len(names) > 6 else "")
         boxes.append((lane, s, e, "program", len(names), detail))
-    lanes = [prog_lane] + sorted(lane_order, key=lambda k: lane_order[k])
+    lanes = sorted(lane_order, key=lambda k: lane_order[k])
     return {"lanes": lanes, "boxes": boxes, "instructions": n_instr, "min_ns": min_ns, "span_ns": span,
-            "programs": len(programs)}
+            "programs": len(programs), "placed": placed}
 
 
 def timeline_figure(tl: Dict[str, Any], title: str = ""):
@@ -198,7 +209,8 @@ def _timeline_ctx(runs: Sequence[Dict[str, Any]], what: str) -> Optional[Dict[st
     tl = timeline_boxes(runs)
     merged = tl["instructions"] - sum(1 for b in tl["boxes"] if b[3] != "program")
     note = (f"{what}: {tl['instructions']} instructions in {tl['programs']} program run(s), "
-            f"{tl['span_ns'] / 1e3:.4g} us modelled, back to back. ")
+            f"{tl['span_ns'] / 1e3:.4g} us modelled, "
+            + ("each core's runs where the machine's clock placed them. " if tl["placed"] else "back to back. "))
     note += (f"Drawn as {len(tl['boxes'])} boxes: on each lane, instructions starting within "
              f"{tl['min_ns']:.3g} ns of a box's start were merged into it ({merged} merged away); a merged box "
              f"has the colour of the opcode that filled most of it, and its hover text lists what it holds. "
