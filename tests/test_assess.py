@@ -139,6 +139,22 @@ def test_child_failures_are_results_not_fatal():
     assert r["status"] == "error" and "door exploded" in r["error"]["message"]
 
 
+def test_progress_bar_off_a_terminal_prints_stages_and_a_heartbeat():
+    import io
+
+    from tn.assess.runner import ProgressBar
+
+    out = io.StringIO()
+    bar = ProgressBar("jit", out)
+    bar.HEARTBEAT_S = 0.0
+    bar.update("first call", 0.25)
+    bar.update()                       # same stage: a heartbeat line (HEARTBEAT_S passed)
+    bar.finish("ok")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3 and "first call" in lines[0] and " 25%" in lines[1] and lines[2].rstrip().endswith("s")
+    assert "ok" in lines[2]
+
+
 def test_assess_mlp_every_door_matches():
     x = torch.randn(8, 32)
     res = tn.assess(_mlp(), (x,), progress=False, repeats=1)
@@ -183,6 +199,20 @@ def test_training_step_compares_loss_and_gradients():
     for d in res.doors.values():
         names = [o["output"] for o in d["outputs"]]
         assert names[0] == "loss" and names[1].startswith("gradients (4 tensors")
+
+
+def test_training_with_an_unpicklable_model_is_a_door_error():
+    class Local(torch.nn.Module):   # defined in a function: a fresh (spawned) process cannot import it
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x)
+
+    res = tn.assess(Local(), torch.randn(2, 4), doors="jit", train=True, progress=False, repeats=1)
+    err = res.doors["jit"]["error"]
+    assert res.doors["jit"]["status"] == "error" and "must pickle" in err["message"] and not res.ok
 
 
 def test_bad_api_inputs_raise_assess_errors():

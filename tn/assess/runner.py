@@ -11,7 +11,8 @@ model's classes (``import_file``) is imported again first.
 The child sends ``("progress", stage, fraction)`` messages and finally
 ``("result", dict)`` through a pipe. The parent draws one bar per door; on a
 terminal it redraws every quarter second with the elapsed time, elsewhere it
-prints a line per stage (long work never looks hung).
+prints a line per stage and one every 10 s within a long stage (long work
+never looks hung).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class ProgressBar:
     """One line per door: ``[jit      ] ######------  50%  steady call 1/2   3.1 s``."""
 
     WIDTH = 24
+    HEARTBEAT_S = 10.0
 
     def __init__(self, label: str, stream: Optional[TextIO] = None, enabled: bool = True):
         self.label = label
@@ -38,6 +40,7 @@ class ProgressBar:
         self.stage = "starting"
         self.frac = 0.0
         self._last_stage = None
+        self._last_line = 0.0
 
     def line(self) -> str:
         """The bar's text now."""
@@ -56,8 +59,9 @@ class ProgressBar:
         if self.tty:
             self.stream.write("\r" + self.line())
             self.stream.flush()
-        elif self.stage != self._last_stage:
-            self._last_stage = self.stage
+        elif self.stage != self._last_stage or time.perf_counter() - self._last_line >= self.HEARTBEAT_S:
+            self._last_stage = self.stage   # not a terminal: a line per stage, and one every HEARTBEAT_S while busy
+            self._last_line = time.perf_counter()
             self.stream.write(self.line() + "\n")
             self.stream.flush()
 
@@ -136,7 +140,14 @@ def run_in_child(label: str, fn: Callable[..., Dict[str, Any]], timeout_s: float
 
         bar.update("serialising the model for a fresh process", 0.0)
         buf = io.BytesIO()
-        torch.save((fn, args), buf)
+        try:
+            torch.save((fn, args), buf)
+        except Exception as e:  # noqa: BLE001  (an unpicklable model: say what to change)
+            bar.finish("FAIL: error at serialising the model")
+            return {"status": "error", "wall_s": 0.0, "error": {
+                "stage": "serialising the model", "type": type(e).__name__, "where": None, "traceback": "",
+                "message": f"training steps run each door in a fresh process, so the model and inputs must pickle "
+                           f"(classes defined at module level, not inside a function): {e}"}}
         proc = ctx.Process(target=_spawn_child, args=(child, import_file, buf.getvalue()), daemon=True)
     else:
         proc = ctx.Process(target=_fork_child, args=(child, fn, args), daemon=True)
