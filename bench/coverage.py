@@ -79,8 +79,8 @@ TOLERANCES = {
 #: Gradients go through more operations than the forward; fp32 gets a little more room.
 GRAD_TOLERANCES = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.complex64: dict(rtol=1e-4, atol=1e-5)}
 
-#: Per-op float32 tolerances (name or name.variant -> rtol/atol) for ops whose decomposition legitimately
-#: changes rounding; add an entry only with a reason.
+#: Per-op float32 tolerances (name or name.variant -> rtol/atol; results and gradients) for ops whose
+#: decomposition legitimately changes rounding; add an entry only with a reason.
 OP_TOLERANCES: Dict[str, Dict[str, float]] = {
     # one 2-d convolution over depth-stacked channels sums the 64 products of a 4x4x4 kernel (samples in
     # [-9, 9], partial sums ~500, ulp 6e-5) in another order than eager's kernel: both are ~7e-5 from the
@@ -90,6 +90,9 @@ OP_TOLERANCES: Dict[str, Dict[str, float]] = {
     # than eager's kernel (samples' results up to ~900, ulp 6e-5); tn ~9e-5 and eager ~1e-4 from float64 at the
     # worst element, up to 1.2e-4 from each other
     "nn.functional.conv_transpose3d": dict(rtol=1e-5, atol=2e-4),
+    # a layer norm over one element: x - mean is exactly 0, so the weight's gradient sum(g * xhat) is exactly 0
+    # on the device; eager's CPU kernel leaves rounding noise of 1.8e-5 there (and rtol cannot help at 0)
+    "nn.functional.layer_norm": dict(rtol=1e-4, atol=3e-5),
 }
 
 #: Ops whose result values are undefined (uninitialised memory): excluded.
@@ -361,6 +364,7 @@ def _run_door(mode: str, backend: str, fn: Callable[..., Any], ts: List[torch.Te
             _dynamo.reset()
             counters.clear()
             before = dynamo_backend.graphs_compiled()
+            old = {id(j) for j in dynamo_backend.compiled_graphs()}
             cf = torch.compile(fn, backend="neuron")
             xs = _clone(ts)
             out, g = (_grads(cf, xs, ws) if grad else (cf(*xs), None))
@@ -370,7 +374,8 @@ def _run_door(mode: str, backend: str, fn: Callable[..., Any], ts: List[torch.Te
                 return out, g, {}, f"graph break: {_first_line(reason)}"
             if dynamo_backend.graphs_compiled() == before and _tensor_leaves(out):
                 return out, g, {}, "no graph reached tn (Dynamo ran the code itself)"
-            return out, g, _host_ops(prof, dynamo_backend.host_ops()), None
+            mine = [j for j in dynamo_backend.compiled_graphs() if id(j) not in old]   # this case's graphs only
+            return out, g, _host_ops(prof, *(dynamo_backend.host_ops_of(j) for j in mine)), None
         if mode == "adaptive":
             class _Wrap(torch.nn.Module):
                 def forward(self, *xs):
@@ -539,7 +544,7 @@ def _run_case(case: Case, mode: str, backend: str, dtype: torch.dtype, grad: boo
         if g is None:
             bad = "mismatch: no gradients"
         else:
-            bad = compare(g, ref_g, None, expected_meta=meta_g, tolerances={**TOLERANCES, **GRAD_TOLERANCES})
+            bad = compare(g, ref_g, tol, expected_meta=meta_g, tolerances={**TOLERANCES, **GRAD_TOLERANCES})
             bad = f"gradient {bad}" if bad else None
     if bad:
         return "fail", bad

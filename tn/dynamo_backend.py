@@ -288,6 +288,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: List[Any], options:
     from torch._dynamo.backends.common import aot_autograd
     from torch._decomp import core_aten_decompositions
 
+    skip_device_rng_in_dynamo()
     options = dict(options or {})
     tn_backend = options.pop("tn_backend", BACKEND_NAME)
     if options:
@@ -304,6 +305,29 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: List[Any], options:
 
 _registered = False
 
+#: torch.neuron functions torch calls from inside user code (``torch.manual_seed`` seeds every backend, OpInfo
+#: wrappers and ``fork_rng`` save/restore its generator state).
+_DEVICE_RNG_FUNCTIONS = ("manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state",
+                         "set_rng_state", "get_rng_state_all", "set_rng_state_all")
+
+
+def skip_device_rng_in_dynamo() -> None:
+    """Keep Dynamo out of the neuron device's generator functions (idempotent).
+
+    They are plain Python in tn, so Dynamo would inline them into a compiled frame that calls
+    ``torch.manual_seed`` and trace ``torch.set_rng_state`` on a fake tensor (an AssertionError about
+    ``no_dispatch``); disabled, they run eagerly, as CUDA's do."""
+    mod = getattr(torch, "neuron", None)
+    if mod is None or getattr(mod, "_tn_dynamo_skips_rng", False):
+        return
+    from torch._dynamo import disable
+
+    for name in _DEVICE_RNG_FUNCTIONS:
+        fn = getattr(mod, name, None)
+        if callable(fn):
+            setattr(mod, name, disable(fn, recursive=True))
+    mod._tn_dynamo_skips_rng = True
+
 
 def register() -> None:
     """Make ``torch.compile(backend="neuron")`` find :func:`neuron_backend` (idempotent)."""
@@ -314,4 +338,9 @@ def register() -> None:
 
     if BACKEND_NAME not in registry._COMPILER_FNS:
         registry.register_backend(neuron_backend, name=BACKEND_NAME)
+    skip_device_rng_in_dynamo()
     _registered = True
+
+
+if "torch._dynamo" in __import__("sys").modules:   # imported by torch.compile's backend lookup: before tracing
+    skip_device_rng_in_dynamo()
