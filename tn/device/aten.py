@@ -27,6 +27,8 @@ goes to the boxed fallback in :mod:`tn.device.eager`).
   hooks torch's convolution calls for a backend that is not CPU/CUDA (their
   default kernels only raise); they run ``aten.convolution`` /
   ``aten.convolution_backward`` as eager device programs,
+* ``native_layer_norm``, ``native_group_norm``: one device program (tn's fp32 decomposition) instead of torch's fallback kernel
+  for other backends (``native_batch_norm`` + ``addcmul``, rounded between them in bf16),
 * ``_to_copy``: torch's own kernel, except that ``non_blocking=True`` is
   dropped (the device is synchronous, and a non-blocking copy to the CPU
   would ask for pinned memory, which a Python backend cannot provide).
@@ -176,6 +178,22 @@ def _convolution_backward_overrideable(grad_output, input, weight, stride, paddi
                    groups, output_mask), {})
 
 
+def _native_layer_norm(input, normalized_shape, weight, bias, eps):
+    # the kernel torch picks for a backend without one (CompositeExplicitAutograd) is a batch_norm then an addcmul
+    # in the input's dtype: two programs and, in bf16, a rounding between them (a bias cancelling the normalised
+    # value lost its digits). As one program it runs tn's decomposition: fp32 throughout, rounded once.
+    from .eager import run_op
+
+    return run_op(aten.native_layer_norm.default, (input, normalized_shape, weight, bias, eps), {})
+
+
+def _native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    # as native_layer_norm: torch's fallback kernel is a batch_norm then an addcmul, rounded between them in bf16
+    from .eager import run_op
+
+    return run_op(aten.native_group_norm.default, (input, weight, bias, N, C, HxW, group, eps), {})
+
+
 def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None):
     # torch's composite kernel (reached through the CPU slot, where it is registered too), made blocking
@@ -234,6 +252,7 @@ def register() -> None:
                "_copy_from": _copy_from, "_copy_from_and_resize": _copy_from_and_resize, "resize_": _resize,
                "_local_scalar_dense": _local_scalar_dense, "convolution_overrideable": _convolution_overrideable,
                "convolution_backward_overrideable": _convolution_backward_overrideable, "_to_copy": _to_copy,
+               "native_layer_norm": _native_layer_norm, "native_group_norm": _native_group_norm,
                "_has_compatible_shallow_copy_type": _has_compatible_shallow_copy_type}
     for name in ("view", "view.dtype", "as_strided", "_reshape_alias", "set_.source_Storage_storage_offset",
                  "unfold", "alias"):
