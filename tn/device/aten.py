@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import TnError
-from . import allocator, tracking
+from . import allocator, tracking, windows
 from .allocator import (DEVICE, alloc_storage, check_index, contiguous_strides, cpu_alias, current_index, new_tensor,
                         storage_nbytes)
 
@@ -101,6 +101,11 @@ def _with_math_bits(alias: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
 
 def _copy_from(self, dst, non_blocking=False):
+    if (dst.device.type == "neuron" and self.device == dst.device and windows.active()
+            and not (self.is_conj() or self.is_neg() or dst.is_conj() or dst.is_neg())):
+        r = windows.record_copy(self, dst)   # adaptive eager: queued, not run now
+        if r is not NotImplemented:
+            return r
     tracking.count("aten::_copy_from")
     if self.device.type == "neuron" and dst.device.type == "neuron" and self.device != dst.device:
         _device_to_device(self, dst)

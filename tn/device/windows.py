@@ -74,7 +74,7 @@ aten = torch.ops.aten
 _MODES = ("op", "adaptive")
 _STATE = {"mode": None}          # None: not read from the configuration yet
 _TLS = threading.local()         # .executing: this thread is running a flushed window (record nothing)
-_CACHE: "OrderedDict[Any, _Compiled]" = OrderedDict()
+_CACHE: "OrderedDict[Any, List[_Compiled]]" = OrderedDict()   # signature -> programs (by live results)
 _CACHE_MAX = 512
 _REFUSED: set = set()            # per-op signatures the tracer could not replay: flushed around, run eagerly
 _META: Dict[Any, Any] = {}       # per-op metadata key -> result plan (from the op's meta kernel)
@@ -292,6 +292,17 @@ def _plan(op, leaves: list, spec) -> Any:
     return tree, out
 
 
+_COPY = aten.copy_.default
+
+
+def record_copy(src: torch.Tensor, dst: torch.Tensor) -> Any:
+    """A device-to-device copy (``_copy_from``: ``.contiguous()``, ``.clone()``, ``x[i] = y``, ``.to(dtype)``)
+    as ``dst.copy_(src)`` in the window; ``NotImplemented`` when it must run now."""
+    if not active():
+        return NotImplemented
+    return record(_COPY, "aten::_copy_from", [dst, src, False], (3, (), (None, None, None)))
+
+
 def _leaf_key(x: Any) -> Any:
     if isinstance(x, torch.Tensor):     # a CPU scalar tensor (wrapped number): baked into the program
         return ("t", x.dtype, x.item())
@@ -360,8 +371,6 @@ def _record(q: _Queue, op, name: str, flat: list, spec) -> Any:
                 leaves.append(a)
                 meta_key.append(_leaf_key(a))
                 continue
-            if a.numel() == 0:
-                raise _NotRecordable("an empty tensor")
             any_dev = True
             st = a.untyped_storage()
             s = w.slot_of(st)
@@ -507,22 +516,34 @@ def _window_name(w: _Window) -> str:
 
 def _run_window(w: _Window, reason: str, kind: str) -> None:
     live = tuple(s.index for s in w.slots if not s.external and s.ref() is not None)
-    key = (tuple(w.keys), tuple((s.external, s.blank, s.shape, s.dtype) for s in w.slots), live)
+    key = (tuple(w.keys), tuple((s.external, s.blank, s.shape, s.dtype) for s in w.slots))
     _STATS["windows"] += 1
     _STATS["ops"] += len(w.recs)
     _STATS["ops_per_window"][len(w.recs)] += 1
     _STATS["flush_reasons"][kind] += 1
-    entry = _CACHE.get(key)
+    # Which results are still held depends on when Python frees objects (HF caches die in the cycle
+    # collector): a program that writes out a superset of the live results serves this call too (results
+    # that died are skipped), and a miss compiles the union of what was live in this window's earlier calls.
+    entries = _CACHE.get(key)
+    entry = None
+    if entries is not None:
+        _CACHE.move_to_end(key)
+        need = set(live)
+        entry = next((e for e in entries if e.exe is None or need.issubset(e.outputs)), None)
     hit = entry is not None
     if hit:
         _STATS["hits"] += 1
-        _CACHE.move_to_end(key)
     else:
+        if entries:
+            live = tuple(sorted(set(live).union(*(e.outputs for e in entries))))
         t0 = time.perf_counter()
         entry = _compile(w, live)
         _STATS["compile_s"] += time.perf_counter() - t0
         _STATS["compiles"] += 1
-        _CACHE[key] = entry
+        if entries is None:
+            entries = _CACHE[key] = []
+        entries.insert(0, entry)
+        del entries[4:]
         if len(_CACHE) > _CACHE_MAX:
             _CACHE.popitem(last=False)
     if config.log_enabled("windows"):
