@@ -189,9 +189,10 @@ class _Rec:
 class _Window:
     """The ops recorded since the last flush of one queue."""
 
-    __slots__ = ("recs", "slots", "by_ptr", "keys", "blanks")
+    __slots__ = ("recs", "slots", "by_ptr", "keys", "blanks", "index")
 
-    def __init__(self):
+    def __init__(self, index: int = 0):
+        self.index = index                 # the neuron device the window's memory lives on
         self.recs: List[_Rec] = []
         self.slots: List[_Slot] = []
         self.by_ptr: Dict[int, _Slot] = {}
@@ -211,20 +212,34 @@ class _Queue:
 
     __slots__ = ("lock", "window")
 
-    def __init__(self):
+    def __init__(self, index: int = 0):
         self.lock = threading.RLock()
-        self.window = _Window()
+        self.window = _Window(index)
 
 
 _QUEUES: Dict[Any, _Queue] = {}
 
 
-def _queue() -> _Queue:
-    """The queue ops issued now go to: one per (device, stream); today the device's one default stream."""
-    q = _QUEUES.get(None)
+def _queue(index: int) -> _Queue:
+    """The queue of device ``neuron:index`` that ops issued now go to: one per (device, stream); today each
+    device's default stream (the seam for ``torch.neuron.Stream``: key by the current stream too)."""
+    q = _QUEUES.get(index)
     if q is None:
-        q = _QUEUES.setdefault(None, _Queue())
+        q = _QUEUES.setdefault(index, _Queue(index))
     return q
+
+
+def _device_index(flat: list) -> Optional[int]:
+    """The one neuron device index of the call's tensors (None: none, or several devices)."""
+    idx = None
+    for a in flat:
+        if isinstance(a, torch.Tensor) and a.device.type == "neuron":
+            i = a.device.index or 0
+            if idx is None:
+                idx = i
+            elif i != idx:
+                return None
+    return idx
 
 
 def pending_ops() -> int:
@@ -325,10 +340,14 @@ def record(op, name: str, flat: list, spec, deterministic: bool = False) -> Any:
     if not deterministic and _SEEDED in op.tags:
         flush("random op", name)
         return NotImplemented
-    q = _queue()
+    index = _device_index(flat)
+    if index is None:
+        flush("tensors on several devices", name)
+        return NotImplemented
+    q = _queue(index)
     with q.lock:
         try:
-            return _record(q, op, name, flat, spec)
+            return _record(q, index, op, name, flat, spec)
         except _NotRecordable as e:
             flush(str(e), name)
             return NotImplemented
@@ -354,7 +373,7 @@ def _traceable(op) -> bool:
     return ok
 
 
-def _record(q: _Queue, op, name: str, flat: list, spec) -> Any:
+def _record(q: _Queue, index: int, op, name: str, flat: list, spec) -> Any:
     if not _traceable(op):
         raise _NotRecordable("an op the tracer cannot replay")
     w = q.window
@@ -421,7 +440,7 @@ def _record(q: _Queue, op, name: str, flat: list, spec) -> Any:
         kind = it[0]
         if kind == "fresh":
             shape, dtype = it[1], it[2]
-            t = allocator.new_tensor(shape, allocator.contiguous_strides(shape), dtype)
+            t = allocator.new_tensor(shape, allocator.contiguous_strides(shape), dtype, index)
             st = t.untyped_storage()
             s = _Slot(len(w.slots), st, False, dtype, shape)
             w.slots.append(s)
@@ -451,9 +470,9 @@ def flush(reason: str = "explicit", detail: Optional[str] = None) -> None:
             w = q.window
             if not w.recs:
                 if w.blanks:             # only blank memory, no op: nothing to run
-                    q.window = _Window()
+                    q.window = _Window(w.index)
                 continue
-            q.window = _Window()
+            q.window = _Window(w.index)
             _run_window(w, reason if detail is None else f"{reason} ({detail})", reason)
 
 
@@ -462,7 +481,7 @@ def on_empty(t: torch.Tensor) -> None:
     (weakly held, no program input: an ``out=`` op that fills it defines its value)."""
     if not active() or t.numel() == 0:
         return
-    q = _queue()
+    q = _queue(t.device.index or 0)
     with q.lock:
         st = t.untyped_storage()
         q.window.blanks[st.data_ptr()] = weakref.ref(st)
@@ -717,7 +736,7 @@ def _run_op_by_op(w: _Window) -> None:
     for s in w.slots:
         st = s.storage()
         if st is None:      # a result nobody holds any more: scratch memory for the ops that read it
-            st = allocator.alloc_storage(s.nbytes)
+            st = allocator.alloc_storage(s.nbytes, w.index)
         stores.append(st)
     for rec in w.recs:
         leaves = [_tensor_on(stores[x.slot], x) if type(x) is _Ref else x for x in rec.leaves]
