@@ -94,6 +94,7 @@ OP_TOLERANCES: Dict[str, Dict[str, float]] = {
     # a layer norm over one element: x - mean is exactly 0, so the weight's gradient sum(g * xhat) is exactly 0
     # on the device; eager's CPU kernel leaves rounding noise of 1.8e-5 there (and rtol cannot help at 0)
     "nn.functional.layer_norm": dict(rtol=1e-4, atol=3e-5),
+    "native_layer_norm": dict(rtol=1e-4, atol=3e-5),   # the same one-element sample
 }
 
 #: Ops whose result values are undefined (uninitialised memory): excluded.
