@@ -538,27 +538,17 @@ def _run_case(case: Case, mode: str, backend: str, dtype: torch.dtype, grad: boo
             ws = _grad_weights(_tensor_leaves(out)) if grad else []
         except Exception as err:
             raise _EagerRejects(err) from err
-        try:
-            torch.manual_seed(SEED)
-            _, _, host, why = _run_door(mode, backend, case.fn, case.tensors, grad, ws)
-        except (OpTimeout, KeyboardInterrupt):
-            raise
-        except Exception as err:
-            return "error", f"{type(err).__name__}: {_first_line(err)}"
-        if why:
-            return "error", why
+        done = _door_or_error(mode, backend, case, grad, ws)
+        if len(done) == 2:   # ("error", reason)
+            return done
+        _, _, host = done
         return ("pass_host", _host_text(host)) if host else ("pass", "")
     ref_out, ref_g, (meta_out, meta_g), ws = _eager_reference(case, dtype, grad)
     tn.device.tracking.reset_op_counts()
-    try:
-        torch.manual_seed(SEED)
-        out, g, host, why = _run_door(mode, backend, case.fn, case.tensors, grad, ws)
-    except (OpTimeout, KeyboardInterrupt):
-        raise
-    except Exception as err:
-        return "error", f"{type(err).__name__}: {_first_line(err)}"
-    if why:
-        return "error", why
+    done = _door_or_error(mode, backend, case, grad, ws)
+    if len(done) == 2:   # ("error", reason)
+        return done
+    out, g, host = done
     bad = compare(out, ref_out, tol, expected_meta=meta_out)
     if bad is None and grad and ref_g is not None:
         if g is None:
@@ -569,6 +559,20 @@ def _run_case(case: Case, mode: str, backend: str, dtype: torch.dtype, grad: boo
     if bad:
         return "fail", bad
     return ("pass_host", _host_text(host)) if host else ("pass", "")
+
+
+def _door_or_error(mode: str, backend: str, case: Case, grad: bool, ws: List[Optional[torch.Tensor]]) -> tuple:
+    """``(results, grads, host ops)`` of the case through the door, or ``("error", reason)``."""
+    try:
+        torch.manual_seed(SEED)
+        out, g, host, why = _run_door(mode, backend, case.fn, case.tensors, grad, ws)
+    except (OpTimeout, KeyboardInterrupt):
+        raise
+    except Exception as err:
+        return "error", f"{type(err).__name__}: {_first_line(err)}"
+    if why:
+        return "error", why
+    return out, g, host
 
 
 def _host_text(host: Dict[str, int]) -> str:
