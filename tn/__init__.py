@@ -11,6 +11,7 @@ from . import ops, trace  # noqa: F401
 from .jit import jit, make_ir  # the functions shadow the submodule name tn.jit
 from . import device as _device  # noqa: F401,E402  (registers the torch device "neuron")
 from . import adaptive; from .adaptive import adaptive_report  # noqa: E402,E702  (the module tn.adaptive is callable: tn.adaptive(model))
+from . import distributed  # noqa: E402,F401  (registers the torch.distributed backend "neuron")
 from . import assess  # noqa: E402,F401  (callable module: tn.assess(model, example_inputs) -> report)
 
 __version__ = "0.1.0"

@@ -179,6 +179,10 @@ SETTINGS: Dict[str, Setting] = _settings(
             ("op", "adaptive")),
     Setting("window_ops", "TN_WINDOW_OPS", "int", 1024,
             "adaptive eager: most ops one window gathers before it is run (the buffer limit)"),
+    Setting("dist_check", "TN_DIST_CHECK", "flag", True,
+            "each collective of the neuron torch.distributed backend first all-gathers a small metadata record "
+            "(operation, dtype, shape, root, splits) so ranks that disagree raise CollectiveMismatchError instead "
+            "of hanging or mixing bytes (one extra small all-gather per collective; 0 skips it)"),
     Setting("engine_host_times", "TN_ENGINE_HOST_TIMES", "flag", False,
             "profiles also record the host time each native engine call took (read at import)"),
 )

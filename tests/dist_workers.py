@@ -1,0 +1,246 @@
+# Multi-process harness of the torch.distributed tests: spawn ranks on loopback with a hard timeout, and the rank jobs.
+"""Rank jobs for ``tests/test_distributed.py`` and :func:`run_ranks`, which runs one.
+
+A job is a module-level function ``job(rank, world) -> picklable result``
+(CPU tensors, numbers, strings). :func:`run_ranks` starts ``world`` processes
+with the ``spawn`` method (the neuron device refuses use after fork), sets
+``MASTER_ADDR=127.0.0.1`` and a free ``MASTER_PORT``, and waits at most
+``timeout`` seconds: a hang fails the test instead of hanging it. Each rank
+reports ``("ok", result)`` or ``("error", "Type: message", traceback)``.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import queue as _queue
+import socket
+import time
+import traceback
+
+import torch
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on right now."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _entry(job, rank, world, port, results, env):
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TN_NO_WARMUP": "1",
+                       "OMP_NUM_THREADS": "1", "RANK": str(rank), "WORLD_SIZE": str(world)})
+    for k, v in (env(rank) if callable(env) else (env or {})).items():
+        os.environ[k] = v
+    try:
+        torch.set_num_threads(1)
+        out = job(rank, world)
+        results.put((rank, "ok", pickle.dumps(out)))   # plain pickle: no shared-memory tensors outliving the rank
+    except BaseException as e:  # noqa: BLE001  (report everything to the parent)
+        results.put((rank, "error", f"{type(e).__name__}: {e}", traceback.format_exc()))
+
+
+def run_ranks(job, world: int = 2, timeout: float = 120.0, env=None, expect_exit=()):
+    """Run ``job`` on ``world`` spawned ranks; returns ``{rank: report}`` and the processes' exit codes.
+
+    ``env``: extra environment (a dict, or ``rank -> dict``). Raises ``TimeoutError`` naming the ranks that did
+    not report within ``timeout`` s (they are killed). ``expect_exit``: ranks allowed to end without reporting
+    (a job that makes a rank die)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(job, r, world, port, results, env), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    reports = {}
+    deadline = time.monotonic() + timeout
+    dead_since = {}
+    try:
+        while len(reports) < world:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                item = results.get(timeout=min(left, 0.5))
+                reports[item[0]] = (item[1], pickle.loads(item[2])) if item[1] == "ok" else item[1:]
+                continue
+            except _queue.Empty:
+                pass
+            now = time.monotonic()
+            for r in range(world):   # a rank that ended without reporting: give its queued report 2 s to arrive
+                if r not in reports and not procs[r].is_alive():
+                    dead_since.setdefault(r, now)
+            if all(r in reports or (r in dead_since and (r in expect_exit or now - dead_since[r] > 2.0))
+                   for r in range(world)):
+                break
+        missing = [r for r in range(world) if r not in reports and r not in expect_exit]
+        if missing:
+            died = {r: procs[r].exitcode for r in missing if r in dead_since}
+            raise TimeoutError(f"ranks {missing} did not report within {timeout} s (exit codes of those that "
+                               f"ended: {died}; reports: {reports})")
+    finally:
+        for p in procs:
+            p.join(timeout=max(0.1, min(10.0, deadline - time.monotonic() + 5)))
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    return reports, [p.exitcode for p in procs]
+
+
+def ok(reports):
+    """The results of every rank, raising AssertionError with the first rank's error when one failed."""
+    for r in sorted(reports):
+        if reports[r][0] != "ok":
+            raise AssertionError(f"rank {r} failed: {reports[r][1]}\n{reports[r][2]}")
+    return [reports[r][1] for r in sorted(reports)]
+
+
+def _init(rank, world, timeout_s=30.0, backend="neuron"):
+    import torch.distributed as dist
+
+    import tn  # noqa: F401  (registers the backend)
+
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+    return dist
+
+
+def _cpu(x):
+    return x.detach().to("cpu").clone() if isinstance(x, torch.Tensor) else x
+
+
+# ---------------------------------------------------------------------------------------------- collectives
+def job_collectives(rank, world):
+    """Every collective on neuron tensors, async work, functional collectives, object collectives, profile."""
+    dist = _init(rank, world)
+    import torch.distributed._functional_collectives as fc
+
+    import tn
+
+    dev = "neuron"
+    R = {}
+    n, r = world, rank
+    base = torch.arange(6.).reshape(2, 3) + r
+    R["backend"] = dist.get_backend()
+    R["device_count"] = torch.neuron.device_count()
+    R["cores"] = dist.group.WORLD.cores
+    R["device_types"] = [str(d) for d in dist.group.WORLD._device_types]
+    t = torch.full((3, 4), float(r + 1), device=dev)
+    dist.all_reduce(t)
+    R["sum"] = _cpu(t)
+    for name in ("AVG", "MAX", "MIN", "PRODUCT"):
+        t = base.to(dev)
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, name))
+        R[name] = _cpu(t)
+    t = (torch.arange(5) * (r + 2)).to(dev)
+    dist.all_reduce(t)
+    R["int_sum"] = _cpu(t)
+    t = torch.tensor([1.5, -2.25, 3.0], dtype=torch.bfloat16).to(dev) * (r + 1)
+    dist.all_reduce(t)
+    R["bf16_sum"] = _cpu(t)
+    whole = torch.zeros(4, 6, device=dev)
+    view = whole[:, ::2]
+    view.copy_(torch.full((4, 3), float(r + 1)))
+    dist.all_reduce(view)
+    R["strided"] = (_cpu(whole), view.is_contiguous())
+    outs = [torch.empty(2, 3, device=dev) for _ in range(n)]
+    dist.all_gather(outs, base.to(dev))
+    R["all_gather"] = [_cpu(o) for o in outs]
+    out = torch.empty(2 * n, 3, device=dev)
+    dist.all_gather_into_tensor(out, base.to(dev))
+    R["all_gather_into_tensor"] = _cpu(out)
+    a_out, b_out = torch.empty(n * 2, device=dev), torch.empty(n * 3, 2, device=dev)
+    with dist._coalescing_manager():
+        dist.all_gather_into_tensor(a_out, torch.full((2,), float(r), device=dev))
+        dist.all_gather_into_tensor(b_out, torch.full((3, 2), float(10 + r), device=dev))
+    R["all_gather_coalesced"] = (_cpu(a_out), _cpu(b_out))
+    ins = [torch.full((2,), float((r + 1) * 10 + j), device=dev) for j in range(n)]
+    out = torch.empty(2, device=dev)
+    dist.reduce_scatter(out, ins)
+    R["reduce_scatter"] = _cpu(out)
+    inp = (torch.arange(2. * n * 3).reshape(2 * n, 3) + r).to(dev)
+    out = torch.empty(2, 3, device=dev)
+    dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.AVG)
+    R["reduce_scatter_tensor_avg"] = _cpu(out)
+    o1, o2 = torch.empty(1, device=dev), torch.empty(2, device=dev)
+    with dist._coalescing_manager():
+        dist.reduce_scatter_tensor(o1, torch.arange(float(n), device=dev) + r)
+        dist.reduce_scatter_tensor(o2, torch.ones(2 * n, device=dev) * (r + 1))
+    R["reduce_scatter_coalesced"] = (_cpu(o1), _cpu(o2))
+    x1, x2 = torch.full((2,), float(r + 1), device=dev), torch.full((3,), float(r + 2), device=dev)
+    with dist._coalescing_manager():
+        dist.all_reduce(x1)
+        dist.all_reduce(x2)
+    R["all_reduce_coalesced"] = (_cpu(x1), _cpu(x2))
+    t = torch.full((3,), float(r + 5), device=dev)
+    dist.broadcast(t, src=1)
+    R["broadcast"] = _cpu(t)
+    ins = [torch.full((r + j + 1,), float(10 * r + j), device=dev) for j in range(n)]
+    outs = [torch.empty(j + r + 1, device=dev) for j in range(n)]
+    dist.all_to_all(outs, ins)
+    R["all_to_all"] = [_cpu(o) for o in outs]
+    inp = (torch.arange(2. * n) + 100 * r).to(dev)
+    out = torch.empty(2 * n, device=dev)
+    dist.all_to_all_single(out, inp)
+    R["all_to_all_single"] = _cpu(out)
+    in_splits = [r + j + 1 for j in range(n)]
+    out_splits = [j + r + 1 for j in range(n)]
+    inp = torch.cat([torch.full((s, 2), float(100 * r + j)) for j, s in enumerate(in_splits)]).to(dev)
+    out = torch.empty(sum(out_splits), 2, device=dev)
+    dist.all_to_all_single(out, inp, out_splits, in_splits)
+    R["all_to_all_uneven"] = _cpu(out)
+    if r == 0:
+        dist.send((torch.arange(5.) * 7).to(dev), dst=1)
+    else:
+        got = torch.empty(5, device=dev)
+        dist.recv(got, src=0)
+        R["recv"] = _cpu(got)
+    dist.barrier()
+    t = torch.full((4,), float(r + 1), device=dev)
+    work = dist.all_reduce(t, async_op=True)
+    R["async"] = (work.is_completed(), work.wait(), _cpu(work.get_future().wait()[0]), _cpu(t))
+    R["functional"] = {
+        "all_reduce": _cpu(fc.all_reduce(torch.full((3,), float(r + 1), device=dev), "sum", dist.group.WORLD)),
+        "all_gather_tensor": _cpu(fc.all_gather_tensor(torch.full((2,), float(r), device=dev), 0,
+                                                       dist.group.WORLD)),
+        "reduce_scatter_tensor": _cpu(fc.reduce_scatter_tensor(torch.arange(2. * n, device=dev) * (r + 1), "sum",
+                                                               0, dist.group.WORLD)),
+        "all_to_all_single": _cpu(fc.all_to_all_single(torch.arange(float(n), device=dev) + 10 * r, None, None,
+                                                       dist.group.WORLD)),
+    }
+    raw = torch.ops._c10d_functional.all_reduce(torch.ones(2, device=dev) * (r + 1), "avg",
+                                                dist.group.WORLD.group_name)
+    R["functional"]["raw_avg"] = _cpu(torch.ops._c10d_functional.wait_tensor(raw))
+    objs = [None] * n
+    dist.all_gather_object(objs, {"rank": r, "s": "x" * (r + 3)})
+    R["all_gather_object"] = objs
+    lst = [f"from {r}", r * 11]
+    dist.broadcast_object_list(lst, src=1)
+    R["broadcast_object_list"] = lst
+    sub = dist.new_group(list(range(n)))
+    t = torch.ones(2, device=dev) * (r + 1)
+    dist.all_reduce(t, group=sub)
+    R["new_group"] = (_cpu(t), dist.get_backend(sub))
+    # profile records and modelled overlap with compute
+    tn.neuron.timeline.reset()
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0)).to(dev)
+    big = torch.ones(64 * 1024, device=dev)
+    with tn.profile() as prof:
+        a = x @ x
+        w = dist.all_reduce(big, async_op=True)
+        b = x @ x
+        w.wait()
+        c = b + a
+    R["profile"] = {
+        "records": [(rec.core, rec.name, rec.start_ns, rec.end_ns, rec.nbytes, rec.track) for rec in prof.records],
+        "runs": [(run.start_ns, run.total_ns) for run in prof.runs],
+    }
+    del c
+    R["stats"] = torch.neuron.collective_stats()
+    dist.destroy_process_group()
+    return R

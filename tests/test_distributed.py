@@ -1,0 +1,156 @@
+# torch.distributed on the neuron device: the `neuron` backend's collectives, timing, faults and DDP, in real processes.
+"""Tests of :mod:`tn.distributed` with real ranks (spawned processes on loopback, ``tests/dist_workers.py``).
+
+Each multi-rank job runs once per module (fixtures) and the tests check its
+results against values computed here; every job has a hard timeout, so a
+hang fails instead of blocking the suite. DDP training runs are ``slow``.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import tn
+import dist_workers as W
+
+WORLD = 2
+
+
+@pytest.fixture(scope="module")
+def coll():
+    reports, _ = W.run_ranks(W.job_collectives, WORLD, timeout=240)
+    return W.ok(reports)
+
+
+def _base(r):
+    return torch.arange(6.).reshape(2, 3) + r
+
+
+# ------------------------------------------------------------------ registration (in this process, no ranks)
+def test_backend_registered_for_the_neuron_device():
+    assert "neuron" in dist.Backend.backend_list
+    assert dist.Backend.default_device_backend_map["neuron"] == "neuron"
+    assert dist.Backend.backend_capability["neuron"] == ["neuron"]
+    plugin = dist.Backend._plugins["NEURON"]
+    assert plugin.extended_api and plugin.creator_fn is tn.distributed.backend.create
+    assert torch.neuron.collective_stats is tn.distributed.collective_stats
+
+
+def test_backend_none_resolves_to_neuron():
+    cfg = dist.distributed_c10d.BackendConfig(dist.Backend(dist.Backend.UNDEFINED))
+    assert {k: str(v) for k, v in cfg.get_device_backend_map().items()} == {"neuron": "neuron"}
+    cfg = dist.distributed_c10d.BackendConfig(dist.Backend("cpu:gloo,neuron:neuron"))
+    assert {k: str(v) for k, v in cfg.get_device_backend_map().items()} == {"cpu": "gloo", "neuron": "neuron"}
+
+
+# ------------------------------------------------------------------ collectives (one 2-rank job)
+def test_group_identity(coll):
+    for r, R in enumerate(coll):
+        assert R["backend"] == "neuron"
+        assert R["device_count"] == 1          # one process per core: the rank's core is its neuron:0
+        assert R["cores"] == [0, 1]
+        assert R["device_types"] == ["neuron"]
+
+
+def test_all_reduce_ops(coll):
+    b = [_base(r) for r in range(WORLD)]
+    want = {"AVG": sum(b) / WORLD, "MAX": torch.maximum(*b), "MIN": torch.minimum(*b), "PRODUCT": b[0] * b[1]}
+    for R in coll:
+        torch.testing.assert_close(R["sum"], torch.full((3, 4), float(sum(range(1, WORLD + 1)))))
+        for name, w in want.items():
+            torch.testing.assert_close(R[name], w, msg=name)
+        assert torch.equal(R["int_sum"], sum(torch.arange(5) * (r + 2) for r in range(WORLD)))
+        assert R["bf16_sum"].dtype == torch.bfloat16
+        torch.testing.assert_close(R["bf16_sum"].float(), torch.tensor([1.5, -2.25, 3.0]) * 3)
+
+
+def test_all_reduce_of_a_strided_view_writes_only_the_view(coll):
+    for R in coll:
+        whole, contiguous = R["strided"]
+        assert not contiguous
+        want = torch.zeros(4, 6)
+        want[:, ::2] = 3.0
+        assert torch.equal(whole, want)
+
+
+def test_all_gather_variants(coll):
+    for R in coll:
+        for r in range(WORLD):
+            assert torch.equal(R["all_gather"][r], _base(r))
+        assert torch.equal(R["all_gather_into_tensor"], torch.cat([_base(r) for r in range(WORLD)]))
+        a, b = R["all_gather_coalesced"]
+        assert torch.equal(a, torch.tensor([0., 0., 1., 1.]))
+        assert torch.equal(b, torch.cat([torch.full((3, 2), 10. + r) for r in range(WORLD)]))
+
+
+def test_reduce_scatter_variants(coll):
+    for r, R in enumerate(coll):
+        assert torch.equal(R["reduce_scatter"], torch.full((2,), float(sum((q + 1) * 10 + r for q in range(WORLD)))))
+        full = sum(torch.arange(2. * WORLD * 3).reshape(2 * WORLD, 3) + q for q in range(WORLD)) / WORLD
+        torch.testing.assert_close(R["reduce_scatter_tensor_avg"], full[2 * r:2 * r + 2])
+        o1, o2 = R["reduce_scatter_coalesced"]
+        assert torch.equal(o1, sum(torch.arange(float(WORLD)) + q for q in range(WORLD))[r:r + 1])
+        assert torch.equal(o2, torch.full((2,), float(sum(q + 1 for q in range(WORLD)))))
+
+
+def test_all_reduce_coalesced_broadcast_send_recv(coll):
+    for r, R in enumerate(coll):
+        x1, x2 = R["all_reduce_coalesced"]
+        assert torch.equal(x1, torch.full((2,), 3.)) and torch.equal(x2, torch.full((3,), 5.))
+        assert torch.equal(R["broadcast"], torch.full((3,), 6.))   # rank 1's value 1 + 5
+    assert torch.equal(coll[1]["recv"], torch.arange(5.) * 7)
+
+
+def test_all_to_all_even_uneven_and_lists(coll):
+    for r, R in enumerate(coll):
+        for j in range(WORLD):
+            assert torch.equal(R["all_to_all"][j], torch.full((j + r + 1,), float(10 * j + r)))
+        want = torch.cat([(torch.arange(2. * WORLD) + 100 * j)[2 * r:2 * r + 2] for j in range(WORLD)])
+        assert torch.equal(R["all_to_all_single"], want)
+        want = torch.cat([torch.full((j + r + 1, 2), float(100 * j + r)) for j in range(WORLD)])
+        assert torch.equal(R["all_to_all_uneven"], want)
+
+
+def test_async_work_and_future(coll):
+    for R in coll:
+        completed, waited, fut_value, tensor = R["async"]
+        assert completed is True and waited is True
+        assert torch.equal(fut_value, torch.full((4,), 3.)) and torch.equal(tensor, fut_value)
+
+
+def test_functional_collectives(coll):
+    for r, R in enumerate(coll):
+        F = R["functional"]
+        assert torch.equal(F["all_reduce"], torch.full((3,), 3.))
+        assert torch.equal(F["all_gather_tensor"], torch.tensor([0., 0., 1., 1.]))
+        assert torch.equal(F["reduce_scatter_tensor"], (torch.arange(2. * WORLD) * 3)[2 * r:2 * r + 2])
+        assert torch.equal(F["all_to_all_single"], torch.tensor([float(r), 10. + r]))
+        assert torch.equal(F["raw_avg"], torch.full((2,), 1.5))
+
+
+def test_object_collectives_and_new_group(coll):
+    for R in coll:
+        assert R["all_gather_object"] == [{"rank": r, "s": "x" * (r + 3)} for r in range(WORLD)]
+        assert R["broadcast_object_list"] == ["from 1", 11]
+        t, backend = R["new_group"]
+        assert torch.equal(t, torch.full((2,), 3.)) and backend == "neuron"
+
+
+def test_collectives_are_timed_recorded_and_overlap_compute(coll):
+    from tn.neuron.collectives import collective_ns
+    from tn.neuron.machine import machine
+
+    for R in coll:
+        (core, name, start, end, nbytes, track), = R["profile"]["records"]
+        assert (core, name, nbytes, track) == (0, "all_reduce", 64 * 1024 * 4, "collectives")
+        assert end - start == pytest.approx(collective_ns("all_reduce", machine(), nbytes, [0, 1]))
+        (a_start, a_ns), (b_start, b_ns), (c_start, c_ns) = R["profile"]["runs"]
+        assert start == pytest.approx(a_start + a_ns)       # starts when the issuing stream's work is done
+        assert b_start < end                                 # the next program overlaps the collective
+        assert c_start >= end                                # work after wait() waits for it
+        stats = R["stats"]
+        assert stats["all_reduce"]["calls"] >= 10 and stats["all_reduce"]["bytes"] >= nbytes
+        for op in ("all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "all_to_all_single",
+                   "barrier", "reduce_scatter_tensor_coalesced", "all_reduce_coalesced"):
+            assert stats[op]["calls"] >= 1 and stats[op]["modelled_ns"] > 0, op
