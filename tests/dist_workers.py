@@ -33,7 +33,7 @@ def free_port() -> int:
 def _entry(job, rank, world, port, results, env):
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TN_NO_WARMUP": "1",
                        "OMP_NUM_THREADS": "1", "RANK": str(rank), "WORLD_SIZE": str(world)})
-    for k, v in (env(rank) if callable(env) else (env or {})).items():
+    for k, v in (env[rank] if isinstance(env, (list, tuple)) else (env or {})).items():
         os.environ[k] = v
     try:
         torch.set_num_threads(1)
@@ -46,7 +46,7 @@ def _entry(job, rank, world, port, results, env):
 def run_ranks(job, world: int = 2, timeout: float = 120.0, env=None, expect_exit=()):
     """Run ``job`` on ``world`` spawned ranks; returns ``{rank: report}`` and the processes' exit codes.
 
-    ``env``: extra environment (a dict, or ``rank -> dict``). Raises ``TimeoutError`` naming the ranks that did
+    ``env``: extra environment (a dict, or a list of one dict per rank). Raises ``TimeoutError`` naming the ranks that did
     not report within ``timeout`` s (they are killed). ``expect_exit``: ranks allowed to end without reporting
     (a job that makes a rank die)."""
     import torch.multiprocessing as mp
@@ -213,6 +213,19 @@ def job_collectives(rank, world):
         "all_to_all_single": _cpu(fc.all_to_all_single(torch.arange(float(n), device=dev) + 10 * r, None, None,
                                                        dist.group.WORLD)),
     }
+    F = R["functional"]
+    F["broadcast"] = _cpu(fc.broadcast(torch.full((2,), float(r + 7), device=dev), 1, dist.group.WORLD))
+    F["all_reduce_coalesced"] = [_cpu(x) for x in fc.all_reduce_coalesced(
+        [torch.ones(2, device=dev) * (r + 1), torch.ones(3, device=dev) * (r + 2)], "max", dist.group.WORLD)]
+    F["all_gather_coalesced"] = [_cpu(x) for x in fc.all_gather_single_coalesced(
+        [torch.full((1,), float(r), device=dev), torch.full((2,), float(r + 5), device=dev)], dist.group.WORLD)]
+    F["reduce_scatter_coalesced"] = [_cpu(x) for x in fc.reduce_scatter_single_coalesced(
+        [torch.arange(float(n), device=dev) + r, torch.ones(2 * n, device=dev)], "sum", [0, 0], dist.group.WORLD)]
+    leaf = torch.full((2,), float(r + 1), device=dev, requires_grad=True)
+    gathered = fc.all_gather_single_autograd(leaf * 2, 0, dist.group.WORLD)
+    gathered = fc.wait_tensor(gathered) if isinstance(gathered, torch.Tensor) else gathered
+    (gathered * torch.arange(1., 2 * n + 1, device=dev)).sum().backward()
+    F["autograd_all_gather"] = (_cpu(gathered), _cpu(leaf.grad))
     raw = torch.ops._c10d_functional.all_reduce(torch.ones(2, device=dev) * (r + 1), "avg",
                                                 dist.group.WORLD.group_name)
     R["functional"]["raw_avg"] = _cpu(torch.ops._c10d_functional.wait_tensor(raw))
@@ -244,3 +257,130 @@ def job_collectives(rank, world):
     R["stats"] = torch.neuron.collective_stats()
     dist.destroy_process_group()
     return R
+
+
+# ---------------------------------------------------------------------------------------------- faults
+def _raises(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        return type(e).__name__, str(e)
+    return None
+
+
+def job_faults(rank, world):
+    """Mismatched shapes/dtypes/ops/roots/splits, tensors of other devices, use after destroy (run with
+    TN_VISIBLE_CORES set per rank, so each rank sees two devices). Started with backend=None; also checks
+    PREMUL_SUM (FSDP2's gradient divide factor)."""
+    dist = _init(rank, world, backend=None)
+    r = rank
+    R = {"cores": dist.group.WORLD.cores, "device_count": torch.neuron.device_count(),
+         "group_type": type(dist.group.WORLD).__name__}
+    t = torch.full((3,), float(r + 1), device="neuron")
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
+    out = torch.empty(1, device="neuron")
+    dist.reduce_scatter_tensor(out, torch.full((world,), float(r + 1), device="neuron"),
+                               op=dist._make_nccl_premul_sum(0.25))
+    R["premul_sum"] = (_cpu(t), _cpu(out))
+    R["shape"] = _raises(lambda: dist.all_reduce(torch.ones(3 + r, device="neuron")))
+    R["dtype"] = _raises(lambda: dist.all_reduce(torch.ones(3, dtype=torch.float32 if r == 0 else torch.float64,
+                                                            device="neuron")))
+    R["op"] = _raises(lambda: dist.all_reduce(torch.ones(3, device="neuron")) if r == 0
+                      else dist.broadcast(torch.ones(3, device="neuron"), src=0))
+    R["root"] = _raises(lambda: dist.broadcast(torch.ones(3, device="neuron"), src=r))
+    ins, outs = ([1, 1], [1, 1]) if r == 0 else ([2, 1], [1, 1])
+    R["splits"] = _raises(lambda: dist.all_to_all_single(torch.empty(sum(outs), device="neuron"),
+                                                         torch.ones(sum(ins), device="neuron"), outs, ins))
+    t = torch.ones(2, device="neuron")
+    dist.all_reduce(t)
+    R["after_mismatch"] = _cpu(t)
+    R["cpu_tensor"] = _raises(lambda: dist.all_reduce(torch.ones(2)))
+    R["other_device"] = _raises(lambda: dist.all_reduce(torch.ones(2, device="neuron:1")))
+    pg = dist.group.WORLD
+    dist.destroy_process_group()
+    R["after_destroy_default"] = _raises(lambda: dist.all_reduce(torch.ones(2, device="neuron")))
+    R["after_destroy_handle"] = _raises(lambda: pg.allreduce([torch.ones(2, device="neuron")]))
+    R["after_destroy_group_arg"] = _raises(lambda: dist.all_reduce(torch.ones(2, device="neuron"), group=pg))
+    return R
+
+
+def job_rank_dies_and_stalls(rank, world):
+    """3 ranks, timeout 3 s. Rank 2 dies after the first collective: ranks 0 and 1 raise on the world group.
+    Then on group [0, 1] rank 1 stalls (sleeps past the timeout): rank 0 raises within the timeout."""
+    import time
+
+    dist = _init(rank, world, timeout_s=3)
+    t = torch.ones(2, device="neuron")
+    dist.all_reduce(t)
+    pair = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=3))   # new_group's default is 30 min
+    if rank == 2:
+        os._exit(7)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    R = {"died": _raises(lambda: dist.all_reduce(t))}
+    R["died_again"] = _raises(lambda: dist.broadcast(t, src=0))
+    R["died_seconds"] = time.monotonic() - t0
+    dist.all_reduce(t, group=pair)       # the pair still works
+    R["pair"] = _cpu(t)
+    if rank == 1:
+        time.sleep(6.0)
+        return R
+    t0 = time.monotonic()
+    R["stalled"] = _raises(lambda: dist.all_reduce(t, group=pair))
+    R["stalled_seconds"] = time.monotonic() - t0
+    return R
+
+
+# ---------------------------------------------------------------------------------------------- DDP
+def _mlp():
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(),
+                               torch.nn.Linear(32, 4))
+
+
+def job_ddp(rank, world, steps=6, per_rank=4):
+    """DDP on a small neuron MLP (small buckets: several all-reduces per step) vs the same model trained on one
+    device on the whole batch: the losses (averaged over ranks) and final weights must agree."""
+    dist = _init(rank, world)
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import tn
+
+    torch.manual_seed(0)
+    model = _mlp()
+    ref = _mlp()
+    ref.load_state_dict(model.state_dict())
+    model.to("neuron")
+    ref.to("neuron")
+    ddp = DDP(model, bucket_cap_mb=0.002)
+    if world == 2:   # a comm hook: DDP reduces through the Work's future (then() on the result tensors)
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    losses, ref_losses = [], []
+    torch.neuron.reset_collective_stats()
+    with tn.profile() as prof:
+        for _ in range(steps):
+            x, y = torch.randn(per_rank * world, 8, generator=g), torch.randn(per_rank * world, 4, generator=g)
+            lo, hi = rank * per_rank, (rank + 1) * per_rank
+            loss = torch.nn.functional.mse_loss(ddp(x[lo:hi].to("neuron")), y[lo:hi].to("neuron"))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            mean = loss.detach().clone()
+            dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+            losses.append(mean.item())
+            rl = torch.nn.functional.mse_loss(ref(x.to("neuron")), y.to("neuron"))
+            ropt.zero_grad()
+            rl.backward()
+            ropt.step()
+            ref_losses.append(rl.item())
+    stats = torch.neuron.collective_stats()
+    buckets = ddp._get_ddp_logging_data().get("num_buckets_reduced", None)
+    out = {"losses": losses, "ref_losses": ref_losses, "stats": stats, "buckets": buckets,
+           "weights": [_cpu(p) for p in model.parameters()], "ref_weights": [_cpu(p) for p in ref.parameters()],
+           "records": len([r for r in prof.records if r.track == "collectives"])}
+    dist.destroy_process_group()
+    return out

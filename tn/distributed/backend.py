@@ -22,8 +22,10 @@ How a collective runs (every method below follows it):
    aliases of them (:func:`tn.device.allocator.cpu_alias`: same memory, no
    copy); a non-contiguous tensor goes through a contiguous copy that is
    written back into the original view (strides and offset kept). The inner
-   gloo group runs on loopback with the group's timeout (the init timeout);
-   AVG is SUM then a division on the host (gloo has no AVG);
+   gloo group runs on loopback with the group's timeout (``init_process_group``'s
+   ``timeout``; ``new_group(timeout=...)`` for other groups, whose default is torch's 30 min);
+   AVG is SUM then a division on the host (gloo has no AVG), PREMUL_SUM (FSDP2's
+   divide factor) SUM then a product;
 3. **time**: :class:`tn.distributed.timing.CollectiveClock` places it on the
    rank's core (``"collectives"`` resource), records it in ``tn.profile()``
    and counts it (:func:`tn.distributed.collective_stats`).
@@ -181,14 +183,30 @@ class _Staged:
 
 
 def _reduce_op(opts) -> tuple:
-    """(gloo op, divide after?) for the options' reduce op; AVG is SUM then a division."""
+    """``(gloo op, post)`` for the options' reduce op; ``post(host_tensor)`` finishes the result in place or is
+    None. gloo has neither AVG (SUM, then divide by the group size) nor PREMUL_SUM (SUM, then times the factor:
+    ``sum(f * x_r) = f * sum(x_r)``; FSDP2 uses it with a gradient divide factor)."""
     op = opts.reduceOp
     if op == ReduceOp.AVG:
-        return ReduceOp.SUM, True
+        return ReduceOp.SUM, "avg"
     if op == ReduceOp.PREMUL_SUM:
-        raise CollectiveError("tn: the neuron backend does not implement ReduceOp.PREMUL_SUM (an NCCL "
-                              "extension); use SUM or AVG")
-    return op, False
+        factor = op.factor
+        if isinstance(factor, torch.Tensor):
+            factor = factor.detach().to("cpu")
+        return ReduceOp.SUM, factor
+    return op, None
+
+
+def _post(post, host: torch.Tensor, size: int) -> None:
+    """Apply the post step of :func:`_reduce_op` to a reduced host tensor."""
+    if post is None:
+        return
+    if not (host.is_floating_point() or host.is_complex()):
+        raise CollectiveError(f"tn: ReduceOp.AVG / PREMUL_SUM need a floating tensor, got {host.dtype}")
+    if isinstance(post, str):
+        host.div_(size)
+    else:
+        host.mul_(post)
 
 
 class ProcessGroupNeuron(dist.ProcessGroup):
@@ -350,7 +368,8 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         except Exception as e:   # gloo's RuntimeError/DistBackendError: a dead peer, a timeout, closed connections
             raise CollectiveError(
                 f"tn: {what} failed on rank {self._rank} of {self._size}: a rank of the group died, left or did "
-                f"not join within the timeout ({self._timeout.total_seconds():g} s, init_process_group's timeout). "
+                f"not join within the group's timeout ({self._timeout.total_seconds():g} s: init_process_group's, or "
+                f"new_group's timeout=). "
                 f"gloo said: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from e
 
     def _check(self, op: str, dtype=None, shape=(), extra: Sequence[int] = (), splits=None) -> None:
@@ -398,7 +417,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             dims = [int(x) for x in g[3:3 + min(nd, _MAX_DIMS)]]
             s = f"{_OPS[int(g[0])]}({dt}, {list(dims)}"
             if any(int(x) for x in g[11:16]):
-                s += f", root/extra={[int(x) for x in g[11:16]]}"
+                s += f", args={[int(x) for x in g[11:16]]}"
             if splits is not None:
                 s += f", in_splits={[int(x) for x in g[16:16 + n]]}, out_splits={[int(x) for x in g[16 + n:]]}"
             return s + ")"
@@ -433,17 +452,16 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         self._alive("all_reduce")
         t0 = timing.host_clock()
         staged = self._stage("all_reduce", tensors)
-        op, divide = _reduce_op(opts)
+        op, post = _reduce_op(opts)
         t = tensors[0]
         self._check("all_reduce", t.dtype, t.shape, [len(tensors), int(opts.reduceOp.op)])
-        if divide and not (t.is_floating_point() or t.is_complex()):
-            raise CollectiveError(f"tn: ReduceOp.AVG needs a floating tensor, got {t.dtype}")
+        if post is not None and not (t.is_floating_point() or t.is_complex()):
+            raise CollectiveError(f"tn: ReduceOp.AVG / PREMUL_SUM need a floating tensor, got {t.dtype}")
         o = AllreduceOptions()
         o.reduceOp = op
         self._gloo_call("all_reduce", self._gloo.allreduce, [s.host for s in staged], o)
-        if divide:
-            for s in staged:
-                s.host.div_(self._size)
+        for s in staged:
+            _post(post, s.host, self._size)
         return self._finish("all_reduce", staged, list(tensors), sum(_nbytes(x) for x in tensors), t0)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -452,7 +470,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         self._alive("all_reduce_coalesced")
         t0 = timing.host_clock()
         staged = self._stage("all_reduce_coalesced", tensors)
-        op, divide = _reduce_op(opts)
+        op, post = _reduce_op(opts)
         total = sum(x.numel() for x in tensors)
         self._check("all_reduce_coalesced", None, [total], [len(tensors), int(opts.reduceOp.op)])
         by_dtype = {}
@@ -463,8 +481,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         for dtype, group in by_dtype.items():
             flat = torch.cat([s.host.reshape(-1) for s in group])
             self._gloo_call("all_reduce_coalesced", self._gloo.allreduce, [flat], o)
-            if divide:
-                flat.div_(self._size)
+            _post(post, flat, self._size)
             off = 0
             for s in group:
                 n = s.host.numel()
@@ -534,12 +551,13 @@ class ProcessGroupNeuron(dist.ProcessGroup):
 
     # ------------------------------------------------------------------ reduce-scatter
     def _reduce_scatter_flat(self, what: str, out_host: torch.Tensor, in_host: torch.Tensor, opts) -> None:
-        op, divide = _reduce_op(opts)
+        op, post = _reduce_op(opts)
+        if post is not None and not (in_host.is_floating_point() or in_host.is_complex()):
+            raise CollectiveError(f"tn: ReduceOp.AVG / PREMUL_SUM need a floating tensor, got {in_host.dtype}")
         o = ReduceScatterOptions()
         o.reduceOp = op
         self._gloo_call(what, self._gloo._reduce_scatter_base, out_host.view(-1), in_host.view(-1), o)
-        if divide:
-            out_host.div_(self._size)
+        _post(post, out_host, self._size)
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         """``output_tensors[0]`` = reduction over ranks of their ``input_lists[0][rank]`` (``dist.reduce_scatter``)."""
@@ -614,15 +632,15 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         self._alive("reduce")
         t0 = timing.host_clock()
         staged = self._stage("reduce", tensors)
-        op, divide = _reduce_op(opts)
+        op, post = _reduce_op(opts)
         t = tensors[0]
         self._check("reduce", t.dtype, t.shape, [opts.rootRank + 1, int(opts.reduceOp.op)])
         o = ReduceOptions()
         o.reduceOp, o.rootRank, o.rootTensor = op, opts.rootRank, opts.rootTensor
         self._gloo_call("reduce", self._gloo.reduce, [s.host for s in staged], o)
-        if divide and self._rank == opts.rootRank:
+        if self._rank == opts.rootRank:
             for s in staged:
-                s.host.div_(self._size)
+                _post(post, s.host, self._size)
         return self._finish("reduce", staged, list(tensors), sum(_nbytes(x) for x in tensors), t0)
 
     def gather(self, output_lists, inputs, opts=None):
