@@ -49,7 +49,7 @@ __all__ = ["Mixed", "Lab", "independent_axes", "same_program"]
 NEG_BIG = -1e30  # values at or below this behave as -inf under exp/amax
 
 
-class Mixed(TnError):
+class Mixed(TnError, ValueError):
     """An equation mixes positions along the followed dimension (the message names it)."""
 
 

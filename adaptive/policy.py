@@ -50,7 +50,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Dict, Optional, Sequence, Union
 
-from ..errors import TnError
+from ..errors import ArgumentTypeError, ArgumentValueError
 
 __all__ = ["Policy", "make_policy", "should_compile", "expected_future", "bucket_size"]
 
@@ -121,22 +121,22 @@ class Policy:
 
 
 def make_policy(**kw: Any) -> Policy:
-    """A :class:`Policy` from keywords; an unknown keyword is a TnError listing the known ones."""
+    """A :class:`Policy` from keywords; an unknown keyword is an ArgumentTypeError (a TypeError) listing the known ones."""
     names = {f.name for f in dataclasses.fields(Policy)}
     bad = sorted(set(kw) - names)
     if bad:
-        raise TnError(f"tn.adaptive: unknown policy keyword(s) {bad}; known: {sorted(names)}")
+        raise ArgumentTypeError(f"tn.adaptive: unknown policy keyword(s) {bad}; known: {sorted(names)}")
     p = Policy(**kw)
     if p.min_calls < 1 or p.cache_size < 1 or p.max_signatures < 1 or p.churn_window < 1 or p.masked_min_bucket < 1:
-        raise TnError("tn.adaptive: min_calls, cache_size, max_signatures, churn_window and masked_min_bucket "
-                      "must be >= 1")
+        raise ArgumentValueError("tn.adaptive: min_calls, cache_size, max_signatures, churn_window and masked_min_bucket "
+                                 "must be >= 1")
     if not 0.0 <= p.max_recurrence < 1.0:
-        raise TnError(f"tn.adaptive: max_recurrence must be in [0, 1), got {p.max_recurrence}")
+        raise ArgumentValueError(f"tn.adaptive: max_recurrence must be in [0, 1), got {p.max_recurrence}")
     if p.bucket is not None and p.bucket != "pow2":
         try:
             sizes = sorted(int(s) for s in p.bucket)
         except TypeError:
-            raise TnError(f"tn.adaptive: bucket must be 'pow2', None or a sequence of sizes, got {p.bucket!r}")
+            raise ArgumentValueError(f"tn.adaptive: bucket must be 'pow2', None or a sequence of sizes, got {p.bucket!r}")
         p.bucket = tuple(sizes)
     return p
 

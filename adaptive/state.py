@@ -32,11 +32,13 @@ import torch
 from torch import Tensor
 import torch.utils._pytree as _pytree
 
+from ..errors import ArgumentTypeError
+
 __all__ = ["register_state_type", "is_state", "flatten", "build", "write_back", "StateArg", "StateError"]
 
 
-class StateError(Exception):
-    """A state object holds something that cannot be carried through a program (the message says what).
+class StateError(ArgumentTypeError):
+    """A state object holds something that cannot be carried through a program (a TypeError; the message says what).
 
     ``path`` lists the attribute/index steps from the object to the offending value; it is filled in as the
     error unwinds, so flattening builds no path strings when nothing is wrong (it runs on every call)."""
@@ -63,7 +65,7 @@ def register_state_type(cls: type) -> None:
     static parts of the region's signature and must be hashable.
     """
     if not isinstance(cls, type):
-        raise TypeError(f"register_state_type: expected a class, got {type(cls).__name__}")
+        raise ArgumentTypeError(f"register_state_type: expected a class, got {type(cls).__name__}")
     if cls not in _REGISTERED:
         _REGISTERED.append(cls)
         _KNOWN.clear()

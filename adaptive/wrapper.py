@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..errors import TnError
+from ..errors import ArgumentTypeError, ArgumentValueError
 from .policy import Policy, make_policy
 from .region import Group, Region, fingerprint, gc_seconds, install_gc_clock
 
@@ -297,14 +297,14 @@ def adaptive(model: torch.nn.Module, **policy: Any) -> AdaptiveModel:
     ``TN_LOG=adaptive`` logs each decision (logger ``"tn"``).
     """
     if isinstance(model, AdaptiveModel):
-        raise TnError("tn.adaptive: the model is already adaptive; pass the original module or use it as is")
+        raise ArgumentValueError("tn.adaptive: the model is already adaptive; pass the original module or use it as is")
     if not isinstance(model, torch.nn.Module):
-        raise TnError(f"tn.adaptive: expected an nn.Module, got {type(model).__name__}; wrap functions with tn.jit")
+        raise ArgumentTypeError(f"tn.adaptive: expected an nn.Module, got {type(model).__name__}; wrap functions with tn.jit")
     pol = make_policy(**policy)
     for n, sub in model.named_modules():
         if "_tn_region" in sub.__dict__:
-            raise TnError(f"tn.adaptive: module {n or '<root>'!r} already belongs to an adaptive model; keep using the "
-                          f"object the first tn.adaptive call returned")
+            raise ArgumentValueError(f"tn.adaptive: module {n or '<root>'!r} already belongs to an adaptive model; keep using the "
+                                     f"object the first tn.adaptive call returned")
     ctl = _Controller(model, pol)
     install_gc_clock()
     if pol.regions is None:
@@ -315,16 +315,16 @@ def adaptive(model: torch.nn.Module, **policy: Any) -> AdaptiveModel:
         for r in pol.regions:
             if isinstance(r, str):
                 if r not in mods:
-                    raise TnError(f"tn.adaptive: regions= names {r!r}, which is not a submodule; known names "
-                                  f"include {sorted(mods)[:8]}")
+                    raise ArgumentValueError(f"tn.adaptive: regions= names {r!r}, which is not a submodule; known names "
+                                             f"include {sorted(mods)[:8]}")
                 names.append(r)
             elif isinstance(r, type):
                 found = [n for n, m in mods.items() if isinstance(m, r)]
                 if not found:
-                    raise TnError(f"tn.adaptive: regions= names type {r.__name__}, which no submodule has")
+                    raise ArgumentValueError(f"tn.adaptive: regions= names type {r.__name__}, which no submodule has")
                 names += found
             else:
-                raise TnError(f"tn.adaptive: regions= takes module names or types, got {r!r}")
+                raise ArgumentTypeError(f"tn.adaptive: regions= takes module names or types, got {r!r}")
     mods = dict(model.named_modules())
     for n in names:
         ctl.add(n, mods[n])
@@ -334,7 +334,7 @@ def adaptive(model: torch.nn.Module, **policy: Any) -> AdaptiveModel:
 def adaptive_report(m: Any, print_table: bool = True) -> List[Dict[str, Any]]:
     """Rows of the per-region report of an adaptive model (and print them as a table)."""
     if not isinstance(m, AdaptiveModel):
-        raise TnError(f"tn.adaptive_report: expected a model returned by tn.adaptive, got {type(m).__name__}")
+        raise ArgumentTypeError(f"tn.adaptive_report: expected a model returned by tn.adaptive, got {type(m).__name__}")
     rows = [r.row() for r in m._tn_ctl.regions.values()]
     if print_table:
         from tabulate import tabulate

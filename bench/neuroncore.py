@@ -132,7 +132,7 @@ def main(argv=None) -> dict:
          f"{res.tensor_utilisation:.3f}", f"{(res.hbm_read_bytes + res.hbm_write_bytes) / 2**20:.1f}",
          f"{mm_sim_med * 1e3:.1f} ({mm_sim_min * 1e3:.1f})", f"{statistics.median(t['mm_run']) * 1e3:.1f}",
          f"{np_mm_med * 1e3:.1f} ({np_mm_min * 1e3:.1f})", f"{np_mm_med / mm_sim_med:.2f}"],
-        [f"matmul, A as [M,K] (TensorE transposes)", f"{mres.total_us:.1f}", f"{mres.tflops:.1f}",
+        ["matmul, A as [M,K] (TensorE transposes)", f"{mres.total_us:.1f}", f"{mres.tflops:.1f}",
          f"{mres.tensor_utilisation:.3f}", f"{(mres.hbm_read_bytes + mres.hbm_write_bytes) / 2**20:.1f}",
          f"{mk_sim_med * 1e3:.1f} ({mk_sim_min * 1e3:.1f})", f"{statistics.median(t['mk_run']) * 1e3:.1f}",
          f"{np_mm_med * 1e3:.1f} ({np_mm_min * 1e3:.1f})", f"{np_mm_med / mk_sim_med:.2f}"],

@@ -6,7 +6,6 @@ import torch
 
 import tn
 import tn.lower  # noqa: F401  (registers the lowerings and the neuron backend)
-from tn.lower.base import CannotLower
 from tn.lower.testing import check_lowering
 
 SHAPES = [(), (1,), (7,), (300, 70), (129, 3), (2, 3, 4, 5), (4096,), (3, 5000)]

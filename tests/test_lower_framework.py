@@ -1,5 +1,4 @@
 # Tests of the compiler framework (tn/lower/compiler.py, fusion.py, base.py): programs, host fallback, strict mode, jit.
-import os
 
 import pytest
 import torch
@@ -9,7 +8,7 @@ import tn.lower  # noqa: F401  (registers the lowerings and the neuron backend)
 from tn.ir import IR, Eqn, Literal, Var
 from tn.lower import CannotLower, compile_ir
 from tn.lower.base import LowerCtx, lowering, neuron_dtype
-from tn.lower.testing import assert_close, build_eqn_ir, check_lowering
+from tn.lower.testing import assert_close
 from tn import ops
 
 

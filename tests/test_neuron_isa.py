@@ -7,7 +7,7 @@ import torch
 
 import tn
 from test_neuron_helpers import TOL, from_device, round_to, run_op, to_device
-from tn.neuron import Program, from_bf16, to_bf16
+from tn.neuron import Program
 
 RNG = np.random.default_rng(1234)
 

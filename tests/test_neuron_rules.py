@@ -1,5 +1,4 @@
 # Every NeuronCore rule violation raises tn.NeuronError naming the instruction, the operand and the limit.
-import numpy as np
 import pytest
 
 import tn

@@ -4,7 +4,9 @@
 Doors: ``@tn.jit`` (whole function, cached per signature), ``tn.make_ir``
 (look at the IR), ``tn.profile()`` (where the modelled time goes).
 """
-from .errors import NeuronError, TnError, TracingError, UnsupportedOpError
+from .errors import (ArgumentTypeError, ArgumentValueError, CompileError, DeviceError, ExecutionError,
+                     MissingDependencyError, NeuronError, OnChipMemoryError, OutOfMemoryError, TnError, TracingError,
+                     UnsupportedOpError)
 from .ir import IR, Eqn, Literal, Var
 from .profile import profile  # noqa: E402  (collects NeuronCore runs: with tn.profile() as prof)
 from . import ops, trace  # noqa: F401
@@ -18,8 +20,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "IR", "Eqn", "Literal", "Var",
-    "jit", "make_ir",
-    "TnError", "TracingError", "UnsupportedOpError", "NeuronError",
+    "jit", "make_ir", "profile", "adaptive", "adaptive_report", "assess",
+    "TnError", "TracingError", "UnsupportedOpError", "CompileError", "ExecutionError", "NeuronError", "DeviceError",
+    "OutOfMemoryError", "OnChipMemoryError", "ArgumentTypeError", "ArgumentValueError", "MissingDependencyError",
 ]
 
 trace.warm_up()  # last: pays torch's one-time tracing imports (~1 s) here, not in the first trace

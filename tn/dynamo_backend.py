@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .errors import TnError
+from .errors import ArgumentTypeError, ArgumentValueError
 
 __all__ = ["neuron_backend", "register", "graphs_compiled", "host_ops", "host_ops_of",
            "executables_of", "compiled_graphs", "BACKEND_NAME"]
@@ -67,8 +67,8 @@ def executables_of(jitted: Any) -> List[Any]:
     attrs = getattr(jitted, "__dict__", {})
     core = attrs.get("_core") or attrs.get("_tn_core")  # JittedFunction / JittedModule
     if core is None or not hasattr(core, "cache"):
-        raise TnError(f"host_ops_of/executables_of: expected a tn.jit function or module, got "
-                      f"{type(jitted).__name__}")
+        raise ArgumentTypeError(f"host_ops_of/executables_of: expected a tn.jit function or module, got "
+                                f"{type(jitted).__name__}")
     with core.lock:
         return [e.run for e in core.cache.values()]
 
@@ -216,8 +216,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], tn_b
     static = tuple(i for i, x in enumerate(example_inputs) if not isinstance(x, torch.Tensor))
     for i in static:
         if not isinstance(example_inputs[i], (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
-            raise TnError(f"torch.compile(backend='neuron'): graph input {i} is a "
-                          f"{type(example_inputs[i]).__name__}; tn handles tensors and Python numbers")
+            raise ArgumentTypeError(f"torch.compile(backend='neuron'): graph input {i} is a "
+                                    f"{type(example_inputs[i]).__name__}; tn handles tensors and Python numbers")
     perms = _input_layouts(example_inputs)
     for i in _mutated_placeholders(gm):
         perms.pop(i, None)  # written in place: keep the graph's own input object (write-back, aliasing)
@@ -292,8 +292,8 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: List[Any], options:
     options = dict(options or {})
     tn_backend = options.pop("tn_backend", BACKEND_NAME)
     if options:
-        raise TnError(f"torch.compile(backend='neuron'): unknown options {sorted(options)}; "
-                      f"the only option is 'tn_backend'")
+        raise ArgumentValueError(f"torch.compile(backend='neuron'): unknown options {sorted(options)}; "
+                                 f"the only option is 'tn_backend'")
 
     def compiler(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable:
         return _compile_graph(graph, inputs, tn_backend)

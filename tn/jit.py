@@ -68,7 +68,7 @@ import torch.utils._pytree as _pytree
 
 from . import config
 from . import pytree as _pt
-from .errors import TnError
+from .errors import ArgumentTypeError, ArgumentValueError, DeviceError
 from .ir import IR
 
 __all__ = [
@@ -109,10 +109,10 @@ def register_backend(name: str, compile_fn: Callable[[IR], Callable[[List[Tensor
     Registering an existing name replaces it.
     """
     if not isinstance(name, str) or not name:
-        raise TnError(f"register_backend: the name must be a non-empty string, got {name!r}")
+        raise ArgumentValueError(f"register_backend: the name must be a non-empty string, got {name!r}")
     if not callable(compile_fn):
-        raise TnError(f"register_backend({name!r}, ...): compile_fn must be callable (ir -> run function), "
-                      f"got {type(compile_fn).__name__}")
+        raise ArgumentTypeError(f"register_backend({name!r}, ...): compile_fn must be callable (ir -> run function), "
+                                f"got {type(compile_fn).__name__}")
     _BACKENDS[name] = _Backend(compile_fn, bool(host_only))
 
 
@@ -147,15 +147,15 @@ def _resolve_backend(backend: Union[str, Callable, None], where: str) -> Tuple[s
     if callable(backend) and not isinstance(backend, str):
         return getattr(backend, "__name__", "custom"), _Backend(backend, True)
     if not isinstance(backend, str):
-        raise TnError(f"{where}: backend must be a registered name or a compile function, got {backend!r}")
+        raise ArgumentTypeError(f"{where}: backend must be a registered name or a compile function, got {backend!r}")
     b = _BACKENDS.get(backend)
     if b is None and backend in _BACKEND_PROVIDERS:  # registered when its module is imported
         import importlib
         importlib.import_module(_BACKEND_PROVIDERS[backend])
         b = _BACKENDS.get(backend)
     if b is None:
-        raise TnError(f"{where}: unknown backend {backend!r}; registered backends: {', '.join(backends())}. "
-                      f"Register one with tn.jit.register_backend(name, compile_fn)")
+        raise ArgumentValueError(f"{where}: unknown backend {backend!r}; registered backends: {', '.join(backends())}. "
+                                 f"Register one with tn.jit.register_backend(name, compile_fn)")
     return backend, b
 
 
@@ -336,8 +336,8 @@ def _exec_device(tensors: Sequence[Tensor], where: str) -> torch.device:
         if dev is None:
             dev = d
         elif d != dev:
-            raise TnError(f"{where}: inputs live on different devices ({dev} and {d}); "
-                          f"move them to one device before calling")
+            raise DeviceError(f"{where}: inputs live on different devices ({dev} and {d}); "
+                              f"move them to one device before calling")
     return dev if dev is not None else torch.device("cpu")
 
 
@@ -351,10 +351,10 @@ def _normalize_argnums(v: Any, where: str) -> Tuple[int, ...]:
     try:
         vals = tuple(v)
     except TypeError:
-        raise TnError(f"{where}: static_argnums must be an int or a sequence of ints, got {v!r}") from None
+        raise ArgumentTypeError(f"{where}: static_argnums must be an int or a sequence of ints, got {v!r}") from None
     for x in vals:
         if not isinstance(x, int) or isinstance(x, bool):
-            raise TnError(f"{where}: static_argnums must be an int or a sequence of ints, got {v!r}")
+            raise ArgumentTypeError(f"{where}: static_argnums must be an int or a sequence of ints, got {v!r}")
     return vals
 
 
@@ -366,10 +366,10 @@ def _normalize_argnames(v: Any, where: str) -> Tuple[str, ...]:
     try:
         vals = tuple(v)
     except TypeError:
-        raise TnError(f"{where}: static_argnames must be a str or a sequence of str, got {v!r}") from None
+        raise ArgumentTypeError(f"{where}: static_argnames must be a str or a sequence of str, got {v!r}") from None
     for x in vals:
         if not isinstance(x, str):
-            raise TnError(f"{where}: static_argnames must be a str or a sequence of str, got {v!r}")
+            raise ArgumentTypeError(f"{where}: static_argnames must be a str or a sequence of str, got {v!r}")
     return vals
 
 
@@ -387,7 +387,7 @@ class _Core:
     def __init__(self, fn: Callable, static_argnums: Any, static_argnames: Any, backend: Any,
                  cache_size: Optional[int], where: str, bound: Tuple[Any, ...] = ()):
         if not callable(fn):
-            raise TnError(f"{where}: expected a function or an nn.Module, got {type(fn).__name__}")
+            raise ArgumentTypeError(f"{where}: expected a function or an nn.Module, got {type(fn).__name__}")
         self.fn = fn
         self.bound = bound  # leading arguments supplied by the wrapper (the module for tn.jit(module))
         self.name = _fn_name(fn)
@@ -409,11 +409,11 @@ class _Core:
             j = i
             if i < 0:
                 if has_varargs or sig is None:
-                    raise TnError(f"{where}: static_argnums={nums!r}: negative indices need a function with a "
-                                  f"fixed number of positional parameters; {self.name} takes *args")
+                    raise ArgumentValueError(f"{where}: static_argnums={nums!r}: negative indices need a function with a "
+                                             f"fixed number of positional parameters; {self.name} takes *args")
                 j = len(self.arg_names) + i
             if j < 0 or (sig is not None and not has_varargs and j >= len(self.arg_names)):
-                raise TnError(
+                raise ArgumentValueError(
                     f"{where}: static_argnums={nums!r}: index {i} is out of range for {self.name}, which takes "
                     f"{len(self.arg_names)} positional argument(s) ({', '.join(self.arg_names) or 'none'})")
             pos.append(j)
@@ -421,8 +421,8 @@ class _Core:
         by_name = {p.name: p for p in params}
         for n in names:
             if sig is not None and n not in by_name and not has_varkw:
-                raise TnError(f"{where}: static_argnames={names!r}: {self.name} has no parameter {n!r} "
-                              f"(parameters: {', '.join(by_name) or 'none'})")
+                raise ArgumentValueError(f"{where}: static_argnames={names!r}: {self.name} has no parameter {n!r} "
+                                         f"(parameters: {', '.join(by_name) or 'none'})")
             if n in self.arg_names:  # a static name passed positionally is static too
                 pos.append(self.arg_names.index(n))
         for j in pos:  # and a static position passed by keyword
@@ -434,7 +434,7 @@ class _Core:
         self.backend_name, self.backend = _resolve_backend(backend, where)
         if cache_size is not None and (not isinstance(cache_size, int) or isinstance(cache_size, bool)
                                        or cache_size < 1):
-            raise TnError(f"{where}: cache_size must be a positive int or None (unbounded), got {cache_size!r}")
+            raise ArgumentValueError(f"{where}: cache_size must be a positive int or None (unbounded), got {cache_size!r}")
         self.maxsize = cache_size
         self.cache: "collections.OrderedDict[Any, _Entry]" = collections.OrderedDict()
         self.lock = threading.Lock()
@@ -466,8 +466,8 @@ class _Core:
                 j = i - nb
                 if j >= 0 and j in sp:
                     if isinstance(a, Tensor):
-                        raise TnError(f"tn.jit({self.name}): static argument {self._label(j)!r} is a tensor; "
-                                      f"tensors are program inputs: remove it from static_argnums/static_argnames")
+                        raise ArgumentTypeError(f"tn.jit({self.name}): static argument {self._label(j)!r} is a tensor; "
+                                                f"tensors are program inputs: remove it from static_argnums/static_argnames")
                     aspec.append((_pt.STATIC, type(a), a))
                 else:
                     aspec.append(flat(a, tensors))
@@ -475,8 +475,8 @@ class _Core:
             for k, v in (sorted(kwargs.items()) if len(kwargs) > 1 else kwargs.items()):
                 if k in sn:
                     if isinstance(v, Tensor):
-                        raise TnError(f"tn.jit({self.name}): static argument {k!r} is a tensor; tensors are "
-                                      f"program inputs: remove it from static_argnums/static_argnames")
+                        raise ArgumentTypeError(f"tn.jit({self.name}): static argument {k!r} is a tensor; tensors are "
+                                                f"program inputs: remove it from static_argnums/static_argnames")
                     kspec.append((k, (_pt.STATIC, type(v), v)))
                 else:
                     kspec.append((k, flat(v, tensors)))
@@ -567,8 +567,8 @@ class _Core:
             sigs = tuple([(t.shape, t.dtype, t.device, t.requires_grad) for t in tensors])
         except AttributeError:  # only module parameters/buffers can be non-tensors here
             bad = next(t for t in tensors if not isinstance(t, Tensor))
-            raise TnError(f"tn.jit({self.name}): a module parameter or buffer is a {type(bad).__name__}, "
-                          f"not a tensor; assign tensors (or None) to parameters and buffers") from None
+            raise ArgumentTypeError(f"tn.jit({self.name}): a module parameter or buffer is a {type(bad).__name__}, "
+                                    f"not a tensor; assign tensors (or None) to parameters and buffers") from None
         mode = _autocast_state() if _any_autocast() else torch.is_grad_enabled()
         try:
             key = _Key((spec, sigs, mode))
@@ -610,7 +610,7 @@ class _Core:
             hint = ""
             if type(value).__module__ == "numpy":
                 hint = " Convert arrays with torch.from_numpy (tensors are program inputs)."
-            raise TnError(
+            raise ArgumentTypeError(
                 f"tn.jit({self.name}): argument {label!r} is a {type(value).__name__}, which is neither a tensor "
                 f"nor hashable. Non-tensor arguments are compile-time constants (part of the cache key) and must "
                 f"be hashable: pass a tensor, a tuple instead of a list-like value, or register its type as a "
@@ -1029,7 +1029,7 @@ def jit(fn: Any = None, *, static_argnums: Any = (), static_argnames: Any = (), 
     if isinstance(fn, JittedFunction):
         fn = fn._core.fn
     if not callable(fn):
-        raise TnError(f"tn.jit: expected a function or an nn.Module, got {type(fn).__name__} ({fn!r:.60})")
+        raise ArgumentTypeError(f"tn.jit: expected a function or an nn.Module, got {type(fn).__name__} ({fn!r:.60})")
     return JittedFunction(fn, static_argnums, static_argnames, backend, cache_size)
 
 
@@ -1046,7 +1046,7 @@ def make_ir(fn: Any, static_argnums: Any = (), static_argnames: Any = ()) -> Cal
         core = JittedModule(fn, static_argnums, static_argnames, backend="reference", cache_size=1)._tn_core
     else:
         if not callable(fn):
-            raise TnError(f"tn.make_ir: expected a function or an nn.Module, got {type(fn).__name__}")
+            raise ArgumentTypeError(f"tn.make_ir: expected a function or an nn.Module, got {type(fn).__name__}")
         core = _Core(fn, static_argnums, static_argnames, "reference", 1, "tn.make_ir")
 
     @functools.wraps(fn if not isinstance(fn, torch.nn.Module) else type(fn).forward)

@@ -78,7 +78,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .errors import UnsupportedOpError
+from .errors import ArgumentValueError, UnsupportedOpError
 from .ir import Literal
 
 __all__ = [
@@ -115,7 +115,7 @@ class Op:
                  shape_rule: Optional[Callable[..., List[Tuple[Tuple[int, ...], torch.dtype]]]] = None,
                  aten: Sequence[Any] = (), random: bool = False, doc: Optional[str] = None):
         if category not in CATEGORIES:
-            raise ValueError(f"op {name!r}: unknown category {category!r}; use one of {CATEGORIES}")
+            raise ArgumentValueError(f"op {name!r}: unknown category {category!r}; use one of {CATEGORIES}")
         self.name = name
         self.category = category
         self.impl = impl
@@ -189,7 +189,7 @@ def register(name: str, category: str, aten_ops: Sequence[Any] = (), *, random: 
 
     def deco(impl: Callable[..., Any]) -> Op:
         if name in OPS:
-            raise ValueError(f"op {name!r} is registered twice")
+            raise ArgumentValueError(f"op {name!r} is registered twice")
         op = Op(name, category, impl, shape_rule=shape_rule, aten=aten_ops, random=random)
         OPS[name] = op
         return op

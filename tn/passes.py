@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set,
 import torch
 
 from . import config
-from .errors import TnError, UnsupportedOpError
+from .errors import CompileError, UnsupportedOpError
 from .ir import IR, Eqn, Literal, Var, aval_str
 
 __all__ = [
@@ -60,7 +60,7 @@ VERIFY: bool = config.get("verify")
 FOLD_MAX_NUMEL: int = 1 << 16
 
 
-class VerifyError(TnError):
+class VerifyError(CompileError):
     """The IR is malformed: broken SSA, a type that disagrees with the op's
     shape rule, or bad outputs/mutations. The message names the equation (and,
     from :func:`optimize`, the pass that produced the broken IR)."""

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 
+from .errors import ArgumentValueError
 from .neuron.arch import NUM_ENGINES
 from .neuron.runtime import HOST_TIMES, RunResult, add_listener, remove_listener
 
@@ -244,9 +245,7 @@ class Profile:
                 print(text)
             return text
         if by != "program":
-            from .errors import TnError
-
-            raise TnError(f"profile.table(by={by!r}): use 'program', 'core', 'opcode' or 'host'")
+            raise ArgumentValueError(f"profile.table(by={by!r}): use 'program', 'core', 'opcode' or 'host'")
         rows = self.rows()
         if not rows:
             text = "tn.profile: no NeuronCore programs ran inside the block"
@@ -341,9 +340,7 @@ def merge_traces(paths, out_path, labels=None) -> str:
     paths = list(paths)
     labels = [f"rank{k}" for k in range(len(paths))] if labels is None else list(labels)
     if len(labels) != len(paths):
-        from .errors import TnError
-
-        raise TnError(f"merge_traces: {len(paths)} traces but {len(labels)} labels")
+        raise ArgumentValueError(f"merge_traces: {len(paths)} traces but {len(labels)} labels")
     merged = []
     for k, (path, label) in enumerate(zip(paths, labels)):
         with open(path) as f:

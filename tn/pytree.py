@@ -34,12 +34,12 @@ import itertools
 import operator
 import threading
 import weakref
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.utils._pytree as _pytree
 
-from .errors import TnError
+from .errors import ArgumentTypeError, CompileError
 
 __all__ = [
     "TENSOR", "SEQ", "DICT", "LEAF", "STATIC", "MODULE", "NODE",
@@ -78,7 +78,7 @@ def register_dataclass_type(cls: type) -> None:
         try:
             _pytree.register_dataclass(cls, field_names=names, drop_field_names=dropped)
         except Exception as e:  # torch refuses some dataclasses (e.g. odd field setups)
-            raise TnError(
+            raise ArgumentTypeError(
                 f"tn.jit could not register dataclass {cls.__qualname__} as a pytree ({e}); "
                 f"register it yourself with torch.utils._pytree.register_dataclass or "
                 f"register_pytree_node before calling the jitted function") from e
@@ -226,14 +226,14 @@ def flatten(x: Any, tensors: List[Tensor]) -> Any:
         return (NODE, spec, tuple([flatten(e, tensors) for e in leaves]))
     if getattr(x, "__dict__", None):
         if _is_state(x):  # even while empty: the call would store traced tensors into it
-            raise TnError(
+            raise ArgumentTypeError(
                 f"tn.jit: an argument of type {t.__qualname__} is a mutable state object (a KV cache the call "
                 f"updates in place), which tn.jit does not take. Use tn.adaptive(model), which carries caches "
                 f"through compiled regions (written back after each call) and buckets their length, or call "
                 f"without a cache (HF: use_cache=False)")
         where = _tensor_inside(x.__dict__, 0)
         if where is not None:
-            raise TnError(
+            raise ArgumentTypeError(
                 f"tn.jit: an argument of type {t.__qualname__} holds a tensor (at {where}), but tn.jit only sees "
                 f"tensors inside pytrees: this one would be baked into the program as a constant and go stale. "
                 f"Make the type a dataclass, register it with torch.utils._pytree.register_pytree_node, or pass "
@@ -301,7 +301,7 @@ def unflatten(spec: Any, it: Iterator[Tensor], modules: List[Tuple[torch.nn.Modu
         return m
     if tag == NODE:
         return _pytree.tree_unflatten([unflatten(c, it, modules, wrap) for c in spec[2]], spec[1])
-    raise TnError(f"tn.jit internal: unknown argument spec node {spec!r}")
+    raise CompileError(f"tn.jit internal: unknown argument spec node {spec!r}")
 
 
 # ---------------------------------------------------------------- matchers (the cached-call fast path)

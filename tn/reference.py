@@ -33,18 +33,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from .errors import TnError
+from .errors import ExecutionError, TnError
 from .ir import IR, Literal, Var
 
 __all__ = ["compile_ir", "run_ir", "ExecutionError", "CompiledIR"]
-
-
-class ExecutionError(TnError):
-    """An equation's reference implementation failed while running a program.
-
-    The message names the equation (its index and listing line) and the
-    underlying error; the original exception is chained as ``__cause__``.
-    """
 
 
 def _eqn_line(ir: IR, index: int) -> str:

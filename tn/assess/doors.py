@@ -22,6 +22,8 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
+from ..errors import ArgumentTypeError
+
 from .html import runs_data
 from .target import Target, user_frame
 
@@ -70,7 +72,7 @@ def _loss_of(out: Any) -> torch.Tensor:
         return loss
     floats = [t for _, t in named_leaves(out) if t.is_floating_point()]
     if not floats:
-        raise TypeError("the model returned no floating-point tensor to build a training loss from")
+        raise ArgumentTypeError("the model returned no floating-point tensor to build a training loss from")
     return sum(t.float().square().mean() for t in floats)   # synthetic loss: mean of squares of each output
 
 

@@ -43,10 +43,10 @@ def _need_libs():
         import jinja2
         import plotly
     except ImportError as e:
-        from ..errors import TnError
+        from ..errors import MissingDependencyError
 
-        raise TnError(f"HTML reports need plotly and jinja2 ({e.name} is missing): pip install 'tn[report]' "
-                      f"(or pip install plotly jinja2)") from None
+        raise MissingDependencyError(f"HTML reports need plotly and jinja2 ({e.name} is missing): pip install 'tn[report]' "
+                                     f"(or pip install plotly jinja2)") from None
     return jinja2, plotly
 
 

@@ -36,8 +36,9 @@ __all__ = ["AssessError", "Target", "load_target", "load_file_factory", "load_hf
            "check_inputs"]
 
 
-class AssessError(TnError):
-    """The assessment could not start: bad TARGET, factory failure, wrong inputs (message says what to do)."""
+class AssessError(TnError, ValueError):
+    """The assessment could not start: bad TARGET, factory failure, wrong inputs (a ValueError; the message says
+    what to do)."""
 
 
 @dataclass

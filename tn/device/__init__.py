@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import DeviceError
+
 from . import tracking
 from .tracking import executed_ops, fallback_ops
 
@@ -48,8 +50,8 @@ def register() -> None:
 
     name = torch._C._get_privateuse1_backend_name()
     if name not in ("privateuseone", "neuron"):
-        raise RuntimeError(f"tn: PrivateUse1 is already registered as {name!r} by another package; tn needs it "
-                           f"as 'neuron'")
+        raise DeviceError(f"tn: PrivateUse1 is already registered as {name!r} by another package; tn needs it "
+                          f"as 'neuron'")
     if name != "neuron":
         # the steps of br._setup_privateuseone_for_python_backend, with the rename first so that
         # the backend module (which names torch.device("neuron")) can be imported in between

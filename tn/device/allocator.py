@@ -27,7 +27,7 @@ import weakref
 import torch
 
 from .. import config
-from ..errors import TnError
+from ..errors import ArgumentValueError, DeviceError, MissingDependencyError, OutOfMemoryError
 from ..neuron.machine import MAX_DEVICES, machine
 from ..neuron.timeline import current_core as _current_core
 from ..neuron.timeline import set_current_core as _set_current_core
@@ -44,11 +44,12 @@ DEVICES = tuple(torch.device("neuron", i) for i in range(MAX_DEVICES))
 _CPU = torch.device("cpu")
 
 
-class DeviceMemoryError(TnError):
-    """A neuron device is out of memory (or over the limit set with ``TN_DEVICE_MEMORY``)."""
+class DeviceMemoryError(OutOfMemoryError):
+    """A neuron device is out of memory (or over the limit set with ``TN_DEVICE_MEMORY``): a
+    ``torch.OutOfMemoryError``, as CUDA raises."""
 
 
-class DeviceIndexError(TnError, RuntimeError):
+class DeviceIndexError(DeviceError):
     """A neuron device index that the modelled machine does not have (a RuntimeError, as torch raises)."""
 
 
@@ -84,7 +85,7 @@ def device_index(device=None) -> int:
         return check_index(device)
     d = device if isinstance(device, torch.device) else torch.device(device)
     if d.type != "neuron":
-        raise TnError(f"{d} is not a neuron device")
+        raise ArgumentValueError(f"{d} is not a neuron device")
     return current_index() if d.index is None else check_index(d.index)
 
 
@@ -97,8 +98,8 @@ def initialized() -> bool:
     return _STATE["initialized"]
 
 
-def _bad_fork_error() -> TnError:
-    return TnError("Cannot re-initialize the neuron device in a forked subprocess: the parent process had already "
+def _bad_fork_error() -> DeviceError:
+    return DeviceError("Cannot re-initialize the neuron device in a forked subprocess: the parent process had already "
                    "used it (device memory, current device and streams do not survive fork). To use the neuron "
                    "device with multiprocessing, use the 'spawn' start method "
                    "(torch.multiprocessing.set_start_method('spawn') or mp.get_context('spawn'))")
@@ -163,7 +164,7 @@ def _native():
 
     lib = _kernels.lib
     if not hasattr(lib, "tn_dev_alloc"):
-        raise TnError("the native module tn._native._kernels has no device allocator (tn_dev_alloc): it was built "
+        raise MissingDependencyError("the native module tn._native._kernels has no device allocator (tn_dev_alloc): it was built "
                       "before _native/device_alloc.c existed; rebuild with `python setup.py build_ext --inplace`")
     return lib, _kernels.ffi
 
@@ -182,7 +183,7 @@ _weakref = weakref.ref
 
 def _limit_from_env() -> None:
     if _lib.tn_dev_max_devices() != MAX_DEVICES:
-        raise TnError(f"the native device allocator has {_lib.tn_dev_max_devices()} arenas but tn.neuron.machine "
+        raise MissingDependencyError(f"the native device allocator has {_lib.tn_dev_max_devices()} arenas but tn.neuron.machine "
                       f"expects {MAX_DEVICES}: rebuild with `python setup.py build_ext --inplace`")
     n = config.get("device_memory")
     if n:
@@ -277,7 +278,7 @@ def _template(index: int, dtype: torch.dtype) -> torch.Tensor:
         dev[0], dev[1] = _DL_EXT_DEV, index
         base = torch.utils.dlpack.from_dlpack(cap)
         if base.device != DEVICES[index]:
-            raise TnError(f"cannot make tensors on neuron:{index}: DLPack import gave {base.device}")
+            raise DeviceError(f"cannot make tensors on neuron:{index}: DLPack import gave {base.device}")
         t = base if dtype == torch.uint8 else _view_dtype(_CPU_KEYS, base, dtype)
         _TEMPLATES[(index, dtype)] = t
     return t

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import TnError
+from ..errors import DeviceError
 from . import allocator, tracking, windows
 from .allocator import (DEVICE, alloc_storage, check_index, contiguous_strides, cpu_alias, current_index, new_tensor,
                         storage_nbytes)
@@ -116,7 +116,7 @@ def _copy_from(self, dst, non_blocking=False):
     src = _with_math_bits(cpu_alias(self), self) if self.device.type == "neuron" else self
     d = _with_math_bits(cpu_alias(dst), dst) if dst.device.type == "neuron" else dst
     if self.device.type not in ("neuron", "cpu") or dst.device.type not in ("neuron", "cpu"):
-        raise TnError(f"copy between {self.device} and {dst.device}: the neuron device copies only to and from "
+        raise DeviceError(f"copy between {self.device} and {dst.device}: the neuron device copies only to and from "
                       f"the CPU; go through .cpu() first")
     d.copy_(src)
     return dst

@@ -41,6 +41,8 @@ from typing import Any, Dict, Tuple
 
 import torch
 
+from ..errors import UnsupportedOpError
+
 __all__ = ["register", "POLICY", "policy_of"]
 
 #: the ops of each cast policy (aten overload names), as CUDA's autocast registers them in torch 2.13
@@ -177,7 +179,7 @@ def _promote(op):
 
 def _banned(op):
     def kernel(keyset, *args, **kwargs):
-        raise RuntimeError(
+        raise UnsupportedOpError(
             "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast (neuron, as on "
             "CUDA). Many models use a sigmoid layer right before the binary cross entropy layer; combine the two "
             "with torch.nn.functional.binary_cross_entropy_with_logits or torch.nn.BCEWithLogitsLoss, which are "

@@ -41,7 +41,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import config
-from ..errors import TnError, UnsupportedOpError
+from ..errors import ArgumentValueError, DeviceError, UnsupportedOpError
 from . import tracking, windows
 from .allocator import contiguous_strides, cpu_alias, current_index, new_tensor, on_device
 
@@ -130,7 +130,7 @@ def _indices_to_device(args: tuple) -> tuple:
     return (args[0], type(idx)(moved)) + tuple(args[2:])
 
 
-class DeviceMismatchError(TnError, RuntimeError):
+class DeviceMismatchError(DeviceError):
     """An op's tensors are on different neuron devices (PyTorch's RuntimeError, with its wording)."""
 
 
@@ -160,7 +160,7 @@ def _check_devices(name: str, flat: list) -> bool:
                                           f"devices, neuron:{index} and {dev}! ({name}; move tensors with "
                                           f".to(device))")
             if dev.type != "neuron" and a.dim() > 0:
-                raise TnError(f"{name}: expected all tensors on the neuron device, but one argument is on {a.device} "
+                raise DeviceError(f"{name}: expected all tensors on the neuron device, but one argument is on {a.device} "
                               f"(shape {list(a.shape)}); move it with .to('neuron') (only 0-dim CPU tensors and the "
                               f"indices of indexing ops mix in, as with CUDA)")
             if a.is_conj() or a.is_neg():
@@ -186,7 +186,7 @@ def _resolve_math_bits(op, name: str, flat: list, spec) -> list:
     for a in flat:
         if isinstance(a, torch.Tensor) and (a.is_conj() or a.is_neg()):
             if id(a) in written:
-                raise TnError(f"{name}: the argument it writes into is a lazily conjugated or negated view "
+                raise UnsupportedOpError(f"{name}: the argument it writes into is a lazily conjugated or negated view "
                               f"(x.conj(), x.conj().imag); call .resolve_conj() / .resolve_neg() on it first")
             a = a.resolve_conj().resolve_neg()
         out.append(a)
@@ -772,7 +772,7 @@ def _run_foreach(op, name: str, args: tuple, kwargs: dict):
             n = len(a)
             break
     if n is None:
-        raise TnError(f"{name}: no list argument found")
+        raise ArgumentValueError(f"{name}: no list argument found")
 
     def pick(a, k):
         return a[k] if isinstance(a, (list, tuple)) else a

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import TnError
+from ..errors import ArgumentTypeError, UnsupportedOpError
 
 __all__ = ["install"]
 
@@ -67,11 +67,11 @@ def install() -> None:
 
             index = check_device(device)
             if kwargs or len(args) > 1 or (args and not isinstance(args[0], int)):
-                raise TnError("torch.UntypedStorage(..., device='neuron') takes only a size in bytes; build the "
+                raise ArgumentTypeError("torch.UntypedStorage(..., device='neuron') takes only a size in bytes; build the "
                               "storage on the CPU and move it with .to('neuron')")
             st = alloc_storage(int(args[0]) if args else 0, index)
             if klass is not cls:
-                raise TnError(f"{klass.__name__}(device='neuron') is not supported; use torch.UntypedStorage")
+                raise UnsupportedOpError(f"{klass.__name__}(device='neuron') is not supported; use torch.UntypedStorage")
             return st
         if device is not None:
             kwargs["device"] = device
@@ -119,7 +119,7 @@ def _accelerator_impls() -> dict:
 
     def untracked(what):
         def fn(device_index=None, /):
-            raise TnError(f"torch.accelerator.{what}: the neuron device's allocator does not track this; use "
+            raise UnsupportedOpError(f"torch.accelerator.{what}: the neuron device's allocator does not track this; use "
                           f"torch.neuron.memory_stats() (allocated, peak allocated, reserved, requested, counts)")
 
         fn.__name__ = what

@@ -25,7 +25,7 @@ import weakref
 
 import torch
 
-from ..errors import TnError
+from ..errors import DeviceError
 
 __all__ = ["register", "pinned_bytes"]
 
@@ -59,7 +59,7 @@ def _pinned_storage(nbytes: int) -> torch.UntypedStorage:
 
 def _check(device) -> None:
     if device is not None and torch.device(device).type not in ("neuron", "cpu"):
-        raise TnError(f"pin_memory(device={device}): with tn the accelerator is the neuron device; pin for it "
+        raise DeviceError(f"pin_memory(device={device}): with tn the accelerator is the neuron device; pin for it "
                       f"(device=None or 'neuron')")
 
 

@@ -36,7 +36,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from ..errors import TnError
+from ..errors import ArgumentValueError, DeviceError
 from ..neuron import timeline as _tl
 from . import allocator
 
@@ -66,10 +66,10 @@ def stream_of(s) -> "Stream":
     if s is None:
         return current_stream()
     if s.device_type != _DEVICE_TYPE:
-        raise TnError(f"{s} is not a neuron stream")
+        raise ArgumentValueError(f"{s} is not a neuron stream")
     q = _tl.queue(s.device_index, s.stream_id)
     if q is None:
-        raise TnError(f"{s}: no such neuron stream (streams are made with torch.neuron.Stream())")
+        raise ArgumentValueError(f"{s}: no such neuron stream (streams are made with torch.neuron.Stream())")
     return _wrap(q)
 
 
@@ -189,9 +189,9 @@ class Event(torch.Event):
     def elapsed_time(self, end_event: "Event") -> float:
         """Modelled milliseconds from this event's record to ``end_event``'s."""
         if not (self._timing and getattr(end_event, "_timing", False)):
-            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+            raise DeviceError("Both events must be created with argument 'enable_timing=True'.")
         if self._time_ns is None or end_event._time_ns is None:
-            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+            raise DeviceError("Both events must be recorded before calculating elapsed time.")
         return (end_event._time_ns - self._time_ns) / 1e6
 
     def __repr__(self):

@@ -105,9 +105,9 @@ def mode() -> str:
 def set_mode(m: str) -> None:
     """Switch the neuron device's eager mode (``"op"`` or ``"adaptive"``); leaving adaptive runs what is queued."""
     if m not in _MODES:
-        from ..errors import TnError
+        from ..errors import ArgumentValueError
 
-        raise TnError(f"eager mode {m!r} does not exist: use 'op' (one program per op) or 'adaptive' (ops "
+        raise ArgumentValueError(f"eager mode {m!r} does not exist: use 'op' (one program per op) or 'adaptive' (ops "
                       f"gathered into compiled windows)")
     if m != "adaptive" and mode() == "adaptive":
         flush("eager mode change")

@@ -72,7 +72,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 
-from ..errors import TnError
+from ..errors import ArgumentValueError
 from ..ir import Var
 
 __all__ = ["CannotLower", "HandoffError", "LowerCtx", "lowering", "NEURON_DTYPES", "neuron_dtype", "TileScope", "resident_view",
@@ -357,8 +357,8 @@ def lowering(*op_names: str) -> Callable[[Callable[..., None]], Callable[..., No
 
     for name in op_names:
         if name not in ops.OPS:
-            raise TnError(f"@lowering({name!r}): tn.ops has no op named {name!r}; the core ops are listed in "
-                          f"tn.ops.OPS")
+            raise ArgumentValueError(f"@lowering({name!r}): tn.ops has no op named {name!r}; the core ops are listed in "
+                                     f"tn.ops.OPS")
 
     def deco(fn: Callable[..., None]) -> Callable[..., None]:
         for name in op_names:

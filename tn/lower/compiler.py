@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .. import config
-from ..errors import NeuronError, TnError, UnsupportedOpError
+from ..errors import ArgumentValueError, CompileError, ExecutionError, NeuronError, UnsupportedOpError
 from ..ir import IR, Eqn, Literal, Var
 from .base import NEURON_DTYPES, CannotLower, HandoffError, LowerCtx, dataflow
 
@@ -777,8 +777,8 @@ class NeuronExecutable:
             try:
                 enc = prog.build(check=True)
             except NeuronError as e:
-                raise TnError(f"tn.lower: program {prog.name!r} (equations {cur['eqns']}) failed validation: {e}. "
-                              f"This is a bug of a lowering") from e
+                raise CompileError(f"tn.lower: program {prog.name!r} (equations {cur['eqns']}) failed validation: {e}. "
+                                   f"This is a bug of a lowering") from e
             instructions += len(enc)
             steps.append(_ProgStep(enc, cur["ins"], outs, cur["eqns"], flag))
             cur = None
@@ -944,8 +944,8 @@ class NeuronExecutable:
             except NeuronError as e:
                 self._prologue_failed(ctx, k, e)
                 if self.strict:
-                    raise TnError(f"tn.lower: the lowering of {eqn.op.name!r} ({_avals(eqn)}) emitted an invalid "
-                                  f"instruction: {e}") from e
+                    raise CompileError(f"tn.lower: the lowering of {eqn.op.name!r} ({_avals(eqn)}) emitted an invalid "
+                                       f"instruction: {e}") from e
                 log.warning("tn.lower: lowering of %s (%s) failed (%s); running it on the host",
                             eqn.op.name, _avals(eqn), e)
                 raise _Retry(k, f"lowering error: {e}") from None
@@ -1005,8 +1005,8 @@ class NeuronExecutable:
             if laid is not None:
                 return laid
         if len(tensors) != len(self._in_slots):
-            raise TnError(f"neuron executable: the program takes {len(self._in_slots)} input tensors, got "
-                          f"{len(tensors)}; pass the flattened inputs in ir.inputs order")
+            raise ArgumentValueError(f"neuron executable: the program takes {len(self._in_slots)} input tensors, got "
+                                     f"{len(tensors)}; pass the flattened inputs in ir.inputs order")
         env: List[Any] = [None] * self._nslots
         for s, v in self._init:
             env[s] = v
@@ -1040,8 +1040,8 @@ class NeuronExecutable:
                 try:
                     r = st.impl(*args, **st.attrs)
                 except Exception as e:
-                    raise TnError(f"neuron executable: host fallback of {st.name!r} (equation {st.k}) failed: "
-                                  f"{type(e).__name__}: {e}") from e
+                    raise ExecutionError(f"neuron executable: host fallback of {st.name!r} (equation {st.k}) failed: "
+                                         f"{type(e).__name__}: {e}") from e
                 if len(st.outs) == 1:
                     if isinstance(r, (tuple, list)):
                         (r,) = r

@@ -31,7 +31,6 @@ not scattered (and ``scatter_reduce`` always is):
 """
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any, List, Tuple
 

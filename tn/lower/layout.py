@@ -44,6 +44,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from ..errors import ArgumentValueError
+
 __all__ = ["BLayout", "b_layout", "layout_program", "lookup", "make", "clear", "cache_info", "LayoutPolicy"]
 
 _P = 128
@@ -254,7 +256,7 @@ def make(t: torch.Tensor, lay: BLayout, arch: Any = None) -> Tuple[torch.Tensor,
     from .base import NEURON_DTYPES
 
     if NEURON_DTYPES.get(t.dtype) != lay.dtype or tuple(t.shape) != (lay.N, lay.K):
-        raise ValueError(f"layout {lay} does not match tensor {tuple(t.shape)} {t.dtype}")
+        raise ArgumentValueError(f"layout {lay} does not match tensor {tuple(t.shape)} {t.dtype}")
     src = t.detach()
     if src.device.type not in ("cpu", "neuron", "privateuseone"):
         src = src.cpu()

@@ -43,7 +43,7 @@ import torch
 
 from ..ir import IR, Literal, Var
 from .base import NEURON_DTYPES, dataflow, stage_vector_rows
-from .fusion import _lstrip1, is_alias_reshape
+from .fusion import _lstrip1
 
 __all__ = ["Prologue", "Bound", "plan", "bank_view"]
 

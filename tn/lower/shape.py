@@ -22,7 +22,6 @@ from __future__ import annotations
 import itertools
 from typing import Any, List, Sequence, Tuple
 
-import numpy as np
 
 from ..neuron import isa
 from ..neuron.program import HbmTensor, HbmView

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from ..errors import ArgumentValueError
+
 #: Ring steps per collective as a function of ranks n.
 _STEPS = {
     "all_reduce": lambda n: 2 * (n - 1),
@@ -55,14 +57,14 @@ def collective_ns(name: str, machine, nbytes: int, cores: Optional[Sequence[int]
     """Modelled ns of collective ``name`` moving ``nbytes`` (the full tensor per rank) over ``cores``
     (default: every core of the machine; for ``send_recv`` the two cores)."""
     if name not in _BUS_FACTOR:
-        raise ValueError(f"tn: unknown collective {name!r}; known: {collective_names()}")
+        raise ArgumentValueError(f"tn: unknown collective {name!r}; known: {collective_names()}")
     if nbytes < 0:
-        raise ValueError(f"tn: nbytes must be >= 0, got {nbytes}")
+        raise ArgumentValueError(f"tn: nbytes must be >= 0, got {nbytes}")
     cores = list(range(machine.world_size)) if cores is None else list(cores)
     n = len(cores)
     if name == "send_recv":
         if n != 2:
-            raise ValueError(f"tn: send_recv needs 2 cores, got {n}")
+            raise ArgumentValueError(f"tn: send_recv needs 2 cores, got {n}")
         link = machine.link(cores[0], cores[1])
         return link.latency_ns + nbytes / link.bytes_per_s * 1e9
     if n <= 1:

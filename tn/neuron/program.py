@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import NeuronError
+from ..errors import NeuronError, OnChipMemoryError
 from . import isa
 from .arch import NUM_ENGINES, Arch, get_arch
 
@@ -507,7 +507,7 @@ class _Allocator:
                 break
             pos = max(pos, off + self.live[off])
         if pos + size > self.capacity:
-            raise NeuronError(
+            raise OnChipMemoryError(
                 f"{self.what} is full: a tile of {nbytes} bytes per partition does not fit ({self.in_use} of "
                 f"{self.capacity} bytes per partition in use); free tiles you no longer need or use smaller tiles")
         self.live[pos] = size
