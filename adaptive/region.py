@@ -559,8 +559,8 @@ class Group:
         return _on_host(self._jf_masked, (params, flags, args, kwargs, p))
 
     def _backend_compile(self, ir):
-        from ..jit import _resolve_backend
-        return _resolve_backend(self.ctl.backend, "tn.adaptive")[1].compile_fn(ir)
+        from ..jit import backend_compile_fn
+        return backend_compile_fn(self.ctl.backend, "tn.adaptive")(ir)
 
     def lower(self, params, flags, args, kwargs):
         """The IR of the program for these arguments (compiled now on a jit cache miss)."""

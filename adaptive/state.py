@@ -33,6 +33,7 @@ from torch import Tensor
 import torch.utils._pytree as _pytree
 
 from ..errors import ArgumentTypeError
+from ..pytree import register_state_predicate
 
 __all__ = ["register_state_type", "is_state", "flatten", "build", "write_back", "StateArg", "StateError"]
 
@@ -252,3 +253,6 @@ class StateArg:
 _pytree.register_pytree_node(
     StateArg, lambda s: (list(s.tensors), s.spec), lambda xs, spec: StateArg(spec, xs),
     serialized_type_name="tn.adaptive.state.StateArg")
+
+
+register_state_predicate(is_state)  # tn.jit refuses these arguments (and points to tn.adaptive)

@@ -9,7 +9,7 @@ import tn
 from tn import passes
 from tn.adaptive import masked, state
 from tn.adaptive.independence import Mixed
-from tn.jit import _resolve_backend, make_ir
+from tn.jit import backend_compile_fn, make_ir
 
 FAST = dict(costs={"eager": 0.01, "compiled": 0.001, "compile": 0.02}, compile_time_prior=0.02,
             backend="reference")
@@ -194,7 +194,7 @@ def test_masked_program_equals_unpadded(backend, n, bucket):
     assert masked.masked_axes(ir, {0: 2, 1: 2}) == [None, 2, 2]
     mir, axes = masked.masked_program(ir, {0: 2, 1: 2}, 5)
     passes.verify(mir)
-    outs = _resolve_backend(backend, "test")[1].compile_fn(mir)([pad(pk), pad(pv), q, kn, vn, p])
+    outs = backend_compile_fn(backend, "test")(mir)([pad(pk), pad(pv), q, kn, vn, p])
     outs = [o if a is None else o.narrow(a, front, o.shape[a] - front) for o, a in zip(outs, axes)]
     for o, r in zip(outs, ref):
         torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)

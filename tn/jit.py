@@ -73,7 +73,7 @@ from .ir import IR
 
 __all__ = [
     "jit", "make_ir", "register_backend", "backends", "default_backend", "is_tracing", "CacheInfo",
-    "JittedFunction", "JittedModule", "DEFAULT_BACKEND", "DEFAULT_CACHE_SIZE", "shadow_module",
+    "JittedFunction", "JittedModule", "DEFAULT_BACKEND", "DEFAULT_CACHE_SIZE", "shadow_module", "backend_compile_fn",
 ]
 
 #: The backend used when ``jit(..., backend=None)``; ``TN_BACKEND`` overrides it.
@@ -139,6 +139,12 @@ register_backend("reference", _reference_compile)
 
 #: Modules that register a backend when imported, looked up on first use of its name.
 _BACKEND_PROVIDERS: Dict[str, str] = {"neuron": "tn.lower"}
+
+
+def backend_compile_fn(backend: Union[str, Callable, None], where: str = "tn.jit") -> Callable:
+    """The ``compile_fn(ir) -> run`` of ``backend`` (a registered name, a compile function, or None for the
+    default backend), for a door that compiles IR it made itself (tn.adaptive's masked buckets)."""
+    return _resolve_backend(backend, where)[1].compile_fn
 
 
 def _resolve_backend(backend: Union[str, Callable, None], where: str) -> Tuple[str, _Backend]:

@@ -35,13 +35,16 @@ from __future__ import annotations
 
 import json
 
-from .errors import ArgumentValueError
+from .errors import ArgumentValueError, MissingDependencyError
 from .neuron.arch import NUM_ENGINES
 from .neuron.runtime import HOST_TIMES, RunResult, add_listener, remove_listener
 
-__all__ = ["profile", "Profile", "note_host_op", "add_record", "Record", "merge_traces"]
+__all__ = ["profile", "Profile", "note_host_op", "add_record", "Record", "merge_traces", "set_html_renderer"]
 
 _ACTIVE: list = []  # Profile objects inside their `with` block, any thread
+#: ``[fn(profile, path, title) -> path]``: the HTML page renderer, registered from above by tn.assess (the chip
+#: layer's profile imports no door)
+_HTML_PAGE: list = [None]
 #: Chrome-trace thread ids of the record tracks of a core (instruction queues use 0..19, streams 1000+)
 _RECORD_TIDS = {"collectives": 900, "transfers": 901}
 _STREAM_TID = 1000
@@ -320,9 +323,10 @@ class Profile:
     def save_html(self, path, title: str = "tn.profile") -> str:
         """Write a self-contained HTML page of the runs: a zoomable timeline per engine/DMA queue, programs,
         opcodes, host ops (rendered by :mod:`tn.assess.html`; needs ``pip install 'tn[report]'``)."""
-        from .assess.html import profile_page
-
-        return profile_page(self, str(path), title)
+        if _HTML_PAGE[0] is None:
+            raise MissingDependencyError("Profile.save_html: no HTML renderer is registered (tn.assess registers one "
+                                         "when imported; import tn.assess)")
+        return _HTML_PAGE[0](self, str(path), title)
 
     def save_trace(self, path) -> str:
         """Write the Chrome/Perfetto trace JSON to ``path`` (returns the path)."""
@@ -358,6 +362,12 @@ def merge_traces(paths, out_path, labels=None) -> str:
     with open(out_path, "w") as f:
         json.dump({"traceEvents": merged, "displayTimeUnit": "ns"}, f)
     return str(out_path)
+
+
+def set_html_renderer(render) -> None:
+    """Install ``render(profile, path, title) -> path`` as the renderer of :meth:`Profile.save_html`
+    (tn.assess.html does when imported)."""
+    _HTML_PAGE[0] = render
 
 
 def profile(host_times: bool = False) -> Profile:

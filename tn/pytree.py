@@ -45,7 +45,7 @@ __all__ = [
     "TENSOR", "SEQ", "DICT", "LEAF", "STATIC", "MODULE", "NODE",
     "flatten", "unflatten", "describe", "register_dataclasses_in",
     "module_state", "tensor_sig", "sig_str", "find_unhashable", "register_dataclass_type",
-    "HashedTuple", "ModuleState", "make_gather", "SIG",
+    "HashedTuple", "ModuleState", "make_gather", "SIG", "register_state_predicate",
 ]
 
 TENSOR, SEQ, DICT, LEAF, STATIC, MODULE, NODE = 0, 1, 2, 3, 4, 5, 6
@@ -241,13 +241,24 @@ def flatten(x: Any, tensors: List[Tensor]) -> Any:
     return (LEAF, t, x)
 
 
+#: Predicates ``fn(obj) -> bool`` marking mutable state objects (KV caches) that a door above carries and tn.jit
+#: refuses as arguments; tn.adaptive registers its own (:func:`tn.adaptive.state.is_state`) when imported.
+_STATE_PREDICATES: List[Callable[[Any], bool]] = []
+
+
+def register_state_predicate(predicate: Callable[[Any], bool]) -> None:
+    """Make :func:`flatten` refuse objects for which ``predicate(obj)`` is true as mutable state (the layer that
+    carries state registers it from above, so this module imports nothing of it)."""
+    if predicate not in _STATE_PREDICATES:
+        _STATE_PREDICATES.append(predicate)
+
+
 def _is_state(x: Any) -> bool:
-    """True for a state object tn.adaptive carries (HF ``Cache``, registered types): see tn.adaptive.state."""
-    try:
-        from .adaptive.state import is_state
-    except ImportError:  # pragma: no cover - the subpackage ships with tn
-        return False
-    return is_state(x)
+    """True for a state object a registered predicate claims (tn.adaptive: HF ``Cache``, registered types)."""
+    for predicate in _STATE_PREDICATES:
+        if predicate(x):
+            return True
+    return False
 
 
 def _tensor_inside(d: Any, depth: int, attrs: bool = True) -> Optional[str]:

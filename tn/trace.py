@@ -64,7 +64,7 @@ from . import ops as _ops
 from .errors import TracingError, UnsupportedOpError
 from .ir import IR, Eqn, Literal, Var, aval_str
 
-__all__ = ["trace_flat", "Traced", "Static", "TracerTensor"]
+__all__ = ["trace_flat", "Traced", "Static", "TracerTensor", "user_source"]
 
 aten = torch.ops.aten
 Tensor = torch.Tensor
@@ -181,7 +181,8 @@ class source_hint:
         _SOURCE_HINT.src = self.saved
 
 
-def _source() -> Optional[str]:
+def user_source() -> Optional[str]:
+    """``file:line`` of the user code running the current op (the hint set by :func:`source_hint` first), or None."""
     hint = getattr(_SOURCE_HINT, "src", None)
     if hint is not None:
         return hint
@@ -626,7 +627,7 @@ class _Tracer(TorchDispatchMode):
         vs = [Var(s, d) for s, d in outs]
         src = self._src
         if src is None:
-            src = _source()
+            src = user_source()
             if self._depth:
                 self._src = src
         self.eqns.append(Eqn(op, inputs, vs, attrs, src))

@@ -26,6 +26,8 @@ import datetime
 import os
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..profile import set_html_renderer
+
 __all__ = ["runs_data", "timeline_boxes", "timeline_figure", "modules_figure", "assessment_page", "profile_page"]
 
 #: One colour per opcode (stable across pages).
@@ -250,3 +252,6 @@ def assessment_page(result: Any, path: str) -> str:
     return _render("report.html.j2", path, r=result, verdicts=result.verdicts(), doors=result.door_rows(),
                    errors=result.error_rows(), host=result.host_rows(), timeline=timeline, modules=modules,
                    details=details, best=best)
+
+
+set_html_renderer(profile_page)  # Profile.save_html renders through this module

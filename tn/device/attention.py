@@ -88,7 +88,7 @@ def build_ir(metas: List[torch.Tensor], flat: list, spec: Any):
     mask of the query's dtype that broadcasts to the scores, ``dropout_p == 0``,
     not causal, no GQA; returns None otherwise (the caller traces instead).
     """
-    from ..trace import Traced, _source
+    from ..trace import Traced, user_source
 
     if len(flat) != 8:
         return None
@@ -120,7 +120,7 @@ def build_ir(metas: List[torch.Tensor], flat: list, spec: Any):
         for dm, ds in zip(reversed(m.shape), reversed(scores)):
             if dm != 1 and dm != ds:
                 return None
-    src = _source()
+    src = user_source()
     f32 = torch.float32
     eqns: List[Eqn] = []
 

@@ -506,7 +506,7 @@ def _direct_ir_or_none(op, functional, out_names: List[str], flat: list, spec, t
             atoms.append(Literal(x))
         else:
             return None
-    src = _trace._source()
+    src = _trace.user_source()
     out = Var(tuple(res.shape), res.dtype)
     eqns = [Eqn(core, atoms, [out], attrs, src)]
     if out_meta is None:

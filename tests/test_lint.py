@@ -1,0 +1,94 @@
+# Lint and layer contracts run by the test command: ruff's pyflakes rules and import-linter's layers (pyproject.toml).
+import ast
+import importlib.util
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import tn
+
+ROOT = pathlib.Path(tn.__file__).resolve().parent.parent
+if not (ROOT / "pyproject.toml").is_file():
+    pytest.skip("tn is not an editable checkout (no pyproject.toml beside the package)", allow_module_level=True)
+
+
+def _need(module: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed (pip install -e '.[test]' installs it)")
+
+
+def test_ruff_pyflakes_rules_pass():
+    _need("ruff")
+    r = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "."],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"ruff check (pyproject.toml [tool.ruff]) found:\n{r.stdout}{r.stderr}"
+
+
+def _stage_package(dest: pathlib.Path) -> pathlib.Path:
+    """A copy of tn's Python sources laid out as they are imported: adaptive/ as tn/adaptive and _native/ as
+    tn/_native (package-dir mappings, which import-linter's graph builder does not follow)."""
+    only_py = shutil.ignore_patterns("__pycache__", "*.so", "*.c", "*.h", "*.pyx", "*.o", "*.j2", "build")
+    shutil.copytree(ROOT / "tn", dest / "tn", ignore=only_py)
+    shutil.copytree(ROOT / "adaptive", dest / "tn" / "adaptive", ignore=only_py)
+    shutil.copytree(ROOT / "_native", dest / "tn" / "_native", ignore=only_py)
+    return dest
+
+
+def test_layer_contracts_hold(tmp_path):
+    _need("importlinter")
+    staged = _stage_package(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(staged)}
+    code = ("import sys; from importlinter.cli import lint_imports; "
+            f"sys.exit(lint_imports(config_filename={str(ROOT / 'pyproject.toml')!r}, no_cache=True))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=staged, env=env, capture_output=True, text=True, timeout=300)
+    assert "Contracts: 1 kept, 0 broken" in r.stdout, f"import-linter (pyproject.toml [tool.importlinter]):\n" \
+                                                     f"{r.stdout[-4000:]}{r.stderr[-2000:]}"
+    assert r.returncode == 0
+
+
+def _area(module: str) -> str:
+    """The unit a private name may be shared in: a subpackage (tn.lower, tn.device, ...) or a top-level module."""
+    return ".".join(module.split(".")[:2])
+
+
+def _sources():
+    for base, package in ((ROOT / "tn", "tn"), (ROOT / "adaptive", "tn.adaptive"), (ROOT / "_native", "tn._native")):
+        for path in sorted(base.rglob("*.py")):
+            rel = path.relative_to(base).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            yield path, ".".join([package, *parts]), path.name == "__init__.py"
+
+
+def _is_submodule(module: str, name: str) -> bool:
+    try:
+        return importlib.util.find_spec(f"{module}.{name}") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def test_no_private_names_imported_across_packages():
+    """``from tn.x import _name`` between subpackages/modules reaches into another part's internals: each part
+    offers public names (e.g. ``tn.trace.user_source``, ``tn.jit.backend_compile_fn``) instead."""
+    found = []
+    for path, module, is_pkg in _sources():
+        package = module if is_pkg else module.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("tn") or _area(target) == _area(module):
+                continue
+            for alias in node.names:
+                name = alias.name
+                if name.startswith("_") and not name.startswith("__") and not _is_submodule(target, name):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: from {target} import {name}")
+    assert found == [], "private names taken across packages:\n" + "\n".join(found)
