@@ -37,6 +37,7 @@ an attribute (``x / x.shape[1]``) is refused too.
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
@@ -327,7 +328,7 @@ def _reduction(eqn, lab: Lab, rank: int) -> Lab:
         return _with_axes(lab, [(moved(a), o, i) for a, o, i in lab.axes])
     if lab.kind == "TRI" and hit == [lab.axes[1][0]]:
         q = lab.axes[0]
-        ident = {"amax": "neginf", "sum": "zero", "any": "zero"}.get(op)
+        ident = {-math.inf: "neginf", 0: "zero"}.get(eqn.op.reduce_identity)  # sum/any: 0, amax: -inf
         if ident is not None and lab.upper == ident:
             return Lab("P", ((moved(q[0]), q[1], q[2]),))
         raise Mixed(f"{_where(eqn)} reduces along the masked axis, whose masked value "

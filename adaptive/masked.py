@@ -39,13 +39,12 @@ from .independence import Mixed, _category, _opname, _reduce_dims, _reshape_axis
 
 __all__ = ["masked_axes", "masked_program"]
 
-_IDENTITY = {"sum": 0.0, "amax": float("-inf"), "amin": float("inf"), "prod": 1.0, "any": False}
-
-
-def _fill(op: str, dtype: torch.dtype):
-    v = _IDENTITY[op]
+def _fill(op: Any, dtype: torch.dtype):
+    """The value masked positions get before reduction ``op``: its identity (:attr:`tn.ops.Op.reduce_identity`)
+    in ``dtype`` (bool: False for sum/amax/any, True for prod/amin; integers: the dtype's extremes for -inf/inf)."""
+    v = op.reduce_identity
     if dtype == torch.bool:
-        return bool(v) if op in ("prod", "any") else (op == "amin")
+        return bool(v > 0)
     if not dtype.is_floating_point and isinstance(v, float) and v in (float("inf"), float("-inf")):
         info = torch.iinfo(dtype)
         return info.max if v > 0 else info.min
@@ -157,10 +156,10 @@ class _Rewriter:
             rank = len(_shape(ins[0]))
             dims = _reduce_dims(eqn, rank)
             if first in dims:
-                if op not in _IDENTITY:
+                if eqn.op.reduce_identity is None:
                     raise Mixed(f"{_where(eqn)} reduces along it ({op} has no identity to mask with)")
                 if emit:
-                    new = [self._masked(ins[0], first, _fill(op, ins[0].dtype))] + ins[1:]
+                    new = [self._masked(ins[0], first, _fill(eqn.op, ins[0].dtype))] + ins[1:]
                 res = None
             else:
                 res = first if a.get("keepdim") else first - sum(1 for d in dims if d < first)

@@ -152,3 +152,32 @@ def test_get_unknown_op_raises():
 def test_duplicate_registration_is_refused():
     with pytest.raises(ValueError, match="registered twice"):
         ops.register("add", "elementwise")(lambda x, y: x + y)
+
+
+# ----------------------------------------------------------------- the facts an Op declares (passes and compiler read)
+
+def test_reductions_declare_their_alu_and_identity():
+    from tn.neuron import isa
+
+    reductions = {n: op for n, op in OPS.items() if op.reduce_alu is not None}
+    assert set(reductions) == {"sum", "prod", "amax", "amin", "any"}
+    for name, op in reductions.items():
+        assert op.category == "reduction" and op.reduce_alu in isa.ALU_OPS
+        x = torch.tensor([False, True, False]) if name == "any" else torch.tensor([0.75, -2.5, 3.0])
+        padded = torch.cat([x, torch.tensor([op.reduce_identity], dtype=x.dtype)])
+        torch.testing.assert_close(op.impl(padded, (0,)), op.impl(x, (0,)))  # the identity changes nothing
+    assert all(op.reduce_identity is None for op in OPS.values() if op.reduce_alu is None)
+
+
+def test_impure_ops_are_the_random_ones():
+    impure = {n for n, op in OPS.items() if op.impure}
+    assert impure == {n for n, op in OPS.items() if op.category == "random"} and impure
+
+
+def test_tile_rules_are_held_by_the_elementwise_ops():
+    import tn.lower  # noqa: F401  (registers tile rules)
+    from tn.lower.elementwise import ELEMENTWISE_OPS
+
+    held = {n for n, op in OPS.items() if op.tile_rule is not None}
+    assert held == set(ELEMENTWISE_OPS) and {"add", "exp", "where", "convert"} <= held
+    assert all(OPS[n].category == "elementwise" for n in held)

@@ -19,7 +19,16 @@ An :class:`Op` has
 - ``shape_rule(*avals, **attrs) -> [(shape, dtype), ...]``: by default the
   impl run on meta tensors;
 - ``lowering``: ``None`` until the NeuronCore compiler registers one;
-- ``random``: draws random numbers (never merged or folded).
+  ``tile_rule``: ``None`` until the compiler registers an SBUF tile rule
+  (elementwise ops the tile engine computes in SBUF);
+- ``random``: draws random numbers; ``effectful``: has an effect beyond its
+  outputs; ``impure`` is either (never merged, folded or duplicated);
+- ``reduce_alu`` and ``reduce_identity`` (reductions that combine elements
+  with one associative ALU op: sum, prod, amax, amin, any): the VectorE ALU
+  op and the value that leaves it unchanged (``None`` for other ops).
+
+Passes and the compiler read these facts from the op; they never key tables
+by op name.
 
 The core op set (attributes in brackets):
 
@@ -106,24 +115,45 @@ class Op:
             one entry per output.
         aten: the aten overloads this op stands for (documentation and lookup).
         lowering: filled by the NeuronCore compiler; ``None`` until then.
+        tile_rule: the compiler's SBUF tile rule ``rule(ctx, eqn, out_tile, in_tiles)``
+            (``tn.lower.elementwise.tile_rule``); ``None`` until registered.
         random: ``True`` for ops that draw random numbers (never CSE'd or folded).
+        effectful: ``True`` for ops with an effect beyond their outputs (kept by DCE).
+        reduce_alu: for a reduction combining elements with one associative
+            ALU op, that op's VectorE name (``add``, ``multiply``, ``max``,
+            ``min``, ``logical_or``); else ``None``.
+        reduce_identity: the value ``reduce_alu`` leaves unchanged (``0.0``,
+            ``1.0``, ``-inf``, ``inf``, ``False``); else ``None``.
     """
 
-    __slots__ = ("name", "category", "impl", "shape_rule", "aten", "lowering", "random", "doc")
+    __slots__ = ("name", "category", "impl", "shape_rule", "aten", "lowering", "tile_rule", "random", "effectful",
+                 "reduce_alu", "reduce_identity", "doc")
 
     def __init__(self, name: str, category: str, impl: Callable[..., Any],
                  shape_rule: Optional[Callable[..., List[Tuple[Tuple[int, ...], torch.dtype]]]] = None,
-                 aten: Sequence[Any] = (), random: bool = False, doc: Optional[str] = None):
+                 aten: Sequence[Any] = (), random: bool = False, doc: Optional[str] = None, *,
+                 effectful: bool = False, reduce_alu: Optional[str] = None, reduce_identity: Any = None):
         if category not in CATEGORIES:
             raise ArgumentValueError(f"op {name!r}: unknown category {category!r}; use one of {CATEGORIES}")
+        if (reduce_alu is None) != (reduce_identity is None):
+            raise ArgumentValueError(f"op {name!r}: reduce_alu and reduce_identity go together")
         self.name = name
         self.category = category
         self.impl = impl
         self.shape_rule = shape_rule if shape_rule is not None else meta_shape_rule(impl)
         self.aten: Tuple[Any, ...] = tuple(aten)
         self.lowering: Optional[Callable[..., Any]] = None
-        self.random = random
+        self.tile_rule: Optional[Callable[..., Any]] = None
+        self.random = bool(random)
+        self.effectful = bool(effectful)
+        self.reduce_alu = reduce_alu
+        self.reduce_identity = reduce_identity
         self.doc = doc or getattr(impl, "__doc__", None) or f"tn core op {name}"
+
+    @property
+    def impure(self) -> bool:
+        """Random or effectful: never merged, folded or duplicated by a pass."""
+        return self.random or self.effectful
 
     def __repr__(self) -> str:
         return f"<tn op {self.name} ({self.category})>"
@@ -181,8 +211,10 @@ def meta_shape_rule(impl: Callable[..., Any]) -> Callable[..., List[Tuple[Tuple[
 
 
 def register(name: str, category: str, aten_ops: Sequence[Any] = (), *, random: bool = False,
-             shape_rule: Optional[Callable[..., Any]] = None) -> Callable[[Callable[..., Any]], Op]:
-    """Decorator: register the decorated reference implementation as core op ``name``.
+             shape_rule: Optional[Callable[..., Any]] = None, effectful: bool = False,
+             reduce_alu: Optional[str] = None, reduce_identity: Any = None) -> Callable[[Callable[..., Any]], Op]:
+    """Decorator: register the decorated reference implementation as core op ``name`` with the facts given
+    (see :class:`Op`).
 
     Returns the :class:`Op` (so the module-level name refers to the op).
     """
@@ -190,7 +222,8 @@ def register(name: str, category: str, aten_ops: Sequence[Any] = (), *, random: 
     def deco(impl: Callable[..., Any]) -> Op:
         if name in OPS:
             raise ArgumentValueError(f"op {name!r} is registered twice")
-        op = Op(name, category, impl, shape_rule=shape_rule, aten=aten_ops, random=random)
+        op = Op(name, category, impl, shape_rule=shape_rule, aten=aten_ops, random=random, effectful=effectful,
+                reduce_alu=reduce_alu, reduce_identity=reduce_identity)
         OPS[name] = op
         return op
 
@@ -441,7 +474,7 @@ def _where_conv(c, x, y):
 # --------------------------------------------------------------------------- reductions and scans
 
 
-def _reduction(name: str, fn: Callable[..., Tensor], with_dtype: bool, doc: str) -> Op:
+def _reduction(name: str, fn: Callable[..., Tensor], with_dtype: bool, doc: str, alu: str, identity: Any) -> Op:
     def impl(x: Tensor, dims: Tuple[int, ...], keepdim: bool = False, dtype: Optional[torch.dtype] = None) -> Tensor:
         if with_dtype:
             return fn(x, dims, keepdim, dtype)
@@ -449,7 +482,7 @@ def _reduction(name: str, fn: Callable[..., Tensor], with_dtype: bool, doc: str)
 
     impl.__name__ = name
     impl.__doc__ = doc
-    return register(name, "reduction")(impl)
+    return register(name, "reduction", reduce_alu=alu, reduce_identity=identity)(impl)
 
 
 def _prod(x, dims, keepdim, dtype):
@@ -469,13 +502,13 @@ def _any(x, dims, keepdim):
 
 
 _reduction("sum", lambda x, dims, keepdim, dtype: aten.sum.dim_IntList(x, list(dims), keepdim, dtype=dtype),
-           True, "Sum over ``dims`` (sorted, non-negative); ``dtype`` is the accumulation/result dtype.")
-_reduction("prod", _prod, True, "Product over ``dims``.")
+           True, "Sum over ``dims`` (sorted, non-negative); ``dtype`` is the accumulation/result dtype.", "add", 0.0)
+_reduction("prod", _prod, True, "Product over ``dims``.", "multiply", 1.0)
 _reduction("amax", lambda x, dims, keepdim: aten.amax.default(x, list(dims), keepdim), False,
-           "Maximum over ``dims`` (NaN propagates).")
+           "Maximum over ``dims`` (NaN propagates).", "max", -math.inf)
 _reduction("amin", lambda x, dims, keepdim: aten.amin.default(x, list(dims), keepdim), False,
-           "Minimum over ``dims`` (NaN propagates).")
-_reduction("any", _any, False, "Logical or over ``dims``.")
+           "Minimum over ``dims`` (NaN propagates).", "min", math.inf)
+_reduction("any", _any, False, "Logical or over ``dims``.", "logical_or", False)
 
 
 def _red_attrs(x, dim, keepdim, dtype=None):

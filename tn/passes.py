@@ -1,4 +1,4 @@
-# IR-to-IR passes (DCE, CSE, simplification, constant folding, decomposition) and the verifier run after each.
+# IR-to-IR passes (DCE, CSE, simplification, constant folding) and the verifier run after each.
 """Passes over :class:`tn.ir.IR`.
 
 Every pass takes an IR and returns a new IR; the input is never modified
@@ -15,10 +15,6 @@ a new :class:`~tn.ir.Eqn`).
 - :func:`fold_constants`: evaluates equations whose inputs are all constants
   or literals with the op's reference implementation, when the result is
   small (:data:`FOLD_MAX_NUMEL`); the result becomes a program constant.
-- :func:`decompose`: rewrites chosen ops into other (core) ops, using a rule
-  registered with :func:`register_decomposition` or torch's own
-  ``torch._decomp`` decomposition of the op's aten overload, traced through
-  tn's tracer.
 - :func:`verify`: checks SSA (every variable defined once, before use),
   types (re-runs each op's shape rule) and that outputs and mutations are well
   formed; raises :class:`VerifyError` naming the equation.
@@ -30,19 +26,19 @@ the pass that broke the IR.
 """
 from __future__ import annotations
 
-import re
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
 from . import config
-from .errors import CompileError, UnsupportedOpError
+from .errors import CompileError
 from .ir import IR, Eqn, Literal, Var, aval_str
+from .ops import Op
 
 __all__ = [
     "VerifyError", "VERIFY", "FOLD_MAX_NUMEL", "verify", "dce", "cse", "fold_constants",
-    "decompose", "register_decomposition", "DECOMPOSE_RULES", "optimize", "PIPELINE",
+    "optimize", "PIPELINE",
     "is_impure", "simplify", "env_flag",
 ]
 
@@ -68,23 +64,10 @@ class VerifyError(CompileError):
 
 # --------------------------------------------------------------------------- helpers
 
-_RANDOM_NAME = re.compile(
-    r"(rand|bernoulli|dropout|normal|uniform|multinomial|poisson|exponential|cauchy|"
-    r"geometric|log_normal|random|seed)", re.IGNORECASE)
-
-
-def is_impure(op: Any) -> bool:
-    """Whether ``op`` must never be merged, folded or duplicated.
-
-    True for ops that draw random numbers or have side effects: an op that
-    sets ``random``, ``effectful``, ``nondeterministic`` or ``impure`` to a
-    true value, and (as a safety net) any op whose name looks random
-    (``rand``, ``bernoulli``, ``dropout``, ``normal``, ``uniform`` ...).
-    """
-    for flag in ("random", "effectful", "nondeterministic", "impure", "side_effects"):
-        if getattr(op, flag, False):
-            return True
-    return bool(_RANDOM_NAME.search(getattr(op, "name", "")))
+def is_impure(op: Op) -> bool:
+    """Whether ``op`` must never be merged, folded or duplicated: it draws random numbers or has an effect
+    (:attr:`tn.ops.Op.impure`)."""
+    return op.impure
 
 
 def _eqn_lines(ir: IR) -> List[str]:
@@ -170,9 +153,9 @@ def verify(ir: IR) -> IR:
 
     for k, e in enumerate(ir.eqns):
         op = e.op
-        name = getattr(op, "name", None)
-        if name is None or not callable(getattr(op, "shape_rule", None)):
-            raise VerifyError(f"{where(k)}: its op {op!r} is not a tn.ops.Op (needs name, impl, shape_rule)")
+        if not isinstance(op, Op):
+            raise VerifyError(f"{where(k)}: its op {op!r} is not a tn.ops.Op")
+        name = op.name
         for i, a in enumerate(e.inputs):
             if isinstance(a, Literal):
                 continue
@@ -248,7 +231,7 @@ def dce(ir: IR) -> IR:
     live: Set[Var] = {a for a in ir.outputs if isinstance(a, Var)}
     kept: List[Eqn] = []
     for e in reversed(ir.eqns):
-        if any(v in live for v in e.outputs) or getattr(e.op, "effectful", False):
+        if any(v in live for v in e.outputs) or e.op.effectful:
             kept.append(e)
             live.update(a for a in e.inputs if isinstance(a, Var))
     kept.reverse()
@@ -483,208 +466,10 @@ def fold_constants(ir: IR, max_numel: Optional[int] = None) -> IR:
     return ir.replace(eqns=kept, consts=consts)
 
 
-# --------------------------------------------------------------------------- decomposition
-
-#: Per-op decomposition rules: op name -> ``rule(*inputs, **attrs)`` written
-#: with torch ops (inputs in ``Eqn.inputs`` order: tensors, or Python scalars
-#: for literals). The rule is traced through tn's tracer, so whatever aten
-#: ops it calls become the equations that replace the op.
-DECOMPOSE_RULES: Dict[str, Callable[..., Any]] = {}
-
-
-def register_decomposition(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: register ``rule`` as the decomposition of the op called ``name``."""
-    def deco(rule: Callable[..., Any]) -> Callable[..., Any]:
-        DECOMPOSE_RULES[name] = rule
-        return rule
-    return deco
-
-
-def _overloads(op: Any) -> List[Any]:
-    """The aten overloads an op stands for (its ``aten`` attribute)."""
-    ov = getattr(op, "aten", None)
-    if ov is None:
-        return []
-    seq = list(ov) if isinstance(ov, (tuple, list)) else [ov]
-    out = []
-    for o in seq:
-        if isinstance(o, torch._ops.OpOverloadPacket):
-            out.extend(getattr(o, name) for name in o.overloads())
-        else:
-            out.append(o)
-    return out
-
-
-def _aten_table(op: Any) -> Dict[Any, Callable[..., Any]]:
-    """Decompositions (tn's own first, then ``torch._decomp``'s) of the aten
-    overloads ``op`` stands for: overload -> function over aten ops."""
-    from torch._decomp import decomposition_table  # deferred: imports much of torch
-
-    try:
-        from .ops import DECOMPOSITIONS as tn_table
-    except ImportError:
-        tn_table = {}
-    table = {}
-    for ov in _overloads(op):
-        fn = tn_table.get(ov) or decomposition_table.get(ov)
-        if fn is not None:
-            table[ov] = fn
-    return table
-
-
-def _impl_decomposed(op: Any, table: Dict[Any, Callable[..., Any]]) -> Callable[..., Any]:
-    """A rule that runs ``op.impl`` with the aten calls in ``table`` replaced
-    by their decompositions (a dispatch mode pushed inside the traced call, so
-    the tracer records the decomposition's ops instead of ``op`` itself)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class _Decompose(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            fn = table.get(func)
-            if fn is not None:
-                r = fn(*args, **kwargs)
-                if r is not NotImplemented:
-                    return r
-            return func(*args, **kwargs)
-
-    def rule(*args: Any, **attrs: Any) -> Any:
-        with _Decompose():
-            return op.impl(*args, **attrs)
-
-    return rule
-
-
-def _rule_for(op: Any) -> Optional[Callable[..., Any]]:
-    """The decomposition rule of ``op``: registered, the op's own
-    ``decomposition`` attribute, or its impl with its aten overloads decomposed."""
-    rule = DECOMPOSE_RULES.get(op.name)
-    if rule is None:
-        rule = getattr(op, "decomposition", None)
-    if rule is None:
-        table = _aten_table(op)
-        if table:
-            rule = _impl_decomposed(op, table)
-    return rule
-
-
-def _expand(e: Eqn, rule: Callable[..., Any]) -> Tuple[List[Eqn], List[Tuple[Var, torch.Tensor]], Dict[Var, Any]]:
-    """Trace ``rule`` on the avals of ``e``'s inputs; return the equations,
-    constants and the map from ``e``'s outputs to the atoms that replace them."""
-    from .trace import trace_flat  # deferred: the tracer sits above the passes
-
-    var_pos = [i for i, a in enumerate(e.inputs) if isinstance(a, Var)]
-    attrs = e.attrs
-    inputs = e.inputs
-
-    def fn(*tensors: torch.Tensor) -> Any:
-        args: List[Any] = []
-        it = iter(tensors)
-        for a in inputs:
-            args.append(next(it) if isinstance(a, Var) else a.value)
-        return rule(*args, **attrs)
-
-    examples = [torch.empty(e.inputs[i].shape, dtype=e.inputs[i].dtype, device="meta") for i in var_pos]
-    traced = trace_flat(fn, examples)
-    sub = traced.ir
-    if sub.mutations:
-        raise UnsupportedOpError(f"the decomposition of {e.op.name} mutates its inputs; it cannot be inlined")
-    leaves = list(traced.out_leaves)
-    if len(leaves) != len(e.outputs):
-        raise UnsupportedOpError(f"the decomposition of {e.op.name} returns {len(leaves)} values, "
-                                 f"the op has {len(e.outputs)} outputs")
-    mapping: Dict[Var, Any] = {}
-    for sv, outer in zip(sub.inputs, [e.inputs[i] for i in var_pos]):
-        mapping[sv] = outer
-    replaced: Dict[Var, Any] = {}
-    for j, (leaf, ov) in enumerate(zip(leaves, e.outputs)):
-        if not isinstance(leaf, int):
-            raise UnsupportedOpError(f"the decomposition of {e.op.name} returns a non-tensor as output {j}")
-        atom = sub.outputs[leaf]
-        if _shape_tuple(atom.shape) != ov.shape or atom.dtype != ov.dtype:
-            raise UnsupportedOpError(f"the decomposition of {e.op.name} gives output {j} as {atom.aval}, "
-                                     f"the op declares {ov.aval}")
-        replaced[ov] = mapping.get(atom, atom) if isinstance(atom, Var) else atom
-    new_eqns = []
-    for se in sub.eqns:
-        new_eqns.append(Eqn(se.op, [mapping.get(a, a) if isinstance(a, Var) else a for a in se.inputs],
-                            se.outputs, se.attrs, e.source or se.source))
-    return new_eqns, list(sub.consts), replaced
-
-
-def decompose(ir: IR, names: Iterable[str], strict: bool = False, max_depth: int = 8) -> IR:
-    """Rewrite every equation whose op name is in ``names`` into other ops.
-
-    The rule is, in order: one registered with :func:`register_decomposition`,
-    the op's own ``decomposition`` attribute, or torch's ``torch._decomp``
-    decomposition of the op's aten overload; it is traced with tn's tracer on
-    the equation's input avals and inlined. Results that are again in
-    ``names`` are decomposed again, up to ``max_depth`` levels.
-
-    An op without a usable rule is left in place, or, with ``strict=True``,
-    raises :class:`tn.UnsupportedOpError` naming the op and its input shapes.
-    """
-    names = set(names)
-    if not names or not any(e.op.name in names for e in ir.eqns):
-        return ir
-    consts = list(ir.consts)
-    mapping: Dict[Var, Any] = {}
-    work: List[Tuple[Eqn, int]] = [(e, 0) for e in reversed(ir.eqns)]  # a stack: next equation last
-    out: List[Eqn] = []
-    while work:
-        e, depth = work.pop()
-        if any(isinstance(a, Var) and a in mapping for a in e.inputs):
-            e = Eqn(e.op, [mapping.get(a, a) if isinstance(a, Var) else a for a in e.inputs],
-                    e.outputs, e.attrs, e.source)
-        if e.op.name not in names or depth >= max_depth:
-            if strict and e.op.name in names:
-                raise UnsupportedOpError(f"{e.op.name} still appears after {max_depth} levels of decomposition")
-            out.append(e)
-            continue
-        rule = _rule_for(e.op)
-        error: Optional[BaseException] = None
-        if rule is not None:
-            try:
-                new_eqns, new_consts, replaced = _expand(e, rule)
-                if any(ne.op.name == e.op.name for ne in new_eqns):
-                    raise UnsupportedOpError(f"the decomposition of {e.op.name} contains {e.op.name} again")
-            except Exception as exc:  # a rule that cannot be traced: keep the op, or report it
-                error, rule = exc, None
-        if rule is None:
-            if strict:
-                shapes = ", ".join(a.aval for a in e.inputs)
-                why = f": {type(error).__name__}: {error}" if error is not None else ""
-                raise UnsupportedOpError(
-                    f"no decomposition for {e.op.name}({shapes}){why}; register one with "
-                    f"tn.passes.register_decomposition({e.op.name!r})") from error
-            out.append(e)
-            continue
-        consts.extend(new_consts)
-        mapping.update(replaced)
-        work.extend((ne, depth + 1) for ne in reversed(new_eqns))
-    outputs = [mapping.get(a, a) if isinstance(a, Var) else a for a in ir.outputs]
-    return ir.replace(eqns=out, consts=consts, outputs=outputs)
-
-
-def _default_decompose_names(ir: IR) -> Set[str]:
-    """Ops in ``ir`` that the op table marks as not core (``core = False``) or
-    that want decomposing by default (``decompose = True``)."""
-    names = set()
-    for e in ir.eqns:
-        if getattr(e.op, "core", True) is False or getattr(e.op, "decompose", False) is True:
-            names.add(e.op.name)
-    return names
-
-
-def _decompose_default(ir: IR) -> IR:
-    return decompose(ir, _default_decompose_names(ir))
-
-
 # --------------------------------------------------------------------------- pipeline
 
 #: The default pipeline of :func:`optimize`: (name, pass) pairs, run in order.
 PIPELINE: List[Tuple[str, Callable[[IR], IR]]] = [
-    ("decompose", _decompose_default),
     ("simplify", simplify),
     ("fold_constants", fold_constants),
     ("cse", cse),

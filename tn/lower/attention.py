@@ -566,8 +566,7 @@ class _Emitter:
         """
         import math
 
-        from .elementwise import ACT_FUNC_OF, TILE_RULES
-        from .fusion import ROW_REDUCE
+        from .elementwise import ACT_FUNC_OF
 
         g, prog = self.g, self.prog
         sv = g.s_eqn.outputs[0]
@@ -698,7 +697,7 @@ class _Emitter:
                 def reduce(env, b, t0, tq, e=e):
                     out = self._tile(e.outputs[0], False, tq, dt_of(e.outputs[0]))
                     env[e.outputs[0]] = out
-                    prog.tensor_reduce(out, self._arg(env, e.inputs[0], tq, True, b, t0, e), ROW_REDUCE[e.op.name],
+                    prog.tensor_reduce(out, self._arg(env, e.inputs[0], tq, True, b, t0, e), e.op.reduce_alu,
                                        axis=-1, engine=self._pick(self.Tk))
                 steps.append(reduce)
                 continue
@@ -729,7 +728,7 @@ class _Emitter:
                 out = self._tile(e.outputs[0], full, tq, dt_of(e.outputs[0]))
                 env[e.outputs[0]] = out
                 args = [a.value if isinstance(a, Literal) else self._arg(env, a, tq, full, b, t0, e) for a in e.inputs]
-                TILE_RULES[e.op.name](self.ctx, e, out, args)
+                e.op.tile_rule(self.ctx, e, out, args)
             steps.append(generic)
         self.alias = alias
 

@@ -48,8 +48,8 @@ Fusion hooks (how lowerings cooperate with the framework)
    intermediate never goes to HBM. ``ctx.store`` has finished reading
    ``tile`` when it returns (the program's dependency tracking orders later
    writes to it), so the lowering may free or reuse it right away.
-2. **Elementwise tile rules: ``tn.lower.elementwise.TILE_RULES``.**
-   ``TILE_RULES[op_name](ctx, eqn, out_tile, in_tiles)`` computes one
+2. **Elementwise tile rules: ``op.tile_rule`` (``@tn.lower.elementwise.tile_rule``).**
+   ``eqn.op.tile_rule(ctx, eqn, out_tile, in_tiles)`` computes one
    elementwise op on SBUF tiles of equal partition count and free shape
    (``in_tiles[i]`` is a Tile, possibly a stride-0 broadcast view or a PSUM
    tile, or a Python scalar for a Literal). Any lowering may use them to

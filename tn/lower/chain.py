@@ -639,9 +639,7 @@ class _Emitter:
                                 t, scalar = vecs[a]
                                 col = t[:npart, 0:1] if scalar else t[:npart, nb:nb + 1]
                                 args.append(col.broadcast_to((npart, mc)))
-                        from .elementwise import TILE_RULES
-
-                        TILE_RULES[e.op.name](self.ctx, e, out, args)
+                        e.op.tile_rule(self.ctx, e, out, args)
                         env[v] = out
                     if env.get(L.feed) is not dst:
                         # the feed is the matmul output itself or an alias of an earlier value

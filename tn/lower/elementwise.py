@@ -1,7 +1,7 @@
 # Lowerings of the elementwise ops (unary, binary, where, convert): per-op tile rules on ScalarE/VectorE, run by the tile engine.
 """Elementwise ops on the NeuronCore.
 
-Each op has a *tile rule* in :data:`TILE_RULES`:
+Each op has a *tile rule*, held by the op (:attr:`tn.ops.Op.tile_rule`, set by :func:`tile_rule`):
 ``rule(ctx, eqn, out, ins)`` computes the op on SBUF tiles of one partition
 count and free shape (``ins[i]`` a Tile, maybe a stride-0 broadcast view, or
 a Python scalar for a Literal). ScalarE activation functions are used where
@@ -27,14 +27,13 @@ from typing import Any, Callable, Dict, List
 
 import torch
 
+from .. import ops
 from ..ir import Var
 from .base import CannotLower, lowering
 
-__all__ = ["TILE_RULES", "tile_rule", "ELEMENTWISE_OPS", "ACT_FUNC_OF", "pp_scalar"]
+__all__ = ["tile_rule", "ELEMENTWISE_OPS", "ACT_FUNC_OF", "pp_scalar"]
 
 #: op name -> ``rule(ctx, eqn, out_tile, in_tiles)``.
-TILE_RULES: Dict[str, Callable[..., None]] = {}
-
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -52,7 +51,7 @@ def tile_rule(*names: str, precheck: Callable[[Any], None] = None,
             fn.precheck = precheck
         fn.temps = temps
         for n in names:
-            TILE_RULES[n] = fn
+            ops.get(n).tile_rule = fn
         return fn
 
     return deco
@@ -721,7 +720,7 @@ def _convert(ctx, eqn, out, ins):
 
 
 #: Every elementwise op with a tile rule.
-ELEMENTWISE_OPS = tuple(sorted(TILE_RULES))
+ELEMENTWISE_OPS = tuple(sorted(name for name, op in ops.OPS.items() if op.tile_rule is not None))
 
 
 @lowering(*ELEMENTWISE_OPS)

@@ -14,7 +14,7 @@ the free axis, and ``C`` is tiled to the free-size budget (never, in a row
 group: a row's reduced extent stays whole in SBUF). A tile is ``[p, k, f]``;
 each input is DMA'd with its own access pattern (stride-0 axes are loaded once
 and broadcast in SBUF by a stride-0 tile view), the equations' tile rules
-(:data:`tn.lower.elementwise.TILE_RULES`) and ``tensor_reduce`` run on SBUF
+(each op's :attr:`tn.ops.Op.tile_rule`) and ``tensor_reduce`` run on SBUF
 tiles, and only values used after the group are DMA'd back. Tiles of two
 consecutive iterations stay allocated (double buffering), so the DMA of tile
 ``i+1`` overlaps the compute of tile ``i``.
@@ -44,7 +44,7 @@ from ..ir import IR, Eqn, Literal, Var
 from ..neuron import get_arch
 from .base import NEURON_DTYPES, CannotLower, dataflow, store_tile
 
-__all__ = ["plan", "Group", "EpilogueGroup", "lower_map", "SBUF_BUDGET", "MAX_FREE", "ROW_REDUCE"]
+__all__ = ["plan", "Group", "EpilogueGroup", "lower_map", "SBUF_BUDGET", "MAX_FREE"]
 
 #: Bytes per partition the tile engine may use for one group (both buffers).
 SBUF_BUDGET = 160 * 1024
@@ -58,8 +58,6 @@ MIN_FREE = 512
 SMALL_FREE = 64
 #: Tiles of this many consecutive iterations stay allocated (2 = double buffering).
 NBUF = 2
-#: Reductions a row group computes with tensor_reduce: op name -> reduce op.
-ROW_REDUCE = {"sum": "add", "amax": "max", "amin": "min", "prod": "multiply", "any": "logical_or"}
 #: Bytes per partition an epilogue may keep loaded across output tiles (row-invariant operands: biases).
 EPILOGUE_CACHE_BYTES = 16 * 1024
 #: Bytes per partition an epilogue may keep as double buffers of its values across output tiles.
@@ -239,7 +237,7 @@ def check_dtypes(eqn: Eqn, allow_int64: bool = False) -> None:
 
 def _row_reduce_r(eqn: Eqn) -> Optional[int]:
     """``r`` if ``eqn`` is a reduction over the last ``r`` axes a row group can compute, else None."""
-    if eqn.op.name not in ROW_REDUCE:
+    if eqn.op.reduce_alu is None:
         return None
     x = eqn.inputs[0]
     if not isinstance(x, Var) or x.ndim == 0:
@@ -302,8 +300,6 @@ def _values(eqns: List[Eqn], in_vars: List[Var], out_vars: List[Var]) -> _Values
     Shared by :func:`lower_map` (which emits the group) and :func:`plan`
     (which checks that a row group's rows fit before proposing it).
     """
-    from .elementwise import TILE_RULES
-
     # Affine folding: x*c, x+c, x-c, c-x, x/c (fp32, one Var and one number) are not computed on their
     # own when every consumer in the group is another such op or a ScalarE function: the consumer runs
     # one activation func(x * scale + bias) from the root value (relu(x*1.5+0.25) is one instruction).
@@ -379,7 +375,7 @@ def _values(eqns: List[Eqn], in_vars: List[Var], out_vars: List[Var]) -> _Values
                     a not in narrow_stored:
                 frees_after.setdefault(j, []).append(a)
                 live_b -= _itemsize(a.dtype)
-    temps = max([getattr(TILE_RULES.get(e.op.name), "temps", 3) for e in eqns] or [3])
+    temps = max([getattr(e.op.tile_rule, "temps", 3) for e in eqns] or [3])
     fixed_b = sum(_itemsize(v.dtype) for v in in_vars) + sum(_itemsize(v.dtype) for v in out_vars)
     per_elem = NBUF * fixed_b + peak_b + 4 * temps
     vals.frees_after = frees_after
@@ -411,13 +407,11 @@ def _max_free(per_elem: int, n_eqns: int, in_vars: List[Var], out_vars: List[Var
 def _row_fits(eqns: List[Eqn], in_vars: List[Var], out_vars: List[Var], space: Sequence[int], r: int,
               parts: int) -> bool:
     """Whether the rows of row group ``eqns`` (reducing the last ``r`` axes of ``space``) fit its SBUF budget."""
-    from .elementwise import TILE_RULES
-
     row = _numel(space[len(space) - r:])
     if row <= 64:
         return True
     # quick accept: bytes per element with every value of the group live at once bound lower_map's count
-    temps = max([getattr(TILE_RULES.get(e.op.name), "temps", 3) for e in eqns] or [3])
+    temps = max([getattr(e.op.tile_rule, "temps", 3) for e in eqns] or [3])
     upper = NBUF * sum(_itemsize(v.dtype) for v in list(in_vars) + list(out_vars)) + \
         sum(_itemsize(v.dtype) for e in eqns for v in e.outputs) + 4 * temps
     if row <= min(MAX_FREE * 8, SBUF_BUDGET // upper):
@@ -438,20 +432,18 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
     a failed check sets the program's range flag (:meth:`LowerCtx.range_check`).
     """
     from ..neuron.program import HbmView
-    from .elementwise import TILE_RULES
-
     rowvars = rowvars or set()
     for e in eqns:
-        if e.op.name in ROW_REDUCE and r:
+        if e.op.reduce_alu is not None and r:
             if _row_reduce_r(e) != r:
                 raise CannotLower(f"{e.op.name}: not a reduction over the last {r} axes")
             continue
         if is_alias_reshape(e):
             continue
-        if e.op.name not in TILE_RULES:
+        if e.op.tile_rule is None:
             raise CannotLower(f"{e.op.name}: no elementwise tile rule")
         check_dtypes(e, allow_int64)
-        pre = getattr(TILE_RULES[e.op.name], "precheck", None)
+        pre = getattr(e.op.tile_rule, "precheck", None)
         if pre is not None:
             pre(e)
     prog = ctx.prog
@@ -509,7 +501,7 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
     lay = _Layout(dims, sts, max_free, ctx.arch.partitions, whole_c=bool(r), min_parts=min_parts)
     in_index = [index[v] for v in in_vars]
     out_pos = {v: j for j, v in enumerate(out_vars)}
-    red_ops = {e.op.name for e in eqns if r and e.op.name in ROW_REDUCE}
+    red_ops = {e.op.name for e in eqns if r and e.op.reduce_alu is not None}
     nout_ = len(lay.outer)
     hoist = set()
     if lay.C <= lay.f and lay.R > lay.parts * lay.kmax:
@@ -648,7 +640,7 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
                 src = env[e.inputs[0]]
                 if src.shape != (p, k, f):
                     src = src.broadcast_to((p, k, f))
-                prog.tensor_reduce(outs[0], src, ROW_REDUCE[e.op.name], axis=-1)
+                prog.tensor_reduce(outs[0], src, e.op.reduce_alu, axis=-1)
             else:
                 args = []
                 for a in e.inputs:
@@ -657,7 +649,7 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
                     else:
                         t = env[a]
                         args.append(t.broadcast_to(oshape) if t.shape != oshape else t)
-                TILE_RULES[e.op.name](ctx, e, outs[0] if len(outs) == 1 else outs, args)
+                e.op.tile_rule(ctx, e, outs[0] if len(outs) == 1 else outs, args)
             for v in e.outputs:
                 if v in out_set:
                     i = index[v]
@@ -978,8 +970,6 @@ class EpilogueGroup:
         """
         from ..neuron import isa
         from ..neuron.program import HbmTensor, HbmView
-        from .elementwise import TILE_RULES
-
         from .base import handoff_shape, resident_view
 
         hv = self.head.outputs[0]
@@ -1102,7 +1092,7 @@ class EpilogueGroup:
                     env[v] = t
                     outs.append(t)
                 args = [a.value if isinstance(a, Literal) else env[a] for a in e.inputs]
-                TILE_RULES[e.op.name](ctx, e, outs[0] if len(outs) == 1 else outs, args)
+                e.op.tile_rule(ctx, e, outs[0] if len(outs) == 1 else outs, args)
             for v in self.outputs:
                 if v is hv or root.get(v, v) in pub:
                     continue
@@ -1126,16 +1116,14 @@ class EpilogueGroup:
 # --------------------------------------------------------------------------- planning
 
 def _is_map(eqn: Eqn) -> bool:
-    from .elementwise import TILE_RULES
-
     if is_alias_reshape(eqn):
         return eqn.outputs[0].dtype in NEURON_DTYPES and eqn.outputs[0].dtype != torch.int64
-    if eqn.op.category != "elementwise" or eqn.op.name not in TILE_RULES:
+    if eqn.op.category != "elementwise" or eqn.op.tile_rule is None:
         return False
     for a in list(eqn.inputs) + list(eqn.outputs):
         if isinstance(a, Var) and (a.dtype not in NEURON_DTYPES or a.dtype == torch.int64):
             return False
-    pre = getattr(TILE_RULES[eqn.op.name], "precheck", None)
+    pre = getattr(eqn.op.tile_rule, "precheck", None)
     if pre is not None:
         try:
             pre(eqn)
@@ -1215,7 +1203,7 @@ def plan(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()) -> Dict[i
     ``nofuse`` never start a group.
     """
     try:
-        from . import elementwise  # noqa: F401  (TILE_RULES)
+        from . import elementwise  # noqa: F401  (registers the ops' tile rules)
     except ImportError:
         return {}
     n = len(ir.eqns)

@@ -31,9 +31,9 @@ not scattered (and ``scatter_reduce`` always is):
 """
 from __future__ import annotations
 
-import math
 from typing import Any, List, Tuple
 
+from .. import ops
 from .base import CannotLower, lowering
 from .shape import FREE_BUDGET_BYTES, _merge, _parts, _prod, _tiles, copy_view, hview, split_rows
 
@@ -393,8 +393,10 @@ def _index_put(ctx, eqn, ins, outs):
 
 # --------------------------------------------------------------------------- scatter family (masked reductions)
 
-_SCATTER_IDENTITY = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "amax": -math.inf, "amin": math.inf}
-_SCATTER_ALU = {"sum": "add", "mean": "add", "prod": "multiply", "amax": "max", "amin": "min"}
+#: scatter_reduce's ``reduce`` modes -> the reduction op combining a row's values (a mean is a sum, then divided);
+#: the op's ``reduce_alu``/``reduce_identity`` are the VectorE op and the accumulator's start value
+_SCATTER_REDUCTION = {"sum": ops.get("sum"), "mean": ops.get("sum"), "prod": ops.get("prod"), "amax": ops.get("amax"),
+                      "amin": ops.get("amin")}
 _LINE_BUDGET = 4096
 
 
@@ -459,7 +461,7 @@ def _scatter_by_dma(ctx, eqn, ins, outs, mode, include_self, x_dt) -> bool:
 def _scatter_common(ctx, eqn, ins, outs, mode, include_self=True):
     """out = x, then every line (fixed coordinates off the scatter axis) recomputed as a masked reduction.
 
-    ``mode``: ``"set"`` (scatter: the last matching source wins) or a reduce name of :data:`_SCATTER_ALU`.
+    ``mode``: ``"set"`` (scatter: the last matching source wins) or a reduce mode of :data:`_SCATTER_REDUCTION`.
     """
     prog = ctx.prog
     xv, iv, sv = eqn.inputs[0], eqn.inputs[1], eqn.inputs[2]
@@ -568,10 +570,10 @@ def _scatter_common(ctx, eqn, ins, outs, mode, include_self=True):
                     prog.free(last)
                 else:
                     fill = prog.sbuf((pc, 1), "float32")
-                    prog.memset(fill, _SCATTER_IDENTITY[mode], engine="vector")
+                    prog.memset(fill, _SCATTER_REDUCTION[mode].reduce_identity, engine="vector")
                     prog.select(val, mask, srcb, fill.reshape(pc, 1, 1, 1).broadcast_to(shp))
                     prog.free(fill)
-                    prog.tensor_reduce(res, val, _SCATTER_ALU[mode])
+                    prog.tensor_reduce(res, val, _SCATTER_REDUCTION[mode].reduce_alu)
                     if mode == "mean":
                         if include_self:
                             prog.tensor_tensor(res, res, xf, "add")
@@ -582,7 +584,7 @@ def _scatter_common(ctx, eqn, ins, outs, mode, include_self=True):
                         if not include_self:
                             prog.tensor_reduce(cnt, mask, "add")
                     elif include_self:
-                        prog.tensor_tensor(res, res, xf, _SCATTER_ALU[mode])
+                        prog.tensor_tensor(res, res, xf, _SCATTER_REDUCTION[mode].reduce_alu)
                 prog.free(val)
                 if cnt is not None and (mode == "set" or not include_self):
                     pred = prog.sbuf((pc, L, jn), "float32")
@@ -618,7 +620,7 @@ def _scatter_add(ctx, eqn, ins, outs):
 def _scatter_reduce(ctx, eqn, ins, outs):
     """``src`` reduced (sum/prod/mean/amax/amin) into ``index`` along ``dim``, with or without ``x``."""
     reduce = eqn.attrs["reduce"]
-    if reduce not in _SCATTER_ALU:
+    if reduce not in _SCATTER_REDUCTION:
         raise CannotLower(f"scatter_reduce with reduce={reduce!r}")
     _scatter_common(ctx, eqn, ins, outs, reduce, include_self=bool(eqn.attrs.get("include_self", True)))
 

@@ -68,11 +68,8 @@ from typing import Any, List, NamedTuple
 from .base import CannotLower, lowering
 from .shape import FREE_BUDGET_BYTES, hview, load_checked_int, store_int
 
-__all__ = ["REDUCE_ALU", "reduce_lowering"]
+__all__ = ["reduce_lowering"]
 
-#: core op -> VectorE reduce/ALU op.
-REDUCE_ALU = {"sum": "add", "prod": "multiply", "amax": "max", "amin": "min", "any": "logical_or"}
-_IDENTITY = {"add": 0.0, "multiply": 1.0, "max": -math.inf, "min": math.inf, "logical_or": 0.0}
 _BIG = float(1 << 24)
 _EXACT = 1 << 24
 
@@ -189,10 +186,12 @@ def _sum_opts(combo):
 
 
 def reduce_lowering(ctx: Any, x_t: Any, x_dt: str, shape, reduced, out_t: Any, alu: str, mode: str = "reduce",
-                    out_int: bool = False, int_bound: float = None) -> None:
+                    out_int: bool = False, int_bound: float = None, identity: float = None) -> None:
     """Emit a reduction of ``x_t`` (contiguous, ``shape``) over the axes ``reduced`` into ``out_t``.
 
-    ``alu``: VectorE reduce op (add, multiply, max, min, logical_or); ``mode``: ``"reduce"``, ``"argmax"``
+    ``alu``: VectorE reduce op (add, multiply, max, min, logical_or; a reduction op's
+    :attr:`tn.ops.Op.reduce_alu`) and ``identity`` the value it leaves unchanged (the op's
+    ``reduce_identity``; max and min need none); ``mode``: ``"reduce"``, ``"argmax"``
     or ``"argmin"`` (then ``reduced`` is every axis for a flat index, or one axis); ``out_int``: write
     through :func:`tn.lower.shape.store_int` (int64 outputs); ``int_bound``: integer inputs (int32, or int64 by
     their low words) are range-checked against it (:func:`tn.lower.shape.load_checked_int`).
@@ -250,7 +249,9 @@ def reduce_lowering(ctx: Any, x_t: Any, x_dt: str, shape, reduced, out_t: Any, a
         else:
             acc = prog.sbuf((pa, *kshape), "float32")
         if not extreme:
-            prog.memset(acc, _IDENTITY[alu], engine="vector")
+            if identity is None:
+                raise CannotLower(f"reduce with {alu}: no identity given to start the accumulator from")
+            prog.memset(acc, float(identity), engine="vector")
         acc_i = prog.sbuf((pa, *kshape), "float32") if arg else None
         first = True
         for xoff, ioff, pax, free in parts:
@@ -455,8 +456,8 @@ def _reduce(ctx, eqn, ins, outs):
         bound = float(_EXACT // max(1, count)) if name == "sum" else float(_EXACT)
         if bound < 1:
             raise CannotLower(f"sum over {count} integers cannot stay below 2**24")
-    reduce_lowering(ctx, ins[0], x_dt, shape, dims, outs[0], REDUCE_ALU[name],
-                    out_int=(out_dt == "int64"), int_bound=bound)
+    reduce_lowering(ctx, ins[0], x_dt, shape, dims, outs[0], eqn.op.reduce_alu,
+                    out_int=(out_dt == "int64"), int_bound=bound, identity=eqn.op.reduce_identity)
 
 
 @lowering("argmax", "argmin")
