@@ -107,13 +107,11 @@ class NeuronWork(dist.Work):
     """The handle of one collective: already done on the host; ``wait()`` is the modelled wait (see the module
     docstring). ``result()`` / ``get_future()`` give the result tensors."""
 
-    def __init__(self, result: List[torch.Tensor], clock: Optional[timing.CollectiveClock], end_ns: float,
-                 devices: Sequence[torch.device] = ()):
+    def __init__(self, result: List[torch.Tensor], clock: Optional[timing.CollectiveClock], end_ns: float):
         super().__init__()
         self._result = list(result)
         self._clock = clock
         self._end_ns = end_ns
-        self._devices = [d for d in devices if d.type == "neuron"]
         self._future = None
 
     def wait(self, timeout: datetime.timedelta = None) -> bool:
@@ -146,7 +144,9 @@ class NeuronWork(dist.Work):
         """A completed future holding :meth:`result`. Taken inside a backward pass (DDP's comm hooks), the current
         stream waits for the modelled end when that backward ends; elsewhere at once."""
         if self._future is None:
-            fut = torch.futures.Future(devices=self._devices) if self._devices else torch.futures.Future()
+            # No devices=: a device-aware future asks the device guard for streams (then() needs a stream pool),
+            # which tn's Python device guard cannot give; the bytes are already in place anyway.
+            fut = torch.futures.Future()
             fut.set_result(self._result)
             self._future = fut
             if self._clock is not None:
@@ -439,7 +439,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         if not on_chip:   # CPU tensors of a 'cpu:gloo,neuron:neuron' job: a host collective, not timed on the chip
             return NeuronWork(result, None, 0.0)
         end = self.clock.place(op, nbytes, host_ns, peer)
-        return NeuronWork(result, self.clock, end, [self._device])
+        return NeuronWork(result, self.clock, end)
 
     # ------------------------------------------------------------------ all-reduce
     def allreduce(self, tensors, opts=None):
