@@ -1,8 +1,8 @@
 # Multi-process harness of the torch.distributed tests: spawn ranks on loopback with a hard timeout, and the rank jobs.
-"""Rank jobs for ``tests/test_distributed.py`` and :func:`run_ranks`, which runs one.
+"""Rank jobs for ``tests/test_distributed.py``, run by :func:`run_ranks` (:mod:`tn.distributed.spawn`).
 
 A job is a module-level function ``job(rank, world) -> picklable result``
-(CPU tensors, numbers, strings). :func:`run_ranks` starts ``world`` processes
+(CPU tensors, numbers, strings). ``run_ranks`` starts ``world`` processes
 with the ``spawn`` method (the neuron device refuses use after fork), sets
 ``MASTER_ADDR=127.0.0.1`` and a free ``MASTER_PORT``, and waits at most
 ``timeout`` seconds: a hang fails the test instead of hanging it. Each rank
@@ -12,93 +12,29 @@ from __future__ import annotations
 
 import datetime
 import os
-import pickle
-import queue as _queue
-import socket
-import time
-import traceback
 
 import torch
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on right now."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def _entry(job, rank, world, port, results, env):
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TN_NO_WARMUP": "1",
-                       "OMP_NUM_THREADS": "1", "RANK": str(rank), "WORLD_SIZE": str(world)})
-    for k, v in (env[rank] if isinstance(env, (list, tuple)) else (env or {})).items():
-        os.environ[k] = v
-    try:
-        torch.set_num_threads(1)
-        out = job(rank, world)
-        results.put((rank, "ok", pickle.dumps(out)))   # plain pickle: no shared-memory tensors outliving the rank
-    except BaseException as e:  # noqa: BLE001  (report everything to the parent)
-        results.put((rank, "error", f"{type(e).__name__}: {e}", traceback.format_exc()))
+from tn.distributed import spawn
 
 
 def run_ranks(job, world: int = 2, timeout: float = 120.0, env=None, expect_exit=()):
-    """Run ``job`` on ``world`` spawned ranks; returns ``{rank: report}`` and the processes' exit codes.
-
-    ``env``: extra environment (a dict, or a list of one dict per rank). Raises ``TimeoutError`` naming the ranks that did
-    not report within ``timeout`` s (they are killed). ``expect_exit``: ranks allowed to end without reporting
-    (a job that makes a rank die)."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_entry, args=(job, r, world, port, results, env), daemon=True)
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    reports = {}
-    deadline = time.monotonic() + timeout
-    dead_since = {}
+    """:func:`tn.distributed.spawn.run_ranks` (spawned ranks, loopback, hard timeout); tn's warm-up is skipped in
+    the ranks."""
+    saved = os.environ.get("TN_NO_WARMUP")
+    os.environ["TN_NO_WARMUP"] = "1"
     try:
-        while len(reports) < world:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                item = results.get(timeout=min(left, 0.5))
-                reports[item[0]] = (item[1], pickle.loads(item[2])) if item[1] == "ok" else item[1:]
-                continue
-            except _queue.Empty:
-                pass
-            now = time.monotonic()
-            for r in range(world):   # a rank that ended without reporting: give its queued report 2 s to arrive
-                if r not in reports and not procs[r].is_alive():
-                    dead_since.setdefault(r, now)
-            if all(r in reports or (r in dead_since and (r in expect_exit or now - dead_since[r] > 2.0))
-                   for r in range(world)):
-                break
-        missing = [r for r in range(world) if r not in reports and r not in expect_exit]
-        if missing:
-            died = {r: procs[r].exitcode for r in missing if r in dead_since}
-            raise TimeoutError(f"ranks {missing} did not report within {timeout} s (exit codes of those that "
-                               f"ended: {died}; reports: {reports})")
+        return spawn.run_ranks(job, world, timeout=timeout, env=env, expect_exit=expect_exit)
     finally:
-        for p in procs:
-            p.join(timeout=max(0.1, min(10.0, deadline - time.monotonic() + 5)))
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    return reports, [p.exitcode for p in procs]
+        if saved is None:
+            os.environ.pop("TN_NO_WARMUP", None)
+        else:
+            os.environ["TN_NO_WARMUP"] = saved
 
 
 def ok(reports):
-    """The results of every rank, raising AssertionError with the first rank's error when one failed."""
-    for r in sorted(reports):
-        if reports[r][0] != "ok":
-            raise AssertionError(f"rank {r} failed: {reports[r][1]}\n{reports[r][2]}")
-    return [reports[r][1] for r in sorted(reports)]
+    """The results of every rank (RankFailed with the first failing rank's error and traceback)."""
+    return spawn.results_of(reports)
 
 
 def _init(rank, world, timeout_s=30.0, backend="neuron"):
@@ -384,3 +320,10 @@ def job_ddp(rank, world, steps=6, per_rank=4):
            "records": len([r for r in prof.records if r.track == "collectives"])}
     dist.destroy_process_group()
     return out
+
+
+def job_sleep(rank, world):
+    """Never finishes in time (the harness's own timeout test)."""
+    import time
+
+    time.sleep(300)

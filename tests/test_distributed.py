@@ -281,3 +281,12 @@ def test_ddp_two_ranks_matches_single_device():
 @pytest.mark.slow
 def test_ddp_four_ranks_matches_single_device():
     _check_ddp(4)
+
+
+def test_harness_kills_ranks_that_hang():
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(tn.distributed.spawn.RanksTimeout, match=r"ranks \[0\] did not report within 10"):
+        W.run_ranks(W.job_sleep, 1, timeout=10)
+    assert time.monotonic() - t0 < 10 + 20

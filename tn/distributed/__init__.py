@@ -31,6 +31,7 @@ import torch.distributed as dist
 from .backend import (BACKEND_NAME, CollectiveError, CollectiveMismatchError, NeuronWork,  # noqa: F401
                       ProcessGroupDestroyedError, ProcessGroupNeuron, WrongDeviceError, create)
 from .timing import collective_stats, reset_collective_stats  # noqa: F401
+from . import spawn  # noqa: F401,E402  (run_ranks: spawned ranks with a hard timeout, for tests and benches)
 
 __all__ = ["ProcessGroupNeuron", "NeuronWork", "CollectiveError", "CollectiveMismatchError", "WrongDeviceError",
            "ProcessGroupDestroyedError", "collective_stats", "reset_collective_stats", "register", "BACKEND_NAME"]

@@ -57,6 +57,7 @@ from torch._C._distributed_c10d import (AllgatherOptions, AllreduceCoalescedOpti
                                         ReduceScatterOptions, ScatterOptions)
 
 from .. import config
+from ..config import ConfigError
 from ..errors import TnError
 from . import timing
 
@@ -772,7 +773,7 @@ def _pick_device(rank: int, size: int, global_ranks: Sequence[int]) -> int:
         g = global_ranks[rank]
         local = _local_rank(g, world, m.device_count)
         if local >= m.device_count:
-            raise TnError(f"tn: local rank {local} has no core: the modelled {m.describe()} has {m.device_count} "
+            raise ConfigError(f"tn: local rank {local} has no core: the modelled {m.describe()} has {m.device_count} "
                           f"devices per instance; use fewer processes per node or a bigger TN_INSTANCE / TN_LNC=1")
         config.set(visible_cores=str(local))
         allocator.set_current_index(0)
@@ -786,7 +787,7 @@ def _global_core(m, global_rank: int, device_index: int) -> int:
     node = os.environ.get("GROUP_RANK")
     inst = int(node) if node is not None else global_rank // m.device_count
     if inst >= m.instances:
-        raise TnError(f"tn: rank {global_rank} would sit on instance {inst}, but the modelled job has "
+        raise ConfigError(f"tn: rank {global_rank} would sit on instance {inst}, but the modelled job has "
                       f"{m.instances} instance(s) of {m.name}; set TN_INSTANCES to at least {inst + 1}")
     return inst * m.device_count + m.devices[device_index]
 
