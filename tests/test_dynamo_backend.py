@@ -207,3 +207,18 @@ def test_device_buffer_mutation_is_written_back():
     torch.testing.assert_close(bn_dev.running_mean.cpu(), bn_cpu.running_mean, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(bn_dev.running_var.cpu(), bn_cpu.running_var, rtol=1e-5, atol=1e-6)
     assert int(bn_dev.num_batches_tracked.cpu()) == 2
+
+
+def test_no_graph_break_from_the_accelerator_stream_hooks():
+    # Dynamo's stream tracking calls torch.accelerator.current_stream around every compiled frame; with the neuron
+    # device as the accelerator that is tn's wrapper, which Dynamo once compiled as a frame of its own and counted
+    # as a graph break ("torch.* op returned non-Tensor") in every torch.compile'd function.
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    compiled = torch.compile(lambda a, b: a + b * 2, backend="neuron")
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    torch.testing.assert_close(compiled(a, b), a + b * 2)
+    torch.testing.assert_close(compiled(b, a), b + a * 2)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert isinstance(torch.accelerator.current_stream(), torch.neuron.Stream)

@@ -149,6 +149,13 @@ def _accelerator_impls() -> dict:
     }
 
 
+def _skip_frame(code) -> None:
+    """Tell Dynamo never to compile frames running ``code`` nor the frames it calls (tn's own device code)."""
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+    set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+
+
 def _wrap_accelerator() -> None:
     acc = getattr(torch, "accelerator", None)
     if acc is None:
@@ -165,6 +172,10 @@ def _wrap_accelerator() -> None:
                     return _impl(*args, **kwargs)
                 return _orig(*args, **kwargs)
 
+            # Dynamo must not compile the wrapper as a frame of its own: its guards and stream tracking call
+            # torch.accelerator.current_stream at run time, and a frame traced there is a graph break in the user's
+            # count. Calls from traced user code still reach Dynamo's handlers, which look the wrapper up by identity.
+            _skip_frame(wrapper.__code__)
             wrapper.__name__ = name
             wrapper.__doc__ = orig.__doc__
             wrapper.__wrapped__ = orig
