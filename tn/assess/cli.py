@@ -33,7 +33,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", choices=("trn1", "trn2"), help="NeuronCore modelled (tn.config arch)")
     p.add_argument("--instance", help="instance type modelled, e.g. trn2.48xlarge (tn.config instance)")
     p.add_argument("--lnc", type=int, choices=(1, 2), help="logical NeuronCore size (tn.config lnc)")
-    p.add_argument("--cores", type=int, default=1, help="cores to shard over (n/a until tn models many cores)")
+    p.add_argument("--cores", type=int, default=1,
+                   help="with --train: DDP scaling over 1, 2, 4, ... CORES cores (simulated ranks and modelled rows)")
+    p.add_argument("--simulate-ranks", type=int, default=None, metavar="K",
+                   help="real DDP ranks run for --cores (default min(CORES, 4); 0: modelled rows only)")
     p.add_argument("--json", metavar="PATH", help="write everything measured as JSON")
     p.add_argument("--html", metavar="PATH", help="write a self-contained HTML report")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -54,7 +57,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         target = load_target(args.target, args.hf_config, args.batch, args.seq, args.train)
         result = assess_target(target, doors=args.doors, dtype=args.dtype, train=args.train, repeats=args.repeats,
                                timeout=args.timeout, arch=args.arch, instance=args.instance, lnc=args.lnc,
-                               cores=args.cores, progress=not args.quiet)
+                               cores=args.cores, simulate_ranks=args.simulate_ranks, progress=not args.quiet)
     except TnError as e:
         print(f"tn assess: error: {e}", file=sys.stderr)
         return 2

@@ -28,7 +28,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ..profile import set_html_renderer
 
-__all__ = ["runs_data", "timeline_boxes", "timeline_figure", "modules_figure", "assessment_page", "profile_page"]
+__all__ = ["runs_data", "timeline_boxes", "timeline_figure", "modules_figure", "scaling_figure", "assessment_page",
+           "profile_page"]
 
 #: One colour per opcode (stable across pages).
 OPCODE_COLOURS = {
@@ -187,6 +188,26 @@ def modules_figure(rows: List[Dict[str, Any]], title: str = ""):
     return fig
 
 
+def scaling_figure(rows: List[Dict[str, Any]]):
+    """Stacked bars per core count (``rows`` of :meth:`AssessResult.scaling_rows`' source, the ``--cores``
+    section): compute and all-reduce time not hidden by the backward, with the efficiency printed on each bar."""
+    import plotly.graph_objects as go
+
+    labels = [f"{r['cores']} ({r['kind']})" for r in rows]
+    compute = [r["compute_ns"] / 1e3 for r in rows]
+    exposed = [r["exposed_ns"] / 1e3 for r in rows]
+    eff = [f"{100 * r['efficiency']:.0f}%" if r.get("efficiency") else "" for r in rows]
+    fig = go.Figure([
+        go.Bar(name="compute (forward + backward)", x=labels, y=compute, marker={"color": "#1f77b4"},
+               hovertemplate="%{x}: compute %{y:.4g} us<extra></extra>"),
+        go.Bar(name="all-reduce not hidden", x=labels, y=exposed, marker={"color": "#d62728"}, text=eff,
+               textposition="outside", hovertemplate="%{x}: exposed %{y:.4g} us<extra></extra>")])
+    fig.update_layout(barmode="stack", height=340, margin={"l": 60, "r": 20, "t": 20, "b": 60},
+                      xaxis={"title": "cores (how the row was obtained)"}, yaxis={"title": "modelled step (us)"},
+                      plot_bgcolor="#fafafa", legend={"orientation": "h", "y": 1.12})
+    return fig
+
+
 def _fig_html(fig, div_id: str) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
                        config={"displaylogo": False, "responsive": True, "scrollZoom": False})
@@ -242,6 +263,12 @@ def assessment_page(result: Any, path: str) -> str:
     modules = None
     if mods:
         modules = {"html": _fig_html(modules_figure(mods), "modules"), "door": mods[0]["door"]}
+    scaling = None
+    if result.scaling is not None:
+        sc = result.scaling
+        scaling = {"mode": sc.get("mode", ""), "rows": result.scaling_rows(), "notes": sc.get("notes", []),
+                   "verdict": result.scaling_verdict(), "simulated": sc.get("simulated"),
+                   "html": _fig_html(scaling_figure(sc["rows"]), "scaling") if sc.get("rows") else None}
     details = []
     for k, d in result.doors.items():
         if d.get("status") in ("ok", "mismatch"):
@@ -251,7 +278,7 @@ def assessment_page(result: Any, path: str) -> str:
                             "compile_s": d.get("compile_s")})
     return _render("report.html.j2", path, r=result, verdicts=result.verdicts(), doors=result.door_rows(),
                    errors=result.error_rows(), host=result.host_rows(), timeline=timeline, modules=modules,
-                   details=details, best=best)
+                   details=details, best=best, scaling=scaling)
 
 
 set_html_renderer(profile_page)  # Profile.save_html renders through this module

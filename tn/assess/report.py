@@ -49,12 +49,16 @@ class AssessResult:
     doors: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     elapsed_s: float = 0.0
     notes: List[str] = field(default_factory=list)
+    #: ``--cores`` of a training step: DDP rows (see :mod:`tn.assess.scaling`), else None.
+    scaling: Optional[Dict[str, Any]] = None
 
     # ------------------------------------------------------------------ questions
     @property
     def ok(self) -> bool:
-        """Every requested door ran and every output matched the CPU."""
-        return bool(self.doors) and all(d.get("status") == "ok" for d in self.doors.values())
+        """Every requested door ran and every output matched the CPU (and the simulated DDP ranks, if any)."""
+        sim = (self.scaling or {}).get("simulated")
+        return (bool(self.doors) and all(d.get("status") == "ok" for d in self.doors.values())
+                and (sim is None or sim.get("status") == "ok"))
 
     def ran(self) -> List[str]:
         """Doors that produced a result (matched or not)."""
@@ -142,12 +146,54 @@ class AssessResult:
                           f"(>= {need} cores: tensor/pipeline parallel or FSDP"
                           + (f"; more than one {self.options.get('instance')} ({devs} cores)" if devs and need > devs
                              else "") + ")")
+        sim = (self.scaling or {}).get("simulated")
+        if sim and sim.get("status") != "ok":
+            e = sim.get("error") or {}
+            change.append(f"DDP on {sim.get('ranks_simulated')} ranks: {sim.get('status')}"
+                          + (f" ({e.get('type')} at {e.get('stage')})" if e else ""))
         uniq = list(dict.fromkeys(change))
         lines.append("what needs changing? " + ("nothing found" + (f": fits one core's HBM ({fmt_bytes(fp)} of "
                                                                    f"{fmt_bytes(cap)})" if fp else "")
                                                 if not uniq else "; ".join(uniq[:6])
                                                 + (f"; and {len(uniq) - 6} more" if len(uniq) > 6 else "")))
+        if self.scaling is not None:
+            lines.append(self.scaling_verdict())
         return lines
+
+    def scaling_verdict(self) -> str:
+        """The ``--cores`` line: DDP efficiency at the most cores modelled, and what the simulated ranks showed."""
+        sc = self.scaling or {}
+        rows = [r for r in sc.get("rows", []) if r["kind"] == "modelled"]
+        sim = sc.get("simulated")
+        parts = []
+        if rows:
+            top = rows[-1]
+            parts.append(f"DDP at {top['cores']} cores {100 * top['efficiency']:.0f}% efficient (modelled step "
+                         f"{top['step_ns'] / 1e3:.4g} us, {top['exposed_ns'] / 1e3:.3g} us of all-reduce not hidden "
+                         f"by the backward)")
+        if sim:
+            k = sim.get("ranks_simulated")
+            if sim.get("status") == "ok":
+                d = sc.get("simulated_vs_modelled")
+                parts.append(f"{k} simulated ranks matched the CPU"
+                             + (f", step {100 * d:+.1f}% vs modelled" if d is not None else ""))
+            else:
+                parts.append(f"{k} simulated ranks: {sim.get('status').upper()}")
+        return "scales over cores?   " + ("; ".join(parts) if parts else "n/a: " + "; ".join(sc.get("notes", [])))
+
+    def scaling_rows(self) -> List[Dict[str, Any]]:
+        """The ``--cores`` table: one row per (core count, simulated/modelled)."""
+        out = []
+        for r in (self.scaling or {}).get("rows", []):
+            out.append({"cores": r["cores"], "kind": r["kind"], "instances": r.get("instances", 1),
+                        "compute us": _fmt(r["compute_ns"] / 1e3, ".4g"),
+                        "all-reduce us": _fmt(r["collective_ns"] / 1e3, ".4g"),
+                        "exposed us": _fmt(r["exposed_ns"] / 1e3, ".4g"), "step us": _fmt(r["step_ns"] / 1e3, ".4g"),
+                        "efficiency %": _fmt(100 * r["efficiency"], ".1f") if r.get("efficiency") else "-",
+                        "buckets": r.get("buckets", "-"),
+                        "bus GB/s (link)": (f"{r['busbw_GBps']:.4g} ({r['link_GBps']:.4g})"
+                                            if r.get("busbw_GBps") else "-")})
+        return out
 
     # ------------------------------------------------------------------ tables
     def door_rows(self) -> List[Dict[str, Any]]:
@@ -230,6 +276,21 @@ class AssessResult:
             parts += ["", f"top modules by modelled time ({mods[0]['door']}):",
                       tabulate([{"module": m["module"], "device us": f"{m['device_us']:.4g}"} for m in mods],
                                headers="keys", tablefmt="simple")]
+        if self.scaling is not None:
+            sc = self.scaling
+            parts += ["", f"many cores: {sc['mode']}:"]
+            rows = self.scaling_rows()
+            if rows:
+                parts.append(tabulate(rows, headers="keys", tablefmt="simple"))
+            sim = sc.get("simulated")
+            if sim and sim.get("error"):
+                e = sim["error"]
+                parts.append(f"simulated ranks failed: {e.get('type')}: {e.get('message', '')}".splitlines()[0][:300])
+            elif sim:
+                parts.append(f"simulated ranks: {sim['ranks_simulated']}, collectives {', '.join(sim.get('collectives', []))}"
+                             f"; host step {sim['host_s_min']:.3g} s min / {sim['host_s_median']:.3g} s median")
+            for n in sc.get("notes", []):
+                parts.append(f"note: {n}")
         for n in self.notes:
             parts.append(f"note: {n}")
         parts += [""] + self.verdicts()
@@ -240,7 +301,12 @@ class AssessResult:
     def to_dict(self) -> Dict[str, Any]:
         """Everything as plain JSON data (the per-instruction timelines left out)."""
         doors = {k: {kk: vv for kk, vv in d.items() if kk != "timeline_runs"} for k, d in self.doors.items()}
-        return {"target": self.label, "options": self.options, "cpu": self.cpu, "doors": doors,
+        scaling = None
+        if self.scaling is not None:
+            scaling = dict(self.scaling)
+            if scaling.get("simulated"):
+                scaling["simulated"] = {k: v for k, v in scaling["simulated"].items() if k != "timeline_runs"}
+        return {"target": self.label, "options": self.options, "cpu": self.cpu, "doors": doors, "scaling": scaling,
                 "verdicts": self.verdicts(), "ok": self.ok, "elapsed_s": self.elapsed_s, "notes": self.notes,
                 "hbm_per_core_bytes": self.hbm_capacity()}
 
