@@ -110,7 +110,7 @@ def test_op_is_complete(name):
     assert hasattr(op, "lowering") and (op.lowering is None or callable(op.lowering))
     assert isinstance(op.random, bool)
     assert op.doc and isinstance(op.doc, str)
-    assert name in ops.__doc__, f"document {name} in the table of tn/ops.py's docstring"
+    assert name in ops.__doc__, f"document {name} in the table of tn/ops/__init__.py's docstring"
 
 
 def _aval(a):
@@ -139,6 +139,40 @@ def test_from_aten_points_into_the_table():
 
 def test_decompositions_are_callables():
     assert ops.DECOMPOSITIONS and all(callable(f) for f in ops.DECOMPOSITIONS.values())
+
+
+def test_every_override_of_torch_decomp_says_why():
+    """Where tn's decomposition replaces one of ``torch._decomp.decomposition_table``, the decorator gives the
+    reason in one line; a reason sits only on a decomposition that replaces one of torch's."""
+    from torch._decomp import decomposition_table
+
+    overrides = [ov for ov in ops.DECOMPOSITIONS if ov in decomposition_table]
+    assert overrides, "tn overrides some of torch's decompositions (cat, mean, clamp, ...)"
+    missing = [str(ov) for ov in overrides if ov not in ops.OVERRIDE_REASONS]
+    assert missing == [], f"give @decomposition(..., instead_of_torch='why') for {missing}"
+    for ov, why in ops.OVERRIDE_REASONS.items():
+        assert isinstance(why, str) and why.strip() and "\n" not in why, ov
+        fn = ops.DECOMPOSITIONS[ov]
+        assert any(o in decomposition_table for o, f in ops.DECOMPOSITIONS.items() if f is fn), \
+            f"{ov}: a reason on a decomposition that overrides none of torch's"
+
+
+def test_a_second_registration_of_an_overload_is_refused():
+    some_overload, (op, _) = next(iter(ops.FROM_ATEN.items()))
+    with pytest.raises(ValueError, match="twice"):
+        ops.from_aten(op, some_overload)(lambda *a: None)
+    decomposed = next(iter(ops.DECOMPOSITIONS))
+    with pytest.raises(ValueError, match="two tn decompositions"):
+        ops.decomposition(decomposed)(lambda *a: None)
+
+
+def test_the_package_files_register_what_they_say():
+    """tn.ops' files: core ops in tn.ops.core, decompositions in tn.ops.decompositions / nn_layers / special."""
+    from tn.ops import core, decompositions, nn_layers, special
+
+    assert {op.impl.__module__ for op in OPS.values()} == {core.__name__}, "core ops are registered in tn.ops.core"
+    where = {f.__module__ for f in ops.DECOMPOSITIONS.values()}
+    assert where == {decompositions.__name__, nn_layers.__name__, special.__name__}
 
 
 def test_get_unknown_op_raises():

@@ -57,7 +57,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .ops import decomposition
+from .table import decomposition
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -173,10 +173,12 @@ def _elementwise(fn: Callable[..., Tensor]) -> Callable[..., Any]:
     return wrapped
 
 
-def _register(*overloads: Any) -> Callable[[Callable[..., Tensor]], Callable[..., Any]]:
+def _register(*overloads: Any, instead_of_torch: Any = None) -> Callable[[Callable[..., Tensor]], Callable[..., Any]]:
+    """Decorator: ``fn`` wrapped by :func:`_elementwise` is the decomposition of ``overloads`` (reason as in
+    :func:`tn.ops.table.decomposition`)."""
     def deco(fn):
         w = _elementwise(fn)
-        decomposition(*overloads)(w)
+        decomposition(*overloads, instead_of_torch=instead_of_torch)(w)
         return w
     return deco
 
@@ -205,7 +207,8 @@ def _erfcx_pos(a: Tensor) -> Tensor:
     return _where(aten.gt.Scalar(a, 1e6), big, small)
 
 
-@_register(*_overloads("prims.erfcx", "aten.special_erfcx"))
+@_register(*_overloads("prims.erfcx", "aten.special_erfcx"),
+           instead_of_torch="torch's ref only calls prims.erfcx, which this same formula decomposes (same IR)")
 def _erfcx(x):
     """Scaled complementary error function ``exp(x^2) erfc(x)``."""
     a = aten.abs.default(x)
@@ -261,7 +264,8 @@ def _i0(x):
     return _bessel_i(x, 0, False)
 
 
-@_register(*_overloads("prims.bessel_i0e", "aten.special_i0e"))
+@_register(*_overloads("prims.bessel_i0e", "aten.special_i0e"),
+           instead_of_torch="torch's ref only calls prims.bessel_i0e, which this same formula decomposes (same IR)")
 def _i0e(x):
     """``exp(-|x|) I0(x)``."""
     return _bessel_i(x, 0, True)
@@ -273,7 +277,8 @@ def _i1(x):
     return _bessel_i(x, 1, False)
 
 
-@_register(*_overloads("prims.bessel_i1e", "aten.special_i1e"))
+@_register(*_overloads("prims.bessel_i1e", "aten.special_i1e"),
+           instead_of_torch="torch's ref only calls prims.bessel_i1e, which this same formula decomposes (same IR)")
 def _i1e(x):
     """``exp(-|x|) I1(x)``."""
     return _bessel_i(x, 1, True)
@@ -340,13 +345,15 @@ def _bessel_jy(x: Tensor, order: int, kind: str) -> Tensor:
     return _keep_nan(x, r)
 
 
-@_register(*_overloads("prims.bessel_j0", "aten.special_bessel_j0"))
+@_register(*_overloads("prims.bessel_j0", "aten.special_bessel_j0"),
+           instead_of_torch="torch's ref only calls prims.bessel_j0, which this same formula decomposes (same IR)")
 def _bessel_j0(x):
     """Bessel function of the first kind, order 0."""
     return _bessel_jy(x, 0, "j")
 
 
-@_register(*_overloads("prims.bessel_j1", "aten.special_bessel_j1"))
+@_register(*_overloads("prims.bessel_j1", "aten.special_bessel_j1"),
+           instead_of_torch="torch's ref only calls prims.bessel_j1, which this same formula decomposes (same IR)")
 def _bessel_j1(x):
     """Bessel function of the first kind, order 1."""
     return _bessel_jy(x, 1, "j")
@@ -535,7 +542,8 @@ def _zeta(s, q):
     return _zeta_core(s, q)
 
 
-decomposition(aten.special_zeta.other_scalar, aten.special_zeta.self_scalar)(_zeta)
+decomposition(aten.special_zeta.other_scalar, aten.special_zeta.self_scalar,
+              instead_of_torch="torch's ref only calls prims.zeta, which this same formula decomposes (same IR)")(_zeta)
 
 
 def _trigamma(x: Tensor) -> Tensor:
@@ -611,7 +619,9 @@ def _hypot(x, y):
     return _where(aten.logical_or.default(aten.isinf.default(x), aten.isinf.default(y)), math.inf, r)
 
 
-@_register(*_overloads("prims.spherical_bessel_j0", "aten.special_spherical_bessel_j0"))
+@_register(*_overloads("prims.spherical_bessel_j0", "aten.special_spherical_bessel_j0"),
+           instead_of_torch="torch's ref only calls prims.spherical_bessel_j0, which this same formula decomposes "
+                            "(same IR)")
 def _spherical_bessel_j0(x):
     """``sin(x) / x`` (1 at 0, 0 at infinity)."""
     fin = aten.logical_not.default(aten.isinf.default(x))

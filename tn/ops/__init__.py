@@ -1,0 +1,107 @@
+# The op table as one package: ``import tn.ops`` gives the Op class, the OPS/FROM_ATEN/DECOMPOSITIONS tables, the decorators and every core op.
+"""tn's core op set.
+
+Every equation of a :class:`tn.ir.IR` names one :class:`Op` from :data:`OPS`.
+The tracer (:mod:`tn.trace`) maps the aten ops PyTorch dispatches onto these
+ops through :data:`FROM_ATEN` (one converter per aten overload) and, for
+everything else, through decompositions (:data:`DECOMPOSITIONS` here, then
+``torch._decomp.decomposition_table``). Views and in-place ops never reach
+the table: the tracer functionalises them into the ops below.
+
+An :class:`Op` has
+
+- ``name``: printed in the IR;
+- ``category``: what kind of work it is, for the compiler (see below);
+- ``aten``: the aten overloads it stands for;
+- ``impl(*inputs, **attrs)``: the torch reference (inputs are tensors or
+  Python scalars in ``Eqn.inputs`` order; returns a tensor, or a tuple of
+  tensors for multi-output ops);
+- ``shape_rule(*avals, **attrs) -> [(shape, dtype), ...]``: by default the
+  impl run on meta tensors;
+- ``lowering``: ``None`` until the NeuronCore compiler registers one;
+  ``tile_rule``: ``None`` until the compiler registers an SBUF tile rule
+  (elementwise ops the tile engine computes in SBUF);
+- ``random``: draws random numbers; ``effectful``: has an effect beyond its
+  outputs; ``impure`` is either (never merged, folded or duplicated);
+- ``reduce_alu`` and ``reduce_identity`` (reductions that combine elements
+  with one associative ALU op: sum, prod, amax, amin, any): the VectorE ALU
+  op and the value that leaves it unchanged (``None`` for other ops).
+
+Passes and the compiler read these facts from the op; they never key tables
+by op name.
+
+The core op set (attributes in brackets):
+
+==============  ==========================================================================
+category        ops
+==============  ==========================================================================
+elementwise     unary: neg abs exp exp2 expm1 log log2 log1p sqrt rsqrt reciprocal sin cos
+                tan asin acos atan sinh cosh tanh asinh acosh atanh sigmoid erf erfinv
+                relu gelu[approximate] sign floor ceil trunc round logical_not bitwise_not
+                isnan isinf conj (complex conjugate);
+                binary (either input may be a Literal): add sub mul div[rounding_mode]
+                pow maximum minimum eq ne lt le gt ge logical_and logical_or logical_xor
+                bitwise_and bitwise_or bitwise_xor bitwise_left_shift bitwise_right_shift
+                remainder fmod atan2;
+                ternary: where; cast: convert[dtype]
+reduction       sum[dims keepdim dtype] prod[dims keepdim dtype] amax[dims keepdim]
+                amin[dims keepdim] argmax[dim keepdim] argmin[dim keepdim] any[dims keepdim]
+scan            cumsum[dim dtype] cummax[dim] cummin[dim] (values, int64 indices) logcumsumexp[dim]
+sort            sort[dim descending stable] topk[k dim largest sorted] (values, int64 indices)
+matmul          matmul (``[..., M, K] @ [..., K, N]``, equal batch dims: aten mm and bmm)
+conv            convolution[stride padding dilation transposed output_padding groups]
+                convolution_backward[... output_mask]
+pool            avg_pool2d[...] avg_pool2d_backward[...]
+shape           reshape[shape] permute[dims] expand[shape] slice[dim start end step]
+                slice_scatter[dim start end step] cat[dim] pad[pad value] flip[dims]
+                as_strided[size stride offset] as_strided_scatter[size stride offset]
+index           gather[dim] scatter[dim] scatter_add[dim] scatter_reduce[dim reduce
+                include_self] index[dims] index_put[dims accumulate]
+creation        full[shape value dtype] iota[length start step dtype]
+random          rand[shape dtype] randn[shape dtype]
+host            host[fn ...]: an aten op of :data:`HOST_OVERLOADS` (FFTs, linear algebra) run by torch
+                on the host, its non-tensor arguments as attributes (no NeuronCore lowering)
+==============  ==========================================================================
+
+Unary functions stay ops rather than formulas (``asinh`` as a log/sqrt
+expression loses accuracy): the compiler maps them to ScalarE activation
+functions or runs them on the host. Everything else (softmax, layer/batch
+norm, linear, mean, var, dropout, embedding, losses, backward ops, 3-d and
+adaptive pooling, 3-d convolutions and their gradients (one 2-d convolution
+over depth-stacked channels), ``cat`` whose empty operands promote the dtype,
+embedding_bag, median/kthvalue/mode from ``sort``,
+searchsorted, distances ...) is decomposed into these by
+:data:`DECOMPOSITIONS` or ``torch._decomp``; special functions (erfcx,
+lgamma, digamma, zeta, Bessel functions, ndtri ...) by :mod:`tn.ops.special`,
+in elementwise ops. ``slice`` always has a
+non-negative ``start <= end`` within bounds and ``step >= 1``; ``dims`` of
+reductions are sorted and non-negative and list every reduced dimension.
+
+Register a new op with :func:`register` (a decorator on its reference
+implementation) and map aten overloads to it with :func:`from_aten`.
+
+The package's files:
+
+- :mod:`tn.ops.table`: :class:`Op`, the tables and the decorators that fill them;
+- :mod:`tn.ops.core`: the core ops above and the aten/prims converters onto them;
+- :mod:`tn.ops.decompositions`: tn's decompositions of aten ops (arithmetic, factories, random draws,
+  means/variances/norms, selections from sort, searching, indexing forms, counting, float representation);
+- :mod:`tn.ops.nn_layers`: decompositions of layer ops (3-d convolutions, 3-d/adaptive pooling,
+  antialiased resampling, embedding_bag, distances, the multi-label margin loss);
+- :mod:`tn.ops.special`: special functions in elementwise core ops.
+"""
+from __future__ import annotations
+
+from . import core, decompositions, nn_layers, special  # noqa: F401  (register the ops and decompositions)
+from .core import (  # noqa: F401  (the core ops registered by name in the module: tn.ops.matmul is OPS['matmul'])
+    argmax, argmin, as_strided, as_strided_scatter, avg_pool2d, avg_pool2d_backward, cat, conj, convert,
+    convolution, convolution_backward, cummax, cummin, cumsum, div, expand, flip, full, gather, gelu, host, index,
+    index_put, iota, logcumsumexp, matmul, pad, permute, rand, randn, reshape, round_, scatter, scatter_add,
+    scatter_reduce, slice_, slice_scatter, sort, topk, where, HOST_OVERLOADS, slice_bounds)
+from .table import (CATEGORIES, DECOMPOSITIONS, FROM_ATEN, IDENTITY, OPS, OVERRIDE_REASONS, Op,  # noqa: F401
+                    decomposition, from_aten, get, meta_shape_rule, register)
+
+__all__ = [
+    "Op", "OPS", "FROM_ATEN", "DECOMPOSITIONS", "OVERRIDE_REASONS", "IDENTITY", "register", "from_aten",
+    "meta_shape_rule", "get",
+]

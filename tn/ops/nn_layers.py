@@ -1,0 +1,733 @@
+# Decompositions of neural-network layer ops: 3-d (and transposed 3-d) convolutions and their gradients, 3-d and adaptive pooling, antialiased resampling, embedding_bag and embedding_renorm, distances, bilinear forms, the multi-label margin loss.
+"""Decompositions of layer ops into core ops (see :mod:`tn.ops.decompositions` for the general ones)."""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, List, Sequence, Tuple
+
+import torch
+
+from .core import _ndim
+from .decompositions import _acc_dtype
+from .table import decomposition
+
+aten = torch.ops.aten
+Tensor = torch.Tensor
+
+
+def _triple(v: Any) -> List[int]:
+    """A 3-d convolution's or pooling's per-axis argument as three ints (aten also takes one for all axes)."""
+    v = [int(a) for a in (v if isinstance(v, (list, tuple)) else [v])]
+    return v * 3 if len(v) == 1 else v
+
+
+
+# 3-d convolution as one 2-d convolution: the kD depth taps of every output depth are stacked into the
+# channels (im2col along depth), so x [N, C, D, H, W] becomes x2 [N*Do, G*kD*Cg, H, W] (per group: tap-major,
+# then channel) and w [O, Cg, kD, kH, kW] becomes w2 [O, kD*Cg, kH, kW]; height and width keep their
+# stride, padding and dilation in the 2-d convolution, whose contraction covers all three kernel axes.
+
+def _conv3d_geometry(x, w, stride, padding, dilation):
+    N, C, D = int(x.shape[0]), int(x.shape[1]), int(x.shape[2])
+    kD = int(w.shape[2])
+    Do = (D + 2 * padding[0] - dilation[0] * (kD - 1) - 1) // stride[0] + 1
+    return N, C, D, kD, Do
+
+
+def _conv3d_x2(x, w, stride, padding, dilation, groups):
+    """x [N, C, D, H, W] -> [N*Do, G*kD*Cg, H, W]: for output depth j, channel (g, k, c) holds input
+    depth j*stride + k*dilation - padding of channel g*Cg + c (zero outside)."""
+    N, C, D, kD, Do = _conv3d_geometry(x, w, stride, padding, dilation)
+    H, W = int(x.shape[3]), int(x.shape[4])
+    sd, pd, dd = stride[0], padding[0], dilation[0]
+    xp = aten.constant_pad_nd.default(x, [0, 0, 0, 0, pd, pd]) if pd else x
+    taps = [aten.slice.Tensor(xp, 2, k * dd, k * dd + sd * (Do - 1) + 1, sd) for k in range(kD)]
+    st = aten.stack.default(taps, 1)                                   # [N, kD, C, Do, H, W]
+    st = aten.reshape.default(st, [N, kD, groups, C // groups, Do, H, W])
+    st = aten.permute.default(st, [0, 4, 2, 1, 3, 5, 6])               # [N, Do, G, kD, Cg, H, W]
+    return aten.reshape.default(st, [N * Do, C * kD, H, W])
+
+
+def _conv3d_w2(w):
+    O, Cg, kD, kH, kW = (int(n) for n in w.shape)
+    return aten.reshape.default(aten.permute.default(w, [0, 2, 1, 3, 4]), [O, kD * Cg, kH, kW])
+
+
+def _conv3d_decomp(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    """aten.convolution of a 5-d input (not transposed) as one 2-d convolution over depth-stacked channels."""
+    if _ndim(w) != 5 or transposed:
+        return NotImplemented
+    stride, padding, dilation = _triple(stride), _triple(padding), _triple(dilation)
+    N, C, D, kD, Do = _conv3d_geometry(x, w, stride, padding, dilation)
+    y2 = aten.convolution.default(_conv3d_x2(x, w, stride, padding, dilation, groups), _conv3d_w2(w), b,
+                                  list(stride[1:]), list(padding[1:]), list(dilation[1:]), False, [0, 0],
+                                  groups)
+    O, Ho, Wo = int(y2.shape[1]), int(y2.shape[2]), int(y2.shape[3])
+    y = aten.reshape.default(y2, [N, Do, O, Ho, Wo])
+    return aten.clone.default(aten.permute.default(y, [0, 2, 1, 3, 4]), memory_format=torch.contiguous_format)
+
+
+def _conv3d_backward_decomp(grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                            groups, output_mask):
+    """aten.convolution_backward of a 5-d convolution (not transposed): the 2-d form's gradients, the input
+    gradient scattered back from the stacked depth taps (summed in fp32 for 16-bit dtypes)."""
+    if _ndim(w) != 5 or transposed:
+        return NotImplemented
+    stride, padding, dilation = _triple(stride), _triple(padding), _triple(dilation)
+    N, C, D, kD, Do = _conv3d_geometry(x, w, stride, padding, dilation)
+    H, W = int(x.shape[3]), int(x.shape[4])
+    O, Cg = int(w.shape[0]), int(w.shape[1])
+    sd, pd, dd = stride[0], padding[0], dilation[0]
+    g2 = aten.permute.default(grad, [0, 2, 1, 3, 4])
+    g2 = aten.reshape.default(g2, [N * Do, O, int(grad.shape[3]), int(grad.shape[4])])
+    gx2, gw2, gb = aten.convolution_backward.default(
+        g2, _conv3d_x2(x, w, stride, padding, dilation, groups), _conv3d_w2(w), bias_sizes, list(stride[1:]),
+        list(padding[1:]), list(dilation[1:]), False, [0, 0], groups, list(output_mask))
+    gx = gw = None
+    if output_mask[1]:
+        gw = aten.reshape.default(gw2, [O, kD, Cg] + [int(n) for n in w.shape[3:]])
+        gw = aten.clone.default(aten.permute.default(gw, [0, 2, 1, 3, 4]), memory_format=torch.contiguous_format)
+    if output_mask[0]:
+        acc_dt = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+        t = aten.reshape.default(gx2, [N, Do, groups, kD, Cg, H, W])
+        t = aten.permute.default(t, [0, 3, 2, 4, 1, 5, 6])             # [N, kD, G, Cg, Do, H, W]
+        t = aten.reshape.default(t, [N, kD, C, Do, H, W])
+        if acc_dt != x.dtype:
+            t = aten._to_copy.default(t, dtype=acc_dt)
+        Dp = D + 2 * pd
+        acc = aten.full.default([N, C, Dp, H, W], 0, dtype=acc_dt)
+        for k in range(kD):
+            tk = aten.select.int(t, 1, k)
+            lo, hi = k * dd, k * dd + sd * (Do - 1) + 1
+            cur = aten.slice.Tensor(acc, 2, lo, hi, sd)
+            acc = aten.slice_scatter.default(acc, aten.add.Tensor(cur, tk), 2, lo, hi, sd)
+        gx = aten.slice.Tensor(acc, 2, pd, pd + D) if pd else acc
+        gx = aten._to_copy.default(gx, dtype=x.dtype, memory_format=torch.contiguous_format) \
+            if gx.dtype != x.dtype or pd else gx
+    return gx, gw, gb
+
+
+
+# Transposed 3-d convolution as one transposed 2-d convolution: every input depth i is a 2-d image whose output
+# channels carry all kD depth taps (w [Cin, Og, kD, kH, kW] -> w2 [Cin, kD*Og, kH, kW]; per group tap-major,
+# then channel), so x [N, Cin, D, H, W] -> x2 [N*D, Cin, H, W] and y2 [N*D, G*kD*Og, Ho, Wo]; tap k of input
+# depth i lands on output depth i*stride + k*dilation - padding (col2im along depth, summed in fp32 for 16-bit
+# dtypes). Height and width keep their stride, padding, dilation and output padding in the 2-d convolution.
+# The backward gathers the output gradient's depth taps (im2col, as _conv3d_x2) and takes the 2-d gradients.
+
+def _conv_transpose3d_params(x, w, stride, padding, dilation, output_padding):
+    """A transposed 3-d convolution's parameters as four 3-lists and its sizes: (stride, padding, dilation,
+    output_padding, N, Cin, D, H, W, Og, kD, Dy) with Dy the output depth."""
+    stride, padding, dilation, opad = (_triple(v) for v in (stride, padding, dilation, output_padding))
+    N, C, D, H, W = (int(n) for n in x.shape)
+    Og, kD = int(w.shape[1]), int(w.shape[2])
+    Dy = (D - 1) * stride[0] - 2 * padding[0] + dilation[0] * (kD - 1) + opad[0] + 1
+    return stride, padding, dilation, opad, N, C, D, H, W, Og, kD, Dy
+
+
+def _conv_transpose3d_x2w2(x, w):
+    """x [N, Cin, D, H, W] -> [N*D, Cin, H, W] (each input depth an image) and w [Cin, Og, kD, kH, kW] ->
+    [Cin, kD*Og, kH, kW] (the depth taps stacked into the output channels of each group)."""
+    N, C, D, H, W = (int(n) for n in x.shape)
+    Cw, Og, kD, kH, kW = (int(n) for n in w.shape)
+    x2 = aten.reshape.default(aten.permute.default(x, [0, 2, 1, 3, 4]), [N * D, C, H, W])
+    w2 = aten.reshape.default(aten.permute.default(w, [0, 2, 1, 3, 4]), [Cw, kD * Og, kH, kW])
+    return x2, w2
+
+
+def _conv_transpose3d_decomp(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    """aten.convolution of a 5-d input, transposed: one transposed 2-d convolution whose output channels hold
+    the depth taps, scattered and summed along depth (in fp32 for 16-bit dtypes), bias added after."""
+    if _ndim(w) != 5 or not transposed:
+        return NotImplemented
+    stride, padding, dilation, opad, N, C, D, H, W, Og, kD, Dy = _conv_transpose3d_params(
+        x, w, stride, padding, dilation, output_padding)
+    sd, pd, dd = stride[0], padding[0], dilation[0]
+    x2, w2 = _conv_transpose3d_x2w2(x, w)
+    y2 = aten.convolution.default(x2, w2, None, list(stride[1:]), list(padding[1:]), list(dilation[1:]), True,
+                                  list(opad[1:]), groups)                # [N*D, G*kD*Og, Ho, Wo]
+    Ho, Wo = int(y2.shape[2]), int(y2.shape[3])
+    O = groups * Og
+    t = aten.reshape.default(y2, [N, D, groups, kD, Og, Ho, Wo])
+    t = aten.permute.default(t, [0, 3, 2, 4, 1, 5, 6])                 # [N, kD, G, Og, D, Ho, Wo]
+    t = aten.reshape.default(t, [N, kD, O, D, Ho, Wo])
+    acc_dt = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+    if acc_dt != x.dtype:
+        t = aten._to_copy.default(t, dtype=acc_dt)
+    span = sd * (D - 1) + 1
+    L = max(Dy + pd, dd * (kD - 1) + span)       # padded output depth covering every tap and the output
+    if kD == 1 and sd == 1 and L == D:
+        acc = aten.select.int(t, 1, 0)
+    else:
+        acc = aten.full.default([N, O, L, Ho, Wo], 0, dtype=acc_dt)
+        for k in range(kD):
+            lo, hi = k * dd, k * dd + span
+            cur = aten.slice.Tensor(acc, 2, lo, hi, sd)
+            acc = aten.slice_scatter.default(acc, aten.add.Tensor(cur, aten.select.int(t, 1, k)), 2, lo, hi, sd)
+    y = aten.slice.Tensor(acc, 2, pd, pd + Dy) if (pd or L != Dy) else acc
+    if b is not None:
+        y = aten.add.Tensor(y, aten.reshape.default(b, [1, O, 1, 1, 1]))
+    return aten._to_copy.default(y, dtype=x.dtype, memory_format=torch.contiguous_format)
+
+
+def _conv_transpose3d_backward_decomp(grad, x, w, bias_sizes, stride, padding, dilation, transposed,
+                                      output_padding, groups, output_mask):
+    """aten.convolution_backward of a transposed 5-d convolution: the output gradient's depth taps gathered
+    into channels (im2col along depth), then the transposed 2-d form's input and weight gradients; the bias
+    gradient is the output gradient summed over all but the channel axis (in fp32 for 16-bit dtypes)."""
+    if _ndim(w) != 5 or not transposed:
+        return NotImplemented
+    stride, padding, dilation, opad, N, C, D, H, W, Og, kD, Dy = _conv_transpose3d_params(
+        x, w, stride, padding, dilation, output_padding)
+    sd, pd, dd = stride[0], padding[0], dilation[0]
+    O = groups * Og
+    Ho, Wo = int(grad.shape[3]), int(grad.shape[4])
+    gx = gw = gb = None
+    if output_mask[0] or output_mask[1]:
+        # tap k of input depth i read the output depth i*sd + k*dd - pd (zero outside)
+        span = sd * (D - 1) + 1
+        rpad = max(0, dd * (kD - 1) + span - (Dy + pd))
+        gp = aten.constant_pad_nd.default(grad, [0, 0, 0, 0, pd, rpad]) if (pd or rpad) else grad
+        taps = [aten.slice.Tensor(gp, 2, k * dd, k * dd + span, sd) for k in range(kD)]
+        g2 = aten.stack.default(taps, 1)                                # [N, kD, O, D, Ho, Wo]
+        g2 = aten.reshape.default(g2, [N, kD, groups, Og, D, Ho, Wo])
+        g2 = aten.permute.default(g2, [0, 4, 2, 1, 3, 5, 6])            # [N, D, G, kD, Og, Ho, Wo]
+        g2 = aten.reshape.default(g2, [N * D, O * kD, Ho, Wo])
+        x2, w2 = _conv_transpose3d_x2w2(x, w)
+        gx2, gw2, _ = aten.convolution_backward.default(
+            g2, x2, w2, None, list(stride[1:]), list(padding[1:]), list(dilation[1:]), True, list(opad[1:]),
+            groups, [bool(output_mask[0]), bool(output_mask[1]), False])
+        if output_mask[0]:
+            gx = aten.reshape.default(gx2, [N, D, C, H, W])
+            gx = aten.clone.default(aten.permute.default(gx, [0, 2, 1, 3, 4]), memory_format=torch.contiguous_format)
+        if output_mask[1]:
+            gw = aten.reshape.default(gw2, [C, kD, Og] + [int(n) for n in w.shape[3:]])
+            gw = aten.clone.default(aten.permute.default(gw, [0, 2, 1, 3, 4]), memory_format=torch.contiguous_format)
+    if output_mask[2]:
+        acc_dt = torch.float32 if grad.dtype in (torch.bfloat16, torch.float16) else grad.dtype
+        g = aten._to_copy.default(grad, dtype=acc_dt) if acc_dt != grad.dtype else grad
+        gb = aten.sum.dim_IntList(g, [0, 2, 3, 4])
+        if acc_dt != grad.dtype:
+            gb = aten._to_copy.default(gb, dtype=grad.dtype)
+    return gx, gw, gb
+
+
+@decomposition(aten.convolution.default)
+def _conv5d_decomp(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    """aten.convolution of a 5-d input, plain (_conv3d_decomp) or transposed (_conv_transpose3d_decomp)."""
+    fn = _conv_transpose3d_decomp if transposed else _conv3d_decomp
+    return fn(x, w, b, stride, padding, dilation, transposed, output_padding, groups)
+
+
+@decomposition(aten.convolution_backward.default)
+def _conv5d_backward_decomp(grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                            groups, output_mask):
+    """aten.convolution_backward of a 5-d convolution, plain (_conv3d_backward_decomp) or transposed
+    (_conv_transpose3d_backward_decomp)."""
+    fn = _conv_transpose3d_backward_decomp if transposed else _conv3d_backward_decomp
+    return fn(grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask)
+
+
+@decomposition(aten.embedding_renorm.default)
+def _embedding_renorm(w, indices, max_norm, norm_type):
+    """Rows of ``w`` picked by ``indices`` rescaled to norm ``max_norm`` where it is exceeded."""
+    flat = aten.view.default(indices, [-1])
+    rows = aten.index.Tensor(w, [flat])
+    a = aten.abs.default(rows)
+    norms = aten.pow.Tensor_Scalar(aten.sum.dim_IntList(aten.pow.Tensor_Scalar(a, norm_type), [1], True),
+                                   1.0 / norm_type)
+    scale = aten.where.self(aten.gt.Scalar(norms, max_norm),
+                            aten.div.Tensor(aten.reciprocal.default(aten.add.Tensor(norms, 1e-7)), 1.0 / max_norm),
+                            aten.scalar_tensor.default(1.0, dtype=w.dtype))
+    return aten.index_put.default(w, [flat], aten.mul.Tensor(rows, scale))
+
+
+def _multilabel_margin_terms(x, target):
+    """``(x2, valid, tidx, is_target, active)`` of a multi-label margin loss, over rows ``[N, C]``: ``valid[n, i]``
+    marks the target positions before the first -1, ``tidx`` those targets (0 elsewhere), ``is_target[n, j]``
+    whether class j is a target of row n, ``active[n, i, j]`` whether the hinge of target i against non-target j
+    is positive (its term counts)."""
+    c = x.shape[-1] if x.dim() else 1
+    x2 = aten.view.default(x, [-1, c])
+    t2 = aten.view.default(target, [-1, c])
+    pos = aten.arange.start_step(0, c, 1, dtype=torch.int64, device=x.device)
+    first = aten.amin.default(aten.where.self(aten.eq.Scalar(t2, -1), pos, aten.full_like.default(pos, c)), [1],
+                              True)
+    valid = aten.lt.Tensor(pos, first)
+    tidx = aten.where.self(valid, t2, aten.zeros_like.default(t2))
+    hit = aten.logical_and.default(aten.eq.Tensor(aten.unsqueeze.default(tidx, 2), pos),
+                                   aten.unsqueeze.default(valid, 2))
+    is_target = aten.any.dim(hit, 1)
+    xt = aten.gather.default(x2, 1, tidx)
+    hinge = aten.add.Tensor(aten.rsub.Scalar(aten.unsqueeze.default(xt, 2), 1), aten.unsqueeze.default(x2, 1))
+    counted = aten.logical_and.default(aten.unsqueeze.default(valid, 2),
+                                       aten.logical_not.default(aten.unsqueeze.default(is_target, 1)))
+    return x2, valid, tidx, is_target, hinge, counted
+
+
+@decomposition(aten.multilabel_margin_loss_forward.default,
+               instead_of_torch="torch's also counts the target slots after the first -1 (a wrong loss)")
+def _multilabel_margin_loss_forward(x, target, reduction):
+    """(loss, is_target) of ``multilabel_margin_loss``: per row, the hinge ``max(0, 1 - (x[t_i] - x[j])) / C`` of
+    every target ``t_i`` before the first -1 against every non-target class ``j``.
+
+    Written here because torch's decomposition also counts the target slots after the first -1 (a wrong value
+    whenever their hinge is positive) and gives a 1-d input's unreduced loss shape ``(1,)`` instead of ``()``."""
+    c = x.shape[-1] if x.dim() else 1
+    x2, valid, tidx, is_target, hinge, counted = _multilabel_margin_terms(x, target)
+    terms = aten.where.self(counted, aten.clamp_min.default(hinge, 0), aten.zeros_like.default(hinge))
+    loss = aten.div.Scalar(aten.sum.dim_IntList(terms, [1, 2]), c)
+    if reduction == 1:
+        loss = aten.mean.default(loss)
+    elif reduction == 2:
+        loss = aten.sum.default(loss)
+    elif x.dim() <= 1:
+        loss = aten.view.default(loss, [])
+    return loss, aten.view.default(aten._to_copy.default(is_target, dtype=x.dtype), list(target.shape))
+
+
+@decomposition(aten.multilabel_margin_loss_backward.default)
+def _multilabel_margin_loss_backward(grad_output, x, target, reduction, is_target):
+    """Gradient of :func:`_multilabel_margin_loss_forward` with respect to ``x``: each positive hinge adds
+    ``1/C`` at its non-target class and ``-1/C`` at its target."""
+    c = x.shape[-1] if x.dim() else 1
+    x2, valid, tidx, _, hinge, counted = _multilabel_margin_terms(x, target)
+    active = aten._to_copy.default(aten.logical_and.default(counted, aten.gt.Scalar(hinge, 0)), dtype=x.dtype)
+    g = aten.sub.Tensor(aten.sum.dim_IntList(active, [1]),
+                        aten.scatter_add.default(aten.zeros_like.default(x2), 1, tidx,
+                                                 aten.sum.dim_IntList(active, [2])))
+    g = aten.div.Scalar(g, c)
+    if reduction == 0:
+        g = aten.mul.Tensor(g, aten.view.default(grad_output, [-1, 1]))
+    else:
+        scale = aten.div.Scalar(grad_output, x2.shape[0]) if reduction == 1 else grad_output
+        g = aten.mul.Tensor(g, scale)
+    return aten.view.default(g, list(x.shape))
+
+
+# --------------------------------------------------------------------------- 3-d and adaptive pooling
+# 3-d average pooling is two 2-d average poolings: over (H, W), then over D with a (kd, 1) window
+# (a box's divisor is the product of its per-axis counts, so the two divisions make torch's).
+# Adaptive average pooling whose windows do not tile the input is a product with a constant
+# [out, in] averaging matrix per axis; adaptive max pooling gathers every window (clamped,
+# masked to -inf past its end) and reduces it.
+
+
+def _pool3d_steps(x_shape, kernel_size, stride, padding):
+    k, p = _triple(kernel_size), _triple(padding)
+    s = _triple(stride) if stride else k
+    lead = list(x_shape[:-4]) if len(x_shape) == 5 else []
+    c, d, h, w = x_shape[-4:]
+    return lead, (c, d, h, w), k, s, p
+
+
+@decomposition(aten.avg_pool3d.default)
+def _avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    """avg_pool3d as avg_pool2d over (H, W) then over D."""
+    lead, (c, d, h, w), k, s, p = _pool3d_steps(tuple(x.shape), kernel_size, stride, padding)
+    n = lead or [1]
+    hw = aten.avg_pool2d.default(aten.view.default(x, n + [c * d, h, w]), k[1:], s[1:], p[1:], ceil_mode,
+                                 count_include_pad, None if divisor_override is None else 1)
+    oh, ow = hw.shape[-2:]
+    out = aten.avg_pool2d.default(aten.view.default(hw, n + [c, d, oh * ow]), [k[0], 1], [s[0], 1], [p[0], 0],
+                                  ceil_mode, count_include_pad, divisor_override)
+    return aten.view.default(out, lead + [c, out.shape[-2], oh, ow])
+
+
+@decomposition(aten.avg_pool3d_backward.default)
+def _avg_pool3d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    """Gradient of :func:`_avg_pool3d`: the two avg_pool2d gradients in reverse order."""
+    lead, (c, d, h, w), k, s, p = _pool3d_steps(tuple(x.shape), kernel_size, stride, padding)
+    n = lead or [1]
+    od, oh, ow = grad.shape[-3:]
+    mid = aten.expand.default(aten.full.default([], 0, dtype=grad.dtype), n + [c, d, oh * ow])
+    g = aten.avg_pool2d_backward.default(aten.view.default(grad, n + [c, od, oh * ow]), mid, [k[0], 1], [s[0], 1],
+                                         [p[0], 0], ceil_mode, count_include_pad, divisor_override)
+    g = aten.avg_pool2d_backward.default(aten.view.default(g, n + [c * d, oh, ow]),
+                                         aten.view.default(x, n + [c * d, h, w]), k[1:], s[1:], p[1:], ceil_mode,
+                                         count_include_pad, None if divisor_override is None else 1)
+    return aten.view.default(g, list(x.shape))
+
+
+def _adaptive_bounds(n_in: int, n_out: int) -> Tuple[List[int], List[int]]:
+    """torch's adaptive windows: output ``o`` covers ``[start[o], end[o])`` of the input axis."""
+    return ([(o * n_in) // n_out for o in range(n_out)],
+            [((o + 1) * n_in + n_out - 1) // n_out for o in range(n_out)])
+
+
+def _average_matrix(n_in: int, n_out: int, dtype: torch.dtype) -> Tensor:
+    """``[n_in, n_out]``: column ``o`` averages the input window of output ``o``."""
+    start, end = _adaptive_bounds(n_in, n_out)
+    i = aten.view.default(aten.arange.start_step(0, n_in, 1, dtype=torch.int64), [n_in, 1])
+    lo = aten.view.default(aten.arange.start_step(0, n_out * n_in, n_in, dtype=torch.int64), [1, n_out])
+    lo = aten.div.Tensor_mode(lo, n_out, rounding_mode="floor")                       # start[o]
+    hi = aten.div.Tensor_mode(aten.add.Tensor(aten.arange.start_step(n_in, (n_out + 1) * n_in, n_in,
+                                                                      dtype=torch.int64), n_out - 1),
+                              n_out, rounding_mode="floor")                            # end[o]
+    inside = aten.logical_and.default(aten.ge.Tensor(i, lo), aten.lt.Tensor(i, aten.view.default(hi, [1, n_out])))
+    return aten.div.Tensor(aten._to_copy.default(inside, dtype=dtype),
+                           aten._to_copy.default(aten.sub.Tensor(hi, lo), dtype=dtype))
+
+
+def _axis_product(x: Tensor, axis: int, m: Tensor) -> Tensor:
+    """``x`` with axis ``axis`` contracted against the rows of matrix ``m``."""
+    xt = aten.movedim.int(x, axis, -1)
+    return aten.movedim.int(aten.matmul.default(xt, m), -1, axis)
+
+
+def _adaptive_avg(x: Tensor, out_size: Sequence[int], transpose: bool) -> Tensor:
+    """Adaptive average pooling of the trailing ``len(out_size)`` axes (or, ``transpose``, its gradient:
+    ``x`` is then the output gradient and ``out_size`` the input's spatial shape), in fp32 for fp16/bf16."""
+    k = len(out_size)
+    acc = _acc_dtype(x.dtype)
+    y = x if x.dtype == acc else aten._to_copy.default(x, dtype=acc)
+    for j in range(k):
+        axis = x.dim() - k + j
+        if transpose:
+            m = aten.t.default(_average_matrix(out_size[j], x.shape[axis], acc))
+        else:
+            m = _average_matrix(x.shape[axis], out_size[j], acc)
+        y = _axis_product(y, axis, m)
+    return y if y.dtype == x.dtype else aten._to_copy.default(y, dtype=x.dtype)
+
+
+def _divisible(in_shape: Sequence[int], out_size: Sequence[int]) -> bool:
+    return all(o > 0 and i % o == 0 for i, o in zip(in_shape, out_size))
+
+
+@decomposition(aten._adaptive_avg_pool3d.default)
+def _adaptive_avg_pool3d(x, output_size):
+    """avg_pool3d when the windows tile the input, else per-axis averaging matrices."""
+    size = [int(o) for o in output_size]
+    spatial = list(x.shape[-3:])
+    if _divisible(spatial, size):
+        k = [i // o for i, o in zip(spatial, size)]
+        return _avg_pool3d(x, k, k, 0)
+    return _adaptive_avg(x, size, transpose=False)
+
+
+def _adaptive_avg_backward(grad: Tensor, x: Tensor, k: int) -> Tensor:
+    """Gradient of ``k``-d adaptive average pooling: the avg_pool gradient when the windows tile the
+    input, else the transposed averaging matrices."""
+    spatial, size = list(x.shape[-k:]), list(grad.shape[-k:])
+    if _divisible(spatial, size):
+        kern = [i // o for i, o in zip(spatial, size)]
+        if k == 2:
+            return aten.avg_pool2d_backward.default(grad, x, kern, kern, [0, 0], False, True, None)
+        return _avg_pool3d_backward(grad, x, kern, kern, [0, 0, 0], False, True, None)
+    return _adaptive_avg(grad, spatial, transpose=True)
+
+
+@decomposition(aten._adaptive_avg_pool2d_backward.default)
+def _adaptive_avg_pool2d_backward(grad, x):
+    """Gradient of adaptive_avg_pool2d."""
+    return _adaptive_avg_backward(grad, x, 2)
+
+
+@decomposition(aten._adaptive_avg_pool3d_backward.default)
+def _adaptive_avg_pool3d_backward(grad, x):
+    """Gradient of adaptive_avg_pool3d."""
+    return _adaptive_avg_backward(grad, x, 3)
+
+
+def _adaptive_max(x: Tensor, size: Sequence[int]) -> Tuple[Tensor, Tensor]:
+    """(values, int64 indices into the flattened spatial plane) of adaptive max pooling over the
+    trailing ``len(size)`` axes: every window gathered at its longest length, the overhang masked."""
+    k = len(size)
+    spatial = list(x.shape[-k:])
+    lead = list(x.shape[:-k])
+    idx, valid, lengths = [], None, []
+    flat = None
+    for j, (n_in, n_out) in enumerate(zip(spatial, size)):
+        start, end = _adaptive_bounds(n_in, n_out)
+        length = max(e - s for s, e in zip(start, end))
+        lengths.append(length)
+        o = aten.view.default(aten.arange.start_step(0, n_out * n_in, n_in, dtype=torch.int64), [n_out, 1])
+        first = aten.div.Tensor_mode(o, n_out, rounding_mode="floor")
+        last = aten.div.Tensor_mode(aten.add.Tensor(o, n_in + n_out - 1), n_out, rounding_mode="floor")
+        pos = aten.add.Tensor(first, aten.view.default(aten.arange.start_step(0, length, 1, dtype=torch.int64),
+                                                       [1, length]))
+        ok = aten.lt.Tensor(pos, last)
+        pos = aten.clamp.default(pos, None, n_in - 1)
+        # [n_out, length] laid out on axes (2j, 2j+1) of [o1, L1, o2, L2, ...]
+        shape = [1] * (2 * k)
+        shape[2 * j], shape[2 * j + 1] = n_out, length
+        pos, ok = aten.view.default(pos, shape), aten.view.default(ok, shape)
+        idx.append(pos)
+        valid = ok if valid is None else aten.logical_and.default(valid, ok)
+        flat = pos if flat is None else aten.add.Tensor(aten.mul.Tensor(flat, n_in), pos)
+    win = aten.index.Tensor(x, [None] * len(lead) + idx)                  # [..., o1, L1, o2, L2, ...]
+    low = float("-inf") if x.is_floating_point() else torch.iinfo(x.dtype).min
+    win = aten.where.self(valid, win, aten.full.default([], low, dtype=x.dtype))
+    nl = len(lead)
+    order = list(range(nl)) + [nl + 2 * j for j in range(k)] + [nl + 2 * j + 1 for j in range(k)]
+    wsize = math.prod(lengths)
+    win = aten.reshape.default(aten.permute.default(win, order), lead + list(size) + [wsize])
+    grid = [d for j in range(k) for d in (size[j], lengths[j])]
+    flat = aten.reshape.default(aten.permute.default(aten.expand.default(flat, grid), [a - nl for a in order[nl:]]),
+                                list(size) + [wsize])                          # flat input index per window slot
+    am = aten.argmax.default(win, -1, True)
+    flat = aten.expand.default(flat, lead + list(size) + [wsize])
+    return aten.amax.default(win, [-1], False), aten.squeeze.dim(aten.gather.default(flat, -1, am), -1)
+
+
+@decomposition(aten.adaptive_max_pool2d.default,
+               instead_of_torch="torch's does not trace (UnsupportedOpError); this gathers every window and reduces "
+                                "it")
+def _adaptive_max_pool2d(x, output_size):
+    """(values, indices) of 2-d adaptive max pooling."""
+    return _adaptive_max(x, [int(o) for o in output_size])
+
+
+@decomposition(aten.adaptive_max_pool3d.default,
+               instead_of_torch="8 equations where torch's builds 20 (one gather of every window and one reduction)")
+def _adaptive_max_pool3d(x, output_size):
+    """(values, indices) of 3-d adaptive max pooling."""
+    return _adaptive_max(x, [int(o) for o in output_size])
+
+
+def _adaptive_max_backward(grad: Tensor, x: Tensor, indices: Tensor, k: int) -> Tensor:
+    """Gradient of ``k``-d adaptive max pooling: ``grad`` added at the winning flat index of each plane."""
+    lead = list(x.shape[:-k])
+    plane = math.prod(x.shape[-k:])
+    g = aten.view.default(aten.clone.default(grad), lead + [-1])
+    i = aten.view.default(aten.clone.default(indices), lead + [-1])
+    out = aten.scatter_add.default(aten.full.default(lead + [plane], 0, dtype=grad.dtype), len(lead), i, g)
+    return aten.view.default(out, list(x.shape))
+
+
+@decomposition(aten.adaptive_max_pool2d_backward.default)
+def _adaptive_max_pool2d_backward(grad, x, indices):
+    """Gradient of adaptive_max_pool2d."""
+    return _adaptive_max_backward(grad, x, indices, 2)
+
+
+@decomposition(aten.adaptive_max_pool3d_backward.default)
+def _adaptive_max_pool3d_backward(grad, x, indices):
+    """Gradient of adaptive_max_pool3d."""
+    return _adaptive_max_backward(grad, x, indices, 3)
+
+
+
+# --------------------------------------------------------------------------- antialiased resampling
+# _upsample_bilinear2d_aa / _upsample_bicubic2d_aa are separable linear maps: output = A x B^T with
+# constant [out, in] weights per axis. The weights are read off torch's own kernel applied to unit
+# images at trace time (so they are torch's, window rules and normalisation included) and become
+# program constants; the maps are then two matrix products, in fp32 for fp16/bf16 inputs.
+
+
+def _aa_weights(op: Any, in_hw: Sequence[int], out_hw: Sequence[int], align_corners: bool, scales_h: Any,
+                scales_w: Any) -> Tuple[Tensor, Tensor]:
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    (ih, iw), (oh, ow) = in_hw, out_hw
+    with _disable_current_modes():   # real computation, outside the trace
+        eh = torch.eye(ih).reshape(ih, 1, ih, 1).expand(ih, 1, ih, iw).contiguous()
+        a = op(eh, [oh, ow], align_corners, scales_h, scales_w)[:, 0, :, 0].t().contiguous()   # [oh, ih]
+        ew = torch.eye(iw).reshape(iw, 1, 1, iw).expand(iw, 1, ih, iw).contiguous()
+        b = op(ew, [oh, ow], align_corners, scales_h, scales_w)[:, 0, 0, :].t().contiguous()   # [ow, iw]
+    return a, b
+
+
+def _aa_apply(x: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    acc = _acc_dtype(x.dtype)
+    y = x if x.dtype == acc else aten._to_copy.default(x, dtype=acc)
+    y = aten.matmul.default(aten.matmul.default(a, y), aten.t.default(b))
+    return y if y.dtype == x.dtype else aten._to_copy.default(y, dtype=x.dtype)
+
+
+def _aa_forward(op: Any) -> Callable[..., Tensor]:
+    def fn(x, output_size, align_corners, scales_h=None, scales_w=None):
+        a, b = _aa_weights(op, x.shape[-2:], output_size, align_corners, scales_h, scales_w)
+        return _aa_apply(x, a, b)
+    fn.__doc__ = f"{op}: two matrix products with torch's own per-axis weights."
+    return fn
+
+
+def _aa_backward(op: Any) -> Callable[..., Tensor]:
+    def fn(grad, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+        a, b = _aa_weights(op, input_size[-2:], output_size, align_corners, scales_h, scales_w)
+        return _aa_apply(grad, aten.t.default(a), aten.t.default(b))
+    fn.__doc__ = f"Gradient of {op}: the transposed weights."
+    return fn
+
+
+for _fwd, _bwd in (("_upsample_bilinear2d_aa", "_upsample_bilinear2d_aa_backward"),
+                   ("_upsample_bicubic2d_aa", "_upsample_bicubic2d_aa_backward")):
+    if hasattr(aten, _fwd) and hasattr(aten, _bwd):
+        decomposition(getattr(aten, _fwd).default)(_aa_forward(getattr(aten, _fwd).default))
+        decomposition(getattr(aten, _bwd).default)(_aa_backward(getattr(aten, _fwd).default))
+
+
+# --------------------------------------------------------------------------- embedding_bag
+
+
+def _bag_layout(indices, offsets, include_last_offset, padding_idx):
+    """(offset2bag, keep mask, number of bags) of a flat ``indices`` split at ``offsets``."""
+    nbags = offsets.shape[0] - (1 if include_last_offset else 0)
+    starts = aten.slice.Tensor(offsets, 0, 0, nbags)
+    pos = aten.arange.start_step(0, indices.shape[0], 1, dtype=torch.int64)
+    # bag of position i: how many bags start at or before i, minus one (empty bags are skipped)
+    o2b = aten.sub.Tensor(aten.sum.dim_IntList(aten.le.Tensor(aten.view.default(starts, [1, nbags]),
+                                                               aten.view.default(pos, [-1, 1])), [1], False,
+                                               dtype=torch.int64), 1)
+    o2b = aten.clamp.default(o2b, 0)
+    keep = None if padding_idx is None or padding_idx < 0 else aten.ne.Scalar(indices, padding_idx)
+    return o2b, keep, nbags
+
+
+@decomposition(aten._embedding_bag_forward_only.default, aten._embedding_bag.default)
+def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """(output, offset2bag, bag_size, max_indices) as torch's CPU kernel: rows gathered, then summed
+    (``mode`` 0), averaged (1) or maxed (2) per bag by index_put/scatter_reduce; entries equal to
+    ``padding_idx`` are left out, empty bags give zeros."""
+    d = weight.shape[1]
+    o2b, keep, nbags = _bag_layout(indices, offsets, include_last_offset, padding_idx)
+    rows = aten.index.Tensor(weight, [indices])
+    zeros = aten.full.default([nbags, d], 0, dtype=weight.dtype)
+    kept = None if keep is None else aten.view.default(keep, [-1, 1])
+    # counts and positions are accumulated in fp32 (exact below 2**24), which the chip's index ops take
+    counted = aten.full.default(list(indices.shape), 1, dtype=torch.float32) if keep is None else \
+        aten._to_copy.default(keep, dtype=torch.float32)
+    bag_size = aten._to_copy.default(
+        aten.index_put.default(aten.full.default([nbags], 0, dtype=torch.float32), [o2b], counted, True),
+        dtype=torch.int64)
+    if mode == 2:
+        if kept is not None:
+            rows = aten.where.self(kept, rows, aten.full.default([], float("-inf"), dtype=weight.dtype))
+        idx2 = aten.expand.default(aten.view.default(o2b, [-1, 1]), list(rows.shape))
+        out = aten.scatter_reduce.two(zeros, 0, idx2, rows, "amax", include_self=False)
+        if kept is not None:   # a bag of padding only stays zero
+            out = aten.where.self(aten.view.default(aten.gt.Scalar(bag_size, 0), [-1, 1]), out,
+                                  aten.full.default([], 0, dtype=weight.dtype))
+    else:
+        if per_sample_weights is not None:
+            rows = aten.mul.Tensor(rows, aten.view.default(per_sample_weights, [-1, 1]))
+        if kept is not None:
+            rows = aten.where.self(kept, rows, aten.full.default([], 0, dtype=weight.dtype))
+        out = aten.index_put.default(zeros, [o2b], rows, True)
+    if mode == 1:
+        out = aten.div.Tensor(out, aten.view.default(aten.clamp.default(bag_size, 1), [-1, 1]))
+    if mode == 0:
+        bag_size = aten.full.default([nbags], 0, dtype=torch.int64)
+    if mode == 2:
+        # the weight row of each bag's (first) maximum, per column
+        winner = aten.eq.Tensor(rows, aten.index.Tensor(out, [o2b]))
+        if kept is not None:
+            winner = aten.logical_and.default(winner, kept)
+        n = indices.shape[0]
+        pos = aten.expand.default(aten.view.default(aten.arange.start_step(0, n, 1, dtype=torch.float32), [-1, 1]),
+                                  [n, d])
+        first = aten.scatter_reduce.two(aten.full.default([nbags, d], n, dtype=torch.float32), 0,
+                                        aten.expand.default(aten.view.default(o2b, [-1, 1]), [n, d]),
+                                        aten.where.self(winner, pos, aten.full.default([], n, dtype=torch.float32)),
+                                        "amin", include_self=True)
+        found = aten.lt.Scalar(first, n)
+        first = aten._to_copy.default(first, dtype=torch.int64)
+        flat_idx = aten.cat.default([indices, aten.full.default([1], 0, dtype=indices.dtype)])
+        max_indices = aten.where.self(found, aten.index.Tensor(flat_idx, [first]),
+                                      aten.full.default([], 0, dtype=indices.dtype))
+    else:
+        max_indices = aten.clone.default(bag_size)
+    return out, o2b, bag_size, max_indices
+
+
+@decomposition(aten._embedding_bag_backward.default)
+def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                            scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+    """Dense gradient of embedding_bag w.r.t. the weight: each position's bag gradient (scaled by its
+    sample weight, or divided by the bag size for ``mean``) added into its row; for ``max`` each bag's
+    gradient goes to the rows that won. Sparse gradients and ``scale_grad_by_freq`` are not
+    decomposed (tn refuses them)."""
+    if sparse or scale_grad_by_freq:   # torch's CPU scaling by frequency is not reproduced: refuse it
+        return NotImplemented
+    d = grad.shape[1]
+    zeros = aten.full.default([int(num_weights), d], 0, dtype=grad.dtype)
+    if mode == 2:
+        nb = maximum_indices.shape[0]
+        won = aten.gt.Scalar(aten.view.default(bag_size, [nb, 1]), 0)      # empty bags have no winner
+        g = aten.where.self(won, grad, aten.full.default([], 0, dtype=grad.dtype))
+        return aten.scatter_add.default(zeros, 0, maximum_indices, g)
+    o2b, keep, _ = _bag_layout(indices, offsets, False, padding_idx)
+    rows = aten.index.Tensor(grad, [o2b])
+    if mode == 1:
+        rows = aten.div.Tensor(rows, aten.view.default(
+            aten._to_copy.default(aten.clamp.default(aten.index.Tensor(bag_size, [o2b]), 1), dtype=grad.dtype),
+            [-1, 1]))
+    elif per_sample_weights is not None:
+        rows = aten.mul.Tensor(rows, aten.view.default(per_sample_weights, [-1, 1]))
+    if keep is not None:
+        rows = aten.where.self(aten.view.default(keep, [-1, 1]), rows, aten.full.default([], 0, dtype=grad.dtype))
+    return aten.index_put.default(zeros, [indices], rows, True)
+
+
+@decomposition(aten._embedding_bag_per_sample_weights_backward.default)
+def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    """Gradient of a ``sum`` embedding_bag w.r.t. its per-sample weights: each position's row dotted
+    with its bag's gradient (0 for padding)."""
+    o2b, keep, _ = _bag_layout(indices, offsets, False, padding_idx)
+    g = aten.sum.dim_IntList(aten.mul.Tensor(aten.index.Tensor(grad, [o2b]), aten.index.Tensor(weight, [indices])),
+                             [1], False)
+    if keep is not None:
+        g = aten.where.self(keep, g, aten.full.default([], 0, dtype=g.dtype))
+    return g
+
+
+
+# --------------------------------------------------------------------------- distances, bilinear forms
+
+
+def _pnorm_last(d: Tensor, p: float) -> Tensor:
+    """The ``p``-norm of ``d`` over its last axis (``p = 0`` counts non-zeros), as torch's cdist/pdist."""
+    if p == 0:
+        return aten.sum.dim_IntList(aten._to_copy.default(aten.ne.Scalar(d, 0), dtype=d.dtype), [-1], False)
+    a = aten.abs.default(d)
+    if p == math.inf:
+        return aten.amax.default(a, [-1], False)
+    if p == 1:
+        return aten.sum.dim_IntList(a, [-1], False)
+    if p == 2:
+        return aten.sqrt.default(aten.sum.dim_IntList(aten.mul.Tensor(d, d), [-1], False))
+    return aten.pow.Tensor_Scalar(aten.sum.dim_IntList(aten.pow.Tensor_Scalar(a, p), [-1], False), 1.0 / p)
+
+
+@decomposition(aten._cdist_forward.default)
+def _cdist_forward(x1, x2, p, compute_mode=None):
+    """Pairwise ``p``-norm distances of the rows of ``x1`` and ``x2`` (torch's choice of the
+    matrix-product form for ``p = 2`` included, so results round alike)."""
+    n1, n2 = x1.shape[-2], x2.shape[-2]
+    if p == 2 and (compute_mode == 1 or (compute_mode in (None, 0) and (n1 > 25 or n2 > 25))):
+        x1n = aten.sum.dim_IntList(aten.mul.Tensor(x1, x1), [-1], True)
+        x2n = aten.sum.dim_IntList(aten.mul.Tensor(x2, x2), [-1], True)
+        a = aten.cat.default([aten.mul.Tensor(x1, -2), x1n, aten.full_like.default(x1n, 1)], -1)
+        b = aten.cat.default([x2, aten.full_like.default(x2n, 1), x2n], -1)
+        r = aten.matmul.default(a, aten.transpose.int(b, -1, -2))
+        return aten.sqrt.default(aten.clamp.default(r, 1e-30))
+    d = aten.sub.Tensor(aten.unsqueeze.default(x1, -2), aten.unsqueeze.default(x2, -3))
+    return _pnorm_last(d, float(p))
+
+
+@decomposition(aten._pdist_forward.default)
+def _pdist_forward(x, p=2.0):
+    """Distances between rows ``i < j`` of ``x`` (row-major pair order)."""
+    n = x.shape[0]
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    if not pairs:
+        return aten.full.default([0], 0, dtype=x.dtype)
+    ii = torch.tensor([i for i, _ in pairs], dtype=torch.int64)
+    jj = torch.tensor([j for _, j in pairs], dtype=torch.int64)
+    d = aten.sub.Tensor(aten.index.Tensor(x, [ii]), aten.index.Tensor(x, [jj]))
+    return _pnorm_last(d, float(p))
+
+
+@decomposition(aten._trilinear.default)
+def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """``sum over sumdim of i1.unsqueeze(expand1) * i2.unsqueeze(expand2) * i3.unsqueeze(expand3)`` as
+    one einsum (matrix products, no broadcast product of all three)."""
+    n = i1.dim() + len(expand1)
+    letters = "abcdefghijklmnopqrstuvwxyz"[:n]
+    subs = ["".join(letters[d] for d in range(n) if d not in set(e)) for e in (expand1, expand2, expand3)]
+    out = "".join(letters[d] for d in range(n) if d not in set(sumdim))
+    return torch.einsum(f"{subs[0]},{subs[1]},{subs[2]}->{out}", i1, i2, i3)
