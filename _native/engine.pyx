@@ -1021,6 +1021,9 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
                 else:
                     acc = ops[0].runs if ops[0].runs > ops[1].runs else ops[1].runs
                     bytes_eff = ops[0].nbytes + acc * timing[T_DMA_CHUNK]
+                    if ops[0].mem == MEM_HBM and ops[1].mem == MEM_HBM:
+                        # HBM -> HBM: the bytes cross the HBM interface twice (read, then write); both count
+                        bytes_eff += ops[1].nbytes
                     if ops[1].mem == MEM_HBM:
                         hbm_bytes[0] += ops[1].nbytes
                     if ops[0].mem == MEM_HBM:

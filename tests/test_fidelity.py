@@ -1,0 +1,65 @@
+# Fidelity of the timing model: bounds no modelled program may break (HBM bandwidth, dependencies).
+import pytest
+import torch
+
+import tn
+from tn.neuron import Program, get_arch, simulate_timing
+
+
+def _timed(arch, emit):
+    p = Program("fidelity", arch=arch)
+    emit(p)
+    return simulate_timing(p.build(check=False))
+
+
+def _assert_within_hbm_bandwidth(res):
+    moved = res.hbm_read_bytes + res.hbm_write_bytes
+    floor_ns = moved / res.arch.hbm_bytes_per_s * 1e9
+    assert moved > 0
+    assert res.total_ns >= floor_ns * (1 - 1e-9), (
+        f"{res.name}: {moved} HBM bytes in {res.total_ns:.0f} ns is faster than the bandwidth allows "
+        f"({floor_ns:.0f} ns); HBM utilisation {res.hbm_utilisation:.2f}")
+    assert res.hbm_utilisation <= 1.0 + 1e-9
+
+
+@pytest.mark.parametrize("arch", ["trn1", "trn2"])
+@pytest.mark.parametrize("queues", [1, 4, 16])
+def test_hbm_to_hbm_copy_is_charged_for_both_sides(arch, queues):
+    rows, cols = 512, 2048
+
+    def emit(p):
+        src = p.hbm("src", (rows, cols))
+        dst = p.hbm("dst", (2 * rows, cols), kind="output")
+        step = rows // queues if queues > 1 else rows
+        for k in range(2 * rows // step):        # torch.cat([src, src]) as HBM -> HBM copies
+            lo = (k * step) % rows
+            p.dma_copy(dst[k * step:(k + 1) * step], src[lo:lo + step], queue=k % queues)
+    res = _timed(arch, emit)
+    assert res.hbm_read_bytes == res.hbm_write_bytes == 2 * rows * cols * 4
+    _assert_within_hbm_bandwidth(res)
+
+
+@pytest.mark.parametrize("arch", ["trn1", "trn2"])
+def test_hbm_sbuf_round_trips_stay_under_the_bandwidth(arch):
+    F = 2048
+
+    def emit(p):
+        h = p.hbm("h", (8, 128, F))
+        o = p.hbm("o", (8, 128, F), kind="output")
+        for k in range(8):
+            t = p.sbuf((128, F))
+            p.dma_copy(t, h[k], queue=k)
+            p.dma_copy(o[k], t, queue=8 + k)
+    _assert_within_hbm_bandwidth(_timed(arch, emit))
+
+
+def test_cat_through_jit_stays_under_the_bandwidth():
+    x = torch.randn(512, 512)
+    f = tn.jit(lambda a: torch.cat([a, a]))
+    with tn.profile() as prof:
+        y = f(x)
+    torch.testing.assert_close(y, torch.cat([x, x]))
+    assert prof.runs
+    for res in prof.runs:
+        if res.hbm_read_bytes + res.hbm_write_bytes:
+            _assert_within_hbm_bandwidth(res)
