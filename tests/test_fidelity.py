@@ -63,3 +63,22 @@ def test_cat_through_jit_stays_under_the_bandwidth():
     for res in prof.runs:
         if res.hbm_read_bytes + res.hbm_write_bytes:
             _assert_within_hbm_bandwidth(res)
+
+
+@pytest.mark.parametrize("between", [10, 300, 1000])
+def test_read_long_after_a_write_on_another_engine_waits_for_it(between):
+    """The dependency tracker bounds its per-region lists; a read many instructions after a write on another
+    engine must still start after the write ends."""
+    def emit(p):
+        h = p.hbm("h", (128, 16))
+        a = p.sbuf((128, 16))                       # bytes 0..63 of each partition
+        slots = p.sbuf((128, 1000))                 # same 4 KiB region of SBUF, disjoint from a
+        p.dma_copy(a, h)                            # 0: the write (slow: DMA fixed cost)
+        for k in range(between):                    # distinct writes on GpSimd crowd the region's list
+            p.memset(slots[:, k % 1000:k % 1000 + 1], float(k))
+        out = p.sbuf((128, 16))
+        p.activation(out, a, "exp")                 # the read, on ScalarE
+    res = _timed("trn2", emit)
+    write_end = res.times[0][1]
+    read_start = res.times[-1][0]
+    assert read_start >= write_end
