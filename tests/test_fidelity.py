@@ -82,3 +82,42 @@ def test_read_long_after_a_write_on_another_engine_waits_for_it(between):
     write_end = res.times[0][1]
     read_start = res.times[-1][0]
     assert read_start >= write_end
+
+
+def _issue_ns(res, i):
+    """Issue interval of instruction i: until the next instruction of the same queue may start (busy time)."""
+    s, e = res.times[i]
+    return e - s
+
+
+@pytest.mark.parametrize("arch", ["trn1", "trn2"])
+@pytest.mark.parametrize("N", [1, 8, 63])
+def test_tensor_reduce_has_the_64_cycle_minimum(arch, N):
+    a = get_arch(arch)
+
+    def emit(p):
+        t = p.sbuf((128, N))
+        r = p.sbuf((128, 1))
+        p.tensor_reduce(r, t, "add")
+    res = _timed(arch, emit)
+    assert res.busy_ns["VectorE"] == pytest.approx(64 / a.clock_hz["dve"] * 1e9)
+
+
+@pytest.mark.parametrize("arch", ["trn1", "trn2"])
+def test_scalar_engine_pays_for_activation_table_switches(arch):
+    a = get_arch(arch)
+    ns = 1e9 / a.clock_hz["act"]
+
+    def run(funcs):
+        def emit(p):
+            t = p.sbuf((128, 512))
+            u = p.sbuf((128, 512))
+            for f in funcs:
+                p.activation(u, t, f)
+        return _timed(arch, emit).busy_ns["ScalarE"]
+    same = run(["exp"] * 4)
+    alternating = run(["exp", "tanh", "exp", "tanh"])
+    with_free = run(["exp", "identity", "relu", "exp"])      # table-free functions keep the loaded table
+    assert same == pytest.approx((4 * 512 + a.act_table_switch_cycles) * ns)
+    assert alternating == pytest.approx((4 * 512 + 4 * a.act_table_switch_cycles) * ns)
+    assert with_free == pytest.approx(same)
