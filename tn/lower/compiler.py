@@ -997,6 +997,15 @@ class NeuronExecutable:
                 "programs": sum(isinstance(s, _ProgStep) for s in self._steps),
                 "instructions": self._n_instr, "fused_eqns": self._n_fused}
 
+    def model_timing(self) -> List[Any]:
+        """The modelled timing of every program of this executable, without running it (no data, no host
+        steps): one :class:`tn.neuron.runtime.RunResult` per program, in execution order, from
+        :func:`tn.neuron.runtime.simulate_timing`. For timing runs at shapes whose numerics would take minutes
+        to simulate (``bench/fidelity.py``); the plain (not laid-out) variant of the programs."""
+        from ..neuron.runtime import simulate_timing
+
+        return [simulate_timing(st.enc) for st in self._steps if isinstance(st, _ProgStep)]
+
     # ------------------------------------------------------------------ run
     def __call__(self, tensors: Sequence[torch.Tensor]) -> List[Any]:
         """Run on the flat input tensors (``ir.inputs`` order); returns the values of ``ir.outputs``."""
