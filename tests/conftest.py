@@ -122,3 +122,33 @@ def _module_matches_on_device(make, x, out_tol=None):
 def module_matches_on_device():
     """:func:`_module_matches_on_device`: a module and its neuron-device copy agree in forward and backward."""
     return _module_matches_on_device
+
+
+_SOLO_GROUPS: dict = {}
+
+
+def solo_process_group(name: str = "tn_solo") -> str:
+    """Register (once per process) a one-rank gloo process group named ``name`` and return the name.
+
+    Functional collectives (``torch.ops._c10d_functional``) take a group name, so in-process tests of compiled
+    collectives need no default process group (``torch.distributed.init_process_group`` would stay in force for
+    every later test of the worker)."""
+    if name not in _SOLO_GROUPS:
+        import torch.distributed as dist
+        from torch._C._distributed_c10d import _register_process_group
+
+        store = dist.HashStore()
+        pg = dist.ProcessGroup(store, 0, 1)
+        gloo = dist.ProcessGroupGloo(store, 0, 1)
+        pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+        pg._set_group_name(name)
+        _register_process_group(name, pg)
+        _SOLO_GROUPS[name] = pg
+    return name
+
+
+@pytest.fixture
+def solo_group():
+    """The name of a one-rank gloo process group (:func:`solo_process_group`)."""
+    return solo_process_group()

@@ -51,6 +51,13 @@ def _cpu(x):
 
 
 # ---------------------------------------------------------------------------------------------- collectives
+def _compiled_collectives(t):
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as fc
+
+    return fc.all_reduce(t @ t, "sum", dist.group.WORLD), fc.all_gather_tensor(t + 1, 0, dist.group.WORLD)
+
+
 def job_collectives(rank, world):
     """Every collective on neuron tensors, async work, functional collectives, object collectives, profile."""
     dist = _init(rank, world)
@@ -165,6 +172,8 @@ def job_collectives(rank, world):
     raw = torch.ops._c10d_functional.all_reduce(torch.ones(2, device=dev) * (r + 1), "avg",
                                                 dist.group.WORLD.group_name)
     R["functional"]["raw_avg"] = _cpu(torch.ops._c10d_functional.wait_tensor(raw))
+    sq = torch.full((2, 2), float(r + 1), device=dev)     # collectives inside a compiled program (tn.jit)
+    R["compiled"] = [_cpu(t) for t in tn.jit(_compiled_collectives)(sq)]
     objs = [None] * n
     dist.all_gather_object(objs, {"rank": r, "s": "x" * (r + 3)})
     R["all_gather_object"] = objs

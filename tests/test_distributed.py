@@ -140,6 +140,14 @@ def test_functional_collectives(coll):
         assert torch.equal(grad, 2 * WORLD * weights[2 * r:2 * r + 2])
 
 
+def test_collectives_in_a_compiled_program(coll):
+    # tn.jit of matmul -> all_reduce and all_gather on the neuron group "0": bytes move between the ranks
+    for R in coll:
+        total, gathered = R["compiled"]
+        torch.testing.assert_close(total, torch.full((2, 2), 2. * (1 + 4)))
+        torch.testing.assert_close(gathered, torch.tensor([[2., 2.], [2., 2.], [3., 3.], [3., 3.]]))
+
+
 def test_object_collectives_and_new_group(coll):
     for R in coll:
         assert R["all_gather_object"] == [{"rank": r, "s": "x" * (r + 3)} for r in range(WORLD)]

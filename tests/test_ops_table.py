@@ -6,6 +6,8 @@ from tn import ops
 from tn.ir import Literal, Var
 from tn.ops import OPS
 
+from conftest import solo_process_group
+
 
 def _x(*shape, dtype=torch.float32):
     return torch.randn(*shape).to(dtype)
@@ -90,6 +92,15 @@ def _samples():
                                "onesided": True})]
     s["rand"] = [([], {"shape": (2, 3), "dtype": torch.float32})]
     s["randn"] = [([], {"shape": (4,), "dtype": torch.bfloat16})]
+    g = solo_process_group()     # the collective ops' references call this one-rank gloo group
+    s["all_reduce"] = [([_x(3, 4)], {"reduce_op": "sum", "group": g}),
+                       ([_x(5).to(torch.bfloat16)], {"reduce_op": "max", "group": g})]
+    s["all_gather"] = [([_x(3, 4)], {"group_size": 1, "group": g})]
+    s["reduce_scatter"] = [([_x(4, 2)], {"reduce_op": "sum", "group_size": 1, "group": g})]
+    s["all_to_all"] = [([_x(4, 2)], {"output_split_sizes": (4,), "input_split_sizes": (4,), "group": g}),
+                       ([_x(3, 2)], {"output_split_sizes": (3,), "input_split_sizes": (3,), "group": g})]
+    s["broadcast"] = [([_x(2, 3)], {"src": 0, "group": g})]
+    s["wait"] = [([_x(2, 3)], {})]
     return s
 
 
@@ -167,12 +178,15 @@ def test_a_second_registration_of_an_overload_is_refused():
 
 
 def test_the_package_files_register_what_they_say():
-    """tn.ops' files: core ops in tn.ops.core, decompositions in tn.ops.decompositions / nn_layers / special."""
-    from tn.ops import core, decompositions, nn_layers, special
+    """tn.ops' files: core ops in tn.ops.core, the collective ops in tn.ops.collective, decompositions in
+    tn.ops.decompositions / nn_layers / special (and collective: its in-place/out=/coalesced forms)."""
+    from tn.ops import collective, core, decompositions, nn_layers, special
 
-    assert {op.impl.__module__ for op in OPS.values()} == {core.__name__}, "core ops are registered in tn.ops.core"
+    where_ops = {op.name: op.impl.__module__ for op in OPS.values()}
+    assert {n for n, m in where_ops.items() if m == collective.__name__} == set(collective.COLLECTIVE_OPS)
+    assert set(where_ops.values()) == {core.__name__, collective.__name__}, "core ops are registered in tn.ops.core"
     where = {f.__module__ for f in ops.DECOMPOSITIONS.values()}
-    assert where == {decompositions.__name__, nn_layers.__name__, special.__name__}
+    assert where == {decompositions.__name__, nn_layers.__name__, special.__name__, collective.__name__}
 
 
 def test_get_unknown_op_raises():
@@ -203,9 +217,12 @@ def test_reductions_declare_their_alu_and_identity():
     assert all(op.reduce_identity is None for op in OPS.values() if op.reduce_alu is None)
 
 
-def test_impure_ops_are_the_random_ones():
-    impure = {n for n, op in OPS.items() if op.impure}
-    assert impure == {n for n, op in OPS.items() if op.category == "random"} and impure
+def test_impure_ops_are_the_random_and_the_effectful_ones():
+    random = {n for n, op in OPS.items() if op.random}
+    effectful = {n for n, op in OPS.items() if op.effectful}
+    assert random == {n for n, op in OPS.items() if op.category == "random"} and random
+    assert effectful == {n for n, op in OPS.items() if op.category == "collective"} and effectful
+    assert {n for n, op in OPS.items() if op.impure} == random | effectful
 
 
 def test_tile_rules_are_held_by_the_elementwise_ops():

@@ -208,18 +208,85 @@ def _with_layouts(gm: Callable, perms: Dict[int, Tuple[int, ...]]) -> Callable:
     return graph
 
 
-def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], tn_backend: str) -> Callable:
-    """Wrap one aten-level FX graph as a tn.jit function; ints become static (compile per value)."""
+def _is_opaque(x: Any) -> bool:
+    """Whether graph input ``x`` is an opaque object (a DTensor's device mesh, a process group: AOTAutograd passes
+    them as ``FakeScriptObject`` / ``ScriptObject`` or registered opaque types)."""
+    from torch._library.fake_class_registry import FakeScriptObject
+    from torch._library.opaque_object import is_opaque_value
+
+    return isinstance(x, (FakeScriptObject, torch.ScriptObject)) or is_opaque_value(x)
+
+
+class _OpaqueSlot:
+    """Stands for opaque graph input ``index`` while tn traces the graph (which only passes it through)."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"<opaque graph input {self.index}>"
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, _OpaqueSlot) and other.index == self.index
+
+    def __hash__(self) -> int:
+        return hash(("_OpaqueSlot", self.index))
+
+
+def _with_opaque_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opaque: Sequence[int],
+                        tn_backend: str) -> Callable:
+    """Compile ``gm`` whose inputs ``opaque`` are opaque objects (DTensor graphs get the device mesh): tn compiles
+    the graph over the other inputs with a placeholder for each opaque one, and every call puts the call's
+    objects where the graph returns them. A graph whose ops read an opaque object fails to trace."""
+    slots = set(opaque)
+    rest = [i for i in range(len(example_inputs)) if i not in slots]
+    n = len(example_inputs)
+
+    def over_rest(*vals: Any) -> Any:
+        flat: List[Any] = [None] * n
+        for i, v in zip(rest, vals):
+            flat[i] = v
+        for i in opaque:
+            flat[i] = _OpaqueSlot(i)
+        return gm(*flat)
+
+    over_rest.__name__ = getattr(gm, "__name__", type(gm).__name__)
+    written = set(_mutated_placeholders(gm))
+    inner = _compile_graph(over_rest, [example_inputs[i] for i in rest], tn_backend,
+                           mutated=[k for k, i in enumerate(rest) if i in written])
+
+    def run(args: List[Any]) -> Any:
+        flat = list(args)
+        args.clear()
+        out = inner([flat[i] for i in rest])
+        if isinstance(out, (list, tuple)):
+            return type(out)(flat[o.index] if isinstance(o, _OpaqueSlot) else o for o in out)
+        return flat[out.index] if isinstance(out, _OpaqueSlot) else out
+
+    run._boxed_call = True
+    run.tn_jitted = inner.tn_jitted
+    return run
+
+
+def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], tn_backend: str,
+                   mutated: Optional[Sequence[int]] = None) -> Callable:
+    """Wrap one aten-level FX graph as a tn.jit function; ints become static (compile per value). ``mutated``:
+    the inputs the graph writes in place (default: read from ``gm``'s nodes)."""
     global _graphs_compiled
     from .jit import jit
 
+    opaque = [i for i, x in enumerate(example_inputs) if _is_opaque(x)]
+    if opaque:
+        return _with_opaque_inputs(gm, example_inputs, opaque, tn_backend)
     static = tuple(i for i, x in enumerate(example_inputs) if not isinstance(x, torch.Tensor))
     for i in static:
         if not isinstance(example_inputs[i], (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
             raise ArgumentTypeError(f"torch.compile(backend='neuron'): graph input {i} is a "
                                     f"{type(example_inputs[i]).__name__}; tn handles tensors and Python numbers")
     perms = _input_layouts(example_inputs)
-    for i in _mutated_placeholders(gm):
+    for i in (_mutated_placeholders(gm) if mutated is None else mutated):
         perms.pop(i, None)  # written in place: keep the graph's own input object (write-back, aliasing)
     if perms:
         jitted = jit(_with_layouts(gm, perms), static_argnums=static, backend=tn_backend)

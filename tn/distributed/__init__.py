@@ -32,14 +32,17 @@ from .backend import (BACKEND_NAME, CollectiveError, CollectiveMismatchError, Ne
                       ProcessGroupDestroyedError, ProcessGroupNeuron, WrongDeviceError, create)
 from .timing import collective_stats, reset_collective_stats  # noqa: F401
 from . import spawn  # noqa: F401,E402  (run_ranks: spawned ranks with a hard timeout, for tests and benches)
+from . import compiled  # noqa: E402  (collectives of compiled programs: tn.ops.collective's group access)
 
 __all__ = ["ProcessGroupNeuron", "NeuronWork", "CollectiveError", "CollectiveMismatchError", "WrongDeviceError",
            "ProcessGroupDestroyedError", "collective_stats", "reset_collective_stats", "register", "BACKEND_NAME"]
 
 
 def register() -> None:
-    """Register the ``neuron`` backend with torch.distributed (idempotent; ``import tn`` calls it) and put the
-    collective counters on ``torch.neuron``."""
+    """Register the ``neuron`` backend with torch.distributed (idempotent; ``import tn`` calls it), put the
+    collective counters on ``torch.neuron`` and let compiled programs' collectives reach process groups
+    (:func:`tn.distributed.compiled.install`)."""
+    compiled.install()
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND_NAME, create, extended_api=True, devices=["neuron"])
     mod = getattr(torch, "neuron", None)

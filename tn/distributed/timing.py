@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 from ..neuron import collectives as _model
 from ..neuron import timeline as _tl
@@ -92,6 +92,8 @@ class CollectiveClock:
         self.device_index = device_index
         self.group_name = group_name
         self.queue = _tl.new_queue(device_index)
+        #: ``(start_ns, end_ns)`` of the latest collective placed (compiled programs' collective steps read it)
+        self.last_span: Optional[Tuple[float, float]] = None
 
     def modelled_ns(self, op: str, nbytes: int, peer: Optional[int] = None) -> float:
         """Modelled ns of backend operation ``op`` moving ``nbytes`` (``peer``: the other group rank of send/recv)."""
@@ -107,6 +109,7 @@ class CollectiveClock:
         issuing = _tl.current_queue(self.device_index)
         _tl.wait_until(self.queue, issuing.ready_ns)
         start, end = _tl.advance(ns, queue=self.queue, resource="collectives")
+        self.last_span = (start, end)
         from .. import profile as _profile
 
         args = {"ranks": len(self.cores), "algorithm": "ring" if MODEL_OF[op] != "send_recv" else "p2p",

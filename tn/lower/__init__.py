@@ -7,7 +7,8 @@
   (programs, host fallbacks, binding, profiles).
 * :mod:`tn.lower.fusion`: elementwise chains, row reductions and epilogues kept in SBUF.
 * lowerings by kind: ``elementwise``, ``matmul``, ``conv``, ``reduce``, ``shape``, ``index``, ``scan``;
-  ``host`` (FFTs, linear algebra) refuses every call: those run on the host.
+  ``host`` (FFTs, linear algebra) refuses every call: those run on the host;
+  ``collective``: collectives become steps on the core's collective engine (:class:`tn.lower.collective.CollectiveStep`).
 * :mod:`tn.lower.testing`: :func:`check_lowering` for unit tests.
 
 Importing this package registers the ``"neuron"`` backend of :func:`tn.jit`.
@@ -21,7 +22,7 @@ __all__ = ["CannotLower", "LowerCtx", "lowering", "compile_ir", "NeuronExecutabl
            "LOWERING_MODULES", "loaded_modules"]
 
 #: Modules holding lowerings, imported in this order (a module that does not exist yet is skipped).
-LOWERING_MODULES = ("elementwise", "matmul", "conv", "reduce", "shape", "index", "scan", "host")
+LOWERING_MODULES = ("elementwise", "matmul", "conv", "reduce", "shape", "index", "scan", "host", "collective")
 
 _loaded = []
 for _name in LOWERING_MODULES:

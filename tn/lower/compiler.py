@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from .. import config
-from ..errors import ArgumentValueError, CompileError, ExecutionError, NeuronError, UnsupportedOpError
+from ..errors import ArgumentValueError, CompileError, ExecutionError, NeuronError, TnError, UnsupportedOpError
+from ..ops.collective import COLLECTIVE_OPS
 from ..ir import IR, Eqn, Literal, Var
 from .base import NEURON_DTYPES, CannotLower, HandoffError, LowerCtx, dataflow
 
@@ -51,11 +52,14 @@ class ExecProfile:
     Attributes:
         runs: the :class:`tn.neuron.RunResult` of every program run, in order.
         host_ops: equations run on the host during the call, counted per op name.
+        collectives: the call's collectives on the collective engine (:mod:`tn.lower.collective`).
     """
 
-    def __init__(self, runs: list, host_ops: Dict[str, int]):
+    def __init__(self, runs: list, host_ops: Dict[str, int], collectives: Sequence[Any] = ()):
         self.runs = runs
         self.host_ops = dict(host_ops)
+        #: :class:`tn.lower.collective.CollectiveRun` of every collective of the call, in order
+        self.collectives = list(collectives)
 
     @property
     def total_ns(self) -> float:
@@ -246,6 +250,7 @@ class NeuronExecutable:
                  fuse: bool = True, _laid_out: Optional[Dict[Var, Any]] = None, name: Optional[str] = None):
         from ..neuron import get_arch
 
+        ir = _collective().sink_waits(ir)   # programs between a collective and its wait overlap it
         self.ir = ir
         self.name = name
         self.arch = get_arch(arch)
@@ -253,7 +258,7 @@ class NeuronExecutable:
         self.debug = debug
         self.fuse = fuse
         self.last_profile: Optional[ExecProfile] = None
-        host: Dict[int, str] = {}
+        host: Dict[int, str] = _collective().program_breaks(ir)
         self._nofuse: set = set()
         # weights read laid out (tn.lower.layout): weight Var -> (extra input Var, BLayout); set in the
         # laid-out variant only. The plain executable keeps the policy and builds that variant on demand.
@@ -624,7 +629,7 @@ class NeuronExecutable:
         laid, runs = choice
         result = child(list(tensors) + laid)
         prof = child.last_profile
-        self.last_profile = ExecProfile(list(runs) + list(prof.runs), prof.host_ops)
+        self.last_profile = ExecProfile(list(runs) + list(prof.runs), prof.host_ops, prof.collectives)
         return result
 
     @staticmethod
@@ -783,9 +788,18 @@ class NeuronExecutable:
             steps.append(_ProgStep(enc, cur["ins"], outs, cur["eqns"], flag))
             cur = None
 
+        collective = _collective()
+        made_by: Dict[Var, Any] = {}
         k = 0
         while k < n:
             eqn = ir.eqns[k]
+            if collective.is_collective(eqn):
+                # a collective: a step on the core's collective engine between programs (tn.lower.collective)
+                close(k)
+                ins = [(False, a.value) if isinstance(a, Literal) else (True, slot_of[a]) for a in eqn.inputs]
+                steps.append(collective.make_step(k, eqn, ins, [define(v) for v in eqn.outputs], ir, made_by))
+                k += 1
+                continue
             if k in elide or k in pro_eqns:
                 # a permute read directly (transposed) by the matmul that consumes it, or an equation of a
                 # matmul's prologue (applied by the matmul): not materialised
@@ -984,6 +998,7 @@ class NeuronExecutable:
         self._copy_outs = [j for j, sl in enumerate(out) if sl in fixed and j not in {jj for jj, _, _ in lit_outs}]
         self._lit_outs = lit_outs
         self._host_counts = host_counts
+        self._collective_steps = [st for st in steps if isinstance(st, collective.CollectiveStep) and not st.is_wait]
         self._n_instr = instructions
         self._n_fused = fused
 
@@ -995,16 +1010,8 @@ class NeuronExecutable:
                 reasons.setdefault(st.name, host.get(st.k) or self._host_reason(eqn) or "?")
         return {"host_ops": dict(self._host_counts), "host_reasons": reasons,
                 "programs": sum(isinstance(s, _ProgStep) for s in self._steps),
+                "collectives": len(self._collective_steps),
                 "instructions": self._n_instr, "fused_eqns": self._n_fused}
-
-    def model_timing(self) -> List[Any]:
-        """The modelled timing of every program of this executable, without running it (no data, no host
-        steps): one :class:`tn.neuron.runtime.RunResult` per program, in execution order, from
-        :func:`tn.neuron.runtime.simulate_timing`. For timing runs at shapes whose numerics would take minutes
-        to simulate (``bench/fidelity.py``); the plain (not laid-out) variant of the programs."""
-        from ..neuron.runtime import simulate_timing
-
-        return [simulate_timing(st.enc) for st in self._steps if isinstance(st, _ProgStep)]
 
     # ------------------------------------------------------------------ run
     def __call__(self, tensors: Sequence[torch.Tensor]) -> List[Any]:
@@ -1049,6 +1056,8 @@ class NeuronExecutable:
                 try:
                     r = st.impl(*args, **st.attrs)
                 except Exception as e:
+                    if isinstance(e, TnError) and st.name in COLLECTIVE_OPS:
+                        raise       # a collective's own error (ranks disagree, a rank died) says what happened
                     raise ExecutionError(f"neuron executable: host fallback of {st.name!r} (equation {st.k}) failed: "
                                          f"{type(e).__name__}: {e}") from e
                 if len(st.outs) == 1:
@@ -1065,7 +1074,8 @@ class NeuronExecutable:
             result[j] = result[j].clone()
         for j, value, dtype in self._lit_outs:
             result[j] = torch.tensor(value, dtype=dtype)
-        self.last_profile = ExecProfile(runs, self._host_counts)
+        self.last_profile = ExecProfile(runs, self._host_counts,
+                                        [st.last for st in self._collective_steps if st.last is not None])
         if self._host_counts:
             _note_host_ops(self._host_counts)
         return result
@@ -1074,6 +1084,11 @@ class NeuronExecutable:
         """A program flagged a value outside the chip's exact range: this call runs on the host instead."""
         from ..reference import run_ir
 
+        if self._collective_steps:
+            raise ExecutionError("neuron executable: a program computed values outside the chip's exact range (int64 "
+                          "beyond 2**24) in a call with collectives; it cannot be recomputed on the host (the "
+                          "other ranks would not repeat the collectives). Keep int64 values small or compute "
+                          "them outside the compiled region")
         if not getattr(self, "_warned_range", False):
             self._warned_range = True
             log.warning("tn.lower: a NeuronCore program computed values outside its exact range (int64 values "
@@ -1090,6 +1105,13 @@ class NeuronExecutable:
         s = self.stats
         return (f"<NeuronExecutable {s['programs']} program(s), {s['instructions']} instructions, "
                 f"host ops {s['host_ops']}>")
+
+
+def _collective() -> Any:
+    """:mod:`tn.lower.collective` (imported late: it registers lowerings)."""
+    from . import collective
+
+    return collective
 
 
 def _note_host_ops(counts: Dict[str, int]) -> None:

@@ -61,6 +61,11 @@ creation        full[shape value dtype] iota[length start step dtype]
 random          rand[shape dtype] randn[shape dtype]
 host            host[fn ...]: an aten op of :data:`HOST_OVERLOADS` (FFTs, linear algebra) run by torch
                 on the host, its non-tensor arguments as attributes (no NeuronCore lowering)
+collective      all_reduce[reduce_op group] all_gather[group_size group]
+                reduce_scatter[reduce_op group_size group]
+                all_to_all[output_split_sizes input_split_sizes group] broadcast[src group] wait:
+                torch's functional collectives (:mod:`tn.ops.collective`; effectful, run by the compiler
+                on the core's collective engine)
 ==============  ==========================================================================
 
 Unary functions stay ops rather than formulas (``asinh`` as a log/sqrt
@@ -88,11 +93,12 @@ The package's files:
   means/variances/norms, selections from sort, searching, indexing forms, counting, float representation);
 - :mod:`tn.ops.nn_layers`: decompositions of layer ops (3-d convolutions, 3-d/adaptive pooling,
   antialiased resampling, embedding_bag, distances, the multi-label margin loss);
-- :mod:`tn.ops.special`: special functions in elementwise core ops.
+- :mod:`tn.ops.special`: special functions in elementwise core ops;
+- :mod:`tn.ops.collective`: the collective ops (functional collectives) and how they reach a process group.
 """
 from __future__ import annotations
 
-from . import core, decompositions, nn_layers, special  # noqa: F401  (register the ops and decompositions)
+from . import collective, core, decompositions, nn_layers, special  # noqa: F401  (register the ops and decompositions)
 from .core import (  # noqa: F401  (the core ops registered by name in the module: tn.ops.matmul is OPS['matmul'])
     argmax, argmin, as_strided, as_strided_scatter, avg_pool2d, avg_pool2d_backward, cat, conj, convert,
     convolution, convolution_backward, cummax, cummin, cumsum, div, expand, flip, full, gather, gelu, host, index,

@@ -17,7 +17,7 @@ Tensor = torch.Tensor
 
 #: Category names the compiler may rely on.
 CATEGORIES = ("elementwise", "reduction", "scan", "sort", "matmul", "conv", "pool", "shape", "index",
-              "creation", "random", "host")
+              "creation", "random", "host", "collective")
 
 
 class Op:
