@@ -40,3 +40,40 @@ def test_storage_freed_exactly_when_last_view_dies():
     del v
     gc.collect()
     assert torch.neuron.memory_allocated() == start
+
+
+def test_storage_resize_in_place_frees_and_reallocates_for_every_view():
+    """``UntypedStorage.resize_`` on the device (FSDP2 frees its unsharded parameters with ``resize_(0)`` and
+    re-allocates them before each all-gather): the same storage object, seen by every view, memory counted."""
+    gc.collect()
+    start = torch.neuron.memory_allocated()
+    x = torch.arange(256., device="neuron")
+    x = x * 1.0   # an op result: in adaptive mode still queued when resize_ runs
+    view = x[128:]
+    st = x.untyped_storage()
+    assert st.nbytes() == 1024 and torch.neuron.memory_allocated() - start >= 1024
+    assert st.resize_(0) is st and st.nbytes() == 0
+    assert view.untyped_storage().nbytes() == 0 and view.untyped_storage().data_ptr() == 0
+    assert torch.neuron.memory_allocated() == start
+    st.resize_(1024)
+    assert view.untyped_storage().data_ptr() == st.data_ptr() != 0
+    view.fill_(3.0)
+    x[:128].fill_(1.0)
+    assert torch.equal(x.cpu(), torch.cat([torch.ones(128), torch.full((128,), 3.0)]))
+    st.resize_(512)                        # shrinking and growing keep the bytes both sizes hold
+    st.resize_(2048)
+    assert st.nbytes() == 2048 and torch.equal(x[:128].cpu(), torch.ones(128))
+    del x, view, st
+    gc.collect()
+    assert torch.neuron.memory_allocated() == start
+
+
+def test_storage_resize_errors():
+    import pytest
+
+    st = torch.empty(4, device="neuron").untyped_storage()
+    with pytest.raises(ValueError, match="size must be >= 0"):
+        st.resize_(-1)
+    cpu = torch.UntypedStorage(8)
+    cpu.resize_(16)                        # CPU storages keep torch's own resize
+    assert cpu.nbytes() == 16

@@ -34,7 +34,8 @@ from ..neuron.timeline import set_current_core as _set_current_core
 
 __all__ = ["DEVICE", "DEVICES", "DeviceMemoryError", "DeviceIndexError", "alloc_storage", "new_tensor", "cpu_alias",
            "stats", "memory_allocated", "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats",
-           "empty_cache", "set_memory_limit", "current_index", "set_current_index", "on_device", "device_index",
+           "empty_cache", "set_memory_limit", "resize_storage", "current_index", "set_current_index", "on_device",
+           "device_index",
            "check_index", "device_count", "initialized", "reinit_after_fork"]
 
 #: Device 0 (every process has it).
@@ -196,7 +197,7 @@ _limit_from_env()
 #: weak reference id -> (weak reference, block address); the callback frees the block when the storage dies
 def _release(ref) -> None:
     entry = _LIVE.pop(id(ref), None)
-    if entry is not None:
+    if entry is not None and entry[1]:
         _free(entry[1])
 
 
@@ -222,7 +223,66 @@ def alloc_storage(nbytes: int, index: int = None) -> torch.UntypedStorage:
 
 def live_blocks() -> int:
     """Number of device blocks owned by live storages."""
-    return len(_LIVE)
+    return sum(1 for entry in _LIVE.values() if entry[1])
+
+
+def _live_key(st: torch.UntypedStorage):
+    """The key of ``st``'s entry in ``_LIVE`` (None for a storage the allocator did not make)."""
+    for ref in weakref.getweakrefs(st):
+        if id(ref) in _LIVE and _LIVE[id(ref)][0] is ref:
+            return id(ref)
+    return None
+
+
+def resize_storage(st: torch.UntypedStorage, nbytes: int) -> None:
+    """Resize neuron storage ``st`` in place to ``nbytes`` (``UntypedStorage.resize_`` on the device).
+
+    Every tensor and view on ``st`` sees the new memory (the storage object is kept; its data pointer is swapped
+    for a new block of the caching allocator holding the first ``min(old, new)`` bytes). ``resize_(0)`` returns
+    the block at once. FSDP2 frees and re-allocates its unsharded parameters this way around each all-gather."""
+    nbytes = int(nbytes)
+    if nbytes < 0:
+        raise ArgumentValueError(f"UntypedStorage.resize_: size must be >= 0, got {nbytes}")
+    old = st.nbytes()
+    if nbytes == old:
+        return
+    index = st.device.index
+    hook = BEFORE_HOST_ACCESS[0]
+    if hook is not None and old:   # queued ops that read or write this memory run before it moves
+        view = blank(torch.uint8, index)
+        _set_handle(_CPU_KEYS, view, st, 0, (old,), (1,))
+        hook(view)
+    addr = 0
+    if nbytes:
+        addr = _alloc(index, nbytes)
+        if not addr:
+            s = stats(index)
+            raise DeviceMemoryError(
+                f"neuron:{index}: cannot resize a storage to {nbytes} bytes ({s['allocated']} in use, "
+                f"{s['reserved']} reserved, limit {s['limit'] or 'none'}); free tensors, call "
+                f"torch.neuron.empty_cache(), or raise TN_DEVICE_MEMORY")
+        keep = min(old, nbytes)
+        if keep:
+            dst = torch.empty(0, dtype=torch.uint8).set_(_construct(addr, _CPU, keep), 0, (keep,), (1,))
+            dst.copy_(torch.empty(0, dtype=torch.uint8).set_(_construct(st.data_ptr(), _CPU, keep), 0, (keep,),
+                                                                (1,)))
+    fresh = _construct(addr, DEVICES[index], nbytes)
+    if old and nbytes:   # swapping needs one side empty: old -> empty, then empty <-> new
+        empty = _construct(0, DEVICES[index], 0)
+        st._swap_data_ptr_(empty)
+        st._swap_data_ptr_(fresh)
+        old_addr = empty.data_ptr()
+    else:
+        st._swap_data_ptr_(fresh)
+        old_addr = fresh.data_ptr()
+    key = _live_key(st)
+    if key is None:
+        ref = _weakref(st, _release)
+        _LIVE[id(ref)] = (ref, addr)
+    else:
+        _LIVE[key] = (_LIVE[key][0], addr)
+        if old_addr:
+            _free(old_addr)
 
 
 def storage_nbytes(size, stride, itemsize: int) -> int:

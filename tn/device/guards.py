@@ -5,7 +5,10 @@ torch has no C++ allocator for PrivateUse1 devices registered from Python,
 so ``torch.UntypedStorage(n, device="neuron")`` (which ``torch.load(...,
 map_location="neuron")`` and ``storage.to("neuron")`` use) would crash the
 process. :func:`install` wraps ``torch.UntypedStorage.__new__`` so that a
-neuron storage comes from tn's allocator instead.
+neuron storage comes from tn's allocator instead, and
+``UntypedStorage.resize_`` (which for PrivateUse1 needs a C++ hook; FSDP2
+frees and re-allocates its unsharded parameters with it) so that a neuron
+storage is resized in place by :func:`tn.device.allocator.resize_storage`.
 
 Printing (``repr``/``str`` of a neuron tensor): torch formats a tensor with
 tensor ops (``masked_select``, ``abs``, ``max``, ``ne`` ... to pick the number
@@ -78,6 +81,18 @@ def install() -> None:
         return orig_new(klass, *args, **kwargs)
 
     cls.__new__ = __new__
+    orig_resize = cls.resize_
+
+    def resize_(self, size):
+        """``UntypedStorage.resize_``; a neuron storage is resized by tn's allocator (same storage object)."""
+        if self.device.type == "neuron":
+            from .allocator import resize_storage
+
+            resize_storage(self, size)
+            return self
+        return orig_resize(self, size)
+
+    cls.resize_ = resize_
     _INSTALLED.append(orig_new)
     _wrap_tensor_str()
     _wrap_accelerator()
