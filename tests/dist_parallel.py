@@ -12,14 +12,18 @@ Each job is ``job(rank, world, **options) -> dict`` (pass options with
   model (random weights, nothing downloaded) parallelised by
   ``parallel`` = ``"ddp"``, ``"fsdp2"`` (``fully_shard`` per block and the
   root), ``"tp"`` (``parallelize_module`` with Colwise/Rowwise plans over a
-  1-D mesh) or ``"fsdp2+tp"`` (a 2-D ``DeviceMesh('neuron', (dp, tp))``).
+  1-D mesh; GPT-2's ``Conv1D`` layers first become ``nn.Linear``, see
+  :func:`gpt2_linear_for_tp`) or ``"fsdp2+tp"`` (a 2-D
+  ``DeviceMesh('neuron', (dp, tp))``).
   Every rank of a data-parallel dimension takes its slice of one global
   batch; rank 0 also trains an unsharded copy on one device on the whole
   batch, so the result holds both loss curves (``losses``, ``ref_losses``).
   ``mixed_precision=True`` gives FSDP2 ``MixedPrecisionPolicy(param_dtype=bf16,
-  reduce_dtype=fp32)`` and the reference runs its forward/backward under
-  ``torch.autocast("neuron", torch.bfloat16)`` (the same bf16 rounding of
-  parameters at each op, fp32 master weights and gradients).
+  reduce_dtype=fp32)`` and the reference follows the same recipe on one
+  device (a bf16 copy of the fp32 weights runs forward and backward, its
+  gradients step the fp32 weights).
+* :func:`job_tp_generate`: greedy ``generate`` of a tensor-parallel Llama
+  against the same model on one device.
 * What a bench reads from the result: ``step_wall_s`` (host wall time of each
   parallel step), ``step_collective_ns`` (modelled collective time of each
   step, from :func:`torch.neuron.collective_stats`), ``stats`` (per collective
@@ -81,13 +85,64 @@ def llama_tp_plan(model) -> dict:
     return plan
 
 
+def gpt2_tp_plan(model) -> dict:
+    """``parallelize_module`` plan of a HF GPT-2 made ready by :func:`gpt2_linear_for_tp`: c_attn and c_fc
+    column-wise, the two c_proj row-wise."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan = {}
+    for i, _ in enumerate(model.transformer.h):
+        p = f"transformer.h.{i}."
+        plan.update({p + "attn.c_attn": ColwiseParallel(), p + "mlp.c_fc": ColwiseParallel(),
+                     p + "attn.c_proj": RowwiseParallel(), p + "mlp.c_proj": RowwiseParallel()})
+    return plan
+
+
+def gpt2_linear_for_tp(model, tp: int):
+    """Make a HF GPT-2 shardable by Colwise/Rowwise plans (which take ``nn.Linear`` only), as Megatron lays it
+    out: each ``Conv1D`` becomes the ``nn.Linear`` of the transposed weight; the fused q/k/v outputs of
+    ``c_attn`` are reordered so that a column-wise shard of rank r holds ``[q_r, k_r, v_r]`` (its
+    ``heads / tp`` heads), and each attention splits its local output in thirds (``split_size = hidden / tp``).
+    With ``tp=1`` the model computes what it did; with ``tp > 1`` only the sharded model does, so convert right
+    before ``parallelize_module`` (:func:`apply_tp` does)."""
+    from transformers.pytorch_utils import Conv1D
+
+    hidden = model.config.n_embd
+    if model.config.n_head % tp:
+        raise ValueError(f"{model.config.n_head} heads do not split over {tp} ranks")
+    chunk = hidden // tp
+    order = torch.cat([torch.arange(part * hidden + r * chunk, part * hidden + (r + 1) * chunk)
+                       for r in range(tp) for part in range(3)])
+
+    def linear(conv, rows=None):
+        w, b = conv.weight.detach().t(), conv.bias.detach()
+        if rows is not None:
+            w, b = w[rows], b[rows]
+        lin = torch.nn.Linear(w.shape[1], w.shape[0], device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            lin.weight.copy_(w)
+            lin.bias.copy_(b)
+        return lin
+
+    for blk in model.transformer.h:
+        if not isinstance(blk.attn.c_attn, Conv1D):
+            raise ValueError("gpt2_linear_for_tp: the model was already converted")
+        blk.attn.c_attn = linear(blk.attn.c_attn, order)
+        blk.attn.c_proj = linear(blk.attn.c_proj)
+        blk.attn.split_size = chunk
+        blk.mlp.c_fc = linear(blk.mlp.c_fc)
+        blk.mlp.c_proj = linear(blk.mlp.c_proj)
+    return model
+
+
 def apply_tp(model, mesh):
-    """Tensor-parallel ``model`` (a Llama) over the 1-D ``mesh`` with :func:`llama_tp_plan`."""
+    """Tensor-parallel ``model`` over the 1-D ``mesh``: a Llama with :func:`llama_tp_plan`, a GPT-2 converted by
+    :func:`gpt2_linear_for_tp` with :func:`gpt2_tp_plan`."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     if hasattr(model, "transformer"):
-        raise ValueError("tensor parallel is planned for Llama models (HF GPT-2's fused Conv1D c_attn has no "
-                         "Colwise/Rowwise plan)")
+        gpt2_linear_for_tp(model, mesh.size())
+        return parallelize_module(model, mesh, gpt2_tp_plan(model))
     return parallelize_module(model, mesh, llama_tp_plan(model))
 
 
@@ -120,42 +175,36 @@ def _batches(steps: int, batch: int, seq: int):
 
 
 def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
-    """``torch.nn.utils.clip_grad_norm_`` for a model whose parameters mix DTensors and plain tensors (tensor
-    parallel shards some layers only; torch's foreach norm refuses the mix): the total 2-norm over both groups
-    (a DTensor group's norm is reduced over its mesh), then every gradient scaled as torch's does."""
+    """``torch.nn.utils.clip_grad_norm_`` for a model whose gradients are not all DTensors of one mesh (tensor
+    parallel shards some layers only; FSDP2 x TP puts the sharded layers on the 2-D mesh and the rest on the
+    data-parallel one; torch's foreach norm refuses either mix): the 2-norm of each group (a DTensor group's
+    reduced over its mesh), their total, then every gradient scaled as torch's does."""
     from torch.distributed.tensor import DTensor
 
     grads = [p.grad for p in params if p.grad is not None]
-    sharded = [g for g in grads if isinstance(g, DTensor)]
-    plain = [g for g in grads if not isinstance(g, DTensor)]
-    if not sharded or not plain:
+    groups: dict = {}
+    for g in grads:
+        groups.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
+    if len(groups) == 1:
         return torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)
-    norm_s = torch.nn.utils.get_total_norm(sharded).full_tensor()
-    norm_p = torch.nn.utils.get_total_norm(plain)
-    total = torch.stack([norm_s, norm_p]).square().sum().sqrt()
+    norms = []
+    for mesh, group in groups.items():
+        norm = torch.nn.utils.get_total_norm(group)
+        norms.append(norm.full_tensor() if mesh is not None else norm)
+    total = torch.stack(norms).square().sum().sqrt()
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0).item()
     for g in grads:
         g.mul_(coef)
     return total
 
 
-def _train_step(model, opt, ids, max_norm, autocast=False):
-    ctx = torch.autocast("neuron", torch.bfloat16) if autocast else _nullcontext()
-    with ctx:
-        loss = model(input_ids=ids, labels=ids).loss
+def _train_step(model, opt, ids, max_norm):
+    loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     norm = clip_grad_norm(list(model.parameters()), max_norm)
     opt.step()
     opt.zero_grad()
     return loss, norm
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _full(x):
@@ -196,11 +245,54 @@ def parallelize(model, parallel: str, world: int, tp: int = 2, mixed_precision: 
     raise ValueError(f"unknown parallel {parallel!r} (ddp, fsdp2, tp, fsdp2+tp)")
 
 
+def _mixed_precision_reference_step(master, shadow, opt, ids, max_norm):
+    """One single-device step of FSDP2's mixed-precision recipe: the bf16 ``shadow`` gets the fp32 ``master``
+    weights, runs forward and backward, its gradients become the master's in fp32, then clip and step."""
+    with torch.no_grad():
+        for s_param, m_param in zip(shadow.parameters(), master.parameters()):
+            s_param.copy_(m_param)
+    loss = shadow(input_ids=ids, labels=ids).loss
+    loss.backward()
+    for s_param, m_param in zip(shadow.parameters(), master.parameters()):
+        m_param.grad = s_param.grad.float()
+        s_param.grad = None
+    norm = torch.nn.utils.clip_grad_norm_(master.parameters(), max_norm)
+    opt.step()
+    opt.zero_grad()
+    return loss, norm
+
+
+def _save_checkpoint(net, opt, path, step):
+    """``torch.distributed.checkpoint.save`` of the sharded model and optimizer state (each rank writes its
+    shards) and the step."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(net, opt)
+    dcp.save({"model": model_sd, "optim": optim_sd, "step": torch.tensor(step)}, checkpoint_id=path)
+
+
+def _load_checkpoint(net, opt, path) -> int:
+    """``torch.distributed.checkpoint.load`` into the (already sharded) ``net`` and ``opt``; the saved step."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(net, opt)
+    state = {"model": model_sd, "optim": optim_sd, "step": torch.tensor(0)}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(net, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return int(state["step"])
+
+
 def job_train(rank, world, model="gpt2", parallel="fsdp2", steps=20, per_rank=2, seq=16, lr=3e-3, max_norm=0.5,
-              mixed_precision=False, tp=2, reference=True):
+              mixed_precision=False, tp=2, reference=True, save_at=None, checkpoint=None, resume=False):
     """Train ``model`` for ``steps`` steps under ``parallel`` (see the module docstring); rank 0 also trains the
     single-device reference when ``reference``. Returns losses (the global batch's mean loss of each step, the
-    same on every rank), gradient norms, per-step host wall and modelled collective time, stats."""
+    same on every rank), gradient norms, per-step host wall and modelled collective time, stats.
+
+    Checkpoints (``torch.distributed.checkpoint``, sharded): ``save_at=k, checkpoint=DIR`` saves the state after
+    ``k`` steps (and trains on); ``resume=True, checkpoint=DIR`` loads it into a freshly built and parallelised
+    model and optimizer and trains the remaining steps (``losses`` then holds those steps only)."""
     dist = _init(rank, world)
     import tn
 
@@ -209,38 +301,73 @@ def job_train(rank, world, model="gpt2", parallel="fsdp2", steps=20, per_rank=2,
     net.load_state_dict(base.state_dict())
     net.to("neuron")
     net, dp_rank, dp_size = parallelize(net, parallel, world, tp, mixed_precision)
-    # tensor parallel alone leaves embeddings and norms plain tensors beside DTensor shards: torch's foreach
-    # optimizer kernels refuse that mix, so the per-parameter loop
-    opt = torch.optim.AdamW(net.parameters(), lr=lr, foreach=False if parallel == "tp" else None)
+    # tensor parallel leaves embeddings and norms plain tensors (or, under FSDP2, DTensors of the data-parallel
+    # mesh) beside the 2-D shards: torch's foreach optimizer kernels refuse that mix, so the per-parameter loop
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, foreach=False if "tp" in parallel else None)
     data = _batches(steps, per_rank * dp_size, seq)
+    first = _load_checkpoint(net, opt, checkpoint) if resume else 0
     tn.neuron.reset_op_counts()
     torch.neuron.reset_collective_stats()
     losses, norms, walls, coll = [], [], [], []
-    for ids in data:
+    for step in range(first, steps):
+        ids = data[step]
         t0, c0 = time.perf_counter(), _collective_ns()
         mine = ids[dp_rank * per_rank:(dp_rank + 1) * per_rank].to("neuron")
         loss, norm = _train_step(net, opt, mine, max_norm)
-        mean = loss.detach().clone()
+        mean = loss.detach().float()
         if dp_size > 1:
             dist.all_reduce(mean, op=dist.ReduceOp.AVG)   # the mean over equal slices = the global batch's mean
         losses.append(mean.item())
         norms.append(float(_full(norm)))
         walls.append(time.perf_counter() - t0)
         coll.append(_collective_ns() - c0)
-    out = {"losses": losses, "norms": norms, "step_wall_s": walls, "step_collective_ns": coll,
+        if save_at is not None and step + 1 == save_at:
+            _save_checkpoint(net, opt, checkpoint, step + 1)
+    out = {"losses": losses, "norms": norms, "step_wall_s": walls, "step_collective_ns": coll, "first_step": first,
            "stats": torch.neuron.collective_stats(), "fallback_ops": dict(tn.neuron.fallback_ops()),
            "params": {k: _full(v) for k, v in net.state_dict().items()}}   # every rank: gathers are collectives
     if rank:
         out["params"] = None
-    if rank == 0 and reference:
+    if rank == 0 and reference and not resume:
         ref = base.to("neuron")
         ropt = torch.optim.AdamW(ref.parameters(), lr=lr)
+        shadow = build_model(model).to("neuron", torch.bfloat16) if mixed_precision else None
         ref_losses, ref_norms = [], []
         for ids in data:
-            loss, norm = _train_step(ref, ropt, ids.to("neuron"), max_norm, autocast=mixed_precision)
+            if shadow is not None:
+                loss, norm = _mixed_precision_reference_step(ref, shadow, ropt, ids.to("neuron"), max_norm)
+            else:
+                loss, norm = _train_step(ref, ropt, ids.to("neuron"), max_norm)
             ref_losses.append(loss.item())
             ref_norms.append(float(norm))
         out["ref_losses"], out["ref_norms"] = ref_losses, ref_norms
+        if "tp" in parallel and model == "gpt2":   # the same layout as the sharded model's (after training)
+            gpt2_linear_for_tp(ref, world if parallel == "tp" else tp)
         out["ref_params"] = {k: _full(v) for k, v in ref.state_dict().items()}
     dist.destroy_process_group()
     return out
+
+
+def job_tp_generate(rank, world, new_tokens=8, prompt_len=5):
+    """Greedy ``generate`` of a tensor-parallel HF Llama (:func:`llama_tp_plan` over all ranks, KV cache of the
+    local heads) and, on every rank, of the unsharded model on one device: both token sequences."""
+    _init(rank, world)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    base = build_model("llama").eval()
+    net = build_model("llama").eval()
+    net.load_state_dict(base.state_dict())
+    net.to("neuron")
+    apply_tp(net, init_device_mesh("neuron", (world,)))
+    prompt = torch.randint(2, VOCAB, (2, prompt_len), generator=torch.Generator().manual_seed(3))
+    torch.neuron.reset_collective_stats()
+    with torch.no_grad():
+        tokens = net.generate(prompt.to("neuron"), max_new_tokens=new_tokens, do_sample=False,
+                              attention_mask=torch.ones_like(prompt).to("neuron"))
+        stats = torch.neuron.collective_stats()
+        ref = base.to("neuron").generate(prompt.to("neuron"), max_new_tokens=new_tokens, do_sample=False,
+                                         attention_mask=torch.ones_like(prompt).to("neuron"))
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    return {"tokens": tokens.cpu(), "ref_tokens": ref.cpu(), "stats": stats}
