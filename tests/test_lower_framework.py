@@ -395,3 +395,35 @@ def test_rows_too_long_for_sbuf_fall_back_to_unfused():
     exe = compile_ir(ir, strict=True)
     assert_close(exe([x])[0], torch.softmax(x, -1))
     assert exe.stats["host_ops"] == {}
+
+
+def test_model_timing_matches_a_run_and_orders_gradients():
+    """NeuronExecutable.model_timing: the modelled time of a run without values, when each input is read and
+    each output (here the gradients of a 2-layer MLP, made last layer first) is complete."""
+    from tn import passes
+    from tn import trace as tn_trace
+
+    torch.manual_seed(0)
+    w1, b1, w2, b2 = (torch.randn(*s).requires_grad_(True) for s in ((128, 64), (128,), (32, 128), (32,)))
+    x = torch.randn(256, 64)
+
+    def step(x, w1, b1, w2, b2):
+        y = torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(x, w1, b1)), w2, b2)
+        loss = y.square().mean()
+        return (loss,) + torch.autograd.grad(loss, (w1, b1, w2, b2))
+
+    ir = passes.optimize(tn_trace.trace_flat(step, [x, w1, b1, w2, b2]).ir)
+    exe = compile_ir(ir)
+    timing = exe.model_timing()
+    with tn.profile() as prof:
+        exe([x] + [t.detach() for t in (w1, b1, w2, b2)])
+    ran = sum(r.total_ns for r in prof.runs)
+    assert timing.total_ns == pytest.approx(ran, rel=1e-9)
+    assert timing.host_eqns == 0 and len(timing.runs) == len(prof.runs)
+    loss_t, gw1, gb1, gw2, gb2 = timing.output_ready_ns
+    assert 0 < loss_t < gw2 < gw1 <= timing.total_ns        # backward: the last layer's gradient comes first
+    assert all(0 < t <= timing.total_ns for t in (gb1, gb2))
+    reads = timing.input_reads_ns
+    assert len(reads) == 5 and all(len(r) for r in reads)
+    assert reads[0][0] == 0.0 and reads[3][0] < loss_t     # x at once; w2 by the forward
+    assert all((r[:-1] <= r[1:]).all() for r in reads)

@@ -16,9 +16,9 @@ Importing this package registers the ``"neuron"`` backend of :func:`tn.jit`.
 import importlib as _importlib
 
 from .base import CannotLower, LowerCtx, lowering
-from .compiler import ExecProfile, NeuronExecutable, compile_ir
+from .compiler import ExecProfile, NeuronExecutable, StepTiming, compile_ir
 
-__all__ = ["CannotLower", "LowerCtx", "lowering", "compile_ir", "NeuronExecutable", "ExecProfile",
+__all__ = ["CannotLower", "LowerCtx", "lowering", "compile_ir", "NeuronExecutable", "ExecProfile", "StepTiming",
            "LOWERING_MODULES", "loaded_modules"]
 
 #: Modules holding lowerings, imported in this order (a module that does not exist yet is skipped).

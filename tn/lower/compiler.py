@@ -32,7 +32,7 @@ from ..ops.collective import COLLECTIVE_OPS
 from ..ir import IR, Eqn, Literal, Var
 from .base import NEURON_DTYPES, CannotLower, HandoffError, LowerCtx, dataflow
 
-__all__ = ["compile_ir", "NeuronExecutable", "ExecProfile", "strict_default"]
+__all__ = ["compile_ir", "NeuronExecutable", "ExecProfile", "StepTiming", "strict_default"]
 
 log = logging.getLogger("tn")
 
@@ -170,6 +170,63 @@ class ExecProfile:
     def __repr__(self) -> str:
         return (f"<ExecProfile {len(self.runs)} program(s), {self.total_us:.3f} us modelled, "
                 f"{self.hbm_bytes} HBM bytes, host ops {self.host_ops}>")
+
+
+class StepTiming:
+    """Modelled time of one call of a :class:`NeuronExecutable` without computing any value
+    (:meth:`NeuronExecutable.model_timing`).
+
+    The programs are placed back to back from 0 (host equations between them take no modelled time: they are
+    counted in ``host_eqns``). Attributes:
+
+    * ``runs``: the :class:`tn.neuron.RunResult` of every program (timing only, no outputs);
+    * ``starts_ns``: where each program starts;
+    * ``total_ns``: when the last program ends;
+    * ``host_eqns``: equations that would run on the host (untimed);
+    * ``collective_steps``: collective and wait steps between the programs (untimed here: a collective's time is
+      placed on the core's collectives resource when it runs, see :mod:`tn.lower.collective`);
+    * ``input_reads_ns[i]``: sorted start times of the instructions that read IR input ``i`` (empty if none);
+    * ``output_ready_ns[j]``: when IR output ``j`` is complete: the end of the last instruction writing it
+      (0 for an output that is an input or a literal; for one made on the host, the end of the program before).
+    """
+
+    def __init__(self, runs, starts_ns, host_eqns, input_reads_ns, output_ready_ns, collective_steps=0):
+        self.runs = runs
+        self.starts_ns = starts_ns
+        self.total_ns = float(starts_ns[-1] + runs[-1].total_ns) if runs else 0.0
+        self.host_eqns = host_eqns
+        self.input_reads_ns = input_reads_ns
+        self.output_ready_ns = output_ready_ns
+        self.collective_steps = collective_steps
+
+    def __repr__(self) -> str:
+        return (f"<StepTiming {len(self.runs)} program(s), {self.total_ns / 1e3:.1f} us modelled, "
+                f"{self.host_eqns} host equation(s)>")
+
+
+def _hbm_access_times(enc: Any, times: np.ndarray) -> Tuple[Dict[int, np.ndarray], Dict[int, float]]:
+    """``(reads, last_write)`` of a program's HBM tensors: buffer index -> start times of the instructions
+    reading it, and -> end of the last instruction writing it (only DMAs touch HBM; a DMA's operand 0 is what
+    it writes, and a scatter's table is read too)."""
+    from ..neuron import isa
+
+    recs = enc.records
+    reads: Dict[int, list] = {}
+    writes: Dict[int, float] = {}
+    for k in range(isa.N_OPERANDS):
+        base = isa.OPERAND_BASE + k * isa.OPERAND_WIDTH
+        hbm = np.nonzero(recs[:, base + isa.O_MEM] == isa.MEM_HBM)[0]
+        if not len(hbm):
+            continue
+        bufs = recs[hbm, base + isa.O_BUF]
+        if k == 0:
+            for b in np.unique(bufs):
+                writes[int(b)] = float(times[hbm[bufs == b], 1].max())
+            scatter = recs[hbm, isa.H_OPCODE] == isa.OPCODES["dma_scatter"]
+            hbm, bufs = hbm[scatter], bufs[scatter]
+        for b in np.unique(bufs):
+            reads.setdefault(int(b), []).append(times[hbm[bufs == b], 0])
+    return {b: np.sort(np.concatenate(v)) for b, v in reads.items()}, writes
 
 
 class _ProgStep:
@@ -1014,6 +1071,45 @@ class NeuronExecutable:
                 "instructions": self._n_instr, "fused_eqns": self._n_fused}
 
     # ------------------------------------------------------------------ run
+    def model_timing(self) -> StepTiming:
+        """Time one call on the chip model without computing any value (:func:`tn.neuron.simulate_timing` of
+        each program; no input is needed and nothing is allocated): a :class:`StepTiming` with when each input is
+        read and each output is ready. For programs too large to run with values (a whole training step of a
+        big model); the modelled time is the same as a run's (the engine's timing does not depend on data)."""
+        from ..neuron import simulate_timing
+
+        runs: List[Any] = []
+        starts: List[float] = []
+        t = 0.0
+        host = 0
+        reads: Dict[int, List[np.ndarray]] = {}
+        ready: Dict[int, float] = {}
+        collectives = 0
+        for st in self._steps:
+            if type(st) is not _ProgStep:     # a host equation or a collective step: not timed here
+                if type(st) is _HostStep:
+                    host += 1
+                else:
+                    collectives += 1
+                for s in st.outs:
+                    ready[s] = t
+                continue
+            r = simulate_timing(st.enc)
+            r_reads, r_writes = _hbm_access_times(st.enc, r.times)
+            for idx, s in st.ins:
+                if idx in r_reads:
+                    reads.setdefault(s, []).append(r_reads[idx] + t)
+            for idx, s, _, _ in st.outs:
+                ready[s] = t + r_writes.get(idx, r.total_ns)
+            runs.append(r)
+            starts.append(t)
+            t += r.total_ns
+        fixed = set(self._in_slots) | {s for s, _ in self._init}
+        lits = {j for j, _, _ in self._lit_outs}
+        in_reads = [np.sort(np.concatenate(reads[s])) if s in reads else np.zeros(0) for s in self._in_slots]
+        out_ready = [0.0 if (j in lits or s in fixed) else ready.get(s, t) for j, s in enumerate(self._out)]
+        return StepTiming(runs, starts, host, in_reads, out_ready, collectives)
+
     def __call__(self, tensors: Sequence[torch.Tensor]) -> List[Any]:
         """Run on the flat input tensors (``ir.inputs`` order); returns the values of ``ir.outputs``."""
         if self._layout is not None:      # weights read from their cached layout (tn.lower.layout)
