@@ -557,6 +557,8 @@ def _resolve(func: Any) -> Callable[..., Any]:
             h = _h_decompose  # e.g. aten.to, aten.reshape reached us from inside a decomposition
         elif func in _VIEW_STEPS or (_is_view(func) and not _mutated_args(func)):
             h = _h_view
+        elif _is_custom_op(func):
+            h = _h_custom
         elif _mutated_args(func):
             name = func._schema.name.split("::")[-1]
             if name in _METADATA_INPLACE:
@@ -807,6 +809,40 @@ def _wrap_out(tr: _Tracer, spec_out: Any, vars_: List[Var]) -> Any:
     if type(spec_out) is _Spec:
         return tr.new(spec_out, next(it))
     return tuple(tr.new(m, next(it)) if type(m) is _Spec else m for m in spec_out)
+
+
+#: Operator namespaces of torch itself: ops there are never traced as opaque custom ops.
+_TORCH_NAMESPACES = frozenset({"aten", "prims", "prim", "_c10d_functional", "c10d", "c10d_functional",
+                               "_dtensor", "higher_order", "profiler", "inductor", "quantized", "_quantized"})
+
+
+def _is_custom_op(func: Any) -> bool:
+    """Whether ``func`` is a user's ``torch.library`` op (not torch's own namespaces) that is functional
+    and returns tensors; whether it has a fake/meta kernel is checked when it is traced."""
+    ns = getattr(func, "namespace", "aten")
+    return ns not in _TORCH_NAMESPACES and not _mutated_args(func) and _returns_tensors(func)
+
+
+def _h_custom(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    """A ``torch.library`` custom op: one opaque ``host`` equation (run by torch on the host, counted as
+    host work, refused by a strict compile) whose shapes come from the op's fake (meta) kernel."""
+    try:
+        has_meta = torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "Meta")
+        if has_meta:
+            meta_call(func, args, kwargs)
+    except Exception as err:   # custom_op's Meta kernel raises when no fake implementation is registered
+        has_meta, why = False, f" ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
+    else:
+        why = ""
+    if not has_meta:
+        raise _unsupported(func, args, kwargs,
+                           "it is a custom op without a working fake (meta) implementation, so tn cannot know its "
+                           "result shapes; register one with @torch.library.register_fake "
+                           f"(or @{func.name().split('::')[-1]}.register_fake){why}")
+    _ops.trace_as_host(func)
+    if _ops.FROM_ATEN[func][1](*args, **kwargs) is None:   # a tensor-list argument: no host form
+        raise _unsupported(func, args, kwargs, "custom ops taking lists of tensors are not supported")
+    return _h_core(tr, func, args, kwargs)
 
 
 def _h_core(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:

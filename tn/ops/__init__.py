@@ -103,7 +103,7 @@ from .core import (  # noqa: F401  (the core ops registered by name in the modul
     argmax, argmin, as_strided, as_strided_scatter, avg_pool2d, avg_pool2d_backward, cat, conj, convert,
     convolution, convolution_backward, cummax, cummin, cumsum, div, expand, flip, full, gather, gelu, host, index,
     index_put, iota, logcumsumexp, matmul, pad, permute, rand, randn, reshape, round_, scatter, scatter_add,
-    scatter_reduce, slice_, slice_scatter, sort, topk, where, HOST_OVERLOADS, slice_bounds)
+    scatter_reduce, slice_, slice_scatter, sort, topk, where, HOST_OVERLOADS, slice_bounds, trace_as_host)
 from .table import (CATEGORIES, DECOMPOSITIONS, FROM_ATEN, IDENTITY, OPS, OVERRIDE_REASONS, Op,  # noqa: F401
                     decomposition, from_aten, get, meta_shape_rule, register)
 

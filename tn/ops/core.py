@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .table import IDENTITY, OPS, Op, from_aten, register
+from .table import FROM_ATEN, IDENTITY, OPS, Op, from_aten, register
 
 aten = torch.ops.aten
 Tensor = torch.Tensor
@@ -895,6 +895,13 @@ def _host_conv(fn: Any) -> Callable[..., Any]:
 
 for _ov in HOST_OVERLOADS:
     from_aten(host, _ov)(_host_conv(_ov))
+
+
+def trace_as_host(fn: Any) -> None:
+    """From now on trace the op overload ``fn`` as the ``host`` op (one opaque equation run by torch on the
+    host; shapes from its meta kernel). The tracer does this for ``torch.library`` custom ops."""
+    if fn not in FROM_ATEN:
+        from_aten(host, fn)(_host_conv(fn))
 
 
 # --------------------------------------------------------------------------- prims
