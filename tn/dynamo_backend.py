@@ -21,7 +21,8 @@ Inputs on the ``neuron`` device (``model.to("neuron")``) are read in place
 tensors; in-place updates (BatchNorm running stats, AOTAutograd's input
 mutations) land in device memory. ``F.scaled_dot_product_attention`` is
 traced through its math backend, so attention differentiates into ops tn
-compiles (the fused CPU kernel's backward op has no decomposition).
+compiles; the fused CPU kernel's backward op, which still appears in the
+graphs of ``nn.MultiheadAttention``, is decomposed by :mod:`tn.ops.attention_grad`.
 :func:`host_ops` lists the ops of the compiled graphs that run on the host
 instead of the NeuronCore (none for an MLP, GPT-2, Llama or BERT).
 
