@@ -149,6 +149,27 @@ def test_sort_ties_are_stable():
     check_lowering("sort", x, dim=1, descending=True, stable=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_sort_and_topk_of_integers(dtype):
+    # MoE routing sorts int64 expert ids: compared in fp32 on the engines, exact below 2**24, stable on ties
+    x = torch.randint(-5, 9, (3, 40), generator=torch.Generator().manual_seed(9)).to(dtype)
+    check_lowering("sort", x, dim=1, descending=False, stable=True)
+    check_lowering("sort", x, dim=1, descending=True, stable=True)
+    distinct = torch.stack([torch.randperm(40, generator=torch.Generator().manual_seed(i)) - 20 for i in range(3)])
+    check_lowering("topk", distinct.to(dtype), k=4, dim=1, largest=True, sorted=True)   # torch orders ties freely
+
+
+def test_sort_of_integers_past_2_24_reruns_on_the_host():
+    import tn
+
+    x = torch.tensor([[1 << 30, 3, (1 << 24) + 1, 1 << 24, -7]], dtype=torch.int64)
+    with tn.profile() as prof:
+        values, indices = tn.jit(lambda t: torch.sort(t, dim=1), backend="neuron")(x)
+    want_v, want_i = torch.sort(x, dim=1)
+    assert torch.equal(values, want_v) and torch.equal(indices, want_i)
+    assert prof.host_ops   # the range check flagged the call: recomputed on the host, counted
+
+
 @pytest.mark.parametrize("shape,k,dim,largest", [((5, 10, 5), 3, 1, True), ((4, 1000), 5, 1, False),
                                                  ((130,), 130, 0, True)])
 def test_topk(shape, k, dim, largest):

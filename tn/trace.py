@@ -474,6 +474,8 @@ _HANDLERS: Dict[Any, Callable[..., Any]] = {}
 
 def _decomposition_for(func: Any) -> Optional[Callable[..., Any]]:
     d = _ops.DECOMPOSITIONS.get(func)
+    if d is None:
+        d = _ops.DECOMPOSITIONS_BY_NAME.get(func.name())
     if d is not None:
         return d
     from torch._decomp import decomposition_table
@@ -825,7 +827,10 @@ def _is_custom_op(func: Any) -> bool:
 
 def _h_custom(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
     """A ``torch.library`` custom op: one opaque ``host`` equation (run by torch on the host, counted as
-    host work, refused by a strict compile) whose shapes come from the op's fake (meta) kernel."""
+    host work, refused by a strict compile) whose shapes come from the op's fake (meta) kernel; one with a tn
+    decomposition (:data:`tn.ops.DECOMPOSITIONS_BY_NAME`) is traced through it instead."""
+    if _ops.DECOMPOSITIONS_BY_NAME.get(func.name()) is not None:
+        return _h_decompose(tr, func, args, kwargs)
     try:
         has_meta = torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "Meta")
         if has_meta:

@@ -51,7 +51,9 @@ accumulated in fp32 PSUM: any length, three matmuls per block.
 line broadcast to all partitions (ties broken by index: a stable sort; NaN
 after every number ascending, before them descending, in index order as in
 torch), then output slot ``r`` selects the element of rank ``r``; O(n^2)
-VectorE work per line of n, lines up to ~8K elements.
+VectorE work per line of n, lines up to ~8K elements. int32/int64 lines
+(e.g. MoE routing sorting expert ids) are compared in fp32, range-checked
+below 2**24.
 
 Integer arithmetic happens in fp32 on the engines: int32/int64 inputs are
 range-checked on chip (values, and for sums ``count * max|v|``, below 2**24;
@@ -586,7 +588,8 @@ def _sort_lines(ctx, eqn, x_t, x_dt, shape, d, descending, k, out_v, out_i):
     if n >= _EXACT:
         raise CannotLower("sort/topk: ranks beyond 2**24 are not exact on the fp32 engines")
     f32 = x_dt == "float32"
-    row = None if f32 else prog.sbuf((128, n), x_dt)
+    integer = x_dt in ("int32", "int64")      # compared in fp32: range-checked below 2**24 (else a host rerun)
+    row = None if f32 or integer else prog.sbuf((128, n), x_dt)
     rf = prog.sbuf((128, n), "float32")
     ids = prog.sbuf((128, n), "float32")
     prog.iota(ids, pattern=[1])
@@ -601,7 +604,9 @@ def _sort_lines(ctx, eqn, x_t, x_dt, shape, d, descending, k, out_v, out_i):
     for li in itertools.product(*[range(shape[i]) for i in others]):
         xoff = sum(i * st[a] for i, a in zip(li, others))
         ooff = sum(i * ost[a] for i, a in zip(li, others))
-        if f32:
+        if integer:
+            _load_int_as_f32(ctx, rf, hview(x_t, xoff, [(128, 0), (n, sd)]))
+        elif f32:
             prog.dma_copy(rf, hview(x_t, xoff, [(128, 0), (n, sd)]))
         else:
             prog.dma_copy(row, hview(x_t, xoff, [(128, 0), (n, sd)]))
@@ -610,7 +615,9 @@ def _sort_lines(ctx, eqn, x_t, x_dt, shape, d, descending, k, out_v, out_i):
             pc = min(128, n - c0)
             xcf = prog.sbuf((pc, 1), "float32")       # x[c0 + p] on partition p
             src = hview(x_t, xoff + c0 * sd, [(pc, sd), (1, 1)])
-            if f32:
+            if integer:
+                _load_int_as_f32(ctx, xcf, src)
+            elif f32:
                 prog.dma_copy(xcf, src)
             else:
                 xc = prog.sbuf((pc, 1), x_dt)
@@ -656,7 +663,10 @@ def _sort_lines(ctx, eqn, x_t, x_dt, shape, d, descending, k, out_v, out_i):
             prog.select(sel, m, rf[:pc], zb)
             v = prog.sbuf((pc, 1), "float32")
             prog.tensor_reduce(v, sel, "add")
-            ctx.store(hview(out_v, ooff + r0 * ost[d], [(pc, ost[d]), (1, 1)]), v)
+            if integer:
+                store_int(ctx, hview(out_v, ooff + r0 * ost[d], [(pc, ost[d]), (1, 1)]), v)
+            else:
+                ctx.store(hview(out_v, ooff + r0 * ost[d], [(pc, ost[d]), (1, 1)]), v)
             prog.select(sel, m, ids[:pc], zb)
             ix = prog.sbuf((pc, 1), "float32")
             prog.tensor_reduce(ix, sel, "add")
@@ -665,6 +675,18 @@ def _sort_lines(ctx, eqn, x_t, x_dt, shape, d, descending, k, out_v, out_i):
                 prog.free(t)
     for t in (rk, cnt, zero, ids, rf) + ((row,) if row is not None else ()):
         prog.free(t)
+
+
+def _load_int_as_f32(ctx, dst, src):
+    """DMA the int32/int64 values of ``src`` into the fp32 SBUF tile ``dst``, flagging (``ctx.range_check``) any
+    value the fp32 compare would not hold exactly (``|v| >= 2**24``)."""
+    if src.dtype == "int64":
+        load_checked_int(ctx, dst, src, _EXACT)
+        return
+    words = ctx.prog.sbuf(tuple(dst.shape), "int32")
+    load_checked_int(ctx, words, src, _EXACT)
+    ctx.prog.tensor_copy(dst, words)
+    ctx.prog.free(words)
 
 
 def _line_count(prog, rf, tmp, cnt, descending):
@@ -679,8 +701,9 @@ def _line_count(prog, rf, tmp, cnt, descending):
 
 def _sortable(ctx, eqn) -> str:
     x_dt = _in_dtype(ctx, eqn)
-    if x_dt not in ("float32", "bfloat16", "float16"):
-        raise CannotLower(f"{eqn.op.name} of {x_dt}: the comparison sort runs on float values")
+    if x_dt not in ("float32", "bfloat16", "float16", "int32", "int64"):
+        raise CannotLower(f"{eqn.op.name} of {x_dt}: the comparison sort runs on float values (and int32/int64 "
+                          f"values below 2**24)")
     if ctx.neuron_dtype(eqn.outputs[1].dtype) != "int64":
         raise CannotLower(f"{eqn.op.name} with {eqn.outputs[1].dtype} indices")
     return x_dt

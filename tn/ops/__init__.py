@@ -96,20 +96,23 @@ The package's files:
 - :mod:`tn.ops.special`: special functions in elementwise core ops;
 - :mod:`tn.ops.collective`: the collective ops (functional collectives) and how they reach a process group;
 - :mod:`tn.ops.attention_grad`: the CPU flash-attention backward (``nn.Transformer*`` trained through
-  ``torch.compile``) in matmuls and a softmax.
+  ``torch.compile``) in matmuls and a softmax;
+- :mod:`tn.ops.grouped_mm`: grouped matmul (MoE experts: ``aten._grouped_mm`` and Hugging Face's
+  ``transformers::grouped_mm_fallback`` ops, by name) as dense masked matmuls.
 """
 from __future__ import annotations
 
-from . import attention_grad, collective, core, decompositions, nn_layers, special  # noqa: F401  (register the ops and decompositions)
+from . import attention_grad, collective, core, decompositions, grouped_mm, nn_layers, special  # noqa: F401  (register the ops and decompositions)
 from .core import (  # noqa: F401  (the core ops registered by name in the module: tn.ops.matmul is OPS['matmul'])
     argmax, argmin, as_strided, as_strided_scatter, avg_pool2d, avg_pool2d_backward, cat, conj, convert,
     convolution, convolution_backward, cummax, cummin, cumsum, div, expand, flip, full, gather, gelu, host, index,
     index_put, iota, logcumsumexp, matmul, pad, permute, rand, randn, reshape, round_, scatter, scatter_add,
     scatter_reduce, slice_, slice_scatter, sort, topk, where, HOST_OVERLOADS, slice_bounds, trace_as_host)
-from .table import (CATEGORIES, DECOMPOSITIONS, FROM_ATEN, IDENTITY, OPS, OVERRIDE_REASONS, Op,  # noqa: F401
-                    decomposition, from_aten, get, meta_shape_rule, register)
+from .table import (CATEGORIES, DECOMPOSITIONS, DECOMPOSITIONS_BY_NAME, FROM_ATEN, IDENTITY, OPS,  # noqa: F401
+                    OVERRIDE_REASONS, Op, decomposition, decomposition_by_name, from_aten, get, meta_shape_rule,
+                    register)
 
 __all__ = [
     "Op", "OPS", "FROM_ATEN", "DECOMPOSITIONS", "OVERRIDE_REASONS", "IDENTITY", "register", "from_aten",
-    "meta_shape_rule", "get",
+    "meta_shape_rule", "get", "DECOMPOSITIONS_BY_NAME", "decomposition_by_name",
 ]

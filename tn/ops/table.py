@@ -89,6 +89,11 @@ FROM_ATEN: Dict[Any, Tuple[Op, Callable[..., Any]]] = {}
 #: before ``torch._decomp.decomposition_table``.
 DECOMPOSITIONS: Dict[Any, Callable[..., Any]] = {}
 
+#: Decompositions of library ops that may be registered after tn is imported (``torch.library`` custom ops
+#: of other packages, e.g. Hugging Face's grouped matmul), keyed by the overload's ``name()``
+#: (``"namespace::op"``, ``"namespace::op.overload"``); the tracer looks them up by name.
+DECOMPOSITIONS_BY_NAME: Dict[str, Callable[..., Any]] = {}
+
 #: aten overload -> why tn's decomposition is used instead of ``torch._decomp``'s (one line each; only
 #: overloads that have both).
 OVERRIDE_REASONS: Dict[Any, str] = {}
@@ -182,6 +187,20 @@ def decomposition(*overloads: Any, instead_of_torch: Optional[str] = None
             DECOMPOSITIONS[ov] = fn
             if instead_of_torch is not None:
                 OVERRIDE_REASONS[ov] = instead_of_torch
+        return fn
+
+    return deco
+
+
+def decomposition_by_name(*qualified_names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: register a tn decomposition for ops named ``"namespace::op"`` that need not exist yet
+    (custom ops of packages tn does not import); see :data:`DECOMPOSITIONS_BY_NAME`."""
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for name in qualified_names:
+            if name in DECOMPOSITIONS_BY_NAME:
+                raise ArgumentValueError(f"{name} has two tn decompositions")
+            DECOMPOSITIONS_BY_NAME[name] = fn
         return fn
 
     return deco
