@@ -246,3 +246,13 @@ def test_torch_compile_training_on_device_matches_cpu(name):
     got = train_losses(model, ids.to("neuron"), torch.compile(model, backend="neuron"))
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-5)
     assert all(p.device.type == "neuron" for p in model.parameters())
+
+
+def test_transformers_is_the_version_the_test_extra_pins():
+    # the HF tests exercise one release: a new one could silently change which paths they take
+    import pathlib
+    import tomllib
+
+    pyproject = tomllib.loads((pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text())
+    pins = [r for r in pyproject["project"]["optional-dependencies"]["test"] if r.startswith("transformers")]
+    assert pins == [f"transformers=={transformers.__version__}"]
