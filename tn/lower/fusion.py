@@ -991,6 +991,12 @@ class EpilogueGroup:
                 pub[root.get(v, v)] = (v, t, cols)
         self._pub = pub
 
+        def handed_off(v: Var) -> bool:
+            # only the published Var itself skips its HBM store: another output sharing its storage (the head
+            # a published reshape aliases, needed as a program result) is still stored
+            ent = pub.get(root.get(v, v))
+            return ent is not None and ent[0] is v
+
         def pub_view(v: Var, dst: Any) -> Any:
             ent = pub.get(v)
             return None if ent is None else resident_view(ent[1], ent[2], dst)
@@ -1054,7 +1060,7 @@ class EpilogueGroup:
                 src = tmp(hv, NEURON_DTYPES[hv.dtype])
                 prog.tensor_copy(src, tile, engine="scalar" if tile.mem == isa.MEM_PSUM else "vector")
             env[hv] = src
-            if hv in self.outputs and root.get(hv, hv) not in pub:
+            if hv in self.outputs and not handed_off(hv):
                 store_tile(prog, dst, src)
             for v, (off, dims) in maps.items():
                 if self.absorbed and v is self.bias[0] and not any(v in ee.inputs for ee in self.eqns[1:]):
@@ -1094,7 +1100,7 @@ class EpilogueGroup:
                 args = [a.value if isinstance(a, Literal) else env[a] for a in e.inputs]
                 e.op.tile_rule(ctx, e, outs[0] if len(outs) == 1 else outs, args)
             for v in self.outputs:
-                if v is hv or root.get(v, v) in pub:
+                if v is hv or handed_off(v):
                     continue
                 prog.dma_copy(HbmView(out_hbm(v), dst.offset, dst.dims), env[v])
             for v, t in moved.items():
