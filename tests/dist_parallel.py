@@ -207,6 +207,14 @@ def _train_step(model, opt, ids, max_norm):
     return loss, norm
 
 
+def _unwrapped(net):
+    """The model inside a ``DistributedDataParallel`` wrapper (whose state dict prefixes every key with
+    ``module.``); FSDP2 and tensor parallel change the model in place, so it is returned as it is."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return net.module if isinstance(net, DistributedDataParallel) else net
+
+
 def _full(x):
     """A plain CPU tensor of ``x`` (a DTensor is gathered first)."""
     from torch.distributed.tensor import DTensor
@@ -325,7 +333,8 @@ def job_train(rank, world, model="gpt2", parallel="fsdp2", steps=20, per_rank=2,
             _save_checkpoint(net, opt, checkpoint, step + 1)
     out = {"losses": losses, "norms": norms, "step_wall_s": walls, "step_collective_ns": coll, "first_step": first,
            "stats": torch.neuron.collective_stats(), "fallback_ops": dict(tn.neuron.fallback_ops()),
-           "params": {k: _full(v) for k, v in net.state_dict().items()}}   # every rank: gathers are collectives
+           "params": {k: _full(v) for k, v in _unwrapped(net).state_dict().items()}}   # every rank: gathers are
+    # collectives
     if rank:
         out["params"] = None
     if rank == 0 and reference and not resume:

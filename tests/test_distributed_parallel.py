@@ -71,6 +71,23 @@ def test_tensor_parallel_two_ranks_matches_single_device(model):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("model", ["gpt2", "llama"])
+def test_ddp_two_ranks_matches_single_device(model):
+    """DistributedDataParallel of a tiny HF model, 20 AdamW steps with gradient clipping: the same losses, norms
+    and weights as one device training on the whole batch."""
+    results = _train(model=model, parallel="ddp")
+    _check_matches_single_device(results)
+    assert results[0]["stats"]["all_reduce"]["calls"] >= 20      # gradient buckets, every step
+
+
+@pytest.mark.slow
+def test_ddp_four_ranks_gpt2_matches_single_device():
+    results = _train(world=4, model="gpt2", parallel="ddp")
+    _check_matches_single_device(results)
+    assert all(len(r["losses"]) == 20 for r in results) and len(results) == 4
+
+
+@pytest.mark.slow
 def test_fsdp2_mixed_precision_bf16_params_fp32_reduce_matches_single_device_recipe(fsdp2_gpt2):
     results = _train(model="gpt2", parallel="fsdp2", mixed_precision=True)
     # bf16 rounding of the gradients makes AdamW's steps of near-zero gradients differ in sign: losses and norms
