@@ -85,3 +85,31 @@ def test_host_times_per_opcode():
     assert {"matmul", "activation"} <= set(by_op)
     text = prof.table(by="host", print_it=False)
     assert "matmul" in text and "kernel_us" in text
+
+
+def test_programs_are_named_after_their_code_and_what_they_compute():
+    """Profiles name a program ``{function or module}_{k}_{what it computes}``, not after its first equation."""
+    import torch.nn.functional as F
+
+    class Attention(torch.nn.Module):
+        def forward(self, x):
+            q = F.layer_norm(x, x.shape[-1:]).reshape(1, 16, 2, 8).transpose(1, 2)
+            return F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    def step(a, b):
+        return (a @ b).relu()
+
+    mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16))
+    with torch.no_grad(), tn.profile() as prof:
+        tn.jit(Attention())(torch.randn(1, 16, 16))
+        tn.jit(step)(torch.randn(8, 8), torch.randn(8, 8))
+        tn.jit(mlp)(torch.randn(4, 16))
+        tn.jit(lambda x: torch.softmax(x, -1))(torch.randn(4, 9))
+        torch.compile(mlp, backend="neuron")(torch.randn(4, 16))
+    names = [r.name for r in prof.runs if not r.name.startswith("tn_layout")]
+    assert names == ["Attention_0_norm+mul+attention", "step_0_matmul+relu", "Sequential_0_mlp", "lambda_0_softmax",
+                     "graph_0_mlp"], names
+    with tn.profile() as prof:
+        x = torch.randn(4, 4).to("neuron")
+        torch.softmax(x + 1, -1).cpu()
+    assert [r.name for r in prof.runs] == ["tn_0_add", "tn_0_softmax"]      # the device's one-op programs

@@ -193,18 +193,22 @@ class IR:
         mutations: ``(input_index, output_index)`` pairs: after a call,
             output ``output_index`` must be written back into input
             ``input_index`` (in-place ops and buffer updates, functionalised).
+        name: what the program was traced from (the jitted function or
+            module, e.g. ``"GPT2Block"``), or None; a compiler names its
+            programs after it. Not part of the program's meaning.
     """
 
-    __slots__ = ("inputs", "consts", "eqns", "outputs", "mutations")
+    __slots__ = ("inputs", "consts", "eqns", "outputs", "mutations", "name")
 
     def __init__(self, inputs: Sequence[Var], eqns: Sequence[Eqn], outputs: Sequence[Atom],
                  consts: Sequence[Tuple[Var, torch.Tensor]] = (),
-                 mutations: Sequence[Tuple[int, int]] = ()):
+                 mutations: Sequence[Tuple[int, int]] = (), name: Optional[str] = None):
         self.inputs: List[Var] = list(inputs)
         self.consts: List[Tuple[Var, torch.Tensor]] = list(consts)
         self.eqns: List[Eqn] = list(eqns)
         self.outputs: List[Atom] = list(outputs)
         self.mutations: List[Tuple[int, int]] = [tuple(m) for m in mutations]
+        self.name: Optional[str] = name
 
     def replace(self, **changes: Any) -> "IR":
         """A copy with some fields replaced (equations are shared, not copied)."""

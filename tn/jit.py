@@ -137,8 +137,9 @@ def _reference_compile(ir: IR) -> Callable[[List[Tensor]], List[Tensor]]:
 
 register_backend("reference", _reference_compile)
 
-#: Modules that register a backend when imported, looked up on first use of its name.
-_BACKEND_PROVIDERS: Dict[str, str] = {"neuron": "tn.lower"}
+#: Backends provided by a lower layer, registered the first time their name is asked for:
+#: ``name -> (module, compile function name, host_only)``. The compiler never imports tn.jit to register itself.
+_BACKEND_PROVIDERS: Dict[str, Tuple[str, str, bool]] = {"neuron": ("tn.lower", "compile_ir", True)}
 
 
 def backend_compile_fn(backend: Union[str, Callable, None], where: str = "tn.jit") -> Callable:
@@ -155,9 +156,10 @@ def _resolve_backend(backend: Union[str, Callable, None], where: str) -> Tuple[s
     if not isinstance(backend, str):
         raise ArgumentTypeError(f"{where}: backend must be a registered name or a compile function, got {backend!r}")
     b = _BACKENDS.get(backend)
-    if b is None and backend in _BACKEND_PROVIDERS:  # registered when its module is imported
+    if b is None and backend in _BACKEND_PROVIDERS:  # a lower layer's compiler, registered on first use
         import importlib
-        importlib.import_module(_BACKEND_PROVIDERS[backend])
+        module, attr, host_only = _BACKEND_PROVIDERS[backend]
+        register_backend(backend, getattr(importlib.import_module(module), attr), host_only=host_only)
         b = _BACKENDS.get(backend)
     if b is None:
         raise ArgumentValueError(f"{where}: unknown backend {backend!r}; registered backends: {', '.join(backends())}. "
@@ -387,6 +389,19 @@ def _fn_name(fn: Any) -> str:
     return name
 
 
+def program_prefix(code: Any) -> str:
+    """A short identifier for the code a program comes from: a module's class name (``GPT2Block``), a function's
+    qualified name without ``<locals>`` (``Trainer.step``, ``lambda``), ``graph`` for a torch.compile graph."""
+    if isinstance(code, torch.fx.GraphModule):
+        return "graph"                  # torch.compile's graphs (their classes are named <lambda>)
+    if isinstance(code, torch.nn.Module):
+        name = type(code).__name__
+    else:
+        name = getattr(code, "__qualname__", None) or getattr(code, "__name__", None) or type(code).__name__
+    innermost = str(name).split("<locals>.")[-1]          # a nested function: its own name (or Class.method)
+    return innermost.replace("<", "").replace(">", "") or "tn"
+
+
 class _Core:
     """The machinery shared by :class:`JittedFunction`, :class:`JittedModule` and :func:`make_ir`."""
 
@@ -397,6 +412,7 @@ class _Core:
         self.fn = fn
         self.bound = bound  # leading arguments supplied by the wrapper (the module for tn.jit(module))
         self.name = _fn_name(fn)
+        self.program_prefix = program_prefix(bound[0] if bound else fn)
         nums = _normalize_argnums(static_argnums, where)
         names = _normalize_argnames(static_argnames, where)
         try:
@@ -544,6 +560,7 @@ class _Core:
         finally:
             _tls.depth -= 1
         ir = _optimize(traced.ir)
+        ir.name = self.program_prefix     # programs are named after the function or module they come from
         return ir, traced.out_tree, traced.out_leaves
 
     def compile(self, key: Any, spec: Any, tensors: List[Tensor]) -> _Entry:

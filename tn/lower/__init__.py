@@ -1,4 +1,4 @@
-# tn.lower: the NeuronCore compiler (IR -> tn.neuron programs); importing it registers the lowerings and the "neuron" jit backend.
+# tn.lower: the NeuronCore compiler (IR -> tn.neuron programs); importing it registers the lowerings on the op table.
 """The compiler from tn's IR to NeuronCore programs.
 
 * :mod:`tn.lower.base`: the contract every lowering codes against
@@ -11,7 +11,9 @@
   ``collective``: collectives become steps on the core's collective engine (:class:`tn.lower.collective.CollectiveStep`).
 * :mod:`tn.lower.testing`: :func:`check_lowering` for unit tests.
 
-Importing this package registers the ``"neuron"`` backend of :func:`tn.jit`.
+Importing this package registers every lowering on its :mod:`tn.ops` entry. The ``"neuron"`` backend of
+:func:`tn.jit` is :func:`compile_ir`, registered from above (``tn.jit`` imports this package the first time
+the backend is asked for): the compiler never imports a door.
 """
 import importlib as _importlib
 
@@ -40,15 +42,3 @@ def loaded_modules():
     return list(_loaded)
 
 
-def _neuron_compile(ir):
-    """``compile_fn`` of the ``"neuron"`` jit backend."""
-    return compile_ir(ir)
-
-
-def _register_backend():
-    # tn.jit the attribute is the function; the module is in sys.modules
-    jit_module = _importlib.import_module("tn.jit")
-    jit_module.register_backend("neuron", _neuron_compile, host_only=True)
-
-
-_register_backend()

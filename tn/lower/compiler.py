@@ -28,6 +28,7 @@ import torch
 
 from .. import config
 from ..errors import ArgumentValueError, CompileError, ExecutionError, NeuronError, TnError, UnsupportedOpError
+from ..ops import OPS
 from ..ops.collective import COLLECTIVE_OPS
 from ..ir import IR, Eqn, Literal, Var
 from .base import NEURON_DTYPES, CannotLower, HandoffError, LowerCtx, dataflow
@@ -268,6 +269,56 @@ def fusion_epilogue() -> type:
     from .fusion import EpilogueGroup
 
     return EpilogueGroup
+
+
+def _moves_data(label: str) -> bool:
+    """Whether a unit label is an op that only moves, reshapes or converts data (category ``shape``, ``convert``):
+    a program's name leaves those out when it holds anything else."""
+    op = OPS.get(label)
+    return op is not None and (op.category == "shape" or op.name == "convert")
+
+
+def unit_label(group: Any, eqn: Eqn) -> str:
+    """What one lowering unit computes, in a word or two, for program names: ``attention``, ``mlp`` (a Linear
+    chain of several layers) or ``linear``, ``matmul+gelu`` (a matmul and its fused epilogue), ``softmax`` /
+    ``norm`` / ``sum`` (a fused row group by its reductions), ``mul+add`` or ``elementwise`` (a fused map of at
+    most two ops, or more), else the op."""
+    from . import attention, chain, fusion
+
+    if isinstance(group, attention.AttentionGroup):
+        return "attention"
+    if isinstance(group, chain.LinearChain):
+        return "mlp" if len(group.layers) > 1 else "linear"
+    if isinstance(group, fusion.EpilogueGroup):
+        tail = [e.op.name for e in group.eqns if e.op.category == "elementwise" and not _moves_data(e.op.name)
+                and e.op.name not in ("add", "mul", "sub", "div")]
+        return "+".join([eqn.op.name] + tail[:1])
+    if isinstance(group, fusion.Group):
+        names = {e.op.name for e in group.eqns}
+        reductions = [e.op.name for e in group.eqns if e.op.category == "reduction"]
+        if "exp" in names and reductions and ("div" in names or "reciprocal" in names):
+            return "softmax"
+        if "rsqrt" in names and reductions:
+            return "norm"
+        if reductions:
+            return reductions[0]
+        ops = list(dict.fromkeys(e.op.name for e in group.eqns if not _moves_data(e.op.name)))
+        return "+".join(ops) if 0 < len(ops) <= 2 else "elementwise"
+    return eqn.op.name
+
+
+def program_name(prefix: Optional[str], index: int, labels: Sequence[str]) -> str:
+    """``{prefix}_{index}_{what}``: the door's name for the code (the jitted function or module, ``tn`` when
+    none), the program's place in the executable, and the distinct unit labels in order (data movement left out
+    when anything else is there; at most three, then ``+N``), e.g. ``GPT2Block_0_norm+attention+linear+2``."""
+    seen: List[str] = []
+    for lab in labels:
+        if lab not in seen:
+            seen.append(lab)
+    compute = [lab for lab in seen if not _moves_data(lab)]
+    shown = compute or seen
+    what = "+".join(shown[:3]) + (f"+{len(shown) - 3}" if len(shown) > 3 else "")
+    return f"{prefix or 'tn'}_{index}_{what}" if what else f"{prefix or 'tn'}_{index}"
 
 
 class _Tiled:
@@ -662,7 +713,7 @@ class NeuronExecutable:
                 v = Var(lay.shape, w.dtype)
                 extra.append(v)
                 laid[w] = (v, lay)
-            ir2 = IR(list(ir.inputs) + extra, ir.eqns, ir.outputs, ir.consts, ir.mutations)
+            ir2 = ir.replace(inputs=list(ir.inputs) + extra)
             try:
                 self._layout_child = NeuronExecutable(ir2, arch=self.arch, strict=self.strict, debug=self.debug,
                                                       fuse=True, _laid_out=laid, name=self.name)
@@ -810,6 +861,7 @@ class NeuronExecutable:
             if cur is None:
                 return
             prog = cur["prog"]
+            prog.name = program_name(self.name, len(steps), cur["labels"])
             for b in cur["pro"].values():
                 b.free(prog)
             if cur["ctx"].weights is not None:
@@ -885,10 +937,13 @@ class NeuronExecutable:
                 k += 1
                 continue
             if cur is None:
-                prog = Program(f"{self.name}_{len(steps)}" if self.name else f"tn_{len(steps)}_{eqn.op.name}",
-                               self.arch, record_sources=self.debug)
-                cur = {"prog": prog, "ctx": LowerCtx(prog), "hbm": {}, "made": {}, "ins": [], "eqns": [], "pro": {}}
+                # named when it closes, after what it holds (program_name)
+                prog = Program(f"{self.name or 'tn'}_{len(steps)}", self.arch, record_sources=self.debug)
+                cur = {"prog": prog, "ctx": LowerCtx(prog), "hbm": {}, "made": {}, "ins": [], "eqns": [], "pro": {},
+                       "labels": []}
             prog, ctx, hbm = cur["prog"], cur["ctx"], cur["hbm"]
+            group = groups.get(k) if groups else None
+            cur["labels"].append(unit_label(group, eqn))
 
             def hbm_in(v: Var) -> Any:
                 v = pro_src.get(v, v)   # a prologue's result is never made: its consumer reads the source
@@ -915,7 +970,6 @@ class NeuronExecutable:
                 b = cur["pro"][p.out] = prologue.Bound(p, None, {v: hbm_in(v) for v in p.vectors()})
                 b.preload(prog)
 
-            group = groups.get(k) if groups else None
             unit_in = group.inputs if isinstance(group, fusion.Group) else eqn.inputs
             self._bind_prologues(ctx, cur, pros, [v for v in unit_in if isinstance(v, Var)], hbm_in)
             if isinstance(group, fusion.Group):
@@ -1226,7 +1280,9 @@ def compile_ir(ir: IR, *, arch: Any = None, strict: Optional[bool] = None, debug
     become :class:`tn.UnsupportedOpError` (default from ``TN_STRICT``).
     ``debug``: record the emitting file:line of every instruction (for error
     messages). ``fuse``: fuse elementwise chains, row reductions and
-    epilogues (:mod:`tn.lower.fusion`). ``name``: the programs' name prefix (profiles show
-    ``{name}_{k}``; default ``tn_{k}_{first op}``).
+    epilogues (:mod:`tn.lower.fusion`). ``name``: the programs' name prefix (default ``ir.name``, the
+    traced function or module, else ``tn``); profiles show ``{name}_{k}_{what it computes}``
+    (:func:`program_name`).
     """
-    return NeuronExecutable(ir, arch=arch, strict=strict, debug=debug, fuse=fuse, name=name)
+    return NeuronExecutable(ir, arch=arch, strict=strict, debug=debug, fuse=fuse,
+                            name=name if name is not None else ir.name)
