@@ -164,6 +164,8 @@ DEF T_HBM_BW = 4
 DEF T_DMA_FIXED = 5
 DEF T_DMA_CHUNK = 6
 DEF T_ACCESS = 7
+DEF T_ACT_TABLE = 8
+DEF N_TIMING = 9
 
 LAYOUT = {"REC_WIDTH": REC_WIDTH, "OPERAND_BASE": OPERAND_BASE, "OPERAND_WIDTH": OPERAND_WIDTH,
           "N_OPERANDS": N_OPERANDS, "N_OPCODES": N_OPCODES}
@@ -723,6 +725,14 @@ cdef double pipe_fill(Pipe *pp, double t, double dur):
     return t
 
 
+cdef inline int act_table_id(int64_t func) noexcept nogil:
+    """The activation table a ScalarE function needs (-1: none). *Assumption* (no published table layout):
+    identity/copy, relu, square, abs and sign are computed without a table; every other function has its own."""
+    if func == 0 or func == 1 or func == 13 or func == 14 or func == 15:
+        return -1
+    return <int>func
+
+
 cdef double cost_cycles(int64_t op, int64_t sub, Opnd *ops, double access):
     """Engine cycles of a compute instruction (DESIGN.md formulas + fixed access cycles); see isa.cost_cycles."""
     cdef double n, m, c
@@ -750,7 +760,8 @@ cdef double cost_cycles(int64_t op, int64_t sub, Opnd *ops, double access):
         else:
             c = n if n > 64 else 64
     elif op == OP_TENSOR_REDUCE:
-        c = ops[1].free
+        n = ops[1].free
+        c = n if n > 64 else 64
     elif op == OP_IOTA:
         c = 150 + ops[0].free
     elif op == OP_PARTITION_SHUFFLE:
@@ -875,6 +886,7 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
     cdef Pipe *pipe
     cdef double *issue_end
     cdef int want_host = host_ns is not None
+    cdef int act_table = -1, tid
     cdef timespec ts0, ts1, ts2, ts3
     if prog.shape[1] != REC_WIDTH:
         from tn.errors import NeuronError
@@ -889,7 +901,11 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
                     or psum.shape[0] < limits[L_PARTITIONS] or psum.shape[1] < limits[L_PSUM_BYTES]):
         from tn.errors import NeuronError
         raise NeuronError("run(): SBUF/PSUM arrays are smaller than the architecture's memories")
-    for q in range(8):
+    if timing.shape[0] < N_TIMING:
+        from tn.errors import NeuronError
+        raise NeuronError(f"run(): the timing vector has {timing.shape[0]} constants, expected {N_TIMING} "
+                          f"(Arch.timing_vector)")
+    for q in range(N_TIMING):
         if not (timing[q] >= 0 and timing[q] < 1e300) or (q < 5 and timing[q] <= 0):
             from tn.errors import NeuronError
             raise NeuronError(f"run(): timing constant {q} = {timing[q]} must be positive and finite")
@@ -1021,6 +1037,9 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
                 else:
                     acc = ops[0].runs if ops[0].runs > ops[1].runs else ops[1].runs
                     bytes_eff = ops[0].nbytes + acc * timing[T_DMA_CHUNK]
+                    if ops[0].mem == MEM_HBM and ops[1].mem == MEM_HBM:
+                        # HBM -> HBM: the bytes cross the HBM interface twice (read, then write); both count
+                        bytes_eff += ops[1].nbytes
                     if ops[1].mem == MEM_HBM:
                         hbm_bytes[0] += ops[1].nbytes
                     if ops[0].mem == MEM_HBM:
@@ -1033,6 +1052,11 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
                 # the next instruction of the queue may start after it); the fixed SBUF/PSUM access cycles are
                 # latency, seen by instructions that wait for this one's result.
                 cyc = cost_cycles(op, sub, ops, 0.0)
+                if op == OP_ACTIVATION:
+                    tid = act_table_id(sub & 255)
+                    if tid >= 0 and tid != act_table:   # ScalarE loads another function's table first
+                        cyc += timing[T_ACT_TABLE]
+                        act_table = tid
                 issue_end[i] = start + cyc / clk[q]
                 end = issue_end[i] + timing[T_ACCESS] / clk[q]
             times[i, 0] = start

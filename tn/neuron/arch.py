@@ -19,12 +19,20 @@ Queue ids (as encoded in a program): ``0`` TensorE (``pe``), ``1`` ScalarE
 
 Timing model
 ------------
-* Compute engines: an instruction occupies its engine for
-  ``formula(N) + access_cycles`` cycles of that engine's clock, where the
-  formulas are the issue intervals of ``DESIGN.md`` (``matmul``
-  ``max(min(64, M), N)`` (x4 for fp32), ``tensor_tensor`` ``max(64, 2N)``, ...,
-  see :func:`tn.neuron.isa.cost_cycles`) and ``access_cycles`` (~60) is the
-  fixed SBUF/PSUM access overhead of one instruction.
+* Compute engines: an instruction *occupies* its engine (its queue is busy, the
+  next instruction of the same engine may start after it) for its issue
+  interval ``formula(N)`` cycles of the engine's clock, the formulas of
+  :func:`tn.neuron.isa.cost_cycles` (``matmul`` ``max(min(64, M), N)`` (x4 for
+  fp32), ``tensor_tensor`` ``max(64, 2N)``, ...). Its result is readable
+  ``access_cycles`` (~60, the SBUF/PSUM access) later: that is *latency*, seen
+  only by instructions that wait for this one (semaphores), not occupancy. A
+  matmul accumulating into the PSUM group of the previous matmul on TensorE
+  waits for its issue interval only.
+* ScalarE activation tables (*assumption*, no published cost): an activation
+  whose function needs another table than the one loaded last on ScalarE
+  first loads it, ``act_table_switch_cycles`` more ScalarE cycles of
+  occupancy; identity/copy, relu, square, abs and sign need no table. Each
+  program starts with no table loaded.
 * DMA (*model*): all DMA queues share one transfer pipe whose bandwidth is
   the core's share of HBM bandwidth. A DMA on queue ``q`` starts when ``q`` is
   free and its dependencies are done, waits the fixed cost
@@ -34,6 +42,7 @@ Timing model
   bandwidth and overlap their fixed costs). ``chunks`` is the number of
   contiguous runs of the transfer: runs shorter than a few KiB per partition
   are inefficient, as on the chip. The queue is busy until its transfer ends.
+  An HBM -> HBM copy moves its bytes through the pipe twice (read and write).
 """
 from __future__ import annotations
 
@@ -68,6 +77,10 @@ class Arch:
     dma_fixed_ns: float = 1300.0
     dma_chunk_overhead_bytes: int = 512
     access_cycles: int = 60
+    #: *Assumption*: the NKI docs say a change of activation function may reload ScalarE's table (and advise
+    #: grouping activations by function) but publish no cost. A table load is a small transfer into the engine,
+    #: so we charge about what a short DMA costs: 1024 ScalarE cycles (0.73 us on trn1, 0.85 us on trn2).
+    act_table_switch_cycles: int = 1024
     matmul_max_k: int = 128
     matmul_max_m: int = 128
     matmul_max_n: int = 512
@@ -115,7 +128,7 @@ class Arch:
         return np.array(
             [self.clock_hz["pe"], self.clock_hz["act"], self.clock_hz["dve"], self.clock_hz["pool"],
              self.hbm_bytes_per_s, self.dma_fixed_ns, float(self.dma_chunk_overhead_bytes),
-             float(self.access_cycles)],
+             float(self.access_cycles), float(self.act_table_switch_cycles)],
             dtype=np.float64,
         )
 

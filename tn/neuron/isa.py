@@ -150,6 +150,9 @@ ACT_FUNCS = {
     "silu": 8, "softplus": 9, "sqrt": 10, "rsqrt": 11, "reciprocal": 12, "square": 13, "abs": 14,
     "sign": 15, "sin": 16, "cos": 17, "erf": 18, "copy": 0,
 }
+#: ScalarE functions computed without an activation table (*assumption*, see ``Arch.act_table_switch_cycles``):
+#: switching to or from them does not reload the table; every other function has a table of its own.
+ACT_TABLE_FREE = ("identity", "copy", "relu", "square", "abs", "sign")
 #: Reduce ops (tensor_reduce, activation's fused reduce, partition_reduce). ``none`` = no reduce.
 REDUCE_OPS = {"none": 0, "add": 1, "max": 2, "min": 3, "multiply": 4, "logical_and": 5, "logical_or": 6}
 #: Comparisons of affine_select (``expr <cmp> 0``).
@@ -219,7 +222,7 @@ def cost_cycles(opcode: str, n: int, *, m: int = 0, fp32: bool = False, func: st
     elif opcode in ("tensor_scalar", "tensor_copy", "bn_stats", "bn_aggr", "memset", "affine_select"):
         c = max(64, n)
     elif opcode == "tensor_reduce":
-        c = n
+        c = max(64, n)
     elif opcode in ("iota", "partition_shuffle"):
         c = 150 + n
     elif opcode == "partition_reduce":  # model: a log-depth tree over partitions, N per level

@@ -614,6 +614,37 @@ _PACK_F64 = struct.Struct("<d")
 _UNPACK_I64 = struct.Struct("<q")
 
 
+#: A dependency-tracker bucket (the accesses of one memory region) holding more entries than this is folded
+#: (see :func:`_fold_entries`); the newest ``_BUCKET_KEEP`` entries stay exact.
+_BUCKET_MAX = 256
+_BUCKET_KEEP = 128
+#: Folded entries are merged per 1/_FOLD_GRAINS of the bucket's bytes (finer: fewer needless waits).
+_FOLD_GRAINS = 64
+
+
+def _fold_entries(entries, grain):
+    """Fold the oldest entries of a crowded tracker bucket into barrier entries, one per (queue, read/write,
+    partition range, ``grain`` bytes where the access starts).
+
+    A barrier keeps the latest instruction of its queue among the folded entries (queues run in order, so that
+    instruction ends no earlier than the others) and the union of their access boxes, so a later access that
+    overlapped any folded entry still waits for one that ends no earlier: the fold only adds waits, it never
+    drops one. The newest ``_BUCKET_KEEP`` entries are kept as they are.
+    """
+    old, recent = entries[:-_BUCKET_KEEP], entries[-_BUCKET_KEEP:]
+    barriers = {}
+    for ei, eq, ew, ep0, ep1, eb0, eb1 in old:
+        group = (eq, ew, ep0, ep1, eb0 // grain)
+        b = barriers.get(group)
+        if b is None:
+            barriers[group] = [ei, eq, ew, ep0, ep1, eb0, eb1]
+        else:
+            b[0] = max(b[0], ei)
+            b[3], b[4], b[5], b[6] = min(b[3], ep0), max(b[4], ep1), min(b[5], eb0), max(b[6], eb1)
+    folded = sorted((tuple(b) for b in barriers.values()), key=lambda e: e[0])
+    return folded + recent
+
+
 def _f64_bits(v) -> int:
     """int64 bit pattern of float64 v (how immediates are encoded)."""
     return _UNPACK_I64.unpack(_PACK_F64.pack(float(v)))[0]
@@ -835,8 +866,8 @@ class Program:
                     continue
                 keep.append(ent)
             keep.append((i, queue, write, p0, p1, b0, b1))
-            if len(keep) > 256:  # bound the bucket: fold old entries into a wide barrier-like record
-                keep = keep[-256:]
+            if len(keep) > _BUCKET_MAX:
+                keep = _fold_entries(keep, chunk // _FOLD_GRAINS)
             self._buckets[key + (c,)] = keep
 
     # ------------------------------------------------------------------ DMA
