@@ -50,7 +50,8 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# normalised: tn.trace tells the user's frames from tn's by folder, and "bench/../tn" is not "tn"
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tn  # noqa: E402
 import tn.lower  # noqa: E402,F401  (registers the neuron jit backend)

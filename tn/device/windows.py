@@ -29,7 +29,10 @@ so they stay on chip. The IR is optimised and compiled by
 :func:`tn.lower.compile_ir` (the same fusion as ``tn.jit``) and cached by the
 window's signature: the op sequence, every tensor's metadata and storage slot,
 non-tensor arguments, and which results are still alive. Steady loops
-(training steps, decode steps of the same length) hit the cache.
+(training steps, decode steps of the same length) hit the cache. The scalars of
+elementwise ops are keyed by kind only: a program bakes a scalar in as a literal
+until its value is seen to change (AdamW's bias corrections, a scheduled
+learning rate), then takes it as a 0-dim input, so such loops hit the cache too.
 
 A window that cannot be traced or compiled runs op by op through the eager
 path (and its signature is remembered, so a steady loop does not retry).
@@ -175,21 +178,22 @@ class _Ref:
 class _Rec:
     """One recorded op: the aten overload, its flat arguments (tensors as :class:`_Ref`), result plan, source."""
 
-    __slots__ = ("op", "leaves", "spec", "plan", "fresh", "src")
+    __slots__ = ("op", "leaves", "spec", "plan", "fresh", "src", "scal")
 
-    def __init__(self, op, leaves, spec, plan, fresh, src):
+    def __init__(self, op, leaves, spec, plan, fresh, src, scal=()):
         self.op = op
         self.leaves = leaves
         self.spec = spec
         self.plan = plan
         self.fresh = fresh      # [(result leaf index, slot index)]
         self.src = src          # (filename, line) of the user's code, or None
+        self.scal = scal        # [(leaf index, index in the window's scalars)]: values that may be program inputs
 
 
 class _Window:
     """The ops recorded since the last flush of one queue."""
 
-    __slots__ = ("recs", "slots", "by_ptr", "keys", "blanks", "index")
+    __slots__ = ("recs", "slots", "by_ptr", "keys", "blanks", "index", "svals", "sdtypes")
 
     def __init__(self, index: int = 0):
         self.index = index                 # the neuron device the window's memory lives on
@@ -198,6 +202,8 @@ class _Window:
         self.by_ptr: Dict[int, _Slot] = {}
         self.keys: List[Any] = []
         self.blanks: Dict[int, Any] = {}   # address -> weak reference: memory torch.empty made, no op used yet
+        self.svals: List[float] = []       # values of the scalar arguments that may be program inputs ...
+        self.sdtypes: List[torch.dtype] = []   # ... and the dtypes they have as inputs
 
     def slot_of(self, st: Any) -> Optional[_Slot]:
         """The live slot of storage ``st`` (None if the window does not touch it)."""
@@ -254,7 +260,13 @@ def _user_src() -> Optional[Tuple[str, int]]:
     from ..trace import user_frame
 
     f = user_frame()
-    return (f.f_code.co_filename, f.f_lineno) if f is not None else None
+    if f is None:
+        return None
+    src = (f.f_code.co_filename, f.f_lineno)
+    # drop the frame before returning: were it this very frame (tn's files counted as the user's), the local
+    # would make a cycle that holds every caller's locals, the op's results among them, until the collector runs
+    del f
+    return src
 
 
 def _memory_order(shape: tuple, stride: tuple) -> Optional[Tuple[list, tuple]]:
@@ -328,6 +340,102 @@ def _leaf_key(x: Any) -> Any:
     return ("r", type(x).__name__, repr(x))
 
 
+# --------------------------------------------------------------------------- scalars as program inputs
+#
+# A Python number in an elementwise op (``x * 0.5``; AdamW's bias corrections; a scheduled learning rate) would
+# be a literal of the window's program, its value part of the cache key, and a value that changes every step
+# would compile every step. So the key holds only such a scalar's kind and dtype, the window keeps its value,
+# and a program either bakes it in (a literal; a cache hit then needs the same value) or takes it as a 0-dim
+# input. A scalar becomes an input once its *site* (op and metadata, user line, occurrence) is seen with two
+# values, in this window's earlier calls or in another window (AdamW's first step, which also creates the
+# state, tells the steady step which scalars move); constants (GELU's 0.5, a fixed learning rate) stay literals.
+
+#: ops whose 0-dim host tensor arguments (Python numbers PyTorch wrapped, ``x * 0.5``) may be program inputs
+_T_SCALAR_OPS = frozenset(("add", "sub", "mul", "div", "rsub", "lerp", "where", "maximum", "minimum"))
+#: op -> its float Scalar argument that may be a program input, for fp32 tensors: ``x + alpha * y`` (add/sub
+#: ``alpha``), ``x + value * t1 / t2`` (addcdiv/addcmul ``value``: replayed with ``t1 * value``) and lerp's weight
+_F_SCALAR_FORMS = {("add", "Tensor"): "alpha", ("add", "out"): "alpha", ("sub", "Tensor"): "alpha",
+                   ("sub", "out"): "alpha", ("addcdiv", "default"): "value", ("addcdiv", "out"): "value",
+                   ("addcmul", "default"): "value", ("addcmul", "out"): "value", ("lerp", "Scalar"): "weight",
+                   ("lerp", "Scalar_out"): "weight"}
+_LERP_TENSOR = {aten.lerp.Scalar: aten.lerp.Tensor, aten.lerp_.Scalar: aten.lerp_.Tensor,
+                aten.lerp.Scalar_out: aten.lerp.Tensor_out}
+_SCALAR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_FORMS: Dict[Any, Tuple[bool, Optional[str]]] = {}
+_SITES: Dict[Any, float] = {}     # scalar site -> the value it had in the last window compiled with it
+_VARYING: set = set()             # scalar sites seen with two values: program inputs from then on
+_SITES_MAX = 1 << 16
+_F_KEY = ("f?", torch.float32)
+_MARK = object()                  # stands for a float scalar that the replay passes as a tensor
+
+
+def _scalar_form(op) -> Tuple[bool, Optional[str]]:
+    """``(host 0-dim tensors may be inputs, name of the float argument that may be an input or None)``."""
+    form = _FORMS.get(op)
+    if form is None:
+        base = op._schema.name.split("::")[-1].rstrip("_")
+        form = _FORMS[op] = (base in _T_SCALAR_OPS, _F_SCALAR_FORMS.get((base, op._overloadname)))
+    return form
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (a != a and b != b)
+
+
+def _tensor_scalar_call(op, args: tuple, kwargs: dict, t: torch.Tensor) -> Tuple[Any, list, dict]:
+    """The call of ``op`` with its float scalar (``_MARK`` in the arguments) passed as the 0-dim tensor ``t``."""
+    args, kwargs = list(args), dict(kwargs)
+    where = next((k for k, v in kwargs.items() if v is _MARK), None)
+    if where is None:
+        where = args.index(_MARK)
+    if _FORMS[op][1] == "weight":                  # lerp: the Tensor overload takes the weight as a tensor
+        op = _LERP_TENSOR[op]
+    else:                                          # x + alpha * y, x + value * t1 / t2, x + value * t1 * t2
+        args[1] = args[1] * t
+        t = 1
+    if isinstance(where, str):
+        kwargs[where] = t
+    else:
+        args[where] = t
+    return op, args, kwargs
+
+
+def _params(w: "_Window", entries: Optional[List["_Compiled"]]) -> Tuple[int, ...]:
+    """Which of window ``w``'s scalars its new program takes as inputs: those whose site changed value."""
+    if not w.svals:
+        return ()
+    sv = w.svals
+    varying = set()
+    for e in entries or ():
+        varying.update(e.params)
+        varying.update(i for i, v in e.fixed if not _same(sv[i], v))
+    if len(_SITES) > _SITES_MAX:
+        _SITES.clear()
+    occurrence: Counter = Counter()
+    for k, rec in enumerate(w.recs):
+        if rec.scal:
+            base = (w.keys[k][0], rec.src)
+            n = occurrence[base]
+            occurrence[base] = n + 1
+            for li, gi in rec.scal:
+                site = (base, n, li)
+                prev = _SITES.get(site)
+                if prev is not None and not _same(prev, sv[gi]):
+                    _VARYING.add(site)
+                _SITES[site] = sv[gi]
+                if site in _VARYING:
+                    varying.add(gi)
+    return tuple(sorted(varying))
+
+
+def _baked_match(e: "_Compiled", sv: List[float]) -> bool:
+    for i, v in e.fixed:
+        x = sv[i]
+        if x != v and not (x != x and v != v):
+            return False
+    return True
+
+
 class _NotRecordable(Exception):
     """This op is run eagerly instead (the reason is the message)."""
 
@@ -382,15 +490,24 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec) -> Any:
     slot_key: list = []
     new_slots: List[Tuple[Any, torch.Tensor]] = []
     any_dev = False
+    t_form, f_form = _scalar_form(op)
+    scal: list = []           # [(leaf index, value, dtype as an input)]
+    all_fp32 = True
     for a in flat:
         if isinstance(a, torch.Tensor):
             if a.device.type != "neuron":
                 if a.dim() or a.requires_grad:
                     raise _NotRecordable("a host tensor argument")
+                if t_form and a.dtype in _SCALAR_DTYPES:
+                    scal.append((len(leaves), a.item(), a.dtype))
+                    meta_key.append(("t?", a.dtype))
+                else:
+                    meta_key.append(_leaf_key(a))
                 leaves.append(a)
-                meta_key.append(_leaf_key(a))
                 continue
             any_dev = True
+            if a.dtype is not torch.float32:
+                all_fp32 = False
             st = a.untyped_storage()
             s = w.slot_of(st)
             if s is None:
@@ -412,10 +529,20 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec) -> Any:
             meta_key.append((r.shape, r.stride, r.offset, r.dtype))
             slot_key.append(s.index)
         else:
+            if f_form is not None and type(a) is float:
+                scal.append((len(leaves), a, None))
+                meta_key.append(_F_KEY)
+            else:
+                meta_key.append(_leaf_key(a))
             leaves.append(a)
-            meta_key.append(_leaf_key(a))
     if not any_dev:
         raise _NotRecordable("no device tensor argument")
+    if f_form is not None and scal:
+        fs = [x for x in scal if x[2] is None]
+        if len(fs) > 1 or not all_fp32:     # the form scales one fp32 operand: otherwise the value is a literal
+            for li, v, _ in fs:
+                meta_key[li + 1] = _leaf_key(v)
+            scal = [x for x in scal if x[2] is not None]
     mk = tuple(meta_key)
     rec_key = (mk, tuple(slot_key))
     if rec_key in _REFUSED:
@@ -451,7 +578,13 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec) -> Any:
             out.append(flat[it[1]])
         else:
             out.append(it[1])
-    w.recs.append(_Rec(op, leaves, spec, plan, fresh, _user_src()))
+    sc = ()
+    if scal:
+        n = len(w.svals)
+        sc = tuple((li, n + k) for k, (li, _, _) in enumerate(scal))
+        w.svals.extend(v for _, v, _ in scal)
+        w.sdtypes.extend(torch.float32 if d is None else d for _, _, d in scal)
+    w.recs.append(_Rec(op, leaves, spec, plan, fresh, _user_src(), sc))
     w.keys.append(rec_key)
     tracking.count(name)
     result = tree_unflatten(out, tree)
@@ -504,17 +637,20 @@ def before_host_access(t: torch.Tensor) -> None:
 
 
 class _Compiled:
-    """A compiled window: the executable, which slots are its inputs and outputs, and the IR's mutations."""
+    """A compiled window: the executable, which slots are its inputs and outputs, the IR's mutations, which
+    scalars are inputs (``params``, after the slots) and the values of those baked in (``fixed``)."""
 
-    __slots__ = ("exe", "inputs", "outputs", "mutations", "reason", "name")
+    __slots__ = ("exe", "inputs", "outputs", "mutations", "reason", "name", "params", "fixed")
 
-    def __init__(self, exe=None, inputs=(), outputs=(), mutations=(), reason=None, name=""):
+    def __init__(self, exe=None, inputs=(), outputs=(), mutations=(), reason=None, name="", params=(), fixed=()):
         self.exe = exe
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs)
         self.mutations = tuple(mutations)
         self.reason = reason
         self.name = name
+        self.params = tuple(params)
+        self.fixed = tuple(fixed)
 
 
 def _short(src: Optional[Tuple[str, int]]) -> Optional[str]:
@@ -548,7 +684,9 @@ def _run_window(w: _Window, reason: str, kind: str) -> None:
     if entries is not None:
         _CACHE.move_to_end(key)
         need = set(live)
-        entry = next((e for e in entries if e.exe is None or need.issubset(e.outputs)), None)
+        sv = w.svals
+        entry = next((e for e in entries if e.exe is None or (need.issubset(e.outputs) and
+                                                             (not e.fixed or _baked_match(e, sv)))), None)
     hit = entry is not None
     if hit:
         _STATS["hits"] += 1
@@ -556,7 +694,7 @@ def _run_window(w: _Window, reason: str, kind: str) -> None:
         if entries:
             live = tuple(sorted(set(live).union(*(e.outputs for e in entries))))
         t0 = time.perf_counter()
-        entry = _compile(w, live)
+        entry = _compile(w, live, _params(w, entries))
         _STATS["compile_s"] += time.perf_counter() - t0
         _STATS["compiles"] += 1
         if entries is None:
@@ -593,6 +731,9 @@ def _alias(st: Any, dtype: torch.dtype, shape: Tuple[int, ...]) -> torch.Tensor:
 def _run_compiled(w: _Window, entry: _Compiled) -> None:
     slots = w.slots
     ins = [_alias(slots[i].strong, slots[i].dtype, slots[i].shape) for i in entry.inputs]
+    if entry.params:
+        sv, sd = w.svals, w.sdtypes
+        ins += [torch.tensor(sv[i], dtype=sd[i]) for i in entry.params]
     outs = entry.exe(ins)
     prof = entry.exe.last_profile
     if prof is not None:
@@ -614,15 +755,16 @@ def _compile_ir(ir: Any, name: str) -> Any:
     return lower.compile_ir(ir, name=name)
 
 
-def _compile(w: _Window, live: Tuple[int, ...]) -> _Compiled:
+def _compile(w: _Window, live: Tuple[int, ...], params: Tuple[int, ...] = ()) -> _Compiled:
     from ..passes import optimize
     from ..trace import trace_flat
 
     name = _window_name(w)
     ext = [s.index for s in w.slots if s.external]
     metas = [torch.empty(w.slots[i].shape, dtype=w.slots[i].dtype, device="meta") for i in ext]
+    metas += [torch.empty((), dtype=w.sdtypes[i], device="meta") for i in params]
     try:
-        traced = trace_flat(_replayer(w, ext, live), metas)
+        traced = trace_flat(_replayer(w, ext, live, params), metas)
         ir = optimize(traced.ir)
         exe = _compile_ir(ir, name)
     except _ReplayError as e:
@@ -631,7 +773,9 @@ def _compile(w: _Window, live: Tuple[int, ...]) -> _Compiled:
                          f"{str(e.cause).splitlines()[0] if str(e.cause) else ''}", name=name)
     except Exception as e:   # the window runs op by op; its ops' own errors (if any) surface there
         return _Compiled(reason=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", name=name)
-    return _Compiled(exe, ext, live, ir.mutations, name=name)
+    ps = set(params)
+    fixed = tuple((i, v) for i, v in enumerate(w.svals) if i not in ps)
+    return _Compiled(exe, ext, live, ir.mutations, name=name, params=params, fixed=fixed)
 
 
 class _ReplayError(Exception):
@@ -641,8 +785,28 @@ class _ReplayError(Exception):
         self.cause = cause
 
 
-def _replayer(w: _Window, ext: List[int], live: Tuple[int, ...]):
-    """The function :func:`tn.trace.trace_flat` traces: the window's ops, in order, on its storages' values."""
+def _scalar_leaves(w: _Window, rec: _Rec, leaves: list, inputs: Optional[Dict[int, torch.Tensor]] = None) -> Any:
+    """Put ``rec``'s scalars into ``leaves`` as recorded (host tensors rebuilt from the recorded value: the
+    user may have changed them since) or, for those in ``inputs`` (window scalar index -> 0-dim tensor), as
+    that tensor; returns the tensor that stands for a float scalar (its leaf is ``_MARK``), or None."""
+    form = None
+    for li, gi in rec.scal:
+        x = rec.leaves[li]
+        t = inputs.get(gi) if inputs else None
+        if t is None:
+            if type(x) is not float:
+                leaves[li] = torch.tensor(w.svals[gi], dtype=x.dtype)
+        elif type(x) is float:
+            leaves[li] = _MARK
+            form = t
+        else:
+            leaves[li] = t
+    return form
+
+
+def _replayer(w: _Window, ext: List[int], live: Tuple[int, ...], params: Tuple[int, ...] = ()):
+    """The function :func:`tn.trace.trace_flat` traces: the window's ops, in order, on its storages' values
+    (then the scalars ``params`` as 0-dim inputs)."""
     from ..trace import source_hint
     from .eager import _unflatten
 
@@ -655,12 +819,17 @@ def _replayer(w: _Window, ext: List[int], live: Tuple[int, ...]):
 
     def replay(*tensors):
         bases = dict(zip(ext, tensors))
+        inputs = dict(zip(params, tensors[len(ext):]))
         for k, rec in enumerate(w.recs):
             try:
                 with source_hint(_short(rec.src)):
                     leaves = [view(bases, x) if type(x) is _Ref else x for x in rec.leaves]
+                    op = rec.op
+                    form = _scalar_leaves(w, rec, leaves, inputs) if rec.scal else None
                     args, kwargs = _unflatten(leaves, rec.spec)
-                    res = rec.op(*args, **kwargs)
+                    if form is not None:
+                        op, args, kwargs = _tensor_scalar_call(op, args, kwargs, form)
+                    res = op(*args, **kwargs)
                     if rec.fresh:
                         flat = tree_flatten(res)[0]
                         for j, slot in rec.fresh:
@@ -740,6 +909,8 @@ def _run_op_by_op(w: _Window) -> None:
         stores.append(st)
     for rec in w.recs:
         leaves = [_tensor_on(stores[x.slot], x) if type(x) is _Ref else x for x in rec.leaves]
+        if rec.scal:
+            _scalar_leaves(w, rec, leaves)
         args, kwargs = _unflatten(leaves, rec.spec)
         try:
             res = run_op(rec.op, args, kwargs)
@@ -793,6 +964,8 @@ def clear_cache() -> None:
     """Drop every compiled window (and the record of windows that could not be traced)."""
     _CACHE.clear()
     _REFUSED.clear()
+    _SITES.clear()
+    _VARYING.clear()
 
 
 allocator.BEFORE_HOST_ACCESS[0] = before_host_access
