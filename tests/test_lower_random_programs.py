@@ -105,3 +105,17 @@ def test_random_programs_compile_and_match_reference(chunk):
 def test_many_random_programs_compile_and_match_reference():
     for seed in range(100, 400):
         _check(seed)
+
+
+def test_a_group_holding_a_transposed_read_permute_is_not_planned():
+    """A permute that the matmul reads transposed (never made) inside a fused group of reshapes: the group once
+    asked for the permute's value and the compiler failed with ``KeyError: Var#..`` (found by the OpInfo run,
+    the gradient of cholesky under tn.jit)."""
+    def fn(h, a, g):
+        k = (a * g).transpose(-1, -2)
+        n = h.reshape(1, 5, 5) @ k.reshape(1, 5, 5)
+        return n.reshape(1, 1, 5, 5).relu(), h.transpose(-1, -2).exp()
+
+    inputs = [torch.randn(1, 1, 5, 5, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    for got, want in zip(tn.jit(fn, backend="neuron")(*inputs), fn(*inputs)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -826,6 +826,12 @@ class NeuronExecutable:
                 groups[k0] = c
                 in_chain.update(rng)
         elide, trans = self._plan_transposed(host, in_chain) if self.fuse else (set(), {})
+        for kk in [kk for kk, g in (groups or {}).items() if isinstance(g, (fusion.Group, fusion.EpilogueGroup))]:
+            # a group holding a permute (or its reshape) that a matmul reads transposed instead would read a value
+            # that is never made: its equations are lowered one by one
+            first = kk + 1 if isinstance(groups[kk], fusion.EpilogueGroup) else kk
+            if kk not in in_chain and any(j in elide for j in range(first, first + len(groups[kk].eqns))):
+                del groups[kk]
         handoff = self._plan_handoff(host, groups, elide, trans, pros) if self.fuse else {}
         pro_src = {a: p.src for a, p in pros.items()}
         preload_at = self._plan_preloads(host, groups, pros)
