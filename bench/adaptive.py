@@ -41,7 +41,12 @@ How it is measured, so that the numbers can be trusted on a shared machine:
 A goal is "met" when all three ratios meet it: within 1.1x of
 min(eager, jit) on every workload; below 1.0 on (c) and (d). Verdicts are
 printed for wall time (the goal as stated) and for CPU time (the same
-comparison without the other tenants' noise).
+comparison without the other tenants' noise). A verdict is "NOT met",
+whatever the ratios, when any repeat of eager, jit or adaptive gave a wrong
+answer (a stack output not ``allclose`` to CPU eager at atol = rtol = 1e-3;
+a GPT-2 sequence differing from CPU eager's tokens), failed, or ran on the
+CPU instead of the neuron device (the device check failed, so the strategy
+silently became a CPU run: a different measurement).
 
 Columns: wall and CPU time min / median (s), modelled NeuronCore time (ms,
 from ``tn.profile()``, median), compiles (median); below the table the
@@ -220,8 +225,9 @@ def run_stack(kind: str, strategy: str, scale: int) -> dict:
         outs = [f(x) for x in xs_dev]
         wall, cpu = time.perf_counter() - t0, _cpu() - c0
     err = max(float((y.cpu() - r).abs().max()) for y, r in zip(outs, refs))
+    ok = all(torch.allclose(y.cpu(), r, atol=1e-3, rtol=1e-3) for y, r in zip(outs, refs))
     row = {"wall_s": wall, "cpu_s": cpu, "device_ms": prof.total_us / 1e3, "compiles": compiles(), "err": err,
-           "place": dev}
+           "ok": ok, "place": dev}
     if strategy == "adaptive":
         row["report"] = f.report(print_table=False)
     return row
@@ -286,7 +292,7 @@ def run_gpt2(strategy: str, scale: int) -> dict:
         wall, cpu = time.perf_counter() - t0, _cpu() - c0
     bad = sum(0 if torch.equal(o.cpu(), r) else 1 for o, r in zip(outs, refs))
     row = {"wall_s": wall, "cpu_s": cpu, "device_ms": prof.total_us / 1e3, "compiles": compiles(), "err": bad,
-           "place": dev}
+           "ok": bad == 0, "place": dev}
     if strategy == "adaptive":
         row["report"] = target.report(print_table=False)
     return row
@@ -365,22 +371,55 @@ def _ratios(cols: dict, metric: str = "wall_s") -> dict:
             "paired_median": statistics.median(paired), "paired": paired}
 
 
+def _expected_place(strategy: str) -> str:
+    """Where a strategy's cell must run for the measurement to be the one named."""
+    return "cpu" if strategy == "tc-cpu" else "neuron"
+
+
+def problems(cols: dict, strategies=("eager", "jit", "adaptive")) -> list:
+    """Why a goal cannot be met whatever the times: wrong answers, failed cells, silent CPU fallbacks."""
+    out = []
+    for s in strategies:
+        rows = cols.get(s, [])
+        if not rows:
+            out.append(f"{s} did not run")
+        failed = [x for x in rows if "error" in x]
+        if failed:
+            out.append(f"{s} failed in {len(failed)} repeat(s): {failed[0]['error']}")
+        ok = [x for x in rows if "error" not in x]
+        wrong = [x for x in ok if not x.get("ok", x.get("err", 0) == 0)]
+        if wrong:
+            out.append(f"{s} WRONG answer in {len(wrong)} repeat(s) (err {max(x['err'] for x in wrong)})")
+        moved = [x for x in ok if x.get("place", _expected_place(s)) != _expected_place(s)]
+        if moved:
+            out.append(f"{s} ran on {moved[0]['place']} instead of {_expected_place(s)} in {len(moved)} repeat(s) "
+                       f"(the device check failed)")
+    return out
+
+
 def verdicts(results: dict, metric: str = "wall_s") -> list:
-    """One line per goal: met / not met, with the ratios (of wall time, or of ``metric``)."""
+    """One line per goal: met / not met, with the ratios (of wall time, or of ``metric``).
+
+    Fails on a wrong answer, a failed cell or a cell that ran somewhere other than its strategy says
+    (``problems``), whatever the ratios.
+    """
     lines = []
     what = {"wall_s": "wall", "cpu_s": "cpu"}[metric]
     for kind, cols in results.items():
-        rt = _ratios(cols, metric)
+        bad = problems(cols)
+        rt = _ratios(cols, metric)  # {} when a repeat of eager, jit or adaptive failed
         goal = GOALS[kind]
         if not rt:
-            lines.append(f"goal {kind} ({what}): n/a (a column failed)")
+            lines.append(f"goal {kind} ({what}): NOT met (no ratios: {'; '.join(bad) or 'a column failed'})")
             continue
         vals = (rt["of_min"], rt["of_median"], rt["paired_median"])
         met = all(v < goal for v in vals) if goal == 1.0 else all(v <= goal for v in vals)
+        met = met and not bad
         want = "< 1.0 (strictly better than eager and jit)" if goal == 1.0 else f"<= {goal} x min(eager, jit)"
         lines.append(f"goal {kind} ({what}): adaptive/best {want}: {'met' if met else 'NOT met'} "
                      f"(ratio of minima {vals[0]:.2f}, of medians {vals[1]:.2f}, paired median {vals[2]:.2f}; "
-                     f"paired per repeat {', '.join(f'{p:.2f}' for p in rt['paired'])})")
+                     f"paired per repeat {', '.join(f'{p:.2f}' for p in rt['paired'])})"
+                     + (f" [{'; '.join(bad)}]" if bad else ""))
     return lines
 
 
@@ -463,6 +502,8 @@ def main(argv=None) -> int:
     for kind, cols in results.items():
         errs = {s: max((x.get("err", 0) for x in rows if "error" not in x), default="n/a") for s, rows in cols.items()}
         print(f"{kind}: max |diff| vs CPU eager (gpt2: differing sequences): {errs}")
+        bad = problems(cols, strategies)
+        print(f"{kind}: answers and placement of every column: " + ("ok" if not bad else "; ".join(bad)))
     for line in verdicts(results) + verdicts(results, "cpu_s"):
         print(line)
     if args.reports:
