@@ -24,7 +24,8 @@ the model on the device); ``torch.compile`` (``backend="neuron"``, model on
 the device, optimizer step eager on the device).
 
 Per mode: the first step (cold: traces and compiles) is timed alone, then
-``--repeats`` steps give host wall min / median (ms); one more step runs
+(after a full garbage collection, so the cold step's garbage does not land in
+them) ``--repeats`` steps give host wall min / median (ms); one more step runs
 inside ``tn.profile()`` for the modelled NeuronCore time, HBM bytes and
 programs run per step (``tn.profile`` sees every thread, so autograd's device
 thread too); ``compiles``: programs compiled over all steps of the mode
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import logging
 import os
@@ -209,6 +211,7 @@ def measure(label: str, step, repeats: int, counters: Counters) -> dict:
     step()
     first = time.perf_counter() - t
     c1 = counters.total()
+    gc.collect()   # the cold step's garbage (traced IR, compiled programs) is not charged to the timed steps
     times = []
     for _ in range(repeats):
         t = time.perf_counter()

@@ -349,3 +349,21 @@ def test_recording_makes_no_reference_cycles(adaptive, monkeypatch):
         assert ref() is None
     finally:
         gc.enable()
+
+
+def test_a_steady_loop_binds_its_inputs_without_new_aliases(adaptive, monkeypatch):
+    # a cache hit's cost is per op and per binding: the inputs of a steady loop (weights, optimizer state) keep
+    # their addresses, so their host views are made once, not at every flush
+    made = []
+    real = windows._alias
+    monkeypatch.setattr(windows, "_alias", lambda *a: made.append(a) or real(*a))
+    w = torch.randn(16, 16).to("neuron")
+    b = torch.randn(16).to("neuron")
+    x = torch.randn(4, 16).to("neuron")
+    outs = []
+    for _ in range(3):
+        made.clear()
+        outs.append(((x @ w + b).relu() * 2).cpu())
+    assert windows.stats()["hits"] == 2
+    assert len(made) == 1        # the one result; x, w and b were bound through the views kept from the first call
+    torch.testing.assert_close(outs[2], ((x.cpu() @ w.cpu() + b.cpu()).relu() * 2))

@@ -56,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -193,7 +194,7 @@ class _Rec:
 class _Window:
     """The ops recorded since the last flush of one queue."""
 
-    __slots__ = ("recs", "slots", "by_ptr", "keys", "blanks", "index", "svals", "sdtypes")
+    __slots__ = ("recs", "slots", "by_ptr", "keys", "blanks", "index", "svals", "sdtypes", "limit")
 
     def __init__(self, index: int = 0):
         self.index = index                 # the neuron device the window's memory lives on
@@ -204,6 +205,7 @@ class _Window:
         self.blanks: Dict[int, Any] = {}   # address -> weak reference: memory torch.empty made, no op used yet
         self.svals: List[float] = []       # values of the scalar arguments that may be program inputs ...
         self.sdtypes: List[torch.dtype] = []   # ... and the dtypes they have as inputs
+        self.limit = 1024                  # the buffer limit (TN_WINDOW_OPS), read when the first op is recorded
 
     def slot_of(self, st: Any) -> Optional[_Slot]:
         """The live slot of storage ``st`` (None if the window does not touch it)."""
@@ -235,19 +237,6 @@ def _queue(index: int) -> _Queue:
     return q
 
 
-def _device_index(flat: list) -> Optional[int]:
-    """The one neuron device index of the call's tensors (None: none, or several devices)."""
-    idx = None
-    for a in flat:
-        if isinstance(a, torch.Tensor) and a.device.type == "neuron":
-            i = a.device.index or 0
-            if idx is None:
-                idx = i
-            elif i != idx:
-                return None
-    return idx
-
-
 def pending_ops() -> int:
     """Ops recorded and not yet run (in every queue)."""
     return sum(len(q.window.recs) for q in _QUEUES.values())
@@ -256,13 +245,35 @@ def pending_ops() -> int:
 # --------------------------------------------------------------------------- recording
 
 
-def _user_src() -> Optional[Tuple[str, int]]:
-    from ..trace import user_frame
+_CODES: Dict[int, Tuple[Any, bool]] = {}    # id(code) -> (code, tn's or torch's own): tn.trace's verdict, cached
+_CODES_DIRS = [0]                           # len(tn.trace._INTERNAL_DIRS) the cache was made with
+_TRACE: List[Any] = [None]                  # the tn.trace module, imported on first use
 
-    f = user_frame()
-    if f is None:
-        return None
-    src = (f.f_code.co_filename, f.f_lineno)
+
+def _user_src(depth: int = 1) -> Optional[Tuple[str, int]]:
+    """``(file, line)`` of the innermost frame of the user's code (as :func:`tn.trace.user_frame`), or None;
+    the search starts ``depth`` frames up (frames known to be tn's need no look-up)."""
+    trace = _TRACE[0]
+    if trace is None:
+        from .. import trace
+
+        _TRACE[0] = trace
+    if len(trace._INTERNAL_DIRS) != _CODES_DIRS[0] or len(_CODES) > 4096:
+        _CODES.clear()
+        _CODES_DIRS[0] = len(trace._INTERNAL_DIRS)
+    codes = _CODES
+    internal = trace._is_internal
+    f = sys._getframe(depth)
+    src = None
+    while f is not None:
+        c = f.f_code
+        e = codes.get(id(c))
+        if e is None or e[0] is not c:
+            e = codes[id(c)] = (c, internal(c))
+        if not e[1]:
+            src = (c.co_filename, f.f_lineno)
+            break
+        f = f.f_back
     # drop the frame before returning: were it this very frame (tn's files counted as the user's), the local
     # would make a cycle that holds every caller's locals, the op's results among them, until the collector runs
     del f
@@ -300,7 +311,8 @@ def _meta_of(r: _Ref) -> torch.Tensor:
 
 
 def _plan(op, leaves: list, spec) -> Any:
-    """Run ``op``'s meta kernel: ``(out_tree, [("alias", leaf) | ("fresh", shape, dtype) | ("static", v)])``."""
+    """Run ``op``'s meta kernel: ``(out_tree, [("alias", leaf) | ("fresh", shape, dtype, strides) |
+    ("static", v)], whether the result is one value)``."""
     from .eager import _unflatten
 
     metas = [_meta_of(x) if type(x) is _Ref else
@@ -313,10 +325,12 @@ def _plan(op, leaves: list, spec) -> Any:
     for x in flat:
         if isinstance(x, torch.Tensor):
             i = by_id.get(id(x))
-            out.append(("alias", i) if i is not None else ("fresh", tuple(x.shape), x.dtype))
+            shape = tuple(x.shape)
+            out.append(("alias", i) if i is not None else
+                       ("fresh", shape, x.dtype, allocator.contiguous_strides(shape)))
         else:
             out.append(("static", x))
-    return tree, out
+    return tree, out, tree.is_leaf()
 
 
 _COPY = aten.copy_.default
@@ -445,20 +459,41 @@ def record(op, name: str, flat: list, spec, deterministic: bool = False) -> Any:
     results (neuron tensors whose contents the window's flush computes), or ``NotImplemented`` when the op
     must run eagerly now (the queue was flushed first where the op depends on it). ``deterministic``: the
     caller knows this call draws no random numbers although torch tags the op random (SDPA without dropout)."""
-    if not deterministic and _SEEDED in op.tags:
+    info = _OPS.get(op)
+    if info is None:
+        info = _op_info(op)
+    if info[3] and not deterministic:
         flush("random op", name)
         return NotImplemented
-    index = _device_index(flat)
-    if index is None:
+    index = -1
+    for a in flat:
+        if isinstance(a, torch.Tensor) and not a.is_cpu:
+            i = a.get_device()
+            if index < 0:
+                index = i
+            if i != index or i < 0:
+                index = -2
+                break
+    if index < 0:
         flush("tensors on several devices", name)
         return NotImplemented
-    q = _queue(index)
+    q = _QUEUES.get(index) or _queue(index)
     with q.lock:
         try:
-            return _record(q, index, op, name, flat, spec)
+            return _record(q, index, op, name, flat, spec, info)
         except _NotRecordable as e:
             flush(str(e), name)
             return NotImplemented
+
+
+_OPS: Dict[Any, Tuple[bool, bool, Optional[str], bool]] = {}   # op -> (traceable, t_form, f_form, random)
+
+
+def _op_info(op) -> Tuple[bool, bool, Optional[str], bool]:
+    """What recording needs to know of ``op``, once: traceable, its scalar forms, whether torch tags it random."""
+    t_form, f_form = _scalar_form(op)
+    info = _OPS[op] = (_traceable(op), t_form, f_form, _SEEDED in op.tags)
+    return info
 
 
 _TRACEABLE: Dict[Any, bool] = {}
@@ -481,21 +516,22 @@ def _traceable(op) -> bool:
     return ok
 
 
-def _record(q: _Queue, index: int, op, name: str, flat: list, spec) -> Any:
-    if not _traceable(op):
+def _record(q: _Queue, index: int, op, name: str, flat: list, spec, info) -> Any:
+    traceable, t_form, f_form, _ = info
+    if not traceable:
         raise _NotRecordable("an op the tracer cannot replay")
     w = q.window
+    by_ptr = w.by_ptr
     leaves: list = []
     meta_key: list = [op]
     slot_key: list = []
     new_slots: List[Tuple[Any, torch.Tensor]] = []
     any_dev = False
-    t_form, f_form = _scalar_form(op)
     scal: list = []           # [(leaf index, value, dtype as an input)]
     all_fp32 = True
     for a in flat:
         if isinstance(a, torch.Tensor):
-            if a.device.type != "neuron":
+            if a.is_cpu:
                 if a.dim() or a.requires_grad:
                     raise _NotRecordable("a host tensor argument")
                 if t_form and a.dtype in _SCALAR_DTYPES:
@@ -506,10 +542,13 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec) -> Any:
                 leaves.append(a)
                 continue
             any_dev = True
-            if a.dtype is not torch.float32:
+            dtype = a.dtype
+            if dtype is not torch.float32:
                 all_fp32 = False
             st = a.untyped_storage()
-            s = w.slot_of(st)
+            s = by_ptr.get(st.data_ptr())
+            if s is not None and s.storage() is not st:
+                s = None
             if s is None:
                 for st2, t2 in new_slots:
                     if st2 is st:
@@ -519,14 +558,14 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec) -> Any:
                     nb = st.nbytes()
                     blank = w.blanks.get(st.data_ptr())
                     blank = blank is not None and blank() is st
-                    s = _Slot(len(w.slots) + len(new_slots), st, not blank, a.dtype, _base_shape(a, nb), blank)
+                    s = _Slot(len(w.slots) + len(new_slots), st, not blank, dtype, _base_shape(a, nb), blank)
                     new_slots.append((st, s))
-                    slot_key.append(("blank" if blank else "ext", s.index, s.shape, s.dtype))
-            if s.dtype != a.dtype:
+                    slot_key.append(("blank" if blank else "ext", s.index, s.shape, dtype))
+            if s.dtype is not dtype:
                 raise _NotRecordable("a dtype view of pending memory")
-            r = _Ref(s.index, tuple(a.shape), tuple(a.stride()), a.storage_offset(), a.dtype)
-            leaves.append(r)
-            meta_key.append((r.shape, r.stride, r.offset, r.dtype))
+            m = (tuple(a.shape), a.stride(), a.storage_offset(), dtype)
+            leaves.append(_Ref(s.index, *m))
+            meta_key.append(m)
             slot_key.append(s.index)
         else:
             if f_form is not None and type(a) is float:
@@ -545,7 +584,7 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec) -> Any:
             scal = [x for x in scal if x[2] is not None]
     mk = tuple(meta_key)
     rec_key = (mk, tuple(slot_key))
-    if rec_key in _REFUSED:
+    if _REFUSED and rec_key in _REFUSED:
         raise _NotRecordable("an op the window tracer refused before")
     plan = _META.get(mk)
     if plan is None:
@@ -554,7 +593,7 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec) -> Any:
         except Exception as e:   # no meta kernel, or a bad call: eager runs it (and raises at the user's line)
             raise _NotRecordable(f"its meta kernel failed ({type(e).__name__})") from None
         _META[mk] = plan
-    tree, items = plan
+    tree, items, single = plan
     # commit: the op belongs to the window from here on
     for st, s in new_slots:
         w.slots.append(s)
@@ -567,11 +606,11 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec) -> Any:
         kind = it[0]
         if kind == "fresh":
             shape, dtype = it[1], it[2]
-            t = allocator.new_tensor(shape, allocator.contiguous_strides(shape), dtype, index)
+            t = allocator.new_tensor(shape, it[3], dtype, index)
             st = t.untyped_storage()
             s = _Slot(len(w.slots), st, False, dtype, shape)
             w.slots.append(s)
-            w.by_ptr[st.data_ptr()] = s
+            by_ptr[st.data_ptr()] = s
             fresh.append((j, s.index))
             out.append(t)
         elif kind == "alias":
@@ -584,11 +623,14 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec) -> Any:
         sc = tuple((li, n + k) for k, (li, _, _) in enumerate(scal))
         w.svals.extend(v for _, v, _ in scal)
         w.sdtypes.extend(torch.float32 if d is None else d for _, _, d in scal)
-    w.recs.append(_Rec(op, leaves, spec, plan, fresh, _user_src(), sc))
+    recs = w.recs
+    if not recs:
+        w.limit = config.get("window_ops")
+    recs.append(_Rec(op, leaves, spec, plan, fresh, _user_src(3), sc))
     w.keys.append(rec_key)
     tracking.count(name)
-    result = tree_unflatten(out, tree)
-    if len(w.recs) >= config.get("window_ops"):
+    result = out[0] if single else tree_unflatten(out, tree)
+    if len(recs) >= w.limit:
         flush("buffer limit")
     return result
 
@@ -728,9 +770,24 @@ def _alias(st: Any, dtype: torch.dtype, shape: Tuple[int, ...]) -> torch.Tensor:
     return torch.empty(0, dtype=dtype).set_(cst, 0, shape, allocator.contiguous_strides(shape))
 
 
+_ALIASES: Dict[Tuple[int, torch.dtype, Tuple[int, ...]], torch.Tensor] = {}
+
+
+def _cached_alias(st: Any, dtype: torch.dtype, shape: Tuple[int, ...]) -> torch.Tensor:
+    """:func:`_alias`, kept per address, dtype and shape, for program inputs: a steady loop binds the same
+    weights and state every call. (An alias only names memory: it is used while a live storage owns it.)"""
+    k = (st.data_ptr(), dtype, shape)
+    t = _ALIASES.get(k)
+    if t is None:
+        if len(_ALIASES) > 8192:
+            _ALIASES.clear()
+        t = _ALIASES[k] = _alias(st, dtype, shape)
+    return t
+
+
 def _run_compiled(w: _Window, entry: _Compiled) -> None:
     slots = w.slots
-    ins = [_alias(slots[i].strong, slots[i].dtype, slots[i].shape) for i in entry.inputs]
+    ins = [_cached_alias(slots[i].strong, slots[i].dtype, slots[i].shape) for i in entry.inputs]
     if entry.params:
         sv, sd = w.svals, w.sdtypes
         ins += [torch.tensor(sv[i], dtype=sd[i]) for i in entry.params]
@@ -752,7 +809,13 @@ def _compile_ir(ir: Any, name: str) -> Any:
     """A window's executable (strict mode: a host equation raises, and the window runs op by op)."""
     from .. import lower
 
-    return lower.compile_ir(ir, name=name)
+    exe = lower.compile_ir(ir, name=name)
+    # No laid-out weight variant (tn.lower.layout): the executable would compile itself a second time on its
+    # second call with the same weights. Measured on HF GPT-2 generate (32 decode windows, each run once per
+    # call): 2.2 s of compiling in the second call, for 2% less modelled device time; a training window
+    # updates its weights, so it never qualified.
+    exe._layout = None
+    return exe
 
 
 def _compile(w: _Window, live: Tuple[int, ...], params: Tuple[int, ...] = ()) -> _Compiled:
@@ -966,6 +1029,7 @@ def clear_cache() -> None:
     _REFUSED.clear()
     _SITES.clear()
     _VARYING.clear()
+    _ALIASES.clear()
 
 
 allocator.BEFORE_HOST_ACCESS[0] = before_host_access
