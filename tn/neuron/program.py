@@ -544,9 +544,7 @@ class Encoded:
         """Arrays and per-tensor facts the runtime needs on every run, computed once per program."""
         prep = self.__dict__.get("_prep")
         if prep is None:
-            from .runtime import _prepare
-
-            prep = self.__dict__["_prep"] = _prepare(self)
+            prep = self.__dict__["_prep"] = _RUNTIME["prepare"](self)
         return prep
 
     def prepare_call(self):
@@ -555,16 +553,12 @@ class Encoded:
         ``tn.neuron.run(enc, values)`` without the per-call set-up."""
         call = self.__dict__.get("_call")
         if call is None:
-            from .runtime import PreparedCall
-
-            call = self.__dict__["_call"] = PreparedCall(self)
+            call = self.__dict__["_call"] = _RUNTIME["PreparedCall"](self)
         return call
 
     def run(self, bindings=None, **kwargs):
         """Run on the software NeuronCore (see :func:`tn.neuron.runtime.run`)."""
-        from .runtime import run
-
-        return run(self, bindings, **kwargs)
+        return _RUNTIME["run"](self, bindings, **kwargs)
 
     def listing(self, limit: int = None) -> str:
         """Readable text of the program, one instruction per line (queue, opcode, operands, waits)."""
@@ -648,6 +642,18 @@ def _fold_entries(entries, grain):
 def _f64_bits(v) -> int:
     """int64 bit pattern of float64 v (how immediates are encoded)."""
     return _UNPACK_I64.unpack(_PACK_F64.pack(float(v)))[0]
+
+
+#: The runtime's entry points (:mod:`tn.neuron.runtime`, the layer that runs programs, sits above this module and
+#: registers them when it is imported; ``import tn.neuron`` imports it): ``prepare``, ``PreparedCall``, ``run``,
+#: ``simulate_timing``.
+_RUNTIME: dict = {}
+
+
+def register_runtime(**entry_points) -> None:
+    """Called by :mod:`tn.neuron.runtime` at import: the functions :class:`Encoded`'s conveniences (``run``,
+    ``prepare_call``, ``prepared``) and ``Program.build(check=True)`` call, so this module never imports it."""
+    _RUNTIME.update(entry_points)
 
 
 _ENGINE = []
@@ -1100,9 +1106,7 @@ class Program:
             sbuf_peak_bytes=self._sbuf.peak, psum_peak_bytes=self._psum.peak, sources=list(self._sources),
         )
         if check:
-            from .runtime import simulate_timing
-
-            simulate_timing(enc)
+            _RUNTIME["simulate_timing"](enc)
         return enc
 
     def run(self, bindings=None, **kwargs):

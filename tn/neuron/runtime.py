@@ -32,6 +32,7 @@ from ..errors import NeuronError
 from . import isa
 from . import timeline as _timeline
 from .arch import NUM_ENGINES
+from .program import Encoded, Program, register_runtime
 
 __all__ = ["run", "RunResult", "PreparedCall", "simulate_timing", "to_bf16", "from_bf16", "add_listener",
            "remove_listener", "active_listeners"]
@@ -359,17 +360,16 @@ def _prepare(enc):
     }
 
 
-_LAZY = {}
+_ENGINE = []
 
 
-def _lazy():
-    """Modules imported on first use (the native engine; program.py imports this module)."""
-    if not _LAZY:
+def _engine():
+    """The native engine, imported on first use."""
+    if not _ENGINE:
         from .._native import engine
-        from .program import Encoded, Program
 
-        _LAZY.update(engine=engine, Encoded=Encoded, Program=Program)
-    return _LAZY
+        _ENGINE.append(engine)
+    return _ENGINE[0]
 
 
 _MEMORIES = threading.local()
@@ -447,7 +447,7 @@ class PreparedCall:
         self.sbuf_peak_bytes = int(enc.sbuf_peak_bytes)
         self.psum_peak_bytes = int(enc.psum_peak_bytes)
         self.matmul_flops = prep["flops"]
-        self._engine_run = _lazy()["engine"].run
+        self._engine_run = _engine().run
         arch = enc.arch
         self._mem_shapes = _mem_shapes(arch)
         self._times_shape = (self._n or 1, 2)
@@ -569,8 +569,6 @@ def run(program, bindings=None, *, report: bool = True, fresh_memory: bool = Fal
     on the chip). For repeated runs of one program,
     :meth:`~tn.neuron.program.Encoded.prepare_call` skips the per-call set-up.
     """
-    lz = _lazy()
-    Encoded, Program = lz["Encoded"], lz["Program"]
     enc = program.build(check=False) if isinstance(program, Program) else program
     if not isinstance(enc, Encoded):
         raise NeuronError(f"run() needs a Program or an Encoded program, not {type(program).__name__}")
@@ -588,3 +586,6 @@ def run(program, bindings=None, *, report: bool = True, fresh_memory: bool = Fal
         get = bindings.get
         values = [get(name) for name in call.names]
     return call(values, report=report, fresh_memory=fresh_memory)
+
+
+register_runtime(prepare=_prepare, PreparedCall=PreparedCall, run=run, simulate_timing=simulate_timing)
