@@ -44,6 +44,7 @@ import torch
 
 from ..errors import TnError
 from ..ir import IR, Literal, Var
+from ..shapes import numel
 
 __all__ = ["Mixed", "Lab", "independent_axes", "same_program"]
 
@@ -80,21 +81,14 @@ def _category(name: str) -> str:
     return op.category if op is not None else ""
 
 
-def _prod(xs) -> int:
-    p = 1
-    for x in xs:
-        p *= x
-    return p
-
-
 def _reshape_axis(src: tuple, dst: tuple, a: int, t: int, inner: int) -> Optional[Tuple[int, int, int]]:
     """Where the dimension (factor ``t`` of axis ``a`` of ``src``, ``inner`` below it) lands in ``dst``.
 
     Returns ``(axis, outer, inner)`` of ``dst`` or None when the reshape splits the dimension itself.
     """
-    s = inner * _prod(src[a + 1:])  # flat stride of the dimension
+    s = inner * numel(src[a + 1:])  # flat stride of the dimension
     for j in range(len(dst)):
-        r = _prod(dst[j + 1:])
+        r = numel(dst[j + 1:])
         if s % r == 0 and dst[j] % ((s // r) * t) == 0:
             return j, dst[j] // ((s // r) * t), s // r
     return None

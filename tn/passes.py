@@ -35,6 +35,7 @@ from . import config
 from .errors import CompileError
 from .ir import IR, Eqn, Literal, Var, aval_str
 from .ops import Op
+from .shapes import contiguous_strides
 
 __all__ = [
     "VerifyError", "VERIFY", "FOLD_MAX_NUMEL", "verify", "dce", "cse", "fold_constants",
@@ -319,14 +320,6 @@ def cse(ir: IR) -> IR:
 
 # --------------------------------------------------------------------------- simplification
 
-def _contiguous_strides(shape: Sequence[int]) -> Tuple[int, ...]:
-    strides, acc = [], 1
-    for d in reversed(tuple(shape)):
-        strides.append(acc)
-        acc *= max(int(d), 1)
-    return tuple(reversed(strides))
-
-
 def _same_aval(a: Any, b: Any) -> bool:
     return _shape_tuple(a.shape) == _shape_tuple(b.shape) and a.dtype == b.dtype
 
@@ -350,7 +343,7 @@ def _is_identity(e: Eqn) -> bool:
         return all(p == 0 for p in at.get("pad", ()))
     if name == "as_strided":
         return (tuple(at.get("size", ())) == x.shape and at.get("offset", 0) == 0
-                and all(st == cs for st, cs, d in zip(at.get("stride", ()), _contiguous_strides(x.shape), x.shape)
+                and all(st == cs for st, cs, d in zip(at.get("stride", ()), contiguous_strides(x.shape), x.shape)
                         if d > 1))
     if name == "mul" and len(e.inputs) == 2 and isinstance(e.inputs[1], Literal):
         v = e.inputs[1].value

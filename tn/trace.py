@@ -63,6 +63,7 @@ from . import config
 from . import ops as _ops
 from .errors import TracingError, UnsupportedOpError
 from .ir import IR, Eqn, Literal, Var, aval_str
+from .shapes import contiguous_strides
 
 __all__ = ["trace_flat", "Traced", "Static", "TracerTensor", "user_source"]
 
@@ -249,7 +250,7 @@ class _Spec:
     def contiguous(shape: Sequence[int], dtype: torch.dtype) -> "_Spec":
         """A row-major spec of ``shape``."""
         shape = tuple(int(d) for d in shape)
-        return _Spec(shape, _row_major(shape), 0, dtype)
+        return _Spec(shape, contiguous_strides(shape), 0, dtype)
 
     def stride(self) -> Tuple[int, ...]:
         """Strides (like ``Tensor.stride()``)."""
@@ -273,14 +274,6 @@ class _Spec:
                 return False
             expected *= d
         return True
-
-
-def _row_major(shape: Tuple[int, ...]) -> Tuple[int, ...]:
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= max(d, 1)
-    return tuple(reversed(strides))
 
 
 class _Store:

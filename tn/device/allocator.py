@@ -31,6 +31,7 @@ from ..errors import ArgumentValueError, DeviceError, MissingDependencyError, Ou
 from ..neuron.machine import MAX_DEVICES, machine
 from ..neuron.timeline import current_core as _current_core
 from ..neuron.timeline import set_current_core as _set_current_core
+from ..shapes import contiguous_strides  # noqa: F401  (re-exported: the device's ops use allocator.contiguous_strides)
 
 __all__ = ["DEVICE", "DEVICES", "DeviceMemoryError", "DeviceIndexError", "alloc_storage", "new_tensor", "cpu_alias",
            "stats", "memory_allocated", "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats",
@@ -342,16 +343,6 @@ def _template(index: int, dtype: torch.dtype) -> torch.Tensor:
         t = base if dtype == torch.uint8 else _view_dtype(_CPU_KEYS, base, dtype)
         _TEMPLATES[(index, dtype)] = t
     return t
-
-
-def contiguous_strides(size) -> tuple:
-    """Row-major strides of ``size``."""
-    st = []
-    acc = 1
-    for s in reversed(size):
-        st.append(acc)
-        acc *= max(int(s), 1)
-    return tuple(reversed(st))
 
 
 #: Called with a neuron tensor before the host reads or writes its memory (tn.device.windows fills it: queued

@@ -43,6 +43,7 @@ import torch
 from ..ir import IR, Eqn, Literal, Var
 from ..neuron import get_arch
 from .base import NEURON_DTYPES, CannotLower, dataflow, store_tile
+from ..shapes import contiguous_strides, numel
 
 __all__ = ["plan", "Group", "EpilogueGroup", "lower_map", "SBUF_BUDGET", "MAX_FREE"]
 
@@ -64,15 +65,6 @@ EPILOGUE_CACHE_BYTES = 16 * 1024
 EPILOGUE_RING_BYTES = 24 * 1024
 #: Op categories whose lowerings write outputs through ctx.store (epilogue heads).
 EPILOGUE_HEADS = ("matmul", "conv", "reduction", "pool")
-
-
-def _contig_strides(shape: Sequence[int]) -> List[int]:
-    st = []
-    s = 1
-    for n in reversed(shape):
-        st.append(s)
-        s *= n
-    return list(reversed(st))
 
 
 def _squeezed(shape: Sequence[int]) -> Tuple[int, ...]:
@@ -118,13 +110,13 @@ def _space_strides(shape: Sequence[int], space: Sequence[int]) -> List[int]:
     shape = _strip(shape, space)
     pad = len(space) - len(shape)
     full = (1,) * pad + shape
-    cs = _contig_strides(full)
+    cs = list(contiguous_strides(full))
     return [0 if (n == 1 and m != 1) else s for n, m, s in zip(full, space, cs)]
 
 
 def _row_strides(space: Sequence[int], r: int) -> List[int]:
     """Strides of a keepdim=False reduction result over the last ``r`` axes of ``space``."""
-    lead = _contig_strides(space[:len(space) - r])
+    lead = list(contiguous_strides(space[:len(space) - r]))
     return lead + [0] * r
 
 
@@ -159,7 +151,7 @@ class _Layout:
         # interval is the 64-cycle floor either way), DMAs move fewer, longer runs, and the host simulates
         # fewer partition rows; but at least ``min_parts`` (the rows of an input left in SBUF by the previous
         # lowering, which is read in place only with one row per partition)
-        n = _numel(dims)
+        n = numel(dims)
         if not whole_c and n < parts * SMALL_FREE:
             parts = min(parts, max(1, -(-n // SMALL_FREE), min_parts))
         if len(dims) == 1:
@@ -207,13 +199,6 @@ class _Layout:
                     yield offs, nout, r0, p, k, c0, f
                     c0 += f
                 r0 += p * k
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -393,7 +378,7 @@ def _max_free(per_elem: int, n_eqns: int, in_vars: List[Var], out_vars: List[Var
     max_free = max(64, min(MAX_FREE, SBUF_BUDGET // per_elem))
     # software pipelining: with several engines in the chain, aim at >= PIPELINE_TILES tiles (the
     # engines then work on different tiles at once), but keep >= MIN_FREE elements per partition
-    per_part = -(-_numel(space) // parts)
+    per_part = -(-numel(space) // parts)
     # >= 2 KiB per partition per DMA (MIN_FREE fp32 elements; more for narrower dtypes)
     min_free = max(MIN_FREE, 4 * MIN_FREE // min([_itemsize(v.dtype) for v in in_vars + out_vars] or [4]))
     if n_eqns > 1 or per_part > 4 * min_free:
@@ -407,7 +392,7 @@ def _max_free(per_elem: int, n_eqns: int, in_vars: List[Var], out_vars: List[Var
 def _row_fits(eqns: List[Eqn], in_vars: List[Var], out_vars: List[Var], space: Sequence[int], r: int,
               parts: int) -> bool:
     """Whether the rows of row group ``eqns`` (reducing the last ``r`` axes of ``space``) fit its SBUF budget."""
-    row = _numel(space[len(space) - r:])
+    row = numel(space[len(space) - r:])
     if row <= 64:
         return True
     # quick accept: bytes per element with every value of the group live at once bound lower_map's count
@@ -581,7 +566,7 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             t = ring(v, i, shp, it)
             if v.dtype == torch.int64:
                 _load_i64(ctx, t, t_hbm, offs[i] + r0 * sr + c0 * sc, dims3)
-            elif sr == 0 and p > 1 and p * _numel(shp[1:]) * _itemsize(v.dtype) >= _BCAST_MIN_BYTES:
+            elif sr == 0 and p > 1 and p * numel(shp[1:]) * _itemsize(v.dtype) >= _BCAST_MIN_BYTES:
                 # the same elements for every partition (a LayerNorm weight): one row, broadcast on chip
                 _bcast_load(prog, t, HbmView(t_hbm, offs[i] + c0 * sc, [(1, 0)] + dims3[1:]), stages)
             else:
@@ -816,7 +801,7 @@ def _map_view(dst: Any, out_shape: Sequence[int], op_strides: Sequence[int]) -> 
     """
     out_shape = tuple(out_shape) or (1,)
     op_strides = list(op_strides) or [0]
-    cs = _contig_strides(out_shape)
+    cs = list(contiguous_strides(out_shape))
     nd = len(out_shape)
 
     def unravel(lin: int) -> List[int]:
@@ -1026,7 +1011,7 @@ class EpilogueGroup:
                 k = (key, tuple(tshape), dtype)
                 ring = self._rings.get(k)
                 if ring is None:
-                    nbytes = 2 * isa.DTYPE_SIZES[isa.dtype_code(dtype)] * max(1, _numel(tshape[1:]))
+                    nbytes = 2 * isa.DTYPE_SIZES[isa.dtype_code(dtype)] * max(1, numel(tshape[1:]))
                     if self._ring_bytes + nbytes <= EPILOGUE_RING_BYTES:
                         ring = self._rings[k] = [[prog.sbuf(tshape, dtype) for _ in range(2)], 0]
                         self._ring_bytes += nbytes
@@ -1076,7 +1061,7 @@ class EpilogueGroup:
                 t = self._cache.get(key)
                 if t is None:
                     t = prog.sbuf(lshape, NEURON_DTYPES[v.dtype])
-                    nbytes = t.itemsize * max(1, _numel(lshape[1:]))
+                    nbytes = t.itemsize * max(1, numel(lshape[1:]))
                     if ldims[0][1] == 0 and self._cached_bytes + nbytes <= EPILOGUE_CACHE_BYTES:
                         # the same for every row tile (a bias): loaded once for the whole head lowering
                         self._cache[key] = t

@@ -35,19 +35,12 @@ from typing import Any, List, Tuple
 
 from .. import ops
 from .base import CannotLower, lowering
-from .shape import FREE_BUDGET_BYTES, _merge, _parts, _prod, _tiles, copy_view, hview, split_rows
+from ..shapes import contiguous_strides, numel
+from .shape import FREE_BUDGET_BYTES, _merge, _parts, _tiles, copy_view, hview, split_rows
 
 __all__ = ["row_gather"]
 
 _EXACT = 1 << 24
-
-
-def _row_strides(shape):
-    st, s = [], 1
-    for n in reversed(shape):
-        st.append(s)
-        s *= n
-    return list(reversed(st))
 
 
 def _idx_view(t, dt, offset, dims):
@@ -128,7 +121,7 @@ def row_gather(ctx: Any, x_t: Any, x_dt: str, x_numel: int, rin: int, out_t: Any
         for toff, tax in _tiles(free, fb, nstr):
             off = tuple(a + b for a, b in zip(poff, toff))
             tshape = [n for n, _ in tax]
-            F = _prod(tshape)
+            F = numel(tshape)
             # row numbers relative to this tile's first row: small enough to be exact in fp32 for any table
             b0 = off[1]
             span = (pc - 1) * ps[1] + sum((n - 1) * s[1] for n, s in tax) + idx_span + 1
@@ -167,17 +160,17 @@ def _gather(ctx, eqn, ins, outs):
     X = tuple(xv.shape) or (1,)
     I = tuple(iv.shape) or (1,)
     d = eqn.attrs["dim"] if xv.shape else 0
-    if _prod(I) == 0:
+    if numel(I) == 0:
         return
-    xs = _row_strides(X)
-    ist = _row_strides(I)
+    xs = contiguous_strides(X)
+    ist = contiguous_strides(I)
     grid = [(n, (ist[k], 0 if k == d else xs[k], ist[k])) for k, n in enumerate(I)]
-    row_gather(ctx, ins[0], x_dt, _prod(X), 1, outs[0], grid, [(ins[1], i_dt, xs[d], X[d], False)])
+    row_gather(ctx, ins[0], x_dt, numel(X), 1, outs[0], grid, [(ins[1], i_dt, xs[d], X[d], False)])
 
 
 def _bcast_strides(shape, target):
     """Row-major strides of ``shape`` broadcast (right-aligned) to ``target`` (0 where broadcast)."""
-    st = _row_strides(shape)
+    st = contiguous_strides(shape)
     lead = len(target) - len(shape)
     out = [0] * lead
     for n, s, m in zip(shape, st, target[lead:]):
@@ -191,7 +184,7 @@ def _index_layout(X, dims, idx_shapes):
     for s in idx_shapes:
         B = _broadcast_shapes(B, tuple(s))
     last = max(dims)
-    rin = _prod(X[last + 1:])
+    rin = numel(X[last + 1:])
     adjacent = list(dims) == list(range(dims[0], dims[0] + len(dims)))
     pre = [k for k in range(last) if k not in dims]
     return B, pre, rin, adjacent
@@ -212,14 +205,14 @@ def _broadcast_shapes(a, b):
 def _index_grid(X, dims, idx_shapes):
     """Grid axes ``(n, (out_row_stride, base_weight, idx strides...))`` and weights of advanced indexing."""
     B, pre, rin, adjacent = _index_layout(X, dims, idx_shapes)
-    xs = _row_strides(X)
+    xs = contiguous_strides(X)
     bstr = [_bcast_strides(tuple(s), B) for s in idx_shapes]
     axes = []  # (n, base_weight_rows, [idx strides])
     pre_ax = [(X[k], xs[k] // rin, [0] * len(idx_shapes)) for k in pre]
     b_ax = [(n, 0, [bs[i] for bs in bstr]) for i, n in enumerate(B)]
     axes = (pre_ax + b_ax) if adjacent else (b_ax + pre_ax)
     gshape = [n for n, _, _ in axes]
-    gst = _row_strides(gshape)
+    gst = contiguous_strides(gshape)
     grid = [(n, (gst[i], w, *st)) for i, (n, w, st) in enumerate(axes)]
     weights = [xs[d] // rin for d in dims]
     return grid, weights, rin, gshape
@@ -236,12 +229,11 @@ def _index(ctx, eqn, ins, outs):
     X = tuple(xv.shape)
     ivs = eqn.inputs[1:]
     idts = [_index_dtype(ctx, v) for v in ivs]
-    if _prod(eqn.outputs[0].shape) == 0:
+    if numel(eqn.outputs[0].shape) == 0:
         return
     grid, weights, rin, _ = _index_grid(X, dims, [tuple(v.shape) for v in ivs])
     idxs = [(t, dt, w, X[d], True) for t, dt, w, d in zip(ins[1:], idts, weights, dims)]
-    row_gather(ctx, ins[0], x_dt, _prod(X), rin, outs[0], grid, idxs)
-
+    row_gather(ctx, ins[0], x_dt, numel(X), rin, outs[0], grid, idxs)
 
 
 # --------------------------------------------------------------------------- index_put (one-hot matmul)
@@ -272,8 +264,8 @@ def _index_put(ctx, eqn, ins, outs):
     ivs = eqn.inputs[2:]
     idts = [_index_dtype(ctx, v) for v in ivs]
     grid, weights, rin, gshape = _index_grid(X, dims, [tuple(v.shape) for v in ivs])
-    nrows = _prod(X) // rin
-    E = _prod(gshape)
+    nrows = numel(X) // rin
+    E = numel(gshape)
     if nrows >= _EXACT:
         raise CannotLower(f"index_put into {nrows} rows: row numbers beyond 2^24 are not exact on fp32 engines")
     # values broadcast to the indexed shape (grid + inner)
@@ -417,13 +409,13 @@ def _scatter_by_dma(ctx, eqn, ins, outs, mode, include_self, x_dt) -> bool:
         return False
     X = tuple(xv.shape) or (1,)
     I = tuple(iv.shape) or (1,)
-    total = _prod(X)
-    if total >= _EXACT or _prod(I) == 0:
+    total = numel(X)
+    if total >= _EXACT or numel(I) == 0:
         return False
     i_dt = _index_dtype(ctx, iv)
     d = eqn.attrs["dim"] if xv.shape else 0
-    xs, ist = _row_strides(X), _row_strides(I)
-    sst = _row_strides(tuple(sv.shape) or (1,)) if not scalar_src else [0] * len(I)
+    xs, ist = contiguous_strides(X), contiguous_strides(I)
+    sst = contiguous_strides(tuple(sv.shape) or (1,)) if not scalar_src else [0] * len(I)
     copy_view(ctx, hview(outs[0], 0, [(total, 1)]), hview(ins[0], 0, [(total, 1)]))
     # grid over the index tensor: (n, (unused, base weight, index stride, src stride))
     grid = [(nk, (0, 0 if k == d else xs[k], ist[k], sst[k])) for k, nk in enumerate(I)]
@@ -437,7 +429,7 @@ def _scatter_by_dma(ctx, eqn, ins, outs, mode, include_self, x_dt) -> bool:
         for toff, tax in _tiles(free, 512, 4):
             off = tuple(a + b for a, b in zip(poff, toff))
             tshape = [k for k, _ in tax]
-            F = _prod(tshape)
+            F = numel(tshape)
             flat = _row_index_tile(ctx, pc, tshape, ps[1], off[1], [st[1] for _, st in tax], idxs, off[2:3],
                                    ps[2:3], [(k, st[2:3]) for k, st in tax])
             flat2 = flat.reshape(pc, F)
@@ -481,19 +473,19 @@ def _scatter_common(ctx, eqn, ins, outs, mode, include_self=True):
     d = eqn.attrs["dim"] if xv.shape else 0
     n, m = X[d], I[d]
     # out = x everywhere first; the lines below overwrite their region
-    total = _prod(X)
+    total = numel(X)
     copy_view(ctx, hview(outs[0], 0, [(total, 1)]), hview(ins[0], 0, [(total, 1)]))
-    if _prod(I) == 0:
+    if numel(I) == 0:
         return
     if m > _LINE_BUDGET // 2:
         raise CannotLower(f"{eqn.op.name} with {m} sources per line")
     if n >= _EXACT or m >= _EXACT:
         raise CannotLower(f"{eqn.op.name}: axis too long for exact fp32 positions")
     jc = max(1, min(n, _LINE_BUDGET // m))
-    xs = _row_strides(X)
-    ist = _row_strides(I)
+    xs = contiguous_strides(X)
+    ist = contiguous_strides(I)
     S = (tuple(sv.shape) or (1,)) if not scalar_src else None
-    sst = _row_strides(S) if S is not None else [0] * len(I)
+    sst = contiguous_strides(S) if S is not None else [0] * len(I)
     lines = [(I[k], (xs[k], ist[k], sst[k])) for k in range(len(I)) if k != d]
     axes = _merge(lines)
     fb = max(1, _LINE_BUDGET // (jc * m))
@@ -504,7 +496,7 @@ def _scatter_common(ctx, eqn, ins, outs, mode, include_self=True):
                 raise CannotLower(f"{eqn.op.name}: line grid needs more than 2 free axes")
             off = tuple(a + b for a, b in zip(poff, toff))
             T = [k for k, _ in tax]
-            L = _prod(T)
+            L = numel(T)
             # indices [pc, T, m] (fp32) and their bounds check (one gather per tile; out-of-range -> error)
             it = prog.sbuf((pc, *T, m), "int32")
             prog.dma_copy(it, _idx_view(ins[1], i_dt, off[1], [(pc, ps[1])] + [(k, s[1]) for k, s in tax]
@@ -630,7 +622,7 @@ def _index_put_scatter(ctx, ins, outs, X, x_dt, rin, nrows, chunks, idxs, v_in_s
     written (or added, in fp32) with ``dma_scatter``; program order and partition order make the last
     write win for duplicate rows, as torch's sequential CPU kernel does."""
     prog = ctx.prog
-    total = _prod(X)
+    total = numel(X)
     copy_view(ctx, hview(outs[0], 0, [(total, 1)]), hview(ins[0], 0, [(total, 1)]))
     esize = isa_size(x_dt)
     rch = min(rin, max(1, FREE_BUDGET_BYTES // esize))
@@ -677,7 +669,7 @@ def _index_put_mask(ctx, eqn, ins, outs, accumulate):
     m_dt = ctx.neuron_dtype(mv.dtype)
     if x_dt == "int64" or (accumulate and x_dt not in _MM_DTYPES):
         raise CannotLower(f"masked index_put on {x_dt}")
-    R, C = _prod(M), _prod(inner)
+    R, C = numel(M), numel(inner)
     vst = _bcast_strides(vshape, inner) if inner else []
     vdims = _merge([(n, (s,)) for n, s in zip(inner, vst)]) or [(1, (0,))]
     if len(vdims) > 3:

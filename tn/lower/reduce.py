@@ -69,6 +69,7 @@ from typing import Any, List, NamedTuple
 
 from .base import CannotLower, lowering
 from .shape import FREE_BUDGET_BYTES, hview, load_checked_int, store_int
+from ..shapes import contiguous_strides, numel
 
 __all__ = ["reduce_lowering"]
 
@@ -85,19 +86,11 @@ class _Ax(NamedTuple):
     red: bool
 
 
-def _row_strides(shape):
-    st, s = [], 1
-    for n in reversed(shape):
-        st.append(s)
-        s *= n
-    return list(reversed(st))
-
-
 def _axes(shape, reduced, flat_index: bool) -> List[_Ax]:
     """The input's axes in order, merged where contiguous in input, output and index."""
-    xs = _row_strides(shape)
+    xs = contiguous_strides(shape)
     kept_shape = [n for i, n in enumerate(shape) if i not in reduced]
-    ks = _row_strides(kept_shape)
+    ks = contiguous_strides(kept_shape)
     out: List[_Ax] = []
     k = 0
     for i, n in enumerate(shape):
@@ -117,13 +110,6 @@ def _axes(shape, reduced, flat_index: bool) -> List[_Ax]:
     if not any(a.red for a in out):
         out.append(_Ax(1, 0, 0, 0, True))
     return out
-
-
-def _prod(xs) -> int:
-    p = 1
-    for x in xs:
-        p *= int(x)
-    return p
 
 
 def _parts(axes: List[_Ax]):
@@ -151,8 +137,8 @@ def _arg_plan(free: List[_Ax], fb: int, esize: int, idx: int, c: int):
     fp32 key tiles, plus seven fp32 per-line tiles (running pair, extremes, keys, index, flags)."""
     while True:
         tile = [c if i == 0 else a.n for i, a in enumerate(free[idx:])]
-        kept = _prod(n for n, a in zip(tile, free[idx:]) if not a.red)
-        if (2 * 4 + max(esize, 4)) * _prod(tile) + 7 * 4 * kept <= 160 * 1024 or fb == 1:
+        kept = numel(n for n, a in zip(tile, free[idx:]) if not a.red)
+        if (2 * 4 + max(esize, 4)) * numel(tile) + 7 * 4 * kept <= 160 * 1024 or fb == 1:
             return idx, c
         fb = max(1, fb // 2)
         idx, c = _plan(free, fb)
@@ -161,7 +147,7 @@ def _arg_plan(free: List[_Ax], fb: int, esize: int, idx: int, c: int):
 def _plan(free: List[_Ax], fb: int):
     """(split index, chunk): axes before the split are looped, the split axis chunked, the rest in the tile."""
     for idx in range(len(free)):
-        suffix = _prod(a.n for a in free[idx + 1:])
+        suffix = numel(a.n for a in free[idx + 1:])
         if len(free) - idx <= 4 and suffix <= fb:
             return idx, max(1, min(free[idx].n, fb // suffix))
     raise CannotLower("internal: no tiling plan")
@@ -202,8 +188,8 @@ def reduce_lowering(ctx: Any, x_t: Any, x_dt: str, shape, reduced, out_t: Any, a
     arg = mode != "reduce"
     flat = arg and len(reduced) == len(shape) and len(shape) > 1
     axes = _axes(tuple(shape), set(reduced), flat)
-    if arg and _prod(shape[i] for i in reduced) >= _EXACT:
-        raise CannotLower(f"{mode} over {_prod(shape[i] for i in reduced)} elements: indices beyond 2^24 are "
+    if arg and numel(shape[i] for i in reduced) >= _EXACT:
+        raise CannotLower(f"{mode} over {numel(shape[i] for i in reduced)} elements: indices beyond 2^24 are "
                           f"not exact on the fp32 engines")
     case, parts = _parts(axes)
     esize = 4 if x_dt in ("float32", "int32") else (2 if x_dt in ("bfloat16", "float16") else 1)
@@ -382,7 +368,7 @@ def _arg_chunk(prog, mode, tile, view, tdims, kax, rax, m, acc_v, acc_i, big, ba
         prog.free(nn)
     ci = acc_i if first else prog.sbuf((ppc, *kshape), "float32")
     ci_v = ci.reshape(ppc, *kept_n) if kept_n else ci
-    if _prod(red_n) == 1:
+    if numel(red_n) == 1:
         # one element per line (e.g. the remainder block of a split axis): it is the extreme, its index the index
         prog.iota(ci.reshape(ppc, *tshape), base=base, channel_multiplier=cm, pattern=pattern)
         prog.free(tile)
@@ -447,7 +433,7 @@ def _reduce(ctx, eqn, ins, outs):
     dims = tuple(eqn.attrs.get("dims", ())) if xv.shape else (0,)
     if not dims and tuple(ov.shape) != tuple(xv.shape):  # aten: an empty dim list reduces every axis
         dims = tuple(range(len(shape)))
-    count = _prod(shape[d] for d in dims)
+    count = numel(shape[d] for d in dims)
     is_int = x_dt in ("int32", "int64")
     if name == "prod" and (is_int or x_dt in ("bool", "uint8")) and out_dt not in ("float32", "bfloat16", "float16"):
         raise CannotLower(f"integer prod of {x_dt}: products overflow the exact fp32 range")
@@ -492,7 +478,7 @@ def _cumsum(ctx, eqn, ins, outs):
         raise CannotLower(f"cumsum into {out_dt}")
     nblk = -(-n // 128)
     mm_dt = x_dt if x_dt in ("float32", "bfloat16", "float16") else "float32"
-    st = _row_strides(shape)
+    st = contiguous_strides(shape)
     others = [_Ax(shape[i], st[i], st[i], 0, False) for i in range(len(shape)) if i != d and shape[i] > 1]
     merged: List[_Ax] = []
     for a in others:
@@ -515,7 +501,7 @@ def _cumsum(ctx, eqn, ins, outs):
         dx, _, _, ch = _sum_opts(combo)
         tdims = [(ch if (i == 0 and ch is not None) else a.n, a.xs) for i, a in enumerate(merged[idx:])]
         tshape = [t[0] for t in tdims]
-        nfree = _prod(tshape)
+        nfree = numel(tshape)
         carry = None          # fp32 [1, nfree]: the sums of all earlier 128-blocks
         for b in range(nblk):
             pb = min(128, n - 128 * b)
@@ -560,7 +546,6 @@ def _cumsum(ctx, eqn, ins, outs):
     prog.free(ones)
 
 
-
 # --------------------------------------------------------------------------- sort / topk (ranks by comparison)
 
 
@@ -579,10 +564,10 @@ def _sort_lines(ctx, eqn, x_t, x_dt, shape, d, descending, k, out_v, out_i):
     """
     prog = ctx.prog
     n = shape[d]
-    st = _row_strides(shape)
+    st = contiguous_strides(shape)
     sd = st[d]
     others = [i for i in range(len(shape)) if i != d]
-    ost = _row_strides(tuple(k if i == d else shape[i] for i in range(len(shape))))
+    ost = contiguous_strides(tuple(k if i == d else shape[i] for i in range(len(shape))))
     if 5 * n * 4 > ctx.arch.sbuf_partition_bytes - 24 * 1024:
         raise CannotLower(f"sort/topk of lines of {n} elements: five [128, {n}] fp32 tiles do not fit in SBUF")
     if n >= _EXACT:

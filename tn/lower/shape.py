@@ -26,6 +26,7 @@ from typing import Any, List, Sequence, Tuple
 from ..neuron import isa
 from ..neuron.program import HbmTensor, HbmView
 from .base import CannotLower, lowering
+from ..shapes import numel
 
 __all__ = ["hview", "as_i32_pairs", "copy_view", "fill_view", "split_rows", "store_int", "load_checked_int",
            "cast_copy", "FREE_BUDGET_BYTES", "LIM_NUM"]
@@ -75,13 +76,6 @@ def as_i32_pairs(v: Any) -> HbmView:
     return hview(v.tensor, 2 * v.offset, [(n, 2 * s) for n, s in v.dims] + [(2, 1)], dtype="int32")
 
 
-def _prod(xs) -> int:
-    p = 1
-    for x in xs:
-        p *= int(x)
-    return p
-
-
 def _merge_joint(dims: List[Tuple[int, ...]]) -> List[Tuple[int, ...]]:
     """Drop size-1 axes and merge neighbours that are contiguous in every operand: dims are (n, s0, s1, ...)."""
     out: List[Tuple[int, ...]] = []
@@ -114,7 +108,7 @@ def copy_view(ctx: Any, dst: Any, src: Any) -> None:
     def emit(dd, od, os_):
         """DMAs for joint dims ``dd`` at element offsets ``od`` (dst) and ``os_`` (src)."""
         rest = dd[1:]
-        if len(dd) <= 4 and _prod(n for n, _, _ in dd) <= LIM_NUM:
+        if len(dd) <= 4 and numel(n for n, _, _ in dd) <= LIM_NUM:
             prog.dma_copy(hview(dst, od, [(1, 0)] + [(n, a) for n, a, _ in dd]),
                           hview(src, os_, [(1, 0)] + [(n, b) for n, _, b in dd]))
             return
@@ -126,7 +120,7 @@ def copy_view(ctx: Any, dst: Any, src: Any) -> None:
             if n0 - q * C:
                 emit([(n0 - q * C, a0, b0)], od + q * C * a0, os_ + q * C * b0)
             return
-        if len(rest) <= 4 and _prod(n for n, _, _ in rest) <= LIM_NUM:
+        if len(rest) <= 4 and numel(n for n, _, _ in rest) <= LIM_NUM:
             n0, a0, b0 = dd[0]
             for c in range(0, n0, LIM_NUM):
                 k = min(LIM_NUM, n0 - c)
@@ -180,7 +174,7 @@ def _tiles(free, fb, nstr):
         yield (0,) * nstr, [(1, (0,) * nstr)]
         return
     for idx in range(len(free)):
-        suffix = _prod(n for n, _ in free[idx + 1:])
+        suffix = numel(n for n, _ in free[idx + 1:])
         if len(free) - idx <= 4 and suffix <= fb:
             break
     c = max(1, min(free[idx][0], fb // suffix))
@@ -339,7 +333,7 @@ def _reshape(ctx, eqn, ins, outs):
     """Same bytes, new shape: one contiguous DMA."""
     _check_vars(ctx, eqn)
     x, out = ins[0], outs[0]
-    n = _prod(out.shape)
+    n = numel(out.shape)
     copy_view(ctx, hview(out, 0, [(n, 1)]), hview(x, 0, [(n, 1)]))
 
 
@@ -377,7 +371,7 @@ def _transpose_permute(ctx: Any, dst: HbmView, src: HbmView) -> bool:
     if A[0] < 16 or B[0] < 16:
         return False
     batch = [d for i, d in enumerate(dims) if i not in (ia[0], len(dims) - 1)]
-    if _prod(n for n, _, _ in batch) * -(-A[0] // 128) * -(-B[0] // 128) > 512:
+    if numel(n for n, _, _ in batch) * -(-A[0] // 128) * -(-B[0] // 128) > 512:
         return False  # thousands of tiny transposes: one strided DMA is cheaper to emit and about as fast
     prog = ctx.prog
     dt = dst.dtype
@@ -638,10 +632,10 @@ def _flip(ctx, eqn, ins, outs):
 
 def _strided_src(ctx, eqn, x_t, xvar):
     size, stride, offset = eqn.attrs["size"], eqn.attrs["stride"], eqn.attrs.get("offset", 0) or 0
-    total = _prod(xvar.shape)
+    total = numel(xvar.shape)
     hi = offset + sum((n - 1) * s for n, s in zip(size, stride) if s > 0)
     lo = offset + sum((n - 1) * s for n, s in zip(size, stride) if s < 0)
-    if _prod(size) and (lo < 0 or hi >= total):
+    if numel(size) and (lo < 0 or hi >= total):
         raise CannotLower(f"as_strided window (size {tuple(size)}, stride {tuple(stride)}, offset {offset}) reaches "
                           f"outside the {total} elements of the input")
     dims = [(int(n), int(s)) for n, s in zip(size, stride)] or [(1, 0)]
@@ -652,7 +646,7 @@ def _strided_src(ctx, eqn, x_t, xvar):
 def _as_strided(ctx, eqn, ins, outs):
     """The window ``size``/``stride``/``offset`` of the input's row-major layout, as a source pattern."""
     _check_vars(ctx, eqn)
-    if _prod(eqn.attrs["size"]) == 0:
+    if numel(eqn.attrs["size"]) == 0:
         return
     src = _strided_src(ctx, eqn, ins[0], eqn.inputs[0])
     dst = hview(outs[0], 0, _row_major(tuple(eqn.attrs["size"])) or [(1, 1)])
@@ -664,9 +658,9 @@ def _as_strided_scatter(ctx, eqn, ins, outs):
     """Copy the input, then DMA ``src`` into the strided window of the copy."""
     _check_vars(ctx, eqn)
     x, src = ins[0], ins[1]
-    n = _prod(eqn.inputs[0].shape)
+    n = numel(eqn.inputs[0].shape)
     copy_view(ctx, hview(outs[0], 0, [(n, 1)]), hview(x, 0, [(n, 1)]))
-    if _prod(eqn.attrs["size"]) == 0:
+    if numel(eqn.attrs["size"]) == 0:
         return
     win = _strided_src(ctx, eqn, outs[0], eqn.inputs[0])
     copy_view(ctx, win, hview(src, 0, _row_major(tuple(eqn.attrs["size"])) or [(1, 1)]))
