@@ -3,7 +3,7 @@
 
 Usage::
 
-    python bench/eager_windows.py [--json PATH] [--repeats N] [--only mlp,gpt2,generate]
+    python bench/eager_windows.py [--json PATH] [--repeats N] [--only mlp,gpt2,generate,gpt2-adamw]
 
 Workloads (seeded; every mode gets its own copy of the same model and data):
 
@@ -12,7 +12,10 @@ Workloads (seeded; every mode gets its own copy of the same model and data):
 * ``gpt2``: training step of HF GPT2LMHeadModel (2 layers, d=128, 4 heads,
   vocab 1000, dropout 0), batch 2 x 32 tokens, LM loss, SGD(lr=0.01);
 * ``generate``: the same GPT-2 (eval), greedy ``generate`` of 32 new tokens
-  from a 16-token prompt (HF KV cache).
+  from a 16-token prompt (HF KV cache);
+* ``gpt2-adamw`` (not run by default): the GPT-2 training step with
+  AdamW(lr=1e-3, weight_decay=0.01), whose bias corrections change every step
+  (the ``tn.jit`` row is SGD-only and says so).
 
 Modes: ``cpu eager``; ``device op-by-op`` (``model.to("neuron")``, every op
 its own program); ``device adaptive`` (the same, under
@@ -136,13 +139,16 @@ def _ctx(mode: str):
 # --------------------------------------------------------------------------- training steps
 
 
-def train_runner(mode: str, make, counters: Counters):
-    """``step() -> loss`` for one mode of a training workload."""
+def train_runner(mode: str, make, counters: Counters, adamw: bool = False):
+    """``step() -> loss`` for one mode of a training workload (SGD, or AdamW with ``adamw``)."""
     model, batch, loss_fn = make()
     dev = "cpu" if mode in ("cpu eager", "tn.jit") else "neuron"
     model = copy.deepcopy(model).to(dev)
     batch = tuple(t.to(dev) for t in batch)
     if mode == "tn.jit":
+        if adamw:
+            raise NotImplementedError("the tn.jit row jits an SGD step only")
+
         def sgd_step(m, *b):
             loss = loss_fn(m, *b)
             params = list(m.parameters())
@@ -161,7 +167,8 @@ def train_runner(mode: str, make, counters: Counters):
     elif mode == "tn.adaptive":
         fwd = tn.adaptive(model)
         counters.adaptive = fwd
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01) if adamw else \
+        torch.optim.SGD(model.parameters(), lr=LR)
 
     def step():
         with _ctx(mode):
@@ -238,7 +245,8 @@ def bench(name: str, repeats: int, modes) -> list:
             if name == "generate":
                 step = generate_runner(mode, counters)
             else:
-                step = train_runner(mode, mlp_workload if name == "mlp" else gpt2_workload, counters)
+                step = train_runner(mode, mlp_workload if name == "mlp" else gpt2_workload, counters,
+                                    adamw=name == "gpt2-adamw")
             row = measure(mode, step, repeats, counters)
         except Exception as e:   # a door that cannot run this workload: shown, not hidden
             rows.append({"workload": name, "mode": mode, "error": f"{type(e).__name__}: {str(e)[:120]}"})
