@@ -367,3 +367,25 @@ def test_a_steady_loop_binds_its_inputs_without_new_aliases(adaptive, monkeypatc
     assert windows.stats()["hits"] == 2
     assert len(made) == 1        # the one result; x, w and b were bound through the views kept from the first call
     torch.testing.assert_close(outs[2], ((x.cpu() @ w.cpu() + b.cpu()).relu() * 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_changing_scalars_match_op_mode(adaptive, dtype):
+    # x * s, x / s and add(..., alpha=s) with s changing every call: equal to op mode, compiled twice, then hits
+    x = torch.randn(8, 16).to(dtype)
+    y = torch.randn(8, 16).to(dtype)
+    xd, yd = _dev(x, y)
+
+    def f(a, b, s):
+        return (a * s).add(b, alpha=2 * s) / (1 + s)
+
+    for i in range(4):
+        s = 0.1 * (i + 1)
+        with windows.eager_mode("op"):
+            want = f(xd, yd, s).cpu()
+        got = f(xd, yd, s).cpu()
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    st = windows.stats()
+    # fp32: every scalar becomes an input; bf16: add's alpha stays a literal (scaling a bf16 operand by it first
+    # would round where the fused add does not), so that window compiles for each value
+    assert (st["compiles"], st["hits"]) == ((2, 2) if dtype == torch.float32 else (4, 0))

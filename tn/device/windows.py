@@ -50,6 +50,13 @@ issue order: forward, backward and optimizer step form few windows.
 
 ``TN_LOG=windows`` logs every window (ops, cache hit or compile, why it was
 flushed); :func:`stats` counts windows, ops, hits and flush reasons.
+
+Host cost of a cache hit (measured on HF GPT-2, 2 cores): recording an op
+takes ~4 us of this module's bookkeeping plus ~8 us to allocate its result, on
+top of ~23 us for torch's boxed Python fallback and the eager preamble
+(:func:`tn.device.eager.run_op`); a flush binds the inputs through host views
+kept per address and runs the program on the NeuronCore model, whose
+execution time on the host (~14 ms for a GPT-2 training step) dominates.
 """
 from __future__ import annotations
 
