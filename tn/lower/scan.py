@@ -8,8 +8,18 @@ each element with everything before it on its line by an associative
 * cummax: the later pair wins when ``later >= earlier`` or ``later`` is NaN
   (torch's rule: a NaN wins and stays, ties go to the last index); cummin the
   same with ``<=``. The winner's value and index are taken with ``select``.
-* logcumsumexp: ``max(a, b) + log(1 + exp(-|a - b|))`` (``exp``/``log`` on
-  ScalarE); equal infinities give that infinity, a NaN operand gives NaN.
+* logcumsumexp: each running value is kept as a pair ``(m, s)`` meaning
+  ``m + s``, ``m`` the running maximum (an input element, exact) and ``s =
+  log(sum(exp(x_i - m)))`` in ``[0, log n]``; ``combine((ma, sa), (mb, sb)) =
+  (m, log(exp(ma - m + sa) + exp(mb - m + sb)))`` with ``m = max(ma, mb)``
+  (``exp``/``log`` on ScalarE), and the result ``m + s`` is rounded once. This
+  is as accurate as eager's scan, which accumulates in double: the earlier
+  ``max(a, b) + log(1 + exp(-|a - b|))`` on the rounded results rounded at the
+  magnitude of the values at every step (several ulps at 1e4), which the
+  gradient's ``exp(x + logcumsumexp(...))`` turned into relative errors of
+  1e-3. ``ma - m`` is NaN only for equal infinities and is then taken as 0
+  (the result ``m + s`` is that infinity); a NaN input starts with ``s = NaN``,
+  which stays NaN and makes the result NaN.
 
 Layout: the scanned axis lies along the free axis and up to 128 lines on the
 partitions (the largest other axis, split in blocks of 128; any further axes
@@ -55,6 +65,7 @@ class _Scan:
         xv = eqn.inputs[0]
         self.x_dt = ctx.neuron_dtype(xv.dtype)
         self.with_index = len(outs) == 2
+        self.paired = self.with_index or self.kind == "logcumsumexp"   # (value, index) or (max, log-sum)
         if self.kind == "logcumsumexp" and self.x_dt not in _FLOATS:
             raise CannotLower(f"logcumsumexp of {self.x_dt}")
         if self.x_dt not in _FLOATS + ("int32", "int64", "uint8", "bool"):
@@ -72,11 +83,11 @@ class _Scan:
     # ---- the combine step: out = combine(a (earlier), b (later)) on [p, w] views
 
     def combine(self, p: int, w: int, out, a, b) -> None:
-        """``out[k] = combine(a[k], b[k])``; ``out``/``a``/``b`` are (value, index) view pairs (index None
-        for logcumsumexp). ``a`` may be a broadcast carry."""
+        """``out[k] = combine(a[k], b[k])``; ``out``/``a``/``b`` are (value, index) view pairs ((max, log-sum)
+        for logcumsumexp). ``a`` may be a broadcast carry; ``out`` aliases neither."""
         prog = self.prog
         if self.kind == "logcumsumexp":
-            self._logaddexp(p, w, out[0], a[0], b[0])
+            self._logaddexp(p, w, out, a, b)
             return
         mask, nan = self.tmp[0][:p, :w], self.tmp[1][:p, :w]
         prog.tensor_tensor(mask, b[0], a[0], self.cmp)
@@ -88,19 +99,18 @@ class _Scan:
 
     def _logaddexp(self, p, w, out, a, b) -> None:
         prog = self.prog
-        m, t, nan = self.tmp[0][:p, :w], self.tmp[1][:p, :w], self.tmp[2][:p, :w]
-        prog.tensor_tensor(m, a, b, "max")
-        prog.tensor_tensor(t, a, b, "subtract")
-        prog.tensor_scalar(t, t, "abs_max", 0.0)                       # |a - b| (NaN for equal infinities)
-        prog.tensor_tensor(nan, t, t, "not_equal")
-        prog.select(t, nan, self.inf[:p].broadcast_to((p, w)), t)      # ... which then add log(1) = 0
-        prog.activation(t, t, "exp", scale=-1.0)
-        prog.activation(t, t, "log", bias=1.0)
-        prog.tensor_tensor(t, m, t, "add")
-        prog.tensor_tensor(nan, a, a, "not_equal")                      # a NaN operand gives NaN
-        prog.tensor_tensor(m, b, b, "not_equal")
-        prog.tensor_tensor(nan, nan, m, "logical_or")
-        prog.select(out, nan, self.nan[:p].broadcast_to((p, w)), t)
+        m = out[0]
+        prog.tensor_tensor(m, a[0], b[0], "max")
+        terms = []
+        for t, (mx, sx) in zip(self.tmp, (a, b)):
+            t = t[:p, :w]
+            prog.tensor_tensor(t, mx, m, "subtract")     # <= 0, exact where mx is near m
+            prog.tensor_scalar(t, t, "min", 0.0)          # NaN (equal infinities) -> 0: ALU min keeps 0 for NaN
+            prog.tensor_tensor(t, t, sx, "add")
+            prog.activation(t, t, "exp")
+            terms.append(t)
+        prog.tensor_tensor(terms[0], terms[0], terms[1], "add")
+        prog.activation(out[1], terms[0], "log")
 
     # ---- emission
 
@@ -113,18 +123,17 @@ class _Scan:
         loops = [a for i, a in enumerate(lines) if i != pi]
         c = min(self.n, CHUNK)
         with TileScope(prog) as tiles:
-            ntmp = 3 if self.kind == "logcumsumexp" else 2
-            self.tmp = [tiles.sbuf((128, c), "float32") for _ in range(ntmp)]
-            if self.kind == "logcumsumexp":
-                self.inf = tiles.sbuf((128, 1), "float32")
-                prog.memset(self.inf, math.inf, engine="vector")
-                self.nan = tiles.sbuf((128, 1), "float32")
-                prog.memset(self.nan, math.nan, engine="vector")
+            self.tmp = [tiles.sbuf((128, c), "float32") for _ in range(2)]
+            lse = self.kind == "logcumsumexp"
+            if lse:
+                nan0 = tiles.sbuf((128, 2), "float32")   # [NaN, 0]: a line's first log-sum
+                prog.memset(nan0[:, 0:1], math.nan, engine="vector")
+                prog.memset(nan0[:, 1:2], 0.0, engine="vector")
             v = [tiles.sbuf((128, c), "float32") for _ in range(2)]
-            ix = [tiles.sbuf((128, c), "float32") for _ in range(2)] if self.with_index else None
+            ix = [tiles.sbuf((128, c), "float32") for _ in range(2)] if self.paired else None
             raw = tiles.sbuf((128, c), "int32" if self.x_dt == "int64" else self.x_dt)
             carry_v = tiles.sbuf((128, 1), "float32")
-            carry_i = tiles.sbuf((128, 1), "float32") if self.with_index else None
+            carry_i = tiles.sbuf((128, 1), "float32") if self.paired else None
             for combo in itertools.product(*[range(n) for n, _ in loops]):
                 base = sum(k * s for k, (_, s) in zip(combo, loops))
                 for p0 in range(0, part[0], 128):
@@ -136,32 +145,40 @@ class _Scan:
                         self._load(raw, v[0], src, p, w)
                         if self.with_index:
                             prog.iota(ix[0][:p, :w], base=c0, pattern=[1])
+                        elif lse:   # s = 0 (NaN for a NaN element)
+                            mask = self.tmp[0][:p, :w]
+                            prog.tensor_tensor(mask, v[0][:p, :w], v[0][:p, :w], "not_equal")
+                            prog.select(ix[0][:p, :w], mask, nan0[:p, 0:1].broadcast_to((p, w)),
+                                        nan0[:p, 1:2].broadcast_to((p, w)))
                         k = 0
                         s = 1
                         while s < w:   # doubling step: out[j] = combine(in[j - s], in[j]) for j >= s
                             src_v, dst_v = v[k][:p, :w], v[1 - k][:p, :w]
                             prog.tensor_copy(dst_v[:, :s], src_v[:, :s])
-                            a = (src_v[:, :w - s], ix[k][:p, :w - s] if self.with_index else None)
-                            b = (src_v[:, s:], ix[k][:p, s:w] if self.with_index else None)
-                            o = (dst_v[:, s:], ix[1 - k][:p, s:w] if self.with_index else None)
-                            if self.with_index:
+                            a = (src_v[:, :w - s], ix[k][:p, :w - s] if self.paired else None)
+                            b = (src_v[:, s:], ix[k][:p, s:w] if self.paired else None)
+                            o = (dst_v[:, s:], ix[1 - k][:p, s:w] if self.paired else None)
+                            if self.paired:
                                 prog.tensor_copy(ix[1 - k][:p, :s], ix[k][:p, :s])
                             self.combine(p, w - s, o, a, b)
                             k = 1 - k
                             s *= 2
                         cur_v = v[k][:p, :w]
-                        cur_i = ix[k][:p, :w] if self.with_index else None
+                        cur_i = ix[k][:p, :w] if self.paired else None
                         if c0 > 0:   # fold in everything before this chunk
                             a = (carry_v[:p].broadcast_to((p, w)),
-                                 carry_i[:p].broadcast_to((p, w)) if self.with_index else None)
-                            o = (v[1 - k][:p, :w], ix[1 - k][:p, :w] if self.with_index else None)
+                                 carry_i[:p].broadcast_to((p, w)) if self.paired else None)
+                            o = (v[1 - k][:p, :w], ix[1 - k][:p, :w] if self.paired else None)
                             self.combine(p, w, o, a, (cur_v, cur_i))
                             k = 1 - k
                             cur_v, cur_i = o
                         if c0 + w < self.n:
                             prog.tensor_copy(carry_v[:p], cur_v[:, w - 1:w])
-                            if self.with_index:
+                            if self.paired:
                                 prog.tensor_copy(carry_i[:p], cur_i[:, w - 1:w])
+                        if lse:   # the value m + s, rounded once
+                            prog.tensor_tensor(self.tmp[0][:p, :w], cur_v, cur_i, "add")
+                            cur_v, cur_i = self.tmp[0][:p, :w], None
                         self._store(off + c0 * sd, part[1], sd, p, w, cur_v, cur_i)
 
     def _load(self, raw, vt, src, p, w) -> None:
