@@ -9,21 +9,31 @@ Every number is modelled time of the chip model (``tn.neuron``), except the host
 machine). Two methods give a row's numbers, and the ``method`` column says which:
 
 * ``simulated``: every rank is a real process (:func:`tn.distributed.spawn.run_ranks`) running the step through
-  PyTorch's own DDP on the ``neuron`` device and the ``neuron`` torch.distributed backend; each rank's programs
-  and collectives are placed on its core's modelled timeline (collectives on the core's collectives resource, so
-  they overlap the backward's compute) and the row is rank 0's step span. Only for the small config and <= 4
-  ranks (this machine has 2 CPU cores).
+  PyTorch's own parallelism on the ``neuron`` device and the ``neuron`` torch.distributed backend: DDP
+  (``DistributedDataParallel``), FSDP2 (``fully_shard`` on every block, then the root: :func:`apply_fsdp2`) and
+  tensor parallel (``parallelize_module``, ColwiseParallel on c_attn / c_fc, RowwiseParallel on the two c_proj:
+  :func:`apply_tp`); each rank's programs and collectives are placed on its core's modelled timeline
+  (collectives on the core's collectives resource, so they overlap compute where the program allows it) and the
+  row is rank 0's step span. Only for the small config and <= 4 ranks (this machine has 2 CPU cores).
 * ``modelled``: one rank's step is timed once and N ranks' collectives are placed on top analytically
-  (:mod:`tn.neuron.collectives`, the same ring model the backend uses), on the same rule: one collectives
-  resource per core, DDP's all-reduce of a bucket starting when the bucket's last gradient is produced in the
-  one-rank timeline, the step waiting for the last one before the optimizer. Where both methods run, they must
-  agree within 5% (a verdict line).
+  (:mod:`tn.neuron.collectives`, the same ring model the backend uses), on the same rules: one collectives
+  resource per core; DDP's all-reduce of a bucket starts when the bucket's last gradient is produced in the
+  one-rank timeline and the step waits for the last one before the optimizer (:func:`ddp_model`); FSDP2's
+  all-gathers gate each unit's forward and backward, one unit ahead, and its reduce-scatters start when a
+  unit's gradients are done (:func:`fsdp_model`); tensor parallel's 4 activation all-reduces per block block
+  the step (:func:`tp_allreduces`). Where both methods run, they must agree within 5% on the step and on the
+  collective time, and the simulated ranks' collectives (calls, bytes) must be the modelled ones (verdicts).
 
-Workloads (GPT-2 of Hugging Face, bf16 weights, SGD lr 0.01, per-rank batch fixed: weak scaling):
+Workloads (GPT-2 of Hugging Face, bf16 weights, SGD lr 0.01, per-rank batch fixed: weak scaling for DDP and
+FSDP2; tensor parallel ranks share one batch: strong scaling):
 
 * ``GPT-2 small``: 2 layers, width 128, 4 heads, vocab 512; batch 8 x 128 tokens per rank; DDP buckets of
-  0.1 MiB so the backward has several buckets to overlap. Its one-rank step is a real eager step on the device
-  under a world-size-1 DDP (the same device programs, bucket copies included, as each simulated rank runs).
+  0.1 MiB so the backward has several buckets to overlap. The 1-core row of every strategy is the plain model's
+  eager step on the device. The one-rank steps the modelled rows start from are eager steps on the device too,
+  the same device work as a simulated rank's between its collectives: DDP a world-size-1 DDP step (bucket copies
+  included); FSDP2 the plain step, with each parameter's forward start and gradient time read by module and
+  gradient hooks, and the sharded SGD update timed on shards of each size (:func:`sgd_shard_ns`); TP the step of
+  one rank's local model at each degree (:func:`tp_rank_shard`: the rank's heads and MLP columns).
 * ``GPT-2 124M``: the GPT-2 124M config (12 layers, width 768, 12 heads, vocab 50257); batch 8 x 512 tokens per
   rank; DDP's default buckets (25 MiB, the first 1 MiB). An eager step at this size needs more memory than this
   machine has (a one-process eager step was killed by the OOM killer at 16.6 GB RSS), so its one-rank step is
@@ -31,19 +41,21 @@ Workloads (GPT-2 of Hugging Face, bf16 weights, SGD lr 0.01, per-rank batch fixe
   programs and timed without computing values (:meth:`tn.lower.NeuronExecutable.model_timing`), plus the SGD
   update compiled the same way. Gradient ready times are the ends of the last instructions writing each
   gradient; buckets follow DDP's rebuilt order (gradient-ready order, :func:`dist._compute_bucket_assignment_by_size`).
-  Equations the compiler sends to the host are not timed (counted in the notes).
+  Equations the compiler sends to the host are not timed (listed in the notes, with the lowering's reason).
 
 Columns: ``compute us`` (modelled device time of one rank's programs), ``collective us`` (sum of the
 collectives' modelled durations), ``exposed us`` (step minus compute: communication not hidden under compute),
 ``step us``, ``eff`` (weak-scaling efficiency: 1-core step / N-core step), ``busbw`` (NCCL-tests bus bandwidth of
 the step's all-reduces: bytes over their summed time x 2(n-1)/n), ``link`` (published bandwidth of the ring's
 slowest link: same chip = the chip's HBM, NeuronLink-v3 1.28 TB/s, EFAv3 400 GB/s), host min/median ms of a
-step (simulated rows, and the small config's one-rank step). Cores are logical NeuronCores (LNC=2) of
+step (simulated rows, and the small config's one-rank step). ``eff`` of tensor parallel is strong scaling
+(1-core step / (N x N-core step)). Cores are logical NeuronCores (LNC=2) of
 trn2.48xlarge: 2 and 4 cores share a chip, 8 span two chips, 64 fill one instance, 128 span two instances.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -147,11 +159,12 @@ def _rank_job(rank, world):
     import tn
     from tn.neuron import timeline
 
+    reference = one_rank_trace(reps=1)["span_ns"] if world > 1 else None
     if world == 1:
         dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
     else:
         dist.init_process_group("neuron", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
-    out = {"cores": dist.group.WORLD.cores, "all_reduce": [], "ddp": []}
+    out = {"cores": dist.group.WORLD.cores, "all_reduce": [], "ddp": [], "plain_span_ns": reference}
     for nb in SIM_SIZES if world > 1 else ():
         t = torch.ones(nb // 4, device="neuron")
         dist.all_reduce(t)
@@ -194,23 +207,325 @@ def _rank_job(rank, world):
         out["ddp"].append(tr)
     out["loss"] = loss.item()
     out["params"] = sum(p.numel() for p in model.parameters())
+    out["tn"] = tn_fingerprint()
     dist.destroy_process_group()
     return out
 
 
-def run_job(world):
-    """Rank 0's result of :func:`_rank_job` on ``world`` spawned ranks of :data:`INSTANCE`."""
+def tn_fingerprint():
+    """A hash of tn's Python sources as this process sees them: every process of a bench run must time with the same
+    tn (others may edit the working tree while the bench runs; a rank started later would import their code)."""
+    import hashlib
+    import pathlib
+
+    import tn
+
+    h = hashlib.sha1()
+    root = pathlib.Path(tn.__file__).resolve().parent
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def run_job(world, job=None):
+    """Rank 0's result of ``job`` (default :func:`_rank_job`; a module-level function or a partial of one) on
+    ``world`` spawned ranks of :data:`INSTANCE`."""
     from tn.distributed.spawn import results_of, run_ranks
 
     saved = os.environ.get("TN_NO_WARMUP")
     os.environ["TN_NO_WARMUP"] = "1"
     try:
-        return results_of(run_ranks(_rank_job, world, timeout=1800, env={"TN_INSTANCE": INSTANCE})[0])[0]
+        return results_of(run_ranks(job or _rank_job, world, timeout=1800, env={"TN_INSTANCE": INSTANCE})[0])[0]
     finally:
         if saved is None:
             os.environ.pop("TN_NO_WARMUP", None)
         else:
             os.environ["TN_NO_WARMUP"] = saved
+
+
+# ------------------------------------------------------------------------------------------ FSDP2 / TP rank jobs
+def apply_fsdp2(model, mesh):
+    """``fully_shard`` every GPT-2 block, then the root (FSDP2's usual wrapping; full sharding, reshard after
+    forward), over the 1-D ``mesh``."""
+    from torch.distributed.fsdp import fully_shard
+
+    for blk in model.transformer.h:
+        fully_shard(blk, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def gpt2_linear_for_tp(model, tp):
+    """Make a HF GPT-2 shardable by Colwise/Rowwise plans (which take ``nn.Linear`` only), as Megatron lays it
+    out: each ``Conv1D`` becomes the ``nn.Linear`` of the transposed weight; the fused q/k/v outputs of ``c_attn``
+    are reordered so that rank r's column shard holds ``[q_r, k_r, v_r]`` (its ``heads / tp`` heads), and each
+    attention splits its local output in thirds (``split_size = hidden / tp``; HF reshapes with ``-1`` heads).
+    Only the sharded model (:func:`apply_tp`, or one rank's :func:`tp_rank_shard`) computes GPT-2 afterwards.
+    (The same conversion as the tests' ``dist_parallel.gpt2_linear_for_tp``.)"""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    hidden = model.config.n_embd
+    if model.config.n_head % tp:
+        raise ValueError(f"{model.config.n_head} heads do not split over {tp} ranks")
+    chunk = hidden // tp
+    order = torch.cat([torch.arange(part * hidden + r * chunk, part * hidden + (r + 1) * chunk)
+                       for r in range(tp) for part in range(3)])
+
+    def linear(conv, rows=None):
+        w, b = conv.weight.detach().t(), conv.bias.detach()
+        if rows is not None:
+            w, b = w[rows], b[rows]
+        lin = torch.nn.Linear(w.shape[1], w.shape[0], device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            lin.weight.copy_(w)
+            lin.bias.copy_(b)
+        return lin
+
+    for blk in model.transformer.h:
+        if not isinstance(blk.attn.c_attn, Conv1D):
+            raise ValueError("gpt2_linear_for_tp: the model was already converted")
+        blk.attn.c_attn = linear(blk.attn.c_attn, order)
+        blk.attn.c_proj = linear(blk.attn.c_proj)
+        blk.attn.split_size = chunk
+        blk.mlp.c_fc = linear(blk.mlp.c_fc)
+        blk.mlp.c_proj = linear(blk.mlp.c_proj)
+    return model
+
+
+def apply_tp(model, mesh):
+    """Tensor parallel over the 1-D ``mesh`` through ``parallelize_module``: :func:`gpt2_linear_for_tp`, then
+    ColwiseParallel on every block's c_attn and c_fc, RowwiseParallel on its two c_proj (embeddings, layer norms
+    and the tied lm_head stay replicated)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    gpt2_linear_for_tp(model, mesh.size())
+    plan = {}
+    for i, _ in enumerate(model.transformer.h):
+        p = f"transformer.h.{i}."
+        plan.update({p + "attn.c_attn": ColwiseParallel(), p + "mlp.c_fc": ColwiseParallel(),
+                     p + "attn.c_proj": RowwiseParallel(), p + "mlp.c_proj": RowwiseParallel()})
+    return parallelize_module(model, mesh, plan)
+
+
+def tp_rank_shard(model, tp, rank=0):
+    """One tensor-parallel rank's local model as a plain one-device model (no process group): after
+    :func:`gpt2_linear_for_tp` each c_attn / c_fc keeps the rank's output rows and each c_proj its input columns
+    (bias whole), the shapes the rank's ``parallelize_module`` shards have. It computes what the rank computes
+    between its collectives (the all-reduces of the row-parallel outputs and of the column-parallel input
+    gradients are missing: :func:`tp_allreduces` adds them)."""
+    import torch
+
+    gpt2_linear_for_tp(model, tp)
+
+    def keep(lin, rows=None, cols=None):
+        w = lin.weight.detach()
+        w = w[rows] if rows is not None else w[:, cols]
+        b = lin.bias.detach()[rows] if rows is not None else lin.bias.detach()
+        new = torch.nn.Linear(w.shape[1], w.shape[0], device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            new.weight.copy_(w)
+            new.bias.copy_(b)
+        return new
+
+    for blk in model.transformer.h:
+        a, m = blk.attn, blk.mlp
+        n3, n4 = a.c_attn.out_features // tp, m.c_fc.out_features // tp
+        a.c_attn = keep(a.c_attn, rows=slice(rank * n3, (rank + 1) * n3))
+        a.c_proj = keep(a.c_proj, cols=slice(rank * n3 // 3, (rank + 1) * n3 // 3))
+        m.c_fc = keep(m.c_fc, rows=slice(rank * n4, (rank + 1) * n4))
+        m.c_proj = keep(m.c_proj, cols=slice(rank * n4, (rank + 1) * n4))
+    return model
+
+
+def _measure(step, reps, marks=None):
+    """Run ``step()`` ``reps`` times, each after a barrier (when a group of several ranks is up) and a device
+    synchronize, under ``tn.profile``: per step the compute (sum of program times), the span on this core's
+    timeline from the step's start to its last program or collective, programs per name ``[runs, ns]``,
+    collectives per name (calls, bytes, modelled ns), host ops and host wall. ``marks`` (filled by the step's hooks with absolute timeline times)
+    comes back relative to the step's start."""
+    import torch
+    import torch.distributed as dist
+
+    import tn
+    from tn.neuron import timeline
+
+    out = []
+    for _ in range(reps):
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
+        torch.neuron.synchronize()
+        start = timeline.current_queue().ready_ns
+        if marks is not None:
+            marks.clear()
+        with tn.profile() as prof:
+            w0 = time.perf_counter()
+            step()
+            wall = time.perf_counter() - w0
+        runs, recs = prof.runs, [r for r in prof.records if r.track == "collectives"]
+        t0 = min([r.start_ns for r in runs] + [r.start_ns for r in recs] + [start])
+        end = max([r.start_ns + r.total_ns for r in runs] + [r.end_ns for r in recs])
+        coll = {}
+        for r in recs:
+            c = coll.setdefault(r.name, {"calls": 0, "bytes": 0, "ns": 0.0})
+            c["calls"] += 1
+            c["bytes"] += r.nbytes
+            c["ns"] += r.end_ns - r.start_ns
+        progs = {}
+        for r in runs:
+            c = progs.setdefault(r.name, [0, 0.0])
+            c[0] += 1
+            c[1] += r.total_ns
+        tr = {"compute_ns": sum(r.total_ns for r in runs), "span_ns": end - t0, "collectives": coll, "programs": progs,
+              "collective_ns": sum(c["ns"] for c in coll.values()), "host_ops": dict(prof.host_ops),
+              "host_s": wall}
+        if marks is not None:
+            tr["marks"] = {k: (v - t0 if isinstance(v, float) else {i: t - t0 for i, t in v.items()})
+                           for k, v in marks.items()}
+        out.append(tr)
+    return out
+
+
+def _sgd_step(model, opt, ids, marks=None):
+    """The bench's training step (forward with labels, backward, SGD), device-synchronized; ``marks`` gets the
+    timeline times of the loss and of the end of backward."""
+    import torch
+
+    from tn.neuron import timeline
+
+    def step():
+        loss = model(ids, labels=ids).loss
+        if marks is not None:
+            marks["loss_ns"] = timeline.current_queue().ready_ns
+        opt.zero_grad()
+        loss.backward()
+        if marks is not None:
+            marks["bwd_end_ns"] = timeline.current_queue().ready_ns
+        opt.step()
+        torch.neuron.synchronize()
+        return loss
+    return step
+
+
+def one_rank_trace(reps=REPS):
+    """The small config's one-rank step on the device (no process group, no wrapper): timeline facts and, per
+    parameter, the time its module's forward first starts and the time its gradient is accumulated (hooks),
+    in the form of :func:`compiled_step` (the input of :func:`fsdp_model`). Runs in a rank process."""
+    import torch
+
+    from tn.neuron import timeline
+
+    model = gpt2_model(SMALL).to("neuron")
+    names = [n for n, _ in model.named_parameters()]
+    params = [p for _, p in model.named_parameters()]
+    index = {id(p): i for i, p in enumerate(params)}
+    marks = {}
+
+    def pre(mod, args):
+        reads = marks.setdefault("reads", {})
+        for p in mod.parameters(recurse=False):
+            reads.setdefault(index[id(p)], timeline.current_queue().ready_ns)
+
+    for mod in model.modules():
+        if any(True for _ in mod.parameters(recurse=False)):
+            mod.register_forward_pre_hook(pre)
+    for i, p in enumerate(params):
+        p.register_post_accumulate_grad_hook(
+            lambda p, i=i: marks.setdefault("grad", {}).__setitem__(i, timeline.current_queue().ready_ns))
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    ids = torch.randint(3, SMALL["config"]["vocab_size"], (SMALL["batch"], SMALL["seq"]),
+                        generator=torch.Generator().manual_seed(0)).to("neuron")
+    step = _sgd_step(model, opt, ids, marks)
+    for _ in range(2):
+        step()
+    trs = _measure(step, reps, marks)
+    tr = trs[-1]
+    mk = tr["marks"]
+    return {"names": names, "numel": [p.numel() for p in params], "itemsize": params[0].element_size(),
+            "reads": [[mk["reads"][i]] for i in range(len(params))], "grad_ready": [mk["grad"][i] for i in
+                                                                                   range(len(params))],
+            "loss_ready": mk["loss_ns"], "fwd_bwd_ns": mk["bwd_end_ns"], "opt_ns": tr["span_ns"] - mk["bwd_end_ns"],
+            "span_ns": tr["span_ns"], "compute_ns": tr["compute_ns"], "host_s": [t["host_s"] for t in trs],
+            "host_ops": tr["host_ops"], "programs": tr["programs"]}
+
+
+def sgd_shard_ns(n, reps=3):
+    """Modelled ns of the SGD update (torch's foreach SGD, eager on the device) of one FSDP2 rank's shards of the
+    small config at ``n`` ranks (each parameter's dim 0 split in ``n``, padded up as FSDP2 does): the sharded
+    optimizer's time on that rank. Eager programs have a fixed cost each, so it is not the one-rank update / n."""
+    import torch
+
+    model = gpt2_model(SMALL)
+    shards = []
+    for p in model.parameters():
+        rows = -(-p.shape[0] // n)
+        t = torch.zeros(rows, *p.shape[1:], dtype=p.dtype, device="neuron", requires_grad=True)
+        t.grad = torch.ones_like(t)
+        shards.append(t)
+    opt = torch.optim.SGD(shards, lr=LR)
+    for _ in range(2):
+        opt.step()
+    return min(t["span_ns"] for t in _measure(lambda: (opt.step(), torch.neuron.synchronize()), reps))
+
+
+def tp_shard_trace(tp, reps=REPS):
+    """The small config's step of one tensor-parallel rank's local model (:func:`tp_rank_shard`, rank 0 of
+    ``tp``) on the device, without collectives; SGD per parameter as the simulated TP ranks run it."""
+    import torch
+
+    model = tp_rank_shard(gpt2_model(SMALL), tp).to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=LR, foreach=False)
+    ids = torch.randint(3, SMALL["config"]["vocab_size"], (SMALL["batch"], SMALL["seq"]),
+                        generator=torch.Generator().manual_seed(0)).to("neuron")
+    step = _sgd_step(model, opt, ids)
+    for _ in range(2):
+        step()
+    return _measure(step, reps)[-1]
+
+
+def _one_rank_job(rank, world):
+    """World 1: the DDP job (:func:`_rank_job`), the plain one-rank step (:func:`one_rank_trace`) and one TP
+    rank's local step at each TP degree of the small config (:func:`tp_shard_trace`)."""
+    out = _rank_job(rank, world)
+    out["plain"] = one_rank_trace()
+    out["plain"]["opt_shard_ns"] = {n: sgd_shard_ns(n) for n in CORES[1:]}
+    out["tp_shard"] = {tp: tp_shard_trace(tp) for tp in TP_DEGREES[1:] if SMALL["config"]["n_head"] % tp == 0}
+    return out
+
+
+def _parallel_job(rank, world, strategy):
+    """One rank of GPT-2 small under FSDP2 (``"FSDP2"``: :func:`apply_fsdp2`, each rank its own batch) or tensor
+    parallel (``"TP"``: :func:`apply_tp`, every rank the same batch; SGD per parameter, as torch's foreach kernels
+    refuse the mix of DTensor and plain parameters): REPS measured steps (:func:`_measure`) after two warm-up
+    steps."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    reference = one_rank_trace(reps=1)["span_ns"]
+    dist.init_process_group("neuron", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
+    mesh = init_device_mesh("neuron", (world,))
+    model = gpt2_model(SMALL).to("neuron")
+    if strategy == "FSDP2":
+        apply_fsdp2(model, mesh)
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+    elif strategy == "TP":
+        apply_tp(model, mesh)
+        opt = torch.optim.SGD(model.parameters(), lr=LR, foreach=False)
+    else:
+        raise ValueError(f"unknown strategy {strategy!r} (FSDP2, TP)")
+    seed = rank if strategy == "FSDP2" else 0
+    ids = torch.randint(3, SMALL["config"]["vocab_size"], (SMALL["batch"], SMALL["seq"]),
+                        generator=torch.Generator().manual_seed(seed)).to("neuron")
+    step = _sgd_step(model, opt, ids)
+    for _ in range(2):
+        step()
+    out = {"steps": _measure(step, REPS), "cores": dist.group.WORLD.cores, "tn": tn_fingerprint(),
+           "plain_span_ns": reference}
+    dist.destroy_process_group()
+    return out
 
 
 # ------------------------------------------------------------------------------------------ DDP model
@@ -248,42 +563,140 @@ def _row(workload, strategy, method, n, compute, coll, step, step1, nbytes=0, ho
             "host_median_ms": None if host is None else statistics.median(host) * 1e3, "note": note}
 
 
-def ddp_small_rows(simulate):
-    """DDP rows of GPT-2 small: modelled from the one-rank trace at every core count, simulated at SIM_RANKS."""
-    one = run_job(1)
+def _agree(strategy, n, sim_step, model_step, sim_coll, model_coll):
+    """One agreement check: simulated vs modelled step and collective time within 5% (ns in, µs out)."""
+    return {"strategy": strategy, "cores": n, "simulated_step_us": sim_step / 1e3, "modelled_step_us": model_step / 1e3,
+            "simulated_collective_us": sim_coll / 1e3, "modelled_collective_us": model_coll / 1e3,
+            "agree": abs(sim_step - model_step) <= 0.05 * model_step
+            and abs(sim_coll - model_coll) <= 0.05 * model_coll}
+
+
+def tp_allreduces(spec, n):
+    """Tensor parallel's collectives per step at ``n`` ranks: ``(count, bytes each, modelled ns each)``: 4 blocking
+    all-reduces per block of the activations (batch x seq x d, bf16), two in the forward (after each row-parallel
+    c_proj), two in the backward (the input gradients of the column-parallel c_attn and c_fc)."""
+    cfg = spec["config"]
+    act = spec["batch"] * spec["seq"] * cfg["n_embd"] * 2
+    return 4 * cfg["n_layer"], act, C.collective_ns("all_reduce", machine_for(n), act, list(range(n)))
+
+
+def program_diff(sim, base, top=4):
+    """Where a simulated rank's compute differs from its modelled one-rank base: ``(ns, text)``, the difference
+    of their program time and the program names (``tn_0_<op>``) with the largest differences (``+runs`` more
+    runs, ``+µs`` more time on the simulated rank)."""
+    keys = set(sim) | set(base)
+    d = {k: (sim.get(k, [0, 0.0])[0] - base.get(k, [0, 0.0])[0], sim.get(k, [0, 0.0])[1] - base.get(k, [0, 0.0])[1])
+         for k in keys}
+    big = sorted((k for k in d if d[k][0] or abs(d[k][1]) > 1.0), key=lambda k: -abs(d[k][1]))[:top]
+    total = sum(v[1] for v in d.values())
+    return total, ", ".join(f"{k.replace('tn_0_', '')} {d[k][0]:+d} runs {d[k][1] / 1e3:+.1f} µs" for k in big)
+
+
+def small_rows(simulate, strategies=("DDP", "FSDP2", "TP")):
+    """Rows of GPT-2 small for each strategy: modelled from one-rank traces at every core count (TP: the TP
+    degrees), simulated at SIM_RANKS; the 1-core baseline of every strategy is the plain one-rank step (no
+    wrapper). Returns rows, agreement checks, simulated all-reduces, the world-1 job's result and the simulated
+    collectives per (strategy, cores) (what the structure verdicts read)."""
+    one = run_job(1, _one_rank_job)
+    plain = one["plain"]
+    step1 = plain["span_ns"]
     tr = one["ddp"][-1]
-    host1 = [t["host_s"] for t in one["ddp"]]
-    step1 = tr["span_ns"]
-    out, checks = [], []
-    for n in CORES:
-        d = ddp_model(tr, n)
-        out.append(_row(SMALL["name"], "DDP", "modelled" if n > 1 else "one rank", n, d["compute_ns"],
-                        d["collective_ns"], d["step_ns"], step1, d["bytes"], host1 if n == 1 else None,
-                        f"{d['buckets']} buckets"))
-    sim_ar = []
+    out, checks, sim_ar, sim_coll = [], [], [], {}
+    one["tn_seen"] = {"one rank": one["tn"]}
+    one["plain_seen"] = {"one rank": plain["span_ns"]}
+    for s in strategies:
+        out.append(_row(SMALL["name"], s, "one rank", 1, plain["compute_ns"], 0.0, step1, step1,
+                        host=plain["host_s"], note="plain step on one device (no wrapper)"))
+    if "DDP" in strategies:
+        for n in CORES[1:]:
+            d = ddp_model(tr, n)
+            out.append(_row(SMALL["name"], "DDP", "modelled", n, d["compute_ns"], d["collective_ns"], d["step_ns"],
+                            step1, d["bytes"], None, f"{d['buckets']} buckets"))
+    if "FSDP2" in strategies:
+        for n in CORES[1:]:
+            f = fsdp_model(plain, n)
+            src = ", ".join(f"{k} {v / 1e3:.1f} µs" for k, v in sorted(f["exposed"].items(), key=lambda kv: -kv[1]))
+            out.append(_row(SMALL["name"], "FSDP2", "modelled", n, f["compute_ns"], f["collective_ns"],
+                            f["step_ns"], step1, note=f"exposed: {src or 'none'}"))
+    if "TP" in strategies:
+        for n, shard in sorted(one["tp_shard"].items()):
+            k, act, ar = tp_allreduces(SMALL, n)
+            out.append(_row(SMALL["name"], "TP", "modelled", n, shard["span_ns"], k * ar, shard["span_ns"] + k * ar,
+                            step1, k * act, strong=True,
+                            note=f"exposed: {k} activation all-reduces of {act / 2**10:.0f} KiB (blocking)"))
     for n in SIM_RANKS if simulate else ():
-        res = run_job(n)
-        t = res["ddp"][-1]
-        nbytes = sum(b[1] for b in t["buckets"])
-        ar_ns = sum(b[2] for b in t["buckets"])
-        row = _row(SMALL["name"], "DDP", "simulated", n, t["compute_ns"], t["collective_ns"], t["span_ns"], step1,
-                   nbytes, [x["host_s"] for x in res["ddp"]], f"{len(t['buckets'])} buckets; {n} processes")
-        row["collective_us"] = ar_ns / 1e3
-        out.append(row)
-        d = ddp_model(tr, n)
-        checks.append({"cores": n, "simulated_step_us": t["span_ns"] / 1e3, "modelled_step_us": d["step_ns"] / 1e3,
-                       "simulated_collective_us": ar_ns / 1e3, "modelled_collective_us": d["collective_ns"] / 1e3,
-                       "agree": abs(t["span_ns"] - d["step_ns"]) <= 0.05 * d["step_ns"]
-                       and abs(ar_ns - d["collective_ns"]) <= 0.05 * d["collective_ns"]})
-        m = machine_for(n)
-        for x in res["all_reduce"]:
-            model = C.collective_ns("all_reduce", m, x["bytes"], res["cores"])
-            sim_ar.append({"ranks": n, "bytes": x["bytes"], "simulated_us": x["modelled_ns"] / 1e3,
-                           "modelled_us": model / 1e3, "agree": abs(x["modelled_ns"] - model) <= 0.05 * model,
-                           "busbw_GBps": C.bus_bandwidth("all_reduce", x["bytes"], x["modelled_ns"], n) / 1e9,
-                           "host_min_ms": min(x["host_s"]) * 1e3,
-                           "host_median_ms": statistics.median(x["host_s"]) * 1e3})
-    return out, checks, sim_ar, one
+        if "DDP" in strategies:
+            res = run_job(n)
+            one["tn_seen"][f"DDP {n}"] = res["tn"]
+            one["plain_seen"][f"DDP {n}"] = res["plain_span_ns"]
+            t = res["ddp"][-1]
+            nbytes = sum(b[1] for b in t["buckets"])
+            ar_ns = sum(b[2] for b in t["buckets"])
+            row = _row(SMALL["name"], "DDP", "simulated", n, t["compute_ns"], t["collective_ns"], t["span_ns"],
+                       step1, nbytes, [x["host_s"] for x in res["ddp"]],
+                       f"{len(t['buckets'])} buckets; {n} processes")
+            row["collective_us"] = ar_ns / 1e3
+            out.append(row)
+            d = ddp_model(tr, n)
+            checks.append(_agree("DDP", n, t["span_ns"], d["step_ns"], ar_ns, d["collective_ns"]))
+            sim_coll[("DDP", n)] = {"all_reduce": {"calls": len(t["buckets"]), "bytes": nbytes, "ns": ar_ns}}
+            m = machine_for(n)
+            for x in res["all_reduce"]:
+                model = C.collective_ns("all_reduce", m, x["bytes"], res["cores"])
+                sim_ar.append({"ranks": n, "bytes": x["bytes"], "simulated_us": x["modelled_ns"] / 1e3,
+                               "modelled_us": model / 1e3, "agree": abs(x["modelled_ns"] - model) <= 0.05 * model,
+                               "busbw_GBps": C.bus_bandwidth("all_reduce", x["bytes"], x["modelled_ns"], n) / 1e9,
+                               "host_min_ms": min(x["host_s"]) * 1e3,
+                               "host_median_ms": statistics.median(x["host_s"]) * 1e3})
+        for s in [s for s in ("FSDP2", "TP") if s in strategies]:
+            if s == "TP" and n not in one["tp_shard"]:
+                continue
+            res = run_job(n, functools.partial(_parallel_job, strategy=s))
+            one["tn_seen"][f"{s} {n}"] = res["tn"]
+            one["plain_seen"][f"{s} {n}"] = res["plain_span_ns"]
+            t = res["steps"][-1]
+            host = [x["host_s"] for x in res["steps"]]
+            sim_coll[(s, n)] = t["collectives"]
+            calls = ", ".join(f"{c['calls']} {k}" for k, c in sorted(t["collectives"].items()))
+            ar = t["collectives"].get("all_reduce", {"bytes": 0, "ns": 0.0})
+            out.append(_row(SMALL["name"], s, "simulated", n, t["compute_ns"], t["collective_ns"], t["span_ns"],
+                            step1, ar["bytes"], host, f"{calls}; {n} processes", strong=s == "TP"))
+            if s == "FSDP2":
+                f = fsdp_model(plain, n)
+                checks.append(_agree(s, n, t["span_ns"], f["step_ns"], t["collective_ns"], f["collective_ns"]))
+                base = plain["programs"]
+            else:
+                k, act, ar_ns = tp_allreduces(SMALL, n)
+                shard = one["tp_shard"][n]
+                checks.append(_agree(s, n, t["span_ns"], shard["span_ns"] + k * ar_ns, t["collective_ns"], k * ar_ns))
+                base = shard["programs"]
+            diff, text = program_diff(t["programs"], base)
+            checks[-1]["compute_gap"] = (f"the simulated rank's programs take {diff / 1e3:+.1f} µs more than the "
+                                         f"one-rank {'plain step' if s == 'FSDP2' else 'local-model step'}: {text}")
+    return out, checks, sim_ar, one, sim_coll
+
+
+def small_verdicts(one, sim_coll):
+    """What the simulated ranks' collectives must be, from the model's own counts: DDP all-reduces every gradient
+    once; FSDP2 all-gathers the root once and every block twice (forward, backward) and reduce-scatters every
+    unit once, with the bytes :func:`fsdp_model` costs; TP 4 all-reduces of the activations per block."""
+    out = []
+    L = SMALL["config"]["n_layer"]
+    plain = one["plain"]
+    for (s, n), coll in sorted(sim_coll.items()):
+        got = {k: (c["calls"], c["bytes"]) for k, c in coll.items()}
+        if s == "DDP":
+            want = {"all_reduce": (got.get("all_reduce", (0, 0))[0], one["params"] * 2)}
+        elif s == "FSDP2":
+            b = fsdp_model(plain, n)["bytes"]
+            want = {"all_gather_into_tensor": (1 + 2 * L, b["all_gather"]),
+                    "reduce_scatter_tensor": (L + 1, b["reduce_scatter"])}
+        else:
+            k, act, _ = tp_allreduces(SMALL, n)
+            want = {"all_reduce": (k, k * act)}
+        out.append((got == want, f"GPT-2 small {s} at {n} cores: simulated collectives {got} are the modelled "
+                                 f"{want} (calls, bytes)"))
+    return out
 
 
 # ------------------------------------------------------------------------------------------ compiled one-rank step
@@ -296,6 +709,21 @@ def compile_traced(fn, inputs):
     from tn.jit import backend_compile_fn
 
     return backend_compile_fn("neuron")(passes.optimize(tn_trace.trace_flat(fn, list(inputs)).ir))
+
+
+def host_equations(exe):
+    """The equations a compiled :class:`tn.lower.NeuronExecutable` sends to the host (untimed by
+    :meth:`model_timing`), each as ``"op in-shapes -> out-shapes {params}: reason"`` (reads the executable's steps;
+    empty if their layout changes)."""
+    from tn.lower import compiler
+
+    reasons = exe.stats.get("host_reasons", {})
+    out = []
+    for st in getattr(exe, "_steps", ()):
+        if isinstance(st, getattr(compiler, "_HostStep", ())):
+            e = exe.ir.eqns[st.k]
+            out.append(f"{e}: {reasons.get(st.name, '?')}")
+    return out
 
 
 def compiled_step(spec):
@@ -322,14 +750,16 @@ def compiled_step(spec):
     step = exe.model_timing()
     t2 = time.perf_counter()
     flat = [p.detach() for p in params]
-    opt = compile_traced(sgd, flat + flat).model_timing()
+    opt_exe = compile_traced(sgd, flat + flat)
+    opt = opt_exe.model_timing()
     t3 = time.perf_counter()
     return {"names": names, "numel": [p.numel() for p in params], "itemsize": params[0].element_size(),
             "reads": step.input_reads_ns[1:], "grad_ready": step.output_ready_ns[1:],
             "loss_ready": step.output_ready_ns[0], "fwd_bwd_ns": step.total_ns, "opt_ns": opt.total_ns,
             "host_eqns": step.host_eqns + opt.host_eqns, "programs": len(step.runs) + len(opt.runs),
             "instructions": sum(len(r.opcodes) for r in step.runs + opt.runs),
-            "compile_s": t1 - t0 + (t3 - t2), "timing_s": t2 - t1, "stats": exe.stats}
+            "compile_s": t1 - t0 + (t3 - t2), "timing_s": t2 - t1, "stats": exe.stats,
+            "host_equations": host_equations(exe) + host_equations(opt_exe)}
 
 
 def ddp_buckets(cs, bucket_mb):
@@ -380,7 +810,8 @@ def fsdp_model(cs, n):
     unit is issued when the current one starts (FSDP2's one-ahead prefetch); each unit's gradients are
     reduce-scattered when its last gradient is produced. Collectives queue in issue order on the core's collectives
     resource; a gate whose all-gather has not ended stalls the compute after it. The sharded SGD update takes
-    1/n of the one-rank update. Returns times and the exposed time per source."""
+    ``cs["opt_shard_ns"][n]`` when given (measured on shards, :func:`sgd_shard_ns`), else 1/n of the one-rank
+    update (one compiled program: bandwidth-bound). Returns times and the exposed time per source."""
     m = machine_for(n)
     cores = list(range(n))
     root, blocks = fsdp_units(cs["names"])
@@ -417,7 +848,7 @@ def fsdp_model(cs, n):
     compute_end = cs["fwd_bwd_ns"] + stall
     if free > compute_end:
         exposed["last reduce-scatters (after the backward)"] = free - compute_end
-    opt = cs["opt_ns"] / n
+    opt = cs["opt_shard_ns"][n] if "opt_shard_ns" in cs else cs["opt_ns"] / n
     return {"compute_ns": cs["fwd_bwd_ns"] + opt, "collective_ns": sum(dur.values()),
             "step_ns": max(compute_end, free) + opt, "exposed": exposed,
             "bytes": {"all_gather": 2 * nbytes(sum(blocks, [])) + nbytes(root),
@@ -486,7 +917,6 @@ def tp_rows(cs, spec):
     root, blocks = fsdp_units(cs["names"])
     block_params = sum(cs["numel"][i] for b in blocks for i in b)
     total = sum(cs["numel"])
-    act = spec["batch"] * spec["seq"] * cfg["n_embd"] * cs["itemsize"]
     base = tp_block_ns(spec, 1)
     out = [_row(spec["name"], "TP", "one rank", 1, step1, 0.0, step1, step1,
                 note=f"block fwd+bwd {base / 1e3:.0f} µs x {L}")]
@@ -495,10 +925,10 @@ def tp_rows(cs, spec):
             continue
         blk = tp_block_ns(spec, n)
         compute = cs["fwd_bwd_ns"] - L * (base - blk) + cs["opt_ns"] * (total - block_params * (1 - 1 / n)) / total
-        ar = C.collective_ns("all_reduce", machine_for(n), act, list(range(n)))
-        coll = 4 * L * ar
-        out.append(_row(spec["name"], "TP", "modelled", n, compute, coll, compute + coll, step1, 4 * L * act,
-                        strong=True, note=f"block {blk / 1e3:.0f} µs; exposed: {4 * L} activation all-reduces of "
+        k, act, ar = tp_allreduces(spec, n)
+        coll = k * ar
+        out.append(_row(spec["name"], "TP", "modelled", n, compute, coll, compute + coll, step1, k * act,
+                        strong=True, note=f"block {blk / 1e3:.0f} µs; exposed: {k} activation all-reduces of "
                              f"{act / 2**20:.1f} MiB (blocking)"))
     skipped = [n for n in CORES[1:] if n not in TP_DEGREES or cfg["n_head"] % n]
     return out, skipped
@@ -640,6 +1070,8 @@ def gpt2_124m_rows(cs, only, doc):
     notes.append(f"GPT-2 124M one-rank step: {cs['programs']} programs, {cs['instructions']} instructions, compiled "
                  f"in {cs['compile_s']:.0f} s and timed without values in {cs['timing_s']:.1f} s (host, once); "
                  f"{cs['host_eqns']} host equations untimed ({hosts})")
+    for e in cs["host_equations"]:
+        notes.append(f"GPT-2 124M host equation (untimed): {e}")
     doc["gpt2_124m_step"] = {k: v for k, v in cs.items() if k not in ("reads", "names", "numel")}
     return out, verdicts, notes
 
@@ -671,6 +1103,7 @@ def main(argv=None):
                     "DDP is always modelled: the others start from its one-rank step)")
     ap.add_argument("--simulate", action="store_true", help=argparse.SUPPRESS)   # the default now; kept for old scripts
     a = ap.parse_args(argv)
+    tn_at_start = tn_fingerprint()
     global SIM_RANKS
     only = {w.strip() for w in a.only.split(",") if w.strip()}
     if a.quick:
@@ -685,7 +1118,8 @@ def main(argv=None):
     verdicts.append((mono, "all-reduce model: time grows with bytes"))
     doc = {"all_reduce_modelled": r}
 
-    scaling, checks, sim_ar, one = ddp_small_rows(not a.no_simulate)
+    small = ["DDP"] + [x for k, x in (("fsdp", "FSDP2"), ("tp", "TP")) if k in only]
+    scaling, checks, sim_ar, one, sim_coll = small_rows(not a.no_simulate, small)
     verdicts.append((one["params"] == 527_872, f"GPT-2 small has {one['params']} parameters (pinned 527872)"))
     grad_bytes = one["params"] * 2
     got = sum(b[1] for b in one["ddp"][-1]["buckets"])
@@ -697,20 +1131,50 @@ def main(argv=None):
                         for x in sim_ar], headers=[f"ranks ({INSTANCE})", "bytes", "simulated µs", "modelled µs",
                                                    "busbw GB/s", "host min ms", "host median ms"]))
         verdicts.append((all(x["agree"] for x in sim_ar), "simulated all-reduces agree with the model within 5%"))
+    verdicts += small_verdicts(one, sim_coll)
+    if not a.no_simulate:
+        want = {(s, n) for s in small for n in SIM_RANKS if s != "TP" or n in one["tp_shard"]}
+        got = {(c["strategy"], c["cores"]) for c in checks}
+        verdicts.append((got == want, f"GPT-2 small simulated and modelled at {sorted(want)}: "
+                                      f"{'all' if got == want else sorted(got)} checked"))
     for c in checks:
-        verdicts.append((c["agree"], f"GPT-2 small DDP at {c['cores']} cores: simulated step "
+        verdicts.append((c["agree"], f"GPT-2 small {c['strategy']} at {c['cores']} cores: simulated step "
                                      f"{c['simulated_step_us']:.1f} µs vs modelled {c['modelled_step_us']:.1f} µs, "
-                                     f"all-reduces {c['simulated_collective_us']:.2f} vs "
+                                     f"collectives {c['simulated_collective_us']:.2f} vs "
                                      f"{c['modelled_collective_us']:.2f} µs (within 5%)"))
-    doc.update(simulated_all_reduce=sim_ar, agreement=checks)
-    notes = []
+    doc.update(simulated_all_reduce=sim_ar, agreement=checks,
+               simulated_collectives=[{"strategy": k[0], "cores": k[1], "collectives": v}
+                                      for k, v in sorted(sim_coll.items())])
+    notes = [f"GPT-2 small {c['strategy']} at {c['cores']} cores: {c['compute_gap']}" for c in checks
+             if "compute_gap" in c]
     if not a.quick:
-        rows124, v124, notes = gpt2_124m_rows(compiled_step(GPT2), only, doc)
+        rows124, v124, notes124 = gpt2_124m_rows(compiled_step(GPT2), only, doc)
+        notes += notes124
         scaling += rows124
         verdicts += v124
     verdicts += row_verdicts(scaling)
-    notes.insert(0, f"GPT-2 small one-rank step: eager on the device under a world-size-1 DDP (host min/median of "
-                    f"{REPS} steps); 1 core has no collectives")
+    ref = one["plain_seen"]
+    same = all(abs(v - ref["one rank"]) <= 1e-9 * ref["one rank"] for v in ref.values())
+    verdicts.append((same, f"every rank process times the plain one-rank step alike (the same timing model): "
+                           f"{ref['one rank'] / 1e3:.1f} µs in {len(ref)} processes"
+                           + ("" if same else f"; differ: { {k: round(v / 1e3, 1) for k, v in ref.items()} }")))
+    seen = dict(one["tn_seen"], **{"bench start": tn_at_start, "bench end": tn_fingerprint()})
+    if len(set(seen.values())) > 1:
+        notes.append(f"tn's sources changed in the working tree while the bench ran (hash per process: {seen}); "
+                     f"the verdict on the plain step's timing in every process says whether the device timing changed with them")
+    doc["tn_sources"] = seen
+    doc["plain_step_ns_per_process"] = ref
+    ddp1 = one["ddp"][-1]
+    notes.insert(0, f"GPT-2 small 1-core row (every strategy): the plain model's eager step on the device, no wrapper "
+                    f"(host min/median of {REPS} steps). Modelled rows start from one-rank eager steps: DDP from a "
+                    f"world-size-1 DDP step ({ddp1['span_ns'] / 1e3:.1f} µs: its bucket copies), FSDP2 from the plain "
+                    f"step (per-parameter forward start and gradient times from module and gradient hooks), TP from "
+                    f"the step of one rank's local model at each degree (tp_rank_shard: "
+                    + ", ".join(f"{n} ranks {t['span_ns'] / 1e3:.1f} µs" for n, t in sorted(one["tp_shard"].items()))
+                    + ")")
+    hosts = {k: v for k, v in one["plain"]["host_ops"].items()}
+    if hosts:
+        notes.insert(1, f"GPT-2 small host ops per step (untimed, the same in every strategy's step): {hosts}")
     notes.append("128 cores (two trn2.48xlarge): the model's ring is flat, so every one of its 2(n-1) steps pays the "
                  "EFA hop (15 µs, 400 GB/s); a hierarchical all-reduce (NeuronLink inside, EFA between) is not "
                  "modelled, so these rows are an upper bound on the communication")
