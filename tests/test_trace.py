@@ -78,6 +78,18 @@ def test_eqn_source_names_user_line():
     assert f"# {THIS_FILE}:" in tr.ir.pretty(show_source=True)
 
 
+def test_tn_files_reached_through_dotdot_paths_are_still_tn_code():
+    """A file of tn named through ``..`` (``sys.path`` holding ``bench/..``, as the bench scripts do) is tn's own,
+    not the user's: errors and sources must not name it."""
+    import tn.trace as T
+
+    path = os.path.join(os.path.dirname(T.__file__), "..", "tn", "jit.py")
+    code = compile("tn_file = 1", path, "exec")      # (code objects compare equal whatever their file names)
+    assert os.path.isabs(path) and ".." in path
+    assert T._is_internal(code)
+    assert not T._is_internal(compile("user_file = 1", os.path.abspath(__file__), "exec"))
+
+
 # --------------------------------------------------------------------------- numerics
 
 

@@ -140,8 +140,8 @@ def _is_internal(code: Any) -> bool:
     r = _internal_code.get(code)
     if r is None:
         fn = code.co_filename
-        if not os.path.isabs(fn) and not fn.startswith("<"):
-            fn = os.path.abspath(fn)
+        if not fn.startswith("<"):
+            fn = os.path.abspath(fn)      # also normalises: a "../" on sys.path gives tn's files such names
         r = (fn.startswith(tuple(_INTERNAL_DIRS)) or fn.startswith("<frozen") or fn.startswith("<string>-torch")
              or (fn.startswith(_STDLIB_DIR) and "-packages" not in fn))
         _internal_code[code] = r
