@@ -18,6 +18,16 @@ def test_reduce_fp32(name, shape, dims):
     check_lowering(name, _randn(shape), dims=dims, keepdim=False)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ["sum", "amax", "amin", "prod"])
+def test_reduce_over_a_leading_axis_of_a_long_row(name, dtype):
+    """A leading axis reduced over the partitions while the kept axes fill more than one tile (a GPT-2 position
+    embedding's gradient, sum over the batch of [8, 512, 768]): no reduced axis is left in the tile. The lowering
+    once emitted tensor_reduce(axis=()) and the op ran on the host."""
+    x = _randn((8, 64, 768), dtype) * (0.1 if name == "prod" else 1.0) + (1.0 if name == "prod" else 0.0)
+    check_lowering(name, x, dims=(0,), keepdim=False)
+
+
 @pytest.mark.parametrize("name", ["sum", "amax"])
 def test_reduce_keepdim_bf16(name):
     check_lowering(name, _randn((2, 300, 5), torch.bfloat16), dims=(1,), keepdim=True)

@@ -268,9 +268,16 @@ def reduce_lowering(ctx: Any, x_t: Any, x_dt: str, shape, reduced, out_t: Any, a
                     part = pair[(slice(0, ppc),) + (slice(None),) * len(kshape) + (1,)]
                 else:
                     part = prog.sbuf((ppc, *kshape), "float32")
-                prog.tensor_reduce(part.reshape(ppc, *[t[0] for t in tdims if not t[3]]) if kax else part,
-                                   view, "max" if mode == "argmax" else ("min" if mode == "argmin" else alu),
-                                   axis=raxes)
+                part_view = part.reshape(ppc, *[t[0] for t in tdims if not t[3]]) if kax else part
+                if rax:
+                    prog.tensor_reduce(part_view, view,
+                                       "max" if mode == "argmax" else ("min" if mode == "argmin" else alu), axis=raxes)
+                elif not arg:
+                    # the reduced axes lie across the partitions only (the tile plan looped their size-1 stand-in):
+                    # the chunk is its own partial result, folded below and over the partitions at the end
+                    prog.tensor_copy(part_view, view)
+                else:
+                    raise CannotLower(f"{mode} with no reduced axis in the tile")
                 if not arg:
                     if pair is not None and not first:   # NaN-propagating fold of (running, new)
                         prog.tensor_reduce(a_slice, pair[:ppc], alu, axis=-1)
