@@ -222,3 +222,25 @@ def test_no_graph_break_from_the_accelerator_stream_hooks():
     torch.testing.assert_close(compiled(b, a), b + a * 2)
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert isinstance(torch.accelerator.current_stream(), torch.neuron.Stream)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_multilabel_margin_loss_takes_tns_decomposition(reduction):
+    """torch registers its multilabel_margin_loss_forward decomposition as the op's Autograd kernel, so AOTAutograd
+    took it whatever the table said: it counts the target slots after the first -1 and shapes a 1-d input's
+    unreduced loss (1,). The compile door leaves the op to tn's decomposition, as the other doors do."""
+    torch.manual_seed(0)
+    loss = torch.nn.MultiLabelMarginLoss(reduction=reduction)
+    compiled = torch.compile(loss, backend="neuron")
+    cases = [(torch.randn(4), torch.tensor([3, 0, -1, 1])),
+             (torch.randn(3, 5), torch.tensor([[3, 0, -1, 1, 2], [0, 1, 2, 3, 4], [1, -1, 2, 2, 0]]))]
+    for x, t in cases:
+        want_x, got_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+        want, got = loss(want_x, t), compiled(got_x, t)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * max(1.0, want.abs().max().item()))
+        w = torch.randn(want.shape)
+        (want * w).sum().backward()
+        (got * w).sum().backward()
+        torch.testing.assert_close(got_x.grad, want_x.grad, rtol=1e-4, atol=1e-6)
+    assert not [op for op in dynamo_backend.host_ops() if "multilabel" in str(op)]

@@ -35,6 +35,7 @@ entry-point loader, which imports tn, register the name twice).
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -367,8 +368,48 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: List[Any], options:
         return _compile_graph(graph, inputs, tn_backend)
 
     _sdpa_as_math(gm)
-    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
-                        decompositions=core_aten_decompositions())(gm, example_inputs)
+    with _torch_python_kernels_off():   # AOTAutograd traces the joint graph here
+        return aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
+                            decompositions=aot_decompositions(core_aten_decompositions()))(gm, example_inputs)
+
+
+def aot_decompositions(table: Dict[Any, Callable]) -> Dict[Any, Callable]:
+    """``table`` (torch's decompositions for AOTAutograd) without the overloads tn decomposes itself
+    (:data:`tn.ops.table.DECOMPOSITIONS`): those stay in the graphs and tn's decomposition runs when
+    tn.jit traces them, as on the other doors. Taking torch's instead gave wrong answers
+    (``multilabel_margin_loss_forward``: the target slots after the first -1 counted, a 1-d input's
+    unreduced loss shaped ``(1,)``); the reason tn's wins for each is in :data:`tn.ops.table.OVERRIDE_REASONS`."""
+    from .ops.table import DECOMPOSITIONS
+
+    return {k: v for k, v in table.items() if k not in DECOMPOSITIONS}
+
+
+#: Dispatch keys of torch's Python kernels that decompose an op while AOTAutograd traces (with the Python
+#: dispatcher on), whatever the decomposition table says.
+_DECOMPOSING_KEYS = (torch._C.DispatchKey.Autograd, torch._C.DispatchKey.CompositeImplicitAutograd)
+
+
+@contextlib.contextmanager
+def _torch_python_kernels_off():
+    """Take out, for the duration, torch's Python kernels at :data:`_DECOMPOSING_KEYS` of the overloads tn
+    decomposes itself, so the op reaches the graph (and its C++ autograd formula gives the backward op, which tn
+    also decomposes). torch registers its ``multilabel_margin_loss_forward`` decomposition as the op's Autograd
+    kernel, so leaving it out of the table alone does not keep it out of the graph."""
+    from .ops.table import DECOMPOSITIONS
+
+    taken = []
+    for ov in DECOMPOSITIONS:
+        kernels = getattr(ov, "py_kernels", None)
+        for k in _DECOMPOSING_KEYS if kernels else ():
+            if k in kernels:
+                taken.append((ov, k, kernels.pop(k)))
+                ov._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        for ov, k, fn in taken:
+            ov.py_kernels[k] = fn
+            ov._dispatch_cache.clear()
 
 
 _registered = False
