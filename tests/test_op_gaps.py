@@ -114,6 +114,28 @@ def test_cat_with_empty_operands_on_the_device(monkeypatch):
     torch.testing.assert_close(y.cpu(), torch.cat([a, b]))
 
 
+def test_masked_scatter_from_an_empty_source():
+    """masked_scatter with an empty source (an all-False mask) leaves x as it is. Its decomposition read
+    source[0] of the empty source anyway (an IndexError in the host fallback of index): the gradient of
+    combinations(x, r=2) of a one-element x (no combination) on the device hit it."""
+    x, mask = torch.randn(2, 3), torch.zeros(2, 3, dtype=torch.bool)
+    want = x.masked_scatter(mask, torch.empty(0))
+    got = tn.jit(lambda x, m, s: x.masked_scatter(m, s), backend="neuron")(x, mask, torch.empty(0))
+    assert torch.equal(got, want)
+    got = x.to("neuron").masked_scatter(mask.to("neuron"), torch.empty(0, device="neuron"))
+    assert torch.equal(got.cpu(), want)
+    for n in (1, 3):
+        xs = torch.randn(n)
+        xd = xs.to("neuron").requires_grad_()
+        y = torch.combinations(xd, r=2)
+        w = torch.randn(y.shape)
+        (y * w.to("neuron")).sum().backward()
+        xc = xs.clone().requires_grad_()
+        (torch.combinations(xc, r=2) * w).sum().backward()
+        assert y.shape == (n * (n - 1) // 2, 2)
+        torch.testing.assert_close(xd.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-6)
+
+
 # --------------------------------------------------------------------------- out= forms
 
 def _out_add(a, b):

@@ -457,6 +457,8 @@ def _masked_scatter(x, mask, source):
     """Fill ``x`` where ``mask`` with consecutive elements of ``source`` (a prefix sum picks them)."""
     shape = torch.broadcast_shapes(tuple(x.shape), tuple(mask.shape))
     m = aten.expand.default(mask, list(shape))
+    if source.numel() == 0:   # no element to pick: the mask is all False (torch requires it), x is unchanged
+        return aten.clone.default(aten.expand.default(x, list(shape)))
     flat_m = aten.view.default(aten.clone.default(m), [-1])
     pos = aten.sub.Tensor(aten.cumsum.default(flat_m, 0, dtype=torch.int64), 1)
     pos = aten.clamp.default(pos, 0, max(source.numel() - 1, 0))
