@@ -105,6 +105,12 @@ def _tiny_moe(name):
     if name == "mixtral":
         model = transformers.MixtralForCausalLM(
             transformers.MixtralConfig(intermediate_size=64, num_local_experts=4, **common))
+    elif name == "deepseek_v3":   # grouped routing: top-1 of 2 groups, then top-2 of 4 experts (sorted=False)
+        common["num_key_value_heads"] = 4
+        model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(
+            intermediate_size=64, moe_intermediate_size=16, n_routed_experts=4, n_shared_experts=1, n_group=2,
+            topk_group=1, first_k_dense_replace=0, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8,
+            qk_nope_head_dim=8, v_head_dim=8, **common))
     else:
         model = transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
             intermediate_size=64, moe_intermediate_size=16, shared_expert_intermediate_size=32, num_experts=4,
@@ -112,7 +118,7 @@ def _tiny_moe(name):
     return model.eval()
 
 
-@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe", "deepseek_v3"])
 def test_hf_moe_experts_trace_to_core_ops(name):
     # HF's fallback custom op (fp32 experts) becomes matmuls, not the opaque host op of an unknown custom op
     model = _tiny_moe(name)

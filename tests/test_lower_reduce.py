@@ -186,6 +186,26 @@ def test_topk(shape, k, dim, largest):
     check_lowering("topk", _randn(shape), k=k, dim=dim, largest=largest, sorted=True)
 
 
+@pytest.mark.parametrize("shape,k,largest", [((12, 2), 1, True), ((12, 4), 2, True), ((6, 9), 2, False),
+                                             ((3, 200), 3, True)])
+def test_topk_unsorted_where_torch_returns_sorted(shape, k, largest):
+    """sorted=False lowers where torch's CPU result is sorted anyway (k <= 2: nth_element at k - 1; 64k <= n:
+    partial sort), values and indices equal to torch's: DeepSeek-V3's group and expert routers (top-1 of 2,
+    top-2 of 4) ran on the host. Distinct values (torch orders ties freely, sorted or not), one NaN a row."""
+    x = _randn(shape)
+    x[torch.arange(shape[0]), torch.arange(shape[0]) % shape[1]] = float("nan")
+    for t in (_randn(shape), x):
+        check_lowering("topk", t, k=k, dim=1, largest=largest, sorted=False)
+        tv, ti = torch.topk(t, k, dim=1, largest=largest, sorted=True)
+        uv, ui = torch.topk(t, k, dim=1, largest=largest, sorted=False)
+        assert torch.equal(ti, ui) and torch.equal(tv.nan_to_num(), uv.nan_to_num())
+
+
+def test_topk_unsorted_otherwise_stays_on_the_host():
+    with pytest.raises(Exception, match="sorted=False, k=4 of 8"):
+        check_lowering("topk", _randn((4, 8)), k=4, dim=1, largest=True, sorted=False)
+
+
 @pytest.mark.slow
 def test_sort_long_line():
     check_lowering("sort", _randn((8000,)), dim=0, descending=False, stable=True)
