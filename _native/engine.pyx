@@ -58,6 +58,9 @@ cdef extern from "kernels.h":
                         int64_t nparts, int accumulate, int64_t *bad_index) nogil
     int tn_matmul_ap(const tn_ap *psum, const tn_ap *stat, const tn_ap *mov, int64_t K, int accumulate) nogil
     int tn_matmul_set_isa(const char *name)
+    const char *tn_matmul_isa()
+    const char *tn_native_isa()
+    const char *tn_native_clones()
 
 
 def set_matmul_isa(name):
@@ -67,6 +70,16 @@ def set_matmul_isa(name):
     ``tn._native._kernels.lib.tn_matmul_set_isa``. Returns False if this CPU lacks the path.
     """
     return tn_matmul_set_isa(str(name).encode()) == 0
+
+
+def matmul_isa():
+    """The matmul kernel code path the engine's own copy of the kernels takes ("amx", "avx512", "avx2", "generic")."""
+    return tn_matmul_isa().decode()
+
+
+def native_build():
+    """(TN_NATIVE_ISA, clone set) the engine's copy of the C kernels was built with (see tn._native.build_info)."""
+    return tn_native_isa().decode(), tn_native_clones().decode()
 
 
 def abi_version():

@@ -16,16 +16,57 @@ int tn_abi_version(void) { return 2; }
    (GCC target_clones on x86-64 Linux); elsewhere only the portable code is built. The build passes
    -ffp-contract=off, so no clone fuses a multiply and an add into an FMA: every clone rounds exactly like the
    default and results do not depend on the CPU. The AVX-512 clone targets x86-64-v4 (AVX-512 F+BW+DQ+VL: bf16
-   conversions need 16-bit lanes of the full width) where GCC knows it (12+). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && !defined(TN_NO_CLONES)
-#if __GNUC__ >= 12
+   conversions need 16-bit lanes of the full width) where GCC knows it (12+).
+   The build setting TN_NATIVE_ISA (setup.py passes -DTN_NATIVE_ISA=n, _native/build_cffi.py) narrows the clones so
+   a wide machine can build and test the narrower code: 2 auto (all three), 1 avx2 (AVX2 + default), 0 portable
+   (no clones; TN_NO_CLONES means the same). tn_native_clones() records what this build compiled. */
+#ifndef TN_NATIVE_ISA
+#define TN_NATIVE_ISA 2
+#endif
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && !defined(TN_NO_CLONES) \
+    && TN_NATIVE_ISA > 0
+#if TN_NATIVE_ISA == 1
+#define TN_HOT __attribute__((target_clones("avx2", "default")))
+#define TN_CLONES "avx2 default"
+#elif __GNUC__ >= 12
 #define TN_HOT __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#define TN_CLONES "x86-64-v4 avx2 default"
 #else
 #define TN_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
+#define TN_CLONES "avx512f avx2 default"
 #endif
 #else
 #define TN_HOT
+#define TN_CLONES ""
 #endif
+
+const char *tn_native_isa(void)
+{
+    return TN_NATIVE_ISA >= 2 ? "auto" : TN_NATIVE_ISA == 1 ? "avx2" : "portable";
+}
+
+const char *tn_native_clones(void) { return TN_CLONES; }
+
+/* The clone of the TN_HOT kernels the loader picks on this CPU ("default" is the portable code; "" without clones):
+   the first of TN_CLONES the CPU supports, the order GCC's resolver tries them in. */
+const char *tn_native_clone(void)
+{
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && !defined(TN_NO_CLONES) \
+    && TN_NATIVE_ISA > 0
+    __builtin_cpu_init();
+#if TN_NATIVE_ISA >= 2
+#if __GNUC__ >= 12
+    if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4";
+#else
+    if (__builtin_cpu_supports("avx512f")) return "avx512f";
+#endif
+#endif
+    if (__builtin_cpu_supports("avx2")) return "avx2";
+    return "default";
+#else
+    return "";
+#endif
+}
 
 /* ------------------------------------------------------------------ conversions */
 

@@ -7,6 +7,13 @@
 /* Version of the kernel ABI; bumped whenever a signature below changes. */
 int tn_abi_version(void);
 
+/* What this build compiled (kernels.c): the build setting TN_NATIVE_ISA ("auto", "avx2" or "portable"), the
+   target_clones of the hot elementwise kernels ("x86-64-v4 avx2 default", "avx2 default" or "" for none) and the
+   clone the loader picks on this CPU ("" without clones). */
+const char *tn_native_isa(void);
+const char *tn_native_clones(void);
+const char *tn_native_clone(void);
+
 /* --- matmul (TensorE) --- */
 /* psum[m*psum_stride + n] = (or += if accumulate) sum_k stat[k*stat_stride + m] * mov[k*mov_stride + n]
    for k < K <= 128, m < M <= 128, n < N <= 512; strides in elements, >= the row width (M, N, N).

@@ -13,11 +13,12 @@ ISAS = ["auto", "generic", "avx2", "avx512", "amx"]
 
 @pytest.fixture(params=ISAS)
 def isa(request):
-    """Forces one code path of the kernel for a test, then restores the automatic choice."""
+    """Forces one code path of the kernel for a test, then restores the one in force before (TN_MATMUL_ISA's)."""
+    before = lib.tn_matmul_isa()
     if lib.tn_matmul_set_isa(request.param.encode()) != 0:
-        pytest.skip(f"this CPU/OS has no {request.param} path")
+        pytest.skip(f"this CPU/OS has no {request.param} path (hardware)")
     yield request.param
-    assert lib.tn_matmul_set_isa(b"auto") == 0
+    assert lib.tn_matmul_set_isa(before) == 0
 
 
 def _ptr(ctype, arr):
@@ -138,12 +139,14 @@ def test_bf16_partition_pitch_strides(isa):
 
 
 def test_isa_names():
-    assert ffi.string(lib.tn_matmul_isa()).decode() in ("amx", "avx512", "avx2", "generic")
+    before = lib.tn_matmul_isa()
+    assert ffi.string(before).decode() in ("amx", "avx512", "avx2", "generic")
     assert lib.tn_matmul_set_isa(b"no-such-isa") == -1
     assert lib.tn_matmul_set_isa(ffi.NULL) == -1
     assert lib.tn_matmul_set_isa(b"generic") == 0
     assert ffi.string(lib.tn_matmul_isa()) == b"generic"
     assert lib.tn_matmul_set_isa(b"auto") == 0
+    assert lib.tn_matmul_set_isa(before) == 0
 
 
 @pytest.mark.parametrize("K,M,N", [(0, 1, 1), (1, 0, 1), (1, 1, 0), (129, 1, 1), (1, 129, 1), (1, 1, 513),

@@ -185,6 +185,15 @@ SETTINGS: Dict[str, Setting] = _settings(
             "of hanging or mixing bytes (one extra small all-gather per collective; 0 skips it)"),
     Setting("engine_host_times", "TN_ENGINE_HOST_TIMES", "flag", False,
             "profiles also record the host time each native engine call took (read at import)"),
+    Setting("native_isa", "TN_NATIVE_ISA", "str", "auto",
+            "build-time (read by setup.py when pip builds tn, not at run time): the CPU code the hot elementwise "
+            "kernels are compiled for: auto (AVX-512, AVX2 and portable clones, the loader picks), avx2 (AVX2 and "
+            "portable), portable (no clones); tn._native.build_info() reports what the build used",
+            ("auto", "avx2", "portable")),
+    Setting("matmul_isa", "TN_MATMUL_ISA", "str", "auto",
+            "the TensorE matmul kernels' code path: auto (the widest this CPU has), generic (portable C), avx2, "
+            "avx512 or amx; a path the CPU lacks is a ConfigError naming the ones it has (read when tn._native "
+            "loads; tn._native.set_matmul_isa changes it)", ("auto", "generic", "avx2", "avx512", "amx")),
 )
 
 _OVERRIDES: Dict[str, Any] = {}
