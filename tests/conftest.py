@@ -1,5 +1,4 @@
 # Shared pytest setup: IR verification after every pass, and the list of jit backends the model tests run on.
-import importlib
 import os
 
 import pytest
@@ -18,9 +17,6 @@ torch.set_num_threads(1)
 BACKENDS = ["reference", "neuron"]
 if os.environ.get("TN_TEST_BACKENDS"):
     BACKENDS = [b.strip() for b in os.environ["TN_TEST_BACKENDS"].split(",") if b.strip()]
-
-#: Modules that register a backend when imported.
-_BACKEND_MODULES = {"neuron": "tn.lower"}
 
 
 #: Test modules of the neuron device whose tests run twice, in both eager modes of the device: "op" (every op
@@ -61,12 +57,9 @@ def device_eager_mode(request):
 def backend(request):
     """Name of a tn.jit backend; tests using it run once per entry of BACKENDS."""
     name = request.param
-    from tn.jit import backends
+    from tn.jit import backend_compile_fn
 
-    if name not in backends() and name in _BACKEND_MODULES:
-        importlib.import_module(_BACKEND_MODULES[name])
-    if name not in backends():
-        pytest.skip(f"jit backend {name!r} is not registered")
+    backend_compile_fn(name)          # registered (the compiler's on first use), or a clear error: never a skip
     return name
 
 

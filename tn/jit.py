@@ -117,8 +117,8 @@ def register_backend(name: str, compile_fn: Callable[[IR], Callable[[List[Tensor
 
 
 def backends() -> List[str]:
-    """Names of the registered backends."""
-    return sorted(_BACKENDS)
+    """Names of the registered backends, with those a lower layer provides on first use (``"neuron"``)."""
+    return sorted(set(_BACKENDS) | set(_BACKEND_PROVIDERS))
 
 
 def default_backend() -> str:
