@@ -261,7 +261,7 @@ def gpt2_linear_for_tp(model, tp):
     are reordered so that rank r's column shard holds ``[q_r, k_r, v_r]`` (its ``heads / tp`` heads), and each
     attention splits its local output in thirds (``split_size = hidden / tp``; HF reshapes with ``-1`` heads).
     Only the sharded model (:func:`apply_tp`, or one rank's :func:`tp_rank_shard`) computes GPT-2 afterwards.
-    (The same conversion as the tests' ``dist_parallel.gpt2_linear_for_tp``.)"""
+    (The tests' rank jobs, ``tests/dist_parallel.py``, use this function too.)"""
     import torch
     from transformers.pytorch_utils import Conv1D
 

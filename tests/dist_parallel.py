@@ -98,41 +98,26 @@ def gpt2_tp_plan(model) -> dict:
     return plan
 
 
+def _bench_distributed():
+    """``bench/distributed.py`` as a module: its GPT-2 tensor-parallel conversion is the one these jobs use."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    name = "tn_bench_distributed"
+    if name not in sys.modules:
+        path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "distributed.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
 def gpt2_linear_for_tp(model, tp: int):
-    """Make a HF GPT-2 shardable by Colwise/Rowwise plans (which take ``nn.Linear`` only), as Megatron lays it
-    out: each ``Conv1D`` becomes the ``nn.Linear`` of the transposed weight; the fused q/k/v outputs of
-    ``c_attn`` are reordered so that a column-wise shard of rank r holds ``[q_r, k_r, v_r]`` (its
-    ``heads / tp`` heads), and each attention splits its local output in thirds (``split_size = hidden / tp``).
-    With ``tp=1`` the model computes what it did; with ``tp > 1`` only the sharded model does, so convert right
-    before ``parallelize_module`` (:func:`apply_tp` does)."""
-    from transformers.pytorch_utils import Conv1D
-
-    hidden = model.config.n_embd
-    if model.config.n_head % tp:
-        raise ValueError(f"{model.config.n_head} heads do not split over {tp} ranks")
-    chunk = hidden // tp
-    order = torch.cat([torch.arange(part * hidden + r * chunk, part * hidden + (r + 1) * chunk)
-                       for r in range(tp) for part in range(3)])
-
-    def linear(conv, rows=None):
-        w, b = conv.weight.detach().t(), conv.bias.detach()
-        if rows is not None:
-            w, b = w[rows], b[rows]
-        lin = torch.nn.Linear(w.shape[1], w.shape[0], device=w.device, dtype=w.dtype)
-        with torch.no_grad():
-            lin.weight.copy_(w)
-            lin.bias.copy_(b)
-        return lin
-
-    for blk in model.transformer.h:
-        if not isinstance(blk.attn.c_attn, Conv1D):
-            raise ValueError("gpt2_linear_for_tp: the model was already converted")
-        blk.attn.c_attn = linear(blk.attn.c_attn, order)
-        blk.attn.c_proj = linear(blk.attn.c_proj)
-        blk.attn.split_size = chunk
-        blk.mlp.c_fc = linear(blk.mlp.c_fc)
-        blk.mlp.c_proj = linear(blk.mlp.c_proj)
-    return model
+    """A HF GPT-2 made shardable by Colwise/Rowwise plans (``bench/distributed.py``'s ``gpt2_linear_for_tp``:
+    ``Conv1D`` -> ``nn.Linear``, c_attn's q/k/v rows reordered per rank, ``split_size = hidden / tp``)."""
+    return _bench_distributed().gpt2_linear_for_tp(model, tp)
 
 
 def apply_tp(model, mesh):
