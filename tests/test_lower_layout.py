@@ -166,3 +166,50 @@ def test_fingerprint_of_a_tensor_past_float32_integer_range_stays_in_bounds():
     t = torch.arange(2 ** 25 + 1, dtype=torch.int32).view(torch.float32)
     fp = fingerprint(t).view(torch.int32)
     assert fp[0].item() == 0 and fp[-1].item() == 2 ** 25
+
+
+@pytest.mark.parametrize("n,k", [(300, 130), (128, 2048)])
+def test_layout_program_casts_an_fp32_weight_to_bf16(n, k):
+    """The cast layout holds exactly what a program would transpose after its ``convert``: W rounded to bf16."""
+    w = torch.randn(n, k)
+    lay = layout.b_layout(n, k, "bfloat16")
+    got, _ = layout.make(w, lay)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, _expected_layout(w.to(torch.bfloat16), lay))
+
+
+def test_autocast_weights_are_laid_out_already_cast():
+    """Under autocast a Linear's fp32 weight reaches the matmul as ``permute(convert(W))``: the laid-out variant
+    reads a bf16 layout made once (no per-call cast written to HBM and read back), gives the plain program's
+    results bit for bit, and lays the weight out again after it changes in place."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256))
+    x = torch.randn(64, 256)
+    layout.clear()
+    j = tn.jit(m)
+
+    def call():
+        with torch.autocast("cpu", dtype=torch.bfloat16), tn.profile() as prof:
+            y = j(x)
+            want = m(x)        # (inside one autocast region per call: autocast caches its casts of weights)
+        return y, want, prof
+
+    with torch.no_grad():
+        y0, want, p0 = call()
+        names = [r.name for r in p0.runs]
+        assert sum(n.endswith("_float32_to_bfloat16") for n in names) == 2, names
+        y1, _, p1 = call()
+        assert [r.name for r in p1.runs] == [names[-1]]           # layouts reused
+        torch.testing.assert_close(y1, want, **TOL[torch.bfloat16])
+        assert torch.equal(y0, y1)
+        weights_bf16 = 2 * 256 * 512 * 2
+        inputs = x.numel() * 4 + (512 + 256) * 4                  # x and the biases, fp32
+        assert p1.runs[-1].hbm_read_bytes <= weights_bf16 + inputs + 64 * 1024
+        m[0].weight.add_(0.01)
+        y2, want2, p2 = call()
+        assert not any(r.name.startswith("tn_layout") for r in p2.runs)   # changed: the plain program
+        torch.testing.assert_close(y2, want2, **TOL[torch.bfloat16])
+        assert not torch.equal(y2, y1)
+        y3, want3, p3 = call()                                    # unchanged since: laid out again
+        assert sum(r.name.startswith("tn_layout") for r in p3.runs) == 1
+        assert torch.equal(y3, y2)

@@ -373,6 +373,8 @@ class NeuronExecutable:
         self._laid_out: Dict[Var, Any] = dict(_laid_out or {})
         self._layout: Any = None
         self._layout_child: Any = None
+        #: weight input index -> the Var of its convert, for weights laid out already cast (``_plan_layouts``)
+        self._layout_casts: Dict[int, Var] = {}
         self._no_handoff: set = set()
         self._no_prologue: set = set()
         for _ in range(3 * len(ir.eqns) + 2):
@@ -680,21 +682,36 @@ class NeuronExecutable:
             from . import layout, matmul
         except ImportError:
             return None
-        _, trans = self._plan_transposed(host)
+        elide, trans = self._plan_transposed(host)
         ir = self.ir
         index = {v: i for i, v in enumerate(ir.inputs)}
         mutated = {i for i, _ in ir.mutations}
+        producer, users, outset = dataflow(ir)
         cands: Dict[Var, Any] = {}
         for k, (_, sb) in trans.items():
             if sb is None or isinstance(sb, _Tiled):
                 continue
             x, dims = sb
-            i = index.get(x)
+            w = x
+            j = producer.get(x)
+            if j is not None and ir.eqns[j].op.name == "convert" and j not in host and x not in outset and \
+                    isinstance(ir.eqns[j].inputs[0], Var) and all(u in elide for u in users.get(x, ())):
+                # convert(W) read only transposed by matmuls (a weight under autocast): laid out already cast
+                w = ir.eqns[j].inputs[0]
+                if (NEURON_DTYPES.get(w.dtype), NEURON_DTYPES.get(x.dtype)) not in layout.CAST_LAYOUTS:
+                    continue
+            i = index.get(w)
             if i is None or i in mutated or x.ndim != 2 or tuple(dims or (0, 1)) != (0, 1):
                 continue
             a = ir.eqns[k].inputs[0]
             if x.dtype not in NEURON_DTYPES or NEURON_DTYPES[x.dtype] not in matmul.MATMUL_DTYPES or \
                     not isinstance(a, Var) or a.dtype != x.dtype or ir.eqns[k].outputs[0].ndim != 2:
+                continue
+            if w is not x:
+                if any(c[0] == i for c in cands.values()):
+                    continue     # one layout per weight input
+                self._layout_casts[i] = x
+            elif i in self._layout_casts:
                 continue
             N, K = x.shape
             cands.setdefault(x, (i, layout.b_layout(N, K, NEURON_DTYPES[x.dtype])))
@@ -709,7 +726,7 @@ class NeuronExecutable:
             extra = []
             laid: Dict[Var, Any] = {}
             for i, lay in self._layout.inputs:
-                w = ir.inputs[i]
+                w = self._layout_casts.get(i, ir.inputs[i])    # a cast weight: its convert's result is laid out
                 v = Var(lay.shape, w.dtype)
                 extra.append(v)
                 laid[w] = (v, lay)
@@ -826,6 +843,13 @@ class NeuronExecutable:
                 groups[k0] = c
                 in_chain.update(rng)
         elide, trans = self._plan_transposed(host, in_chain) if self.fuse else (set(), {})
+        if self._laid_out:
+            # a weight's convert whose result the matmuls read from its cast layout (and nothing else reads)
+            producer, users, _ = dataflow(ir)
+            for x in self._laid_out:
+                j = producer.get(x)
+                if j is not None and all(u in elide or u in in_chain for u in users.get(x, ())):
+                    elide.add(j)
         for kk in [kk for kk, g in (groups or {}).items() if isinstance(g, (fusion.Group, fusion.EpilogueGroup))]:
             # a group holding a permute (or its reshape) that a matmul reads transposed instead would read a value
             # that is never made: its equations are lowered one by one

@@ -104,16 +104,26 @@ def b_layout(N: int, K: int, dtype: str) -> BLayout:
 
 # --------------------------------------------------------------------------- the layout program
 
+#: (weight dtype, layout dtype) pairs a layout program converts while laying out: a weight the program casts for
+#: its matmul (``convert(W)`` under autocast) is laid out already cast.
+CAST_LAYOUTS = frozenset({("float32", "bfloat16"), ("float32", "float16")})
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
 _PROGRAMS: Dict[tuple, Any] = {}
 _PROG_LOCK = threading.Lock()
 
 
-def layout_program(lay: BLayout, arch: Any = None) -> Any:
-    """The encoded program ``wt = layout(w)`` (HBM ``w`` ``[N, K]`` input, ``wt`` ``lay.shape`` output), cached."""
+def layout_program(lay: BLayout, arch: Any = None, src_dtype: Optional[str] = None) -> Any:
+    """The encoded program ``wt = layout(w)`` (HBM ``w`` ``[N, K]`` input, ``wt`` ``lay.shape`` output), cached.
+
+    ``src_dtype``: the dtype of ``w`` when it is not the layout's (an fp32 weight a program converts to bf16
+    before its matmul, as under autocast): each staged block is converted on VectorE (rounded as the program's
+    ``convert`` rounds) before the transposes, so the layout holds exactly what the program would transpose."""
     from ..neuron import Program, get_arch
 
     arch = get_arch(arch)
-    key = (lay.key, arch.name)
+    src_dtype = src_dtype or lay.dtype
+    key = (lay.key, src_dtype, arch.name)
     with _PROG_LOCK:
         enc = _PROGRAMS.get(key)
     if enc is not None:
@@ -122,8 +132,9 @@ def layout_program(lay: BLayout, arch: Any = None) -> Any:
 
     N, K, dt, ngw, KP, KC, NG = lay.N, lay.K, lay.dtype, lay.ngw, lay.KP, lay.KC, lay.NG
     isz = isa.DTYPE_SIZES[isa.dtype_code(dt)]
-    prog = Program(f"tn_layout_w{N}x{K}_{dt}", arch, record_sources=False)
-    w = prog.hbm("w", (N, K), dt, kind="input")
+    cast = src_dtype != dt
+    prog = Program(f"tn_layout_w{N}x{K}_{src_dtype + '_to_' if cast else ''}{dt}", arch, record_sources=False)
+    w = prog.hbm("w", (N, K), src_dtype, kind="input")
     wt = prog.hbm("wt", lay.shape, dt, kind="output")
     G = max(1, min(arch.psum_bank_bytes // (_P * isz), 8))   # transposes per PSUM bank
     tiles = []
@@ -135,6 +146,10 @@ def layout_program(lay: BLayout, arch: Any = None) -> Any:
 
     out_bufs = [sb((KP, KC, ngw), f"lay_out{i}") for i in range(2)]
     stages = [sb((_P, K), f"lay_stage{i}") for i in range(3)]
+    raw = []
+    if cast:
+        raw = [prog.sbuf((_P, K), src_dtype, name=f"lay_raw{i}") for i in range(2)]
+        tiles.extend(raw)
     tps = [prog.psum((_P, G, _P), dt, name=f"lay_tp{i}") for i in range(2)]
     ns = nt = no = nc = 0
     pad_k = K % _P != 0 and KC > 1
@@ -150,9 +165,12 @@ def layout_program(lay: BLayout, arch: Any = None) -> Any:
             st = stages[ns % 3]
             ns += 1
             step = G * _P
+            land = raw[ns % 2] if cast else st
             for c0 in range(0, K, step):     # one DMA per PSUM bank of transposes: the first start early
                 c1 = min(K, c0 + step)
-                prog.dma_copy(st[:sp, c0:c1], w[n0 + s0:n0 + s0 + sp, c0:c1])
+                prog.dma_copy(land[:sp, c0:c1], w[n0 + s0:n0 + s0 + sp, c0:c1])
+                if cast:
+                    prog.tensor_copy(st[:sp, c0:c1], land[:sp, c0:c1], engine="vector")
             for q0 in range(0, KC, G):
                 q1 = min(KC, q0 + G)
                 tp = tps[nt % 2]
@@ -255,15 +273,16 @@ def make(t: torch.Tensor, lay: BLayout, arch: Any = None) -> Tuple[torch.Tensor,
     from ..neuron.runtime import run
     from .base import NEURON_DTYPES
 
-    if NEURON_DTYPES.get(t.dtype) != lay.dtype or tuple(t.shape) != (lay.N, lay.K):
+    src_dtype = NEURON_DTYPES.get(t.dtype)
+    if tuple(t.shape) != (lay.N, lay.K) or not (src_dtype == lay.dtype or (src_dtype, lay.dtype) in CAST_LAYOUTS):
         raise ArgumentValueError(f"layout {lay} does not match tensor {tuple(t.shape)} {t.dtype}")
     src = t.detach()
     if src.device.type not in ("cpu", "neuron", "privateuseone"):
         src = src.cpu()
     if not src.is_contiguous():
         src = src.contiguous()
-    out = torch.zeros(lay.shape, dtype=t.dtype)
-    res = run(layout_program(lay, arch), {"w": src, "wt": out})
+    out = torch.zeros(lay.shape, dtype=t.dtype if src_dtype == lay.dtype else TORCH_DTYPES[lay.dtype])
+    res = run(layout_program(lay, arch, src_dtype), {"w": src, "wt": out})
     st = _storage(t)
     sid = id(st)
     with _LOCK:
