@@ -848,7 +848,7 @@ class NeuronExecutable:
             producer, users, _ = dataflow(ir)
             for x in self._laid_out:
                 j = producer.get(x)
-                if j is not None and all(u in elide or u in in_chain for u in users.get(x, ())):
+                if j is not None and j not in in_chain and all(u in elide or u in in_chain for u in users.get(x, ())):
                     elide.add(j)
         for kk in [kk for kk, g in (groups or {}).items() if isinstance(g, (fusion.Group, fusion.EpilogueGroup))]:
             # a group holding a permute (or its reshape) that a matmul reads transposed instead would read a value
