@@ -255,6 +255,17 @@ def apply_fsdp2(model, mesh):
     return fully_shard(model, mesh=mesh)
 
 
+def _linear_of(w, b):
+    """An ``nn.Linear`` holding copies of weight ``w`` ``[out, in]`` and bias ``b``."""
+    import torch
+
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], device=w.device, dtype=w.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+        lin.bias.copy_(b)
+    return lin
+
+
 def gpt2_linear_for_tp(model, tp):
     """Make a HF GPT-2 shardable by Colwise/Rowwise plans (which take ``nn.Linear`` only), as Megatron lays it
     out: each ``Conv1D`` becomes the ``nn.Linear`` of the transposed weight; the fused q/k/v outputs of ``c_attn``
@@ -274,13 +285,7 @@ def gpt2_linear_for_tp(model, tp):
 
     def linear(conv, rows=None):
         w, b = conv.weight.detach().t(), conv.bias.detach()
-        if rows is not None:
-            w, b = w[rows], b[rows]
-        lin = torch.nn.Linear(w.shape[1], w.shape[0], device=w.device, dtype=w.dtype)
-        with torch.no_grad():
-            lin.weight.copy_(w)
-            lin.bias.copy_(b)
-        return lin
+        return _linear_of(w[rows], b[rows]) if rows is not None else _linear_of(w, b)
 
     for blk in model.transformer.h:
         if not isinstance(blk.attn.c_attn, Conv1D):
@@ -314,19 +319,11 @@ def tp_rank_shard(model, tp, rank=0):
     (bias whole), the shapes the rank's ``parallelize_module`` shards have. It computes what the rank computes
     between its collectives (the all-reduces of the row-parallel outputs and of the column-parallel input
     gradients are missing: :func:`tp_allreduces` adds them)."""
-    import torch
-
     gpt2_linear_for_tp(model, tp)
 
     def keep(lin, rows=None, cols=None):
-        w = lin.weight.detach()
-        w = w[rows] if rows is not None else w[:, cols]
-        b = lin.bias.detach()[rows] if rows is not None else lin.bias.detach()
-        new = torch.nn.Linear(w.shape[1], w.shape[0], device=w.device, dtype=w.dtype)
-        with torch.no_grad():
-            new.weight.copy_(w)
-            new.bias.copy_(b)
-        return new
+        w, b = lin.weight.detach(), lin.bias.detach()
+        return _linear_of(w[rows], b[rows]) if rows is not None else _linear_of(w[:, cols], b)
 
     for blk in model.transformer.h:
         a, m = blk.attn, blk.mlp
