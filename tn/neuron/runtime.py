@@ -63,6 +63,11 @@ def remove_listener(token):
         _LISTENERS = tuple(entry for entry in _LISTENERS if entry[0] is not token)
 
 
+def listening() -> bool:
+    """True while any listener (a ``tn.profile()`` block) is registered: a fast check for hot paths."""
+    return bool(_LISTENERS)
+
+
 def active_listeners() -> tuple:
     """The listener functions registered now (empty when no profiler is active)."""
     return tuple(fn for _, fn in _LISTENERS)

@@ -623,6 +623,29 @@ def _mode(x, dim=-1, keepdim=False):
     return _keep(v, d, keepdim), _keep(idx, d, keepdim)
 
 
+@decomposition(aten._logcumsumexp.default)
+def _logcumsumexp_kernel(x, dim):
+    """The CPU/CUDA kernel behind the composite ``logcumsumexp`` (no Meta kernel): the core op."""
+    return aten.logcumsumexp.default(x, dim)
+
+
+@decomposition(aten._cummax_helper.default)
+def _cummax_helper(x, values, indices, dim):
+    """The CPU/CUDA kernel ``cummax.out`` calls on other backends (the device's composite ``cummax``):
+    ``values``/``indices`` written in place with the ``cummax`` core op's results."""
+    v, i = aten.cummax.default(x, dim)
+    aten.copy_.default(values, v)
+    aten.copy_.default(indices, i)
+
+
+@decomposition(aten._cummin_helper.default)
+def _cummin_helper(x, values, indices, dim):
+    """``cummin``'s in-place kernel helper, as :func:`_cummax_helper`."""
+    v, i = aten.cummin.default(x, dim)
+    aten.copy_.default(values, v)
+    aten.copy_.default(indices, i)
+
+
 # --------------------------------------------------------------------------- searching
 
 
