@@ -7,7 +7,9 @@ Usage::
     python bench/coverage.py --mode eager|jit|compile|adaptive [--grad] [--dtype float32|bfloat16]
                              [--modules] [--ops a,b] [--max-samples N] [--workers N] [--json PATH]
                              [--crash-only]
-    python bench/coverage.py --markdown bench/results/coverage-*.json     # the published table
+    python bench/coverage.py --markdown bench/results/coverage-*.json     # the table of these runs
+    python bench/coverage.py --markdown bench/results/coverage-*.json --publish bench/results/coverage.md
+    python bench/coverage.py --rank-host bench/results/coverage-*.json    # host ops by items they block
 
 Doors (``--mode``):
 
@@ -349,9 +351,21 @@ class _SeededOps(torch.utils._python_dispatch.TorchDispatchMode):
         self.seen: List[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if torch.Tag.nondeterministic_seeded in func.tags:
+        if torch.Tag.nondeterministic_seeded in func.tags and not _draws_nothing(func, args, kwargs or {}):
             self.seen.append(str(func))
         return func(*args, **(kwargs or {}))
+
+
+def _draws_nothing(func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> bool:
+    """A seeded op called so that it draws no number: attention with ``dropout_p=0`` (every
+    ``nn.Transformer*``/``MultiheadAttention`` in eval mode), dropout with ``train=False`` or ``p=0``."""
+    bound = {a.name: (args[i] if i < len(args) else kwargs.get(a.name, a.default_value))
+             for i, a in enumerate(func._schema.arguments)}
+    if "dropout_p" in bound:
+        return bound["dropout_p"] in (0, 0.0, None)
+    if func.name().startswith("aten::native_dropout"):
+        return bound.get("train") is False or bound.get("p") == 0
+    return False
 
 
 def _run_door(mode: str, backend: str, fn: Callable[..., Any], ts: List[torch.Tensor], grad: bool,
@@ -777,25 +791,91 @@ def run(mode: str = "jit", backend: str = "neuron", dtype: torch.dtype = torch.f
     opts = dict(mode=mode, backend=backend, dtype=dtype, grad=grad, max_samples=max_samples, timeout=timeout,
                 crash_only=crash_only)
     t0 = time.perf_counter()
+    commit = source_commit()
     records = run_pool(items, opts, workers=workers, verbose=verbose)
     return summarize(records, kind=kind, mode=mode, backend=backend if mode == "jit" else None,
                      dtype=str(dtype).replace("torch.", ""), grad=grad, crash_only=crash_only,
                      max_samples=max_samples, seconds=round(time.perf_counter() - t0, 1),
-                     torch=torch.__version__)
+                     torch=torch.__version__, commit=commit,
+                     partial=bool(names or limit or max_samples), ops=list(names) if names else None,
+                     limit=limit)
+
+
+def source_commit() -> str:
+    """The checkout's commit (short hash), with ``+dirty`` when tracked files differ from it."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                              text=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head or "unknown") + ("+dirty" if dirty else "")
+
+
+def scope_text(report: Dict[str, Any]) -> str:
+    """``full`` for a run of every item and sample, else ``partial (...)`` saying what was cut."""
+    cut = []
+    if report.get("ops"):
+        cut.append(f"{len(report['ops'])} named items")
+    if report.get("limit"):
+        cut.append(f"first {report['limit']} items")
+    if report.get("max_samples"):
+        cut.append(f"<= {report['max_samples']} samples/item")
+    if report.get("crash_only"):
+        cut.append("crash-only, not compared")
+    return f"partial ({', '.join(cut)})" if cut else "full"
 
 
 def markdown_table(reports: Sequence[Dict[str, Any]]) -> str:
-    """One markdown row per report (door, what ran, counts per status, native and correct rates)."""
-    head = ["kind", "door", "dtype", "grad", "max samples"] + list(STATUSES) + ["total", "native", "correct"]
+    """One markdown row per report (door, what ran, full or partial, commit, counts per status, native and
+    correct rates)."""
+    head = ["kind", "door", "dtype", "grad", "scope", "commit"] + list(STATUSES) + ["total", "native", "correct"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in reports:
         t = r["totals"]
         row = [r.get("kind", "op"), r["mode"] + (f" ({r['backend']})" if r.get("backend") else ""), r["dtype"],
-               "yes" if r.get("grad") else "no", str(r.get("max_samples") or "all")]
+               "yes" if r.get("grad") else "no", scope_text(r), r.get("commit", "unknown")]
         row += [str(t[s]) for s in STATUSES] + [str(r["total"]), f"{100 * r['rates']['native']:.1f}%",
                                                 f"{100 * r['rates']['correct']:.1f}%"]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
+
+
+TABLE_BEGIN, TABLE_END = "<!-- coverage table: bench/coverage.py --publish -->", "<!-- end of coverage table -->"
+
+
+def publish(markdown_path: str, reports: Sequence[Dict[str, Any]]) -> None:
+    """Write :func:`markdown_table` of ``reports`` into ``markdown_path`` between :data:`TABLE_BEGIN` and
+    :data:`TABLE_END` (the lines are appended first if the file lacks them); the rest of the page is kept."""
+    text = open(markdown_path).read() if os.path.exists(markdown_path) else ""
+    if TABLE_BEGIN not in text or TABLE_END not in text:
+        text = text.rstrip("\n") + ("\n\n" if text else "") + TABLE_BEGIN + "\n" + TABLE_END + "\n"
+    before, rest = text.split(TABLE_BEGIN, 1)
+    after = rest.split(TABLE_END, 1)[1]
+    with open(markdown_path, "w") as fh:
+        fh.write(before + TABLE_BEGIN + "\n" + markdown_table(reports) + TABLE_END + after)
+
+
+def _host_op_names(reason: str) -> List[str]:
+    m = re.search(r"on the host: (.*)$", reason)
+    return [n.strip() for n in m.group(1).split(", ") if n.strip()] if m else []
+
+
+def rank_host_ops(reports: Sequence[Dict[str, Any]]) -> List[Tuple[str, int, List[str]]]:
+    """Host ops by how many ``pass_host`` items they keep off the NeuronCore, over ``reports``:
+    ``[(op, items, [item names (door)])]``, most first. An item names the host ops of its worst sample."""
+    seen: Dict[str, Dict[str, None]] = {}
+    for r in reports:
+        door = r["mode"] + ("+grad" if r.get("grad") else "")
+        for rec in r["items"]:
+            if rec["status"] == "pass_host":
+                for op in _host_op_names(rec.get("reason", "")):
+                    seen.setdefault(op, {})[f"{rec['name']} ({door})"] = None
+    return sorted(((op, len(v), list(v)) for op, v in seen.items()), key=lambda t: (-t[1], t[0]))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -817,13 +897,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--verbose", "-v", action="store_true", help="one line per item as it finishes")
     p.add_argument("--markdown", nargs="+", metavar="JSON",
                    help="print a markdown table of these JSON reports (nothing is run)")
+    p.add_argument("--publish", metavar="MD",
+                   help="with --markdown: write the table into this page between its table markers")
+    p.add_argument("--rank-host", nargs="+", metavar="JSON",
+                   help="rank the host ops of these JSON reports by the items they keep on the host")
     ns = p.parse_args(argv)
-    if ns.markdown:
+    if ns.markdown or ns.rank_host:
         reports = []
-        for path in ns.markdown:
+        for path in ns.markdown or ns.rank_host:
             with open(path) as fh:
                 reports.append(json.load(fh))
-        print(markdown_table(reports), end="")
+        if ns.rank_host:
+            for op, n, names in rank_host_ops(reports):
+                print(f"{n:4d}  {op:40s} {', '.join(names[:6])}{' ...' if n > 6 else ''}")
+        elif ns.publish:
+            publish(ns.publish, reports)
+        else:
+            print(markdown_table(reports), end="")
         return 0
     torch.set_num_threads(1)
     names = [n.strip() for n in ns.ops.split(",") if n.strip()] if ns.ops else None
