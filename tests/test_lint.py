@@ -93,3 +93,46 @@ def test_no_private_names_imported_across_packages():
                 if name.startswith("_") and not name.startswith("__") and not _is_submodule(target, name):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}: from {target} import {name}")
     assert found == [], "private names taken across packages:\n" + "\n".join(found)
+
+
+def _module_aliases(tree: ast.AST, module: str, package: str) -> dict:
+    """Names a source file binds to tn modules (``from .. import trace as _trace``, ``import tn.ops as ops``):
+    ``{local name: module path}``."""
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("tn"):
+                continue
+            for alias in node.names:
+                if _is_submodule(target, alias.name):
+                    aliases[alias.asname or alias.name] = f"{target}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("tn.") and alias.asname:
+                    aliases[alias.asname] = alias.name
+    return aliases
+
+
+def test_no_private_attributes_read_across_packages():
+    """``trace._resolve(...)`` through a module alias is the same reach into another part's internals as
+    ``from tn.trace import _resolve``: it fails here too (the tracer offers ``records_as_core_op``, ``can_replay``,
+    ``is_internal_code`` ... instead)."""
+    found = []
+    for path, module, is_pkg in _sources():
+        package = module if is_pkg else module.rsplit(".", 1)[0]
+        tree = ast.parse(path.read_text(), str(path))
+        aliases = {k: v for k, v in _module_aliases(tree, module, package).items() if _area(v) != _area(module)}
+        if not aliases:
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and not _is_submodule(aliases[node.value.id], node.attr)):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {aliases[node.value.id]}.{node.attr}")
+    assert found == [], "private attributes read across packages:\n" + "\n".join(sorted(set(found)))

@@ -148,6 +148,18 @@ def _is_internal(code: Any) -> bool:
     return r
 
 
+def is_internal_code(code: Any) -> bool:
+    """True when a code object belongs to torch, tn (or a registered internal folder) or the standard library:
+    its frames are never "the user's line" an error names."""
+    return _is_internal(code)
+
+
+def internal_dirs_generation() -> int:
+    """A number that changes whenever :func:`register_internal_dir` adds a folder (callers caching
+    :func:`is_internal_code` verdicts drop their cache when it changes)."""
+    return len(_INTERNAL_DIRS)
+
+
 def user_frame() -> Optional[Any]:
     """The innermost Python frame outside torch, tn and the standard library (``None`` if none)."""
     f = sys._getframe(1)
@@ -357,7 +369,7 @@ def _metas(args: Sequence[Any]) -> List[Any]:
 _HAS_DEVICE_ARG: Dict[Any, bool] = {}
 
 
-def _meta_kwargs(kwargs: Dict[str, Any], func: Any = None) -> Dict[str, Any]:
+def meta_kwargs(kwargs: Dict[str, Any], func: Any = None) -> Dict[str, Any]:
     """kwargs for running ``func`` on meta tensors: traced tensors become metas, any device becomes meta."""
     has_dev = _HAS_DEVICE_ARG.get(func) if func is not None else None
     if has_dev is None and func is not None:
@@ -421,7 +433,7 @@ def meta_call(func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
         hit = _META_CACHE.get(key)
         if hit is not None:
             return hit
-    out = _to_specs(func(*_metas(args), **_meta_kwargs(kwargs, func)))
+    out = _to_specs(func(*_metas(args), **meta_kwargs(kwargs, func)))
     if key is not None and out is not None:
         if len(_META_CACHE) >= _META_CACHE_MAX:
             _META_CACHE.clear()
@@ -535,6 +547,22 @@ def _returns_tensors(func: Any) -> bool:
         if "Tensor" in t:
             return True
     return False
+
+
+def records_as_core_op(func: Any) -> bool:
+    """True when the tracer records the aten overload ``func`` as one equation of a core op of tn's table
+    (no decomposition, no view step): the device's eager path may then build that one-equation IR directly."""
+    return _resolve(func) is _h_core
+
+
+def can_replay(func: Any) -> bool:
+    """False for aten overloads the tracer surely cannot record: results whose shape or use depends on tensor
+    values (``.item()``, ``nonzero``, ...), and ops with neither a core op, a decomposition nor a composite
+    kernel (e.g. fused optimizer kernels). The device's adaptive eager windows run those ops eagerly."""
+    if func in _DATA_DEPENDENT:
+        return False
+    return not (_resolve(func) is _h_decompose and _decomposition_for(func) is None
+                and not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"))
 
 
 def _resolve(func: Any) -> Callable[..., Any]:
@@ -878,7 +906,7 @@ def _h_data_dependent(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[
 
 
 def _h_meta_only(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
-    return func(*_metas(args), **_meta_kwargs(kwargs, func))  # non-tensor results (sizes, flags)
+    return func(*_metas(args), **meta_kwargs(kwargs, func))  # non-tensor results (sizes, flags)
 
 
 def _fresh(tr: _Tracer, out: Any, args: Sequence[Any]) -> Any:
@@ -1070,7 +1098,7 @@ def _h_metadata_inplace(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dic
     old_shape = tuple(t.shape)
     v = tr.var_of(t)
     meta = _meta(t)
-    func(meta, *_metas(args[1:]), **_meta_kwargs(kwargs, func))  # the meta view changes shape in place
+    func(meta, *_metas(args[1:]), **meta_kwargs(kwargs, func))  # the meta view changes shape in place
     with torch._C._DisableTorchDispatch():  # so does the traced tensor (metadata only: CPU kernel)
         func.redispatch(_CPU_KEYS, t, *args[1:], **kwargs)
     new_shape = tuple(meta.shape)

@@ -374,6 +374,33 @@ ON_EMPTY: list = [None]
 BEFORE_STATS: list = [None]
 
 
+def resize_tensor(self: torch.Tensor, size) -> torch.Tensor:
+    """``self.resize_(size)`` for a neuron tensor (contiguous strides; a larger storage is allocated and the old
+    bytes copied when it must grow, after queued writes land)."""
+    if BEFORE_HOST_ACCESS[0] is not None:   # growing copies the bytes: queued writes land first
+        BEFORE_HOST_ACCESS[0](self)
+    size = tuple(int(s) for s in size)
+    stride = contiguous_strides(size)
+    item = self.element_size()
+    need = storage_nbytes(size, stride, item) + self.storage_offset() * item
+    st = self.untyped_storage()
+    if need > st.nbytes():
+        new = alloc_storage(need, self.device.index)
+        old = st.nbytes()
+        if old:
+            dst = torch.empty(0, dtype=torch.uint8).set_(
+                torch._C._construct_storage_from_data_pointer(new.data_ptr(), torch.device("cpu"), need), 0, (old,),
+                (1,))
+            src = torch.empty(0, dtype=torch.uint8).set_(
+                torch._C._construct_storage_from_data_pointer(st.data_ptr(), torch.device("cpu"), old), 0, (old,),
+                (1,))
+            dst.copy_(src)
+        st = new
+    torch.ops.aten.set_.source_Storage_storage_offset.redispatch(_CPU_KEYS, self, st, self.storage_offset(), size,
+                                                               stride)
+    return self
+
+
 def stats(device=None) -> dict:
     """Allocator counters of one device (default: the current one): allocated, peak, reserved, requested
     (bytes), allocs, frees, cache_hits, limit."""

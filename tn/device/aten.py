@@ -43,9 +43,12 @@ import torch
 from ..errors import DeviceError
 from . import allocator, tracking, windows
 from .allocator import (DEVICE, alloc_storage, check_index, contiguous_strides, cpu_alias, current_index, new_tensor,
-                        storage_nbytes)
+                        resize_tensor)
+from .eager import fallback, run_op
+from .registry import install_kernels
+from .streams import device_to_device
 
-__all__ = ["register", "check_device", "install_kernels"]
+__all__ = ["register", "check_device"]
 
 aten = torch.ops.aten
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -124,8 +127,6 @@ def _copy_from(self, dst, non_blocking=False):
 
 def _device_to_device(src, dst) -> None:
     """Count and time a copy between two neuron devices (the bytes move below, on the host)."""
-    from .streams import device_to_device
-
     device_to_device(src.device.index, dst.device.index, src.numel() * src.element_size())
 
 
@@ -138,27 +139,7 @@ def _copy_from_and_resize(self, dst):
 
 
 def _resize(self, size, memory_format=None):
-    if allocator.BEFORE_HOST_ACCESS[0] is not None:   # growing copies the bytes: queued writes land first
-        allocator.BEFORE_HOST_ACCESS[0](self)
-    size = tuple(int(s) for s in size)
-    stride = contiguous_strides(size)
-    item = self.element_size()
-    need = storage_nbytes(size, stride, item) + self.storage_offset() * item
-    st = self.untyped_storage()
-    if need > st.nbytes():
-        new = alloc_storage(need, self.device.index)
-        old = st.nbytes()
-        if old:
-            dst = torch.empty(0, dtype=torch.uint8).set_(
-                torch._C._construct_storage_from_data_pointer(new.data_ptr(), torch.device("cpu"), need), 0, (old,),
-                (1,))
-            src = torch.empty(0, dtype=torch.uint8).set_(
-                torch._C._construct_storage_from_data_pointer(st.data_ptr(), torch.device("cpu"), old), 0, (old,),
-                (1,))
-            dst.copy_(src)
-        st = new
-    aten.set_.source_Storage_storage_offset.redispatch(_CPU, self, st, self.storage_offset(), size, stride)
-    return self
+    return resize_tensor(self, size)
 
 
 def _local_scalar_dense(self):
@@ -167,16 +148,12 @@ def _local_scalar_dense(self):
 
 
 def _convolution_overrideable(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    from .eager import run_op
-
     return run_op(aten.convolution.default,
                   (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups), {})
 
 
 def _convolution_backward_overrideable(grad_output, input, weight, stride, padding, dilation, transposed,
                                        output_padding, groups, output_mask):
-    from .eager import run_op
-
     bias_sizes = [weight.shape[1] * groups if transposed else weight.shape[0]]
     return run_op(aten.convolution_backward.default,
                   (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
@@ -187,15 +164,11 @@ def _native_layer_norm(input, normalized_shape, weight, bias, eps):
     # the kernel torch picks for a backend without one (CompositeExplicitAutograd) is a batch_norm then an addcmul
     # in the input's dtype: two programs and, in bf16, a rounding between them (a bias cancelling the normalised
     # value lost its digits). As one program it runs tn's decomposition: fp32 throughout, rounded once.
-    from .eager import run_op
-
     return run_op(aten.native_layer_norm.default, (input, normalized_shape, weight, bias, eps), {})
 
 
 def _native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     # as native_layer_norm: torch's fallback kernel is a batch_norm then an addcmul, rounded between them in bf16
-    from .eager import run_op
-
     return run_op(aten.native_group_norm.default, (input, weight, bias, N, C, HxW, group, eps), {})
 
 
@@ -238,21 +211,10 @@ def _set_empty(self):
     return aten.set_.source_Storage_storage_offset.redispatch(_CPU, self, st, 0, (0,), (1,))
 
 
-def install_kernels(libs: list, kernels: dict, key: str = "PrivateUse1") -> None:
-    """Implement each aten op named in ``kernels`` (overload name -> kernel) for dispatch key ``key``, in a new
-    ``torch.library.Library`` that ``libs`` keeps alive."""
-    lib = torch.library.Library("aten", "IMPL")
-    for name, kernel in kernels.items():
-        lib.impl(name, kernel, key)
-    libs.append(lib)
-
-
 def register() -> None:
     """Install the neuron device's aten kernels and the boxed fallback (idempotent)."""
     if _LIBS:
         return
-    from .eager import fallback
-
     kernels = {"empty.memory_format": _empty_memory_format, "empty_strided": _empty_strided,
                "_copy_from": _copy_from, "_copy_from_and_resize": _copy_from_and_resize, "resize_": _resize,
                "_local_scalar_dense": _local_scalar_dense, "convolution_overrideable": _convolution_overrideable,

@@ -43,7 +43,8 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from .. import config
 from ..errors import ArgumentValueError, DeviceError, UnsupportedOpError
 from . import tracking, windows
-from .allocator import contiguous_strides, cpu_alias, current_index, new_tensor, on_device
+from .opargs import flatten_args, unflatten_args
+from .allocator import contiguous_strides, cpu_alias, current_index, new_tensor, on_device, resize_tensor
 
 _create_empty = torch._C._acc.create_empty_tensor
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
@@ -175,7 +176,7 @@ def _resolve_math_bits(op, name: str, flat: list, spec) -> list:
     through torch's Conjugate key to reach the device with the bit still set: computing on the raw memory would
     silently drop the conjugation. A written argument cannot be replaced by a copy, so that is an error."""
     schema = op._schema
-    bound = _bind_args(schema, *_unflatten(flat, spec))
+    bound = _bind_args(schema, *unflatten_args(flat, spec))
     written = set()
     for a in schema.arguments:
         if a.alias_info is not None and a.alias_info.is_write:
@@ -196,37 +197,6 @@ def _resolve_math_bits(op, name: str, flat: list, spec) -> list:
 def _is_view_op(op) -> bool:
     rets = op._schema.returns
     return any(r.alias_info is not None and not r.alias_info.is_write for r in rets)
-
-
-def _flatten(args: tuple, kwargs: dict) -> Tuple[list, tuple]:
-    """Leaves of an aten call's arguments (lists/tuples, as in ``Tensor[]`` or ``int[]``, opened one level)
-    and the structure to rebuild it with :func:`_unflatten` (cheaper than torch's pytree for these shapes)."""
-    flat: list = []
-    shape = []
-    for a in list(args) + list(kwargs.values()):
-        if isinstance(a, (list, tuple)):
-            shape.append((type(a), len(a)))
-            flat.extend(a)
-        else:
-            shape.append(None)
-            flat.append(a)
-    return flat, (len(args), tuple(kwargs), tuple(shape))
-
-
-def _unflatten(leaves: list, spec: tuple) -> Tuple[tuple, dict]:
-    """Inverse of :func:`_flatten`: ``(args, kwargs)``."""
-    nargs, keys, shape = spec
-    vals = []
-    i = 0
-    for sh in shape:
-        if sh is None:
-            vals.append(leaves[i])
-            i += 1
-        else:
-            typ, n = sh
-            vals.append(typ(leaves[i:i + n]) if typ in (list, tuple) else list(leaves[i:i + n]))
-            i += n
-    return tuple(vals[:nargs]), dict(zip(keys, vals[nargs:]))
 
 
 _TENSOR_ARGS: Dict[Any, Tuple[Tuple[int, str], ...]] = {}
@@ -288,7 +258,7 @@ def _run_op(op, args: tuple, kwargs: dict):
     args, kwargs = _rewrap_scalars(op, args, kwargs)
     if name in _CPU_INDEX_OPS:
         args = _indices_to_device(args)
-    flat, spec = _flatten(args, kwargs)
+    flat, spec = flatten_args(args, kwargs)
     bits = _check_devices(name, flat)
     if name.startswith("aten::_foreach_"):
         return _run_foreach(op, name, args, kwargs)
@@ -355,7 +325,7 @@ def run_fused(op, args: tuple, kwargs: dict, build=None):
 
 def _run_fused(op, args: tuple, kwargs: dict, build=None):
     name = op_name(op)
-    flat, spec = _flatten(args, kwargs)
+    flat, spec = flatten_args(args, kwargs)
     _check_devices(name, flat)
     if windows.active():    # adaptive eager: the composite op is one op of the open window
         r = windows.record(op, name, flat, spec, deterministic=True)
@@ -425,7 +395,7 @@ def _one_op(op, flat: list, spec, tensor_pos: tuple):
         leaves = list(flat)
         for p, t in zip(tensor_pos, ts):
             leaves[p] = t
-        a, k = _unflatten(leaves, spec)
+        a, k = unflatten_args(leaves, spec)
         if functional is None:
             return op(*a, **k)
         outs = [k.pop(n) for n in out_names]
@@ -471,7 +441,7 @@ def _direct_ir_or_none(op, functional, out_names: List[str], flat: list, spec, t
         return None
     ok = _DIRECT_OK.get(func)
     if ok is None:
-        ok = _DIRECT_OK[func] = (func in _ops.FROM_ATEN and _trace._resolve(func) is _trace._h_core
+        ok = _DIRECT_OK[func] = (func in _ops.FROM_ATEN and _trace.records_as_core_op(func)
                                  and not torch._C._dispatch_has_kernel_for_dispatch_key(
                                      func.name(), "CompositeImplicitAutograd"))
     if not ok:
@@ -479,7 +449,7 @@ def _direct_ir_or_none(op, functional, out_names: List[str], flat: list, spec, t
     leaves = list(flat)
     for p, m in zip(tensor_pos, metas):
         leaves[p] = m
-    args, kwargs = _unflatten(leaves, spec)
+    args, kwargs = unflatten_args(leaves, spec)
     out_meta = None
     if functional is not None:
         out_meta = kwargs.pop(out_names[0], None)
@@ -490,7 +460,7 @@ def _direct_ir_or_none(op, functional, out_names: List[str], flat: list, spec, t
     if r is None or r is _ops.IDENTITY:
         return None
     inputs, attrs = r
-    res = func(*args, **_trace._meta_kwargs(kwargs, func))
+    res = func(*args, **_trace.meta_kwargs(kwargs, func))
     if type(res) is not torch.Tensor:
         return None
     in_vars = [Var(tuple(m.shape), m.dtype) for m in metas]
@@ -595,7 +565,7 @@ def _run_program(op, entry: _Entry, flat: list, spec):
     result = leaves[0] if entry.single else tree_unflatten(leaves, entry.out_tree)
     if ret_alias:
         # make sure in-place/out= results are the very argument objects
-        args, kwargs = _unflatten(flat, spec)
+        args, kwargs = unflatten_args(flat, spec)
         bound = _bind_args(schema, args, kwargs)
         if len(schema.returns) == 1:
             return bound.get(ret_alias.get(0), result)
@@ -643,7 +613,7 @@ def _run_host(op, flat: list, spec):
     differently from their meta kernel before narrowing it (``linalg.lstsq``)."""
     dev_outs = {}
     if _has_out_args(op):
-        args, kwargs = _unflatten(flat, spec)
+        args, kwargs = unflatten_args(flat, spec)
         for a in op._schema.arguments:
             v = kwargs.get(a.name)
             if (a.kwarg_only and a.alias_info is not None and a.alias_info.is_write and isinstance(v, torch.Tensor)
@@ -652,7 +622,7 @@ def _run_host(op, flat: list, spec):
                 dev_outs[id(host)] = v
                 kwargs[a.name] = host
         if dev_outs:
-            flat, spec = _flatten(args, kwargs)
+            flat, spec = flatten_args(args, kwargs)
     back = {}
     leaves = []
     for a in flat:
@@ -664,16 +634,14 @@ def _run_host(op, flat: list, spec):
             leaves.append(_CPU)   # a factory op (_efficientzerotensor ...) made on the host, its result copied over
         else:
             leaves.append(a)
-    args, kwargs = _unflatten(leaves, spec)
+    args, kwargs = unflatten_args(leaves, spec)
     r = op(*args, **kwargs)
     if dev_outs:
-        from .aten import _resize
-
         for a in flat:
             d = dev_outs.get(id(a))
             if d is not None:
                 if d.shape != a.shape:
-                    _resize(d, a.shape)
+                    resize_tensor(d, a.shape)
                 if a.numel():
                     cpu_alias(d).copy_(a)
                 back[id(a)] = d
@@ -691,7 +659,7 @@ def _run_host(op, flat: list, spec):
 
 def _presize_empty_outs(op, flat: list, spec) -> None:
     """Give empty ``out=`` tensors their result shape before tracing (the trace cannot resize a tensor)."""
-    args, kwargs = _unflatten(flat, spec)
+    args, kwargs = unflatten_args(flat, spec)
     if any(isinstance(v, torch.Tensor) and v.numel() == 0 for v in kwargs.values()):
         _presize_outs(op, flat, spec)
 
@@ -701,7 +669,7 @@ def _presize_outs(op, flat: list, spec) -> None:
     outs = [a.name for a in op._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
     if not outs:
         return
-    args, kwargs = _unflatten(flat, spec)
+    args, kwargs = unflatten_args(flat, spec)
     if not any(isinstance(kwargs.get(n), torch.Tensor) for n in outs):
         return
 
@@ -710,17 +678,15 @@ def _presize_outs(op, flat: list, spec) -> None:
             return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
         return x
 
-    margs, mkwargs = _unflatten([meta(a) for a in flat], spec)
+    margs, mkwargs = unflatten_args([meta(a) for a in flat], spec)
     try:
         op(*margs, **mkwargs)
     except Exception:
         return  # the CPU kernel reports the problem itself
-    from .aten import _resize
-
     for n in outs:
         d, m = kwargs.get(n), mkwargs.get(n)
         if isinstance(d, torch.Tensor) and isinstance(m, torch.Tensor) and d.shape != m.shape:
-            _resize(d, m.shape)
+            resize_tensor(d, m.shape)
 
 
 def _run_view(op, flat: list, spec):
@@ -734,7 +700,7 @@ def _run_view(op, flat: list, spec):
             leaves.append(cpu_alias(a, sync=False))   # metadata only: queued ops need not run
         else:
             leaves.append(a)
-    args, kwargs = _unflatten(leaves, spec)
+    args, kwargs = unflatten_args(leaves, spec)
     r = op(*args, **kwargs)
     as_strided = torch.ops.aten.as_strided.default
 
@@ -764,7 +730,7 @@ def _run_foreach(op, name: str, args: tuple, kwargs: dict):
     if packet is None:
         tracking.count(name)
         tracking.count_fallback(name, "no per-tensor aten op to split it into")
-        flat, spec = _flatten(args, kwargs)
+        flat, spec = flatten_args(args, kwargs)
         return _run_host(op, flat, spec)
     n = None
     for a in list(args) + list(kwargs.values()):
@@ -784,3 +750,6 @@ def _run_foreach(op, name: str, args: tuple, kwargs: dict):
     if base.endswith("_"):
         return None
     return outs
+
+
+windows.install_op_runner(run_op)

@@ -58,7 +58,7 @@ def _make(idx: int, op, name: str):
                 and b.dtype is a.dtype and a.is_contiguous() and b.is_contiguous() and a.shape == b.shape):
             e = _SEEN.get((idx, a.shape, a.dtype))
             # off while a tn.profile() block is active, and in adaptive eager mode (ops are queued instead)
-            if e is not None and _ON[0] and not _runtime._LISTENERS and not windows.active():
+            if e is not None and _ON[0] and not _runtime.listening() and not windows.active():
                 index = a.device.index
                 if b.device.index != index:   # mixed devices: the eager path raises torch's error
                     return eager.run_op(op, (a, b), {})

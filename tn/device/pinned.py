@@ -90,6 +90,6 @@ def register() -> None:
     """Install the CPU kernels of ``_pin_memory`` and ``is_pinned`` (idempotent)."""
     if _LIBS:
         return
-    from .aten import install_kernels
+    from .registry import install_kernels
 
     install_kernels(_LIBS, {"_pin_memory": _pin_memory, "is_pinned": _is_pinned}, "CPU")

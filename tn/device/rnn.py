@@ -90,7 +90,7 @@ def register() -> None:
     """Install the fused cell kernels for the neuron device (idempotent)."""
     if _LIBS:
         return
-    from .aten import install_kernels
+    from .registry import install_kernels
 
     install_kernels(_LIBS, {"_thnn_fused_lstm_cell": _lstm_cell,
                             "_thnn_fused_lstm_cell_backward_impl": _lstm_cell_backward_impl,

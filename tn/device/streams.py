@@ -296,6 +296,6 @@ def register() -> None:
     """Install the neuron kernel of ``aten::record_stream`` (a no-op: see :func:`_record_stream`)."""
     if _LIBS:
         return
-    from .aten import install_kernels
+    from .registry import install_kernels
 
     install_kernels(_LIBS, {"record_stream": _record_stream})

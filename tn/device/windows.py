@@ -75,6 +75,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import config
 from . import allocator, tracking
+from .opargs import unflatten_args
 
 __all__ = ["mode", "set_mode", "eager_mode", "active", "flush", "stats", "reset_stats", "clear_cache",
            "pending_ops"]
@@ -253,7 +254,7 @@ def pending_ops() -> int:
 
 
 _CODES: Dict[int, Tuple[Any, bool]] = {}    # id(code) -> (code, tn's or torch's own): tn.trace's verdict, cached
-_CODES_DIRS = [0]                           # len(tn.trace._INTERNAL_DIRS) the cache was made with
+_CODES_DIRS = [0]                           # tn.trace.internal_dirs_generation() the cache was made with
 _TRACE: List[Any] = [None]                  # the tn.trace module, imported on first use
 
 
@@ -265,11 +266,11 @@ def _user_src(depth: int = 1) -> Optional[Tuple[str, int]]:
         from .. import trace
 
         _TRACE[0] = trace
-    if len(trace._INTERNAL_DIRS) != _CODES_DIRS[0] or len(_CODES) > 4096:
+    if trace.internal_dirs_generation() != _CODES_DIRS[0] or len(_CODES) > 4096:
         _CODES.clear()
-        _CODES_DIRS[0] = len(trace._INTERNAL_DIRS)
+        _CODES_DIRS[0] = trace.internal_dirs_generation()
     codes = _CODES
-    internal = trace._is_internal
+    internal = trace.is_internal_code
     f = sys._getframe(depth)
     src = None
     while f is not None:
@@ -320,12 +321,10 @@ def _meta_of(r: _Ref) -> torch.Tensor:
 def _plan(op, leaves: list, spec) -> Any:
     """Run ``op``'s meta kernel: ``(out_tree, [("alias", leaf) | ("fresh", shape, dtype, strides) |
     ("static", v)], whether the result is one value)``."""
-    from .eager import _unflatten
-
     metas = [_meta_of(x) if type(x) is _Ref else
              (torch.empty((), dtype=x.dtype, device="meta") if isinstance(x, torch.Tensor) else x) for x in leaves]
     by_id = {id(m): i for i, m in enumerate(metas) if type(leaves[i]) is _Ref}
-    args, kwargs = _unflatten(metas, spec)
+    args, kwargs = unflatten_args(metas, spec)
     res = op(*args, **kwargs)
     flat, tree = tree_flatten(res)
     out = []
@@ -513,12 +512,7 @@ def _traceable(op) -> bool:
     if ok is None:
         from .. import trace as _trace
 
-        if op in _trace._DATA_DEPENDENT:
-            ok = False
-        else:
-            h = _trace._resolve(op)
-            ok = not (h is _trace._h_decompose and _trace._decomposition_for(op) is None
-                      and not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"))
+        ok = _trace.can_replay(op)
         _TRACEABLE[op] = ok
     return ok
 
@@ -878,8 +872,6 @@ def _replayer(w: _Window, ext: List[int], live: Tuple[int, ...], params: Tuple[i
     """The function :func:`tn.trace.trace_flat` traces: the window's ops, in order, on its storages' values
     (then the scalars ``params`` as 0-dim inputs)."""
     from ..trace import source_hint
-    from .eager import _unflatten
-
     def view(bases: Dict[int, torch.Tensor], r: _Ref) -> torch.Tensor:
         b = bases.get(r.slot)
         if b is None:     # memory made by torch.empty inside the window, read before written: undefined values
@@ -896,7 +888,7 @@ def _replayer(w: _Window, ext: List[int], live: Tuple[int, ...], params: Tuple[i
                     leaves = [view(bases, x) if type(x) is _Ref else x for x in rec.leaves]
                     op = rec.op
                     form = _scalar_leaves(w, rec, leaves, inputs) if rec.scal else None
-                    args, kwargs = _unflatten(leaves, rec.spec)
+                    args, kwargs = unflatten_args(leaves, rec.spec)
                     if form is not None:
                         op, args, kwargs = _tensor_scalar_call(op, args, kwargs, form)
                     res = op(*args, **kwargs)
@@ -967,10 +959,19 @@ def _tensor_on(st: Any, r: _Ref) -> torch.Tensor:
     return t
 
 
+#: The device's op-by-op path (:func:`tn.device.eager.run_op`), installed by that module when it is imported (it
+#: sits above this one: it queues ops here).
+_OP_RUNNER: List[Any] = [None]
+
+
+def install_op_runner(run_op: Any) -> None:
+    """Set the function a window replaying its ops one by one runs each op with (``run_op(op, args, kwargs)``)."""
+    _OP_RUNNER[0] = run_op
+
+
 def _run_op_by_op(w: _Window) -> None:
     """Run a window's ops one by one through the eager path; an error names the user's line of its op."""
-    from .eager import _unflatten, run_op
-
+    run_op = _OP_RUNNER[0]
     stores = []
     for s in w.slots:
         st = s.storage()
@@ -981,7 +982,7 @@ def _run_op_by_op(w: _Window) -> None:
         leaves = [_tensor_on(stores[x.slot], x) if type(x) is _Ref else x for x in rec.leaves]
         if rec.scal:
             _scalar_leaves(w, rec, leaves)
-        args, kwargs = _unflatten(leaves, rec.spec)
+        args, kwargs = unflatten_args(leaves, rec.spec)
         try:
             res = run_op(rec.op, args, kwargs)
         except Exception as e:
