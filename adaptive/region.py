@@ -47,6 +47,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.utils._pytree as _pytree
 
+from ..ir import CONSTANT_TYPES
 from ..pytree import HashedTuple
 from .. import config
 from . import independence, masked
@@ -57,8 +58,7 @@ __all__ = ["Region", "Group", "run_eager", "fingerprint"]
 
 log = logging.getLogger("tn")
 
-_PRIMITIVE = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.memory_format,
-              torch.layout, slice, type(Ellipsis))
+_PRIMITIVE = tuple(CONSTANT_TYPES)   # constants a region keys by value and passes to tn.jit as such
 
 Tensor = torch.Tensor
 
@@ -264,7 +264,7 @@ class _Unsupported(Exception):
     pass
 
 
-_LEAF_TYPES = frozenset(t for t in _PRIMITIVE)
+_LEAF_TYPES = CONSTANT_TYPES
 
 
 def _flatten(x: Any, out: list, states: Optional[list] = None) -> Any:

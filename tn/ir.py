@@ -98,6 +98,15 @@ class Var:
         return f"Var#{self.id}:{self.aval}"
 
 
+#: Python value types tn treats as compile-time constants: a pytree leaf of one of these types is baked into a
+#: program (tn.jit, tn.adaptive) and keys its cache by value, as is such an argument of a traced aten call. All are
+#: hashable (``slice`` is not, before Python 3.12, so it is not one of them).
+CONSTANT_TYPES = frozenset({
+    bool, int, float, complex, str, bytes, type(None), type(Ellipsis),
+    torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size,
+})
+
+
 class Literal:
     """A Python scalar (bool, int, float) used directly as an equation input."""
 

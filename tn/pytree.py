@@ -40,6 +40,7 @@ import torch
 import torch.utils._pytree as _pytree
 
 from .errors import ArgumentTypeError, CompileError
+from .ir import CONSTANT_TYPES
 
 __all__ = [
     "TENSOR", "SEQ", "DICT", "LEAF", "STATIC", "MODULE", "NODE",
@@ -52,11 +53,8 @@ TENSOR, SEQ, DICT, LEAF, STATIC, MODULE, NODE = 0, 1, 2, 3, 4, 5, 6
 
 Tensor = torch.Tensor
 
-# Leaf types that are compile-time constants and need no further inspection.
-_SCALAR_TYPES = frozenset({
-    int, float, bool, complex, str, bytes, type(None), type(Ellipsis),
-    torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size,
-})
+# Leaf types that are compile-time constants and need no further inspection (one list for tn: tn.ir's).
+_SCALAR_TYPES = CONSTANT_TYPES
 
 _register_lock = threading.Lock()
 

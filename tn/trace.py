@@ -62,7 +62,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import config
 from . import ops as _ops
 from .errors import TracingError, UnsupportedOpError
-from .ir import IR, Eqn, Literal, Var, aval_str
+from .ir import CONSTANT_TYPES, IR, Eqn, Literal, Var, aval_str
 from .shapes import contiguous_strides
 
 __all__ = ["trace_flat", "Traced", "Static", "TracerTensor", "user_source"]
@@ -391,7 +391,6 @@ class _NoKey(Exception):
     pass
 
 
-_KEY_SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
 
 
 def _key_part(a: Any) -> Any:
@@ -400,7 +399,7 @@ def _key_part(a: Any) -> Any:
         return (tuple(a.shape), a.stride(), a.storage_offset(), a.dtype)
     if ta is list or ta is tuple:
         return tuple(_key_part(x) for x in a)
-    if ta in _KEY_SCALARS:
+    if ta in CONSTANT_TYPES:
         return (ta, a)
     raise _NoKey
 
