@@ -467,6 +467,28 @@ def _masked_scatter(x, mask, source):
     return aten.where.self(m, picked, aten.expand.default(x, list(shape)))
 
 
+@decomposition(aten.masked_scatter_backward.default)
+def _masked_scatter_backward(grad, mask, sizes):
+    """The gradient of ``masked_scatter``'s source: the elements of ``grad`` where ``mask``, in order, then
+    zeros, shaped ``sizes``. torch's ``masked_select`` + pad is data-dependent; the same prefix sum as the
+    forward gives each selected element its place, and one scatter writes them (the rest go to a spare
+    slot past the end, dropped)."""
+    n = 1
+    for d in sizes:
+        n *= int(d)
+    shape = torch.broadcast_shapes(tuple(grad.shape), tuple(mask.shape))
+    g = aten.view.default(aten.clone.default(aten.expand.default(grad, list(shape))), [-1])
+    flat_m = aten.view.default(aten.clone.default(aten.expand.default(mask, list(shape))), [-1])
+    if n == 0 or g.numel() == 0:
+        return aten.new_zeros.default(grad, list(sizes))
+    pos = aten.sub.Tensor(aten.cumsum.default(flat_m, 0, dtype=torch.int64), 1)
+    keep = aten.logical_and.default(flat_m, aten.lt.Scalar(pos, n))
+    slot = aten.where.self(keep, pos, aten.full.default([], n, dtype=torch.int64))
+    vals = aten.where.self(keep, g, aten.full.default([], 0, dtype=grad.dtype))
+    out = aten.scatter_add.default(aten.new_zeros.default(grad, [n + 1]), 0, slot, vals)
+    return aten.view.default(aten.slice.Tensor(out, 0, 0, n), list(sizes))
+
+
 @decomposition(aten.index_put.default, aten._unsafe_index_put.default,
                instead_of_torch="torch's _unsafe_index_put forwards to index_put, whose one-value mask form this is "
                                 "(same IR)")
