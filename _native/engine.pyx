@@ -11,13 +11,15 @@ layout) once, in program order. For every instruction it
    violation (a malformed stream raises, it never reads or writes out of bounds);
 2. calls the C kernel that computes it (``kernels.c``, ``matmul.c``);
 3. times it: start = max(its queue is free, every dependency has ended);
-   end = start + cost (see :mod:`tn.neuron.arch` for the model).
+   end = start + issue interval + result latency (compute engines) or when the
+   data has landed (DMA: latency, per-engine bandwidth, HBM bandwidth); see
+   :mod:`tn.neuron.arch` for the model and its sources.
 
 :func:`check` runs step 1 alone on one record (the builder calls it as each
 instruction is emitted).
 """
 from libc.stdint cimport int64_t, int32_t, uint16_t
-from libc.stdlib cimport malloc, free, realloc
+from libc.stdlib cimport malloc, calloc, free, realloc
 from libc.string cimport memcpy
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
@@ -178,7 +180,13 @@ DEF T_DMA_FIXED = 5
 DEF T_DMA_CHUNK = 6
 DEF T_ACCESS = 7
 DEF T_ACT_TABLE = 8
-DEF N_TIMING = 9
+DEF T_DMA_ENGINES = 9
+DEF T_DMA_ENGINE_BW = 10
+DEF T_DMA_ISSUE = 11
+DEF T_STATIC = 12
+DEF T_FAST = 13
+DEF N_TIMING = 14
+DEF MAX_DMA_ENGINES = 32
 
 LAYOUT = {"REC_WIDTH": REC_WIDTH, "OPERAND_BASE": OPERAND_BASE, "OPERAND_WIDTH": OPERAND_WIDTH,
           "N_OPERANDS": N_OPERANDS, "N_OPCODES": N_OPCODES}
@@ -247,6 +255,7 @@ cdef struct Opnd:
     int64_t hi_byte      # one past the highest
     int64_t nbytes       # total bytes moved (pcount * free * esize)
     int64_t runs         # contiguous runs (DMA efficiency)
+    int64_t inner_stride # stride (elements) of the innermost dim of more than one element (1 if none)
     tn_ap ap
 
 
@@ -302,6 +311,11 @@ cdef int decode(int64_t i, const int64_t *rec, int slot, Ctx *c, Opnd *o) except
     # contiguous runs: merge inner dims while they are contiguous
     runs = nfree
     expect = 1
+    o.inner_stride = 1
+    for d in range(3, -1, -1):
+        if o.ap.num[d] > 1:
+            o.inner_stride = o.ap.stride[d]
+            break
     for d in range(3, -1, -1):
         if o.ap.num[d] == 1:
             continue
@@ -692,22 +706,30 @@ cdef struct Pipe:
     double e[2 * PIPE_MAX + 16]
 
 
-cdef double pipe_fill(Pipe *pp, double t, double dur):
-    """Move `dur` ns of transfer through the shared DMA pipe from time t, using idle gaps; return the end time."""
-    cdef int k = 0, j
+cdef double pipe_fill(Pipe *pp, double t, double dur) noexcept nogil:
+    """Move `dur` ns of transfer through a pipe (the HBM interface or one DMA engine) from time t, using its idle
+    gaps in time order; return the end time. The busy list is sorted and disjoint: the intervals ending by t are
+    found by bisection and kept as they are, only the tail is rebuilt."""
+    cdef int k, j, lo = 0, hi = pp.n, mid, k0
     cdef double gap_end, use
     cdef double ns[2 * PIPE_MAX + 8]
     cdef double ne[2 * PIPE_MAX + 8]
     cdef int nn = 0
     if dur <= 0:
         return t
-    # walk existing intervals; emit merged list with new busy pieces
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pp.e[mid] <= t:
+            lo = mid + 1
+        else:
+            hi = mid
+    k0 = lo
+    k = k0
+    # walk the intervals from k0; emit the merged tail with the new busy pieces
     while dur > 0 or k < pp.n:
-        if k < pp.n and pp.e[k] <= t:
-            ns[nn] = pp.s[k]; ne[nn] = pp.e[k]; nn += 1; k += 1
-            continue
         if k < pp.n and pp.s[k] <= t:
-            t = pp.e[k]
+            if pp.e[k] > t:
+                t = pp.e[k]
             ns[nn] = pp.s[k]; ne[nn] = pp.e[k]; nn += 1; k += 1
             continue
         if dur > 0:
@@ -720,8 +742,8 @@ cdef double pipe_fill(Pipe *pp, double t, double dur):
             dur -= use
             continue
         ns[nn] = pp.s[k]; ne[nn] = pp.e[k]; nn += 1; k += 1
-    # merge touching intervals
-    pp.n = 0
+    # write the tail back after the kept prefix, merging touching intervals
+    pp.n = k0
     for j in range(nn):
         if pp.n > 0 and ns[j] <= pp.e[pp.n - 1] + 1e-9:
             if ne[j] > pp.e[pp.n - 1]:
@@ -738,6 +760,80 @@ cdef double pipe_fill(Pipe *pp, double t, double dur):
     return t
 
 
+cdef double dma_transfer(Pipe *hbm, Pipe *eng, double *qe_end, const double[::1] timing, Opnd *ops,
+                         int64_t op, int64_t flags, double t0, int64_t partitions, double *first_start,
+                         int64_t *hbm_rw) noexcept:
+    """Place one DMA triggered at t0 on the HBM interface and the DMA engines it uses; return when its data
+    has landed. The transfer starts moving data ``dma_fixed_ns`` after its trigger (descriptor setup and
+    semaphore-to-start latency: overlapped with the transfers ahead of it on the queue, which the engines serve in
+    order: ``qe_end`` holds, per engine, when this queue's previous transfer there ended). Each engine moves its
+    share of the bytes, plus ``dma_chunk_overhead_bytes`` per contiguous run, at its own bandwidth; a transfer
+    touching SBUF uses the engines of its partitions (engine e serves partitions e*P/E .. (e+1)*P/E - 1), an
+    HBM -> HBM copy spreads over every engine. The HBM interface carries the HBM bytes read and written (an
+    HBM -> HBM copy twice). ``hbm_rw`` gets the bytes read from / written to HBM."""
+    cdef int64_t nengines = <int64_t>timing[T_DMA_ENGINES], e, e0, e1, ppe, lo, hi, parts
+    cdef double ebw = timing[T_DMA_ENGINE_BW], chunk = timing[T_DMA_CHUNK], moved, hbm_b, share, s_e, end, t
+    cdef Opnd *side = NULL
+    cdef int64_t acc
+    if op == OP_DMA_GATHER:
+        moved = ops[0].nbytes + (ops[0].pcount + ops[0].runs) * chunk
+        hbm_rw[0] = ops[0].nbytes if ops[1].mem == MEM_HBM else 0
+        hbm_rw[1] = 0
+        side = &ops[0]
+    elif op == OP_DMA_SCATTER:   # one row per index; accumulation also reads the rows
+        moved = ops[1].nbytes + (ops[1].pcount + ops[1].runs) * chunk
+        hbm_rw[1] = ops[1].nbytes
+        hbm_rw[0] = ops[1].nbytes if flags & FLAG_ACCUMULATE else 0
+        if flags & FLAG_ACCUMULATE:
+            moved += ops[1].nbytes
+        side = &ops[1]
+    else:
+        acc = ops[0].runs if ops[0].runs > ops[1].runs else ops[1].runs
+        moved = ops[0].nbytes + acc * chunk
+        hbm_rw[0] = ops[1].nbytes if ops[1].mem == MEM_HBM else 0
+        hbm_rw[1] = ops[0].nbytes if ops[0].mem == MEM_HBM else 0
+        if ops[0].mem == MEM_SBUF:
+            side = &ops[0]
+        elif ops[1].mem == MEM_SBUF:
+            side = &ops[1]
+    t = t0 + timing[T_DMA_FIXED]
+    end = t
+    first_start[0] = 1e300
+    if side != NULL:
+        ppe = partitions // nengines if partitions >= nengines else 1
+        e0 = side.pstart // ppe
+        e1 = (side.pstart + side.pcount - 1) // ppe
+    else:
+        ppe = 0
+        e0 = 0
+        e1 = nengines - 1
+    for e in range(e0, e1 + 1):
+        if e >= nengines:
+            break
+        if side != NULL:
+            lo = e * ppe if e * ppe > side.pstart else side.pstart
+            hi = (e + 1) * ppe if (e + 1) * ppe < side.pstart + side.pcount else side.pstart + side.pcount
+            parts = hi - lo
+            share = <double>parts / <double>side.pcount
+        else:
+            share = 1.0 / <double>nengines
+        s_e = t if t > qe_end[e] else qe_end[e]
+        if s_e < first_start[0]:
+            first_start[0] = s_e
+        s_e = pipe_fill(&eng[e], s_e, share * moved / ebw * 1e9)
+        qe_end[e] = s_e
+        if s_e > end:
+            end = s_e
+    hbm_b = <double>(hbm_rw[0] + hbm_rw[1])
+    if hbm_b > 0:
+        s_e = pipe_fill(hbm, t, hbm_b / timing[T_HBM_BW] * 1e9)
+        if s_e > end:
+            end = s_e
+    if first_start[0] > end:
+        first_start[0] = t
+    return end
+
+
 cdef inline int act_table_id(int64_t func) noexcept nogil:
     """The activation table a ScalarE function needs (-1: none). *Assumption* (no published table layout):
     identity/copy, relu, square, abs and sign are computed without a table; every other function has its own."""
@@ -746,9 +842,63 @@ cdef inline int act_table_id(int64_t func) noexcept nogil:
     return <int>func
 
 
-cdef double cost_cycles(int64_t op, int64_t sub, Opnd *ops, double access):
-    """Engine cycles of a compute instruction (DESIGN.md formulas + fixed access cycles); see isa.cost_cycles."""
-    cdef double n, m, c
+cdef inline int half16(Opnd *o) noexcept nogil:
+    """A bf16/fp16 operand (VectorE's trn2 performance modes)."""
+    return o.ap.dtype == BF16 or o.ap.dtype == F16
+
+
+cdef inline int contig(Opnd *o) noexcept nogil:
+    """Physically contiguous innermost free dimension."""
+    return o.inner_stride == 1
+
+
+cdef double vector_fast_factor(int64_t op, Opnd *ops, int nin) noexcept nogil:
+    """Throughput factor of NeuronCore-v3 VectorE's performance mode (NKI Trainium2 architecture guide, "Vector
+    Engine Performance Mode"): tensor_copy/tensor_scalar 4x with every operand bf16/fp16 in SBUF with a
+    contiguous innermost dim, 2x with bf16/fp16 SBUF operands not all contiguous or with contiguous bf16/fp16
+    operands one of them in PSUM; tensor_tensor 2x with both inputs in SBUF and every operand bf16/fp16."""
+    cdef int s, all16 = 1, all_sbuf = 1, all_contig = 1, npsum = 0
+    for s in range(nin + 1):
+        if not half16(&ops[s]):
+            all16 = 0
+        if ops[s].mem != MEM_SBUF:
+            all_sbuf = 0
+        if ops[s].mem == MEM_PSUM:
+            npsum += 1
+        if not contig(&ops[s]):
+            all_contig = 0
+    if not all16:
+        return 1.0
+    if op == OP_TENSOR_TENSOR:
+        return 2.0 if (ops[1].mem == MEM_SBUF and ops[2].mem == MEM_SBUF) else 1.0
+    if all_sbuf:
+        return 4.0 if all_contig else 2.0
+    if all_contig and npsum == 1:
+        return 2.0
+    return 1.0
+
+
+cdef inline int _strided(Opnd *ops, int nslots) noexcept nogil:
+    """An SBUF/PSUM operand whose innermost stride exceeds 16 bytes: its read/write interface runs at half
+    bandwidth (NKI Trainium/Inferentia2 architecture guide, "Access pattern")."""
+    cdef int s
+    cdef int64_t st
+    for s in range(nslots):
+        if ops[s].present and (ops[s].mem == MEM_SBUF or ops[s].mem == MEM_PSUM):
+            st = ops[s].inner_stride
+            if st < 0:
+                st = -st
+            if st * ops[s].ap.esize > 16:
+                return 1
+    return 0
+
+
+cdef double cost_cycles(int64_t op, int64_t sub, int64_t q, Opnd *ops, double *imm, int fast) noexcept nogil:
+    """Issue interval (engine cycles) of a compute instruction: the NKI ISA's per-instruction cost formulas
+    (MIN_II = 64), mirrored by tn.neuron.isa.cost_cycles, which cites the source of each rule. ``fast``: the
+    NeuronCore-v3 extras (VectorE performance modes, TensorE fp32 transpose mode)."""
+    cdef double n, m, c, f = 1.0
+    cdef int s, nin = 1, strided = 0
     if op == OP_MATMUL:
         m = ops[1].free
         n = ops[2].free
@@ -756,31 +906,45 @@ cdef double cost_cycles(int64_t op, int64_t sub, Opnd *ops, double access):
         c = n if n > c else c
         if ops[1].ap.dtype == F32:
             c *= 4
-    elif op == OP_TRANSPOSE:
+        return c
+    if op == OP_TRANSPOSE:
         m = ops[1].free
         n = ops[1].pcount
         c = (m if m < 64 else 64)
         c = n if n > c else c
         if ops[1].ap.dtype == F32:
-            c *= 4
-    elif op == OP_TENSOR_TENSOR or op == OP_SELECT:
-        n = 2.0 * ops[1].free
-        c = n if n > 64 else 64
-    elif op == OP_ACTIVATION:
+            c *= 2 if fast else 4
+        return c
+    if op == OP_TENSOR_TENSOR:
+        nin = 2
         n = ops[1].free
-        if (sub & 255) == 12:
-            c = 8 * n
+        # N with an input in PSUM or for bf16 add/subtract/multiply on contiguous SBUF operands, else 2N
+        if ops[1].mem == MEM_PSUM or ops[2].mem == MEM_PSUM or (
+                (sub == 1 or sub == 2 or sub == 3) and ops[1].ap.dtype == BF16 and ops[2].ap.dtype == BF16
+                and contig(&ops[0]) and contig(&ops[1]) and contig(&ops[2])):
+            c = n
         else:
-            c = n if n > 64 else 64
+            c = 2.0 * n
+        if fast and q == 2:
+            f = vector_fast_factor(op, ops, 2)
+    elif op == OP_SELECT:
+        nin = 3
+        c = 2.0 * ops[1].free
+    elif op == OP_ACTIVATION:
+        c = ops[1].free * (2.0 if _strided(ops, 5) else 1.0)
+        if c < 64:
+            c = 64
+        if ops[4].present:     # fused free-axis reduce: + MIN_II
+            c += 64
+        return c
     elif op == OP_TENSOR_REDUCE:
         n = ops[1].free
-        c = n if n > 64 else 64
-    elif op == OP_IOTA:
-        c = 150 + ops[0].free
-    elif op == OP_PARTITION_SHUFFLE:
-        c = 150 + ops[0].free
+        c = n / 2.0 if (ops[1].ap.dtype == BF16 and (sub == 1 or sub == 2)) else n
+    elif op == OP_IOTA or op == OP_PARTITION_SHUFFLE:
+        return 150 + ops[0].free
+    elif op == OP_AFFINE_SELECT:
+        return 150 + ops[1].free
     elif op == OP_PARTITION_REDUCE:
-        m = 1
         n = ops[1].pcount - 1
         c = 0
         while n >= 1:
@@ -788,14 +952,21 @@ cdef double cost_cycles(int64_t op, int64_t sub, Opnd *ops, double access):
             n = <double>(<int64_t>n // 2)
         if c < 1:
             c = 1
-        c = 150 + ops[1].free * c
+        return 150 + ops[1].free * c
     elif op == OP_MEMSET:
+        nin = 0
         n = ops[0].free
-        c = n if n > 64 else 64
-    else:  # tensor_scalar, tensor_copy, bn_stats, bn_aggr, affine_select
-        n = ops[1].free
-        c = n if n > 64 else 64
-    return c + access
+        c = n / 2.0 if (imm[0] == 0.0 and half16(&ops[0])) else n
+    elif op == OP_BN_AGGR:
+        c = 13.0 * ops[1].free / 3.0
+    else:  # tensor_scalar, tensor_copy, bn_stats: N
+        c = ops[1].free
+        if fast and q == 2 and (op == OP_TENSOR_SCALAR or op == OP_TENSOR_COPY):
+            f = vector_fast_factor(op, ops, 1)
+    if _strided(ops, nin + 1):
+        c *= 2.0
+    c = c / f
+    return c if c > 64 else 64
 
 
 cdef int exec_one(int64_t op, int64_t sub, int64_t flags, Opnd *ops, double *imm, const int64_t *auxp,
@@ -869,8 +1040,9 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
     ``hbm_sizes`` the address and byte size of every bound HBM buffer (the
     caller keeps them alive); ``limits``/``timing`` from :class:`Arch`.
     Outputs: ``times[i] = (start_ns, end_ns)`` (end = when the result is
-    readable: the issue interval plus the access latency for compute
-    engines), ``busy[q]`` busy (issue) ns per queue,
+    readable: the issue interval plus the result latency for compute
+    engines, the data landed for DMAs), ``busy[q]`` busy ns per queue
+    (compute engines: issue intervals; DMA queues: transfer spans),
     ``counts[q]`` instructions per queue, ``hbm_bytes = [read, written]``.
     Returns the total time in ns. With ``execute=0`` only validation and
     timing run. Raises :class:`tn.NeuronError` on any violation.
@@ -897,6 +1069,12 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
     cdef int64_t live_b1[MAX_BANKS]
     cdef int64_t bank_bytes, s, b, b_lo, b_hi
     cdef Pipe *pipe
+    cdef Pipe *engpipes
+    cdef double *qe_end
+    cdef double dstart_ns
+    cdef int64_t rw[2]
+    cdef int64_t nengines
+    cdef int fast
     cdef double *issue_end
     cdef int want_host = host_ns is not None
     cdef int act_table = -1, tid
@@ -947,14 +1125,25 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
     hbm_bytes[1] = 0
     for b in range(MAX_BANKS):
         live_owner[b] = -1
-    pipe = <Pipe *>malloc(sizeof(Pipe))
+    nengines = <int64_t>timing[T_DMA_ENGINES]
+    if nengines < 1 or nengines > MAX_DMA_ENGINES or timing[T_DMA_ENGINE_BW] <= 0:
+        from tn.errors import NeuronError
+        raise NeuronError(f"run(): {nengines} DMA engines at {timing[T_DMA_ENGINE_BW]} B/s: the engine models "
+                          f"1..{MAX_DMA_ENGINES} engines of positive bandwidth")
+    fast = timing[T_FAST] != 0
+    pipe = <Pipe *>malloc(sizeof(Pipe) * (1 + nengines))
     if pipe == NULL:
         raise MemoryError("engine: cannot allocate the DMA pipe state")
+    engpipes = pipe + 1
+    qe_end = <double *>calloc(64 * nengines, sizeof(double))
     issue_end = <double *>malloc(sizeof(double) * (n if n > 0 else 1))
-    if issue_end == NULL:
+    if issue_end == NULL or qe_end == NULL:
         free(pipe)
+        free(qe_end)
+        free(issue_end)
         raise MemoryError("engine: cannot allocate the issue-time array")
-    pipe.n = 0
+    for j in range(nengines + 1):
+        pipe[j].n = 0
     try:
         for i in range(n):
             if want_host:
@@ -1037,46 +1226,31 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
                 clock_gettime(CLOCK_MONOTONIC, &ts2)
             # ---- timing
             if q >= N_ENGINES:
-                if op == OP_DMA_GATHER:
-                    bytes_eff = ops[0].nbytes + (ops[0].pcount + ops[0].runs) * timing[T_DMA_CHUNK]
-                    if ops[1].mem == MEM_HBM:
-                        hbm_bytes[0] += ops[0].nbytes
-                elif op == OP_DMA_SCATTER:   # one row per index; accumulation also reads the rows
-                    bytes_eff = ops[1].nbytes + (ops[1].pcount + ops[1].runs) * timing[T_DMA_CHUNK]
-                    hbm_bytes[1] += ops[1].nbytes
-                    if flags & FLAG_ACCUMULATE:
-                        hbm_bytes[0] += ops[1].nbytes
-                        bytes_eff += ops[1].nbytes
-                else:
-                    acc = ops[0].runs if ops[0].runs > ops[1].runs else ops[1].runs
-                    bytes_eff = ops[0].nbytes + acc * timing[T_DMA_CHUNK]
-                    if ops[0].mem == MEM_HBM and ops[1].mem == MEM_HBM:
-                        # HBM -> HBM: the bytes cross the HBM interface twice (read, then write); both count
-                        bytes_eff += ops[1].nbytes
-                    if ops[1].mem == MEM_HBM:
-                        hbm_bytes[0] += ops[1].nbytes
-                    if ops[0].mem == MEM_HBM:
-                        hbm_bytes[1] += ops[0].nbytes
-                dur = bytes_eff / timing[T_HBM_BW] * 1e9
-                end = pipe_fill(pipe, start + timing[T_DMA_FIXED], dur)
+                end = dma_transfer(pipe, engpipes, qe_end + q * nengines, timing, ops, op, flags, start,
+                                   limits[L_PARTITIONS], &dstart_ns, rw)
+                hbm_bytes[0] += rw[0]
+                hbm_bytes[1] += rw[1]
                 issue_end[i] = end
+                busy[q] += end - dstart_ns          # the queue's transfer span (as a profile shows DMA activity)
+                qfree[q] = start + timing[T_DMA_ISSUE]   # the next DMA of the queue may be triggered after the issue
             else:
-                # Engines are pipelined: the DESIGN formula is the issue interval (the queue is busy for it and
-                # the next instruction of the queue may start after it); the fixed SBUF/PSUM access cycles are
-                # latency, seen by instructions that wait for this one's result.
-                cyc = cost_cycles(op, sub, ops, 0.0)
+                # Engines are pipelined: the ISA formula is the issue interval (the queue is busy for it and the
+                # next instruction of the queue may start after it). A result is committed later: the static
+                # instruction overhead (ScalarE/VectorE/GpSimd) and the SBUF/PSUM access start-up of the read and
+                # the write: latency, seen by instructions that wait for this one's result.
+                cyc = cost_cycles(op, sub, q, ops, imm, fast)
                 if op == OP_ACTIVATION:
                     tid = act_table_id(sub & 255)
                     if tid >= 0 and tid != act_table:   # ScalarE loads another function's table first
                         cyc += timing[T_ACT_TABLE]
                         act_table = tid
                 issue_end[i] = start + cyc / clk[q]
-                end = issue_end[i] + timing[T_ACCESS] / clk[q]
+                end = issue_end[i] + ((timing[T_STATIC] if q > 0 else 0.0) + 2.0 * timing[T_ACCESS]) / clk[q]
+                busy[q] += issue_end[i] - start
+                qfree[q] = issue_end[i]
             times[i, 0] = start
             times[i, 1] = end
-            busy[q] += issue_end[i] - start
             counts[q] += 1
-            qfree[q] = issue_end[i]
             if end > total:
                 total = end
             if want_host:
@@ -1085,5 +1259,6 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
                 host_ns[i, 1] = _ns(&ts1, &ts2)
     finally:
         free(pipe)
+        free(qe_end)
         free(issue_end)
     return total

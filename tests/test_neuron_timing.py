@@ -35,16 +35,18 @@ def test_vector_scalar_gpsimd_formulas(arch, N):
         p.iota(u)                                            # 6
         p.memset(u, 0.0)                                     # 7
     res = one(arch, emit)
-    assert dur(res, 0) == pytest.approx(cost_cycles("tensor_tensor", N) * ns["dve"])
-    assert dur(res, 0) == pytest.approx((max(64, 2 * N) + 60) * ns["dve"])
-    assert dur(res, 1) == pytest.approx((max(64, N) + 60) * ns["dve"])
+    lat = a.result_latency_cycles("dve")           # static overhead + read and write access start-up
+    assert lat == 100 + 2 * 60 == a.result_latency_cycles("act") == a.result_latency_cycles("pool")
+    assert dur(res, 0) == pytest.approx(cost_cycles("tensor_tensor", N, access_cycles=lat) * ns["dve"])
+    assert dur(res, 0) == pytest.approx((max(64, 2 * N) + lat) * ns["dve"])
+    assert dur(res, 1) == pytest.approx((max(64, N) + lat) * ns["dve"])
     table = a.act_table_switch_cycles     # exp, then reciprocal: each loads its activation table first
-    assert dur(res, 2) == pytest.approx((max(64, N) + table + 60) * ns["act"])
-    assert dur(res, 3) == pytest.approx((8 * N + table + 60) * ns["act"])
-    assert dur(res, 4) == pytest.approx((max(64, N) + 60) * ns["dve"])
-    assert dur(res, 5) == pytest.approx((max(64, N) + 60) * ns["dve"])
-    assert dur(res, 6) == pytest.approx((150 + N + 60) * ns["pool"])
-    assert dur(res, 7) == pytest.approx((max(64, N) + 60) * ns["pool"])
+    assert dur(res, 2) == pytest.approx((max(64, N) + table + lat) * ns["act"])
+    assert dur(res, 3) == pytest.approx((max(64, N) + table + lat) * ns["act"])   # ScalarE reciprocal: N
+    assert dur(res, 4) == pytest.approx((max(64, N) + lat) * ns["dve"])
+    assert dur(res, 5) == pytest.approx((max(64, N) + lat) * ns["dve"])
+    assert dur(res, 6) == pytest.approx((150 + N + lat) * ns["pool"])
+    assert dur(res, 7) == pytest.approx((max(64, N) + lat) * ns["pool"])
 
 
 @pytest.mark.parametrize("arch", ["trn1", "trn2"])
@@ -58,8 +60,8 @@ def test_matmul_formula(arch, dtype, M, N):
         ps = p.psum((M, N))
         p.matmul(ps, s, m)
     res = one(arch, emit)
-    cyc = max(min(64, M), N) * (4 if dtype == "float32" else 1) + 60
-    assert cyc == cost_cycles("matmul", N, m=M, fp32=dtype == "float32")
+    cyc = max(min(64, M), N) * (4 if dtype == "float32" else 1) + 2 * 60     # + PSUM write, consumer read
+    assert cyc == cost_cycles("matmul", N, m=M, fp32=dtype == "float32", access_cycles=a.result_latency_cycles("pe"))
     assert dur(res, 0) == pytest.approx(cyc * 1e9 / a.clock_hz["pe"])
     assert res.matmul_flops == 2 * 128 * M * N
 
@@ -72,15 +74,17 @@ def test_dma_fixed_cost_plus_bandwidth_and_queues():
         h = p.hbm("h", (4, 128, F))
         ts = [p.sbuf((128, F)) for _ in range(3)]
         p.dma_copy(ts[0], h[0], queue=0)
-        p.dma_copy(ts[1], h[1], queue=1)     # another queue: overlaps its fixed cost, shares bandwidth
-        p.dma_copy(ts[2], h[2], queue=0)     # same queue: waits for the first
+        p.dma_copy(ts[1], h[1], queue=1)     # another queue: overlaps its fixed cost, shares the engines
+        p.dma_copy(ts[2], h[2], queue=0)     # same queue: triggered after the DGE time, data in order
     res = one("trn2", emit)
     nbytes = 128 * F * 4
-    xfer = (nbytes + 128 * a.dma_chunk_overhead_bytes) / a.hbm_bytes_per_s * 1e9
+    # 128 partitions: 16 engines, 8 partitions (8 runs) each, at the per-engine bandwidth
+    xfer = (nbytes / 16 + 8 * a.dma_chunk_overhead_bytes) / a.dma_engine_bytes_per_s * 1e9
     assert res.times[0][0] == 0 and res.times[1][0] == 0
     assert res.times[0][1] == pytest.approx(a.dma_fixed_ns + xfer)
-    assert res.times[1][1] == pytest.approx(a.dma_fixed_ns + 2 * xfer)          # bandwidth shared
-    assert res.times[2][0] == pytest.approx(res.times[0][1])                    # in-order queue
+    assert res.times[1][1] == pytest.approx(a.dma_fixed_ns + 2 * xfer)          # engines shared
+    assert res.times[2][0] == pytest.approx(a.dma_issue_ns)                     # latency overlapped, not serial
+    assert res.times[2][1] == pytest.approx(a.dma_fixed_ns + 3 * xfer)
     assert res.hbm_read_bytes == 3 * nbytes and res.hbm_write_bytes == 0
 
 
@@ -109,7 +113,7 @@ def test_engines_run_in_parallel_and_dependencies_wait():
     assert t[2][0] == pytest.approx(max(t[0][1], t[1][1]))
     assert t[3][0] == pytest.approx(t[2][1])
     assert res.total_ns == pytest.approx(t[3][1])
-    access = 60 * 1e9 / get_arch("trn2").clock_hz["dve"]
+    access = get_arch("trn2").result_latency_cycles("dve") * 1e9 / get_arch("trn2").clock_hz["dve"]
     assert res.busy_ns["VectorE"] == pytest.approx(dur(res, 1) + dur(res, 3) - 2 * access)   # busy = issue
     assert 0 < res.utilisation["ScalarE"] < 1
 
@@ -139,9 +143,9 @@ def test_run_result_report_fields():
     def emit(p):
         p.matmul(p.psum((128, 512)), p.sbuf((128, 128), "bf16"), p.sbuf((128, 512), "bf16"))
     res = one("trn2", emit)
-    assert res.total_cycles == 512 + 60
+    assert res.total_cycles == 512 + 120
     assert res.busy_cycles["TensorE"] == 512            # the issue interval; the access latency is not busy time
-    assert res.tensor_utilisation == pytest.approx(512 / 572)
+    assert res.tensor_utilisation == pytest.approx(512 / 632)
     assert res.sbuf_peak_bytes == 256 + 1024 and res.psum_peak_bytes == 2048
     assert res.summary()["instructions"] == 1
 
@@ -188,7 +192,7 @@ def test_engines_are_pipelined_access_is_latency():
     t = res.times
     assert t[1][0] == pytest.approx(512 * ns_dve)
     assert t[2][0] == pytest.approx(max(t[0][1], t[1][0] + 512 * ns_dve))
-    assert t[0][1] - t[0][0] == pytest.approx((512 + 60) * ns_dve)
+    assert t[0][1] - t[0][0] == pytest.approx((512 + 100 + 2 * 60) * ns_dve)
     assert t[4][0] == pytest.approx(t[3][0] + 512 * ns_pe)
     assert res.busy_cycles["TensorE"] == 1024
 
@@ -208,7 +212,7 @@ def test_same_engine_read_after_write_waits_for_the_latency():
         p.activation(y, x, "relu")       # 3 reads x (RAW on 2), writes y (WAW/WAR on 1, 2)
     res = one("trn2", emit)
     t = res.times
-    assert t[1][0] == pytest.approx(t[0][1]) and t[1][0] == pytest.approx((64 + 60) * ns)
+    assert t[1][0] == pytest.approx(t[0][1]) and t[1][0] == pytest.approx((64 + 100 + 2 * 60) * ns)
     assert t[2][0] == pytest.approx(t[1][1])
     assert t[3][0] == pytest.approx(t[2][1])
 

@@ -19,30 +19,49 @@ Queue ids (as encoded in a program): ``0`` TensorE (``pe``), ``1`` ScalarE
 
 Timing model
 ------------
+Sources (aws-neuron/aws-neuron-sdk, cited by short name below and next to each field):
+[arch-v2] ``nki/guides/architecture/trainium_inferentia2_arch.rst``; [arch-v3]
+``nki/guides/architecture/trainium2_arch.rst``; [isa] the "Estimated instruction cost" of each
+``nki.isa`` instruction (SDK 2.25 API docs) and the engine-selection table of ``nki/api/nki.api.shared.rst``;
+[perf] ``nki/deep-dives/nki_perf_guide.rst``; [dma] ``nki/get-started/about/nki-dma-overview.rst``;
+[dma-bw] ``nki/deep-dives/nki-dma-bandwidth-guide.rst``; [dge] ``nki/deep-dives/nki-dge.rst``.
+
 * Compute engines: an instruction *occupies* its engine (its queue is busy, the
   next instruction of the same engine may start after it) for its issue
-  interval ``formula(N)`` cycles of the engine's clock, the formulas of
-  :func:`tn.neuron.isa.cost_cycles` (``matmul`` ``max(min(64, M), N)`` (x4 for
-  fp32), ``tensor_tensor`` ``max(64, 2N)``, ...). Its result is readable
-  ``access_cycles`` (~60, the SBUF/PSUM access) later: that is *latency*, seen
-  only by instructions that wait for this one (semaphores), not occupancy. A
-  matmul accumulating into the PSUM group of the previous matmul on TensorE
-  waits for its issue interval only.
+  interval, the [isa] formula of :func:`tn.neuron.isa.cost_cycles` in cycles of
+  the engine's clock (MIN_II = 64 cycles; the rules and their sources are listed
+  there). Its result is committed ``static_overhead_cycles`` (ScalarE, VectorE,
+  GpSimd) + 2 x ``access_cycles`` (the SBUF/PSUM access start-up of its read
+  and of its write) later: that is *latency*, seen only by instructions that
+  wait for this one (semaphores), not occupancy. A matmul accumulating into the
+  PSUM group of the previous matmul on TensorE waits for its issue interval only.
+  A chain of dependent 1-element ScalarE instructions therefore starts one every
+  64 + 100 + 2 x 60 = 284 cycles ([perf] measured 264).
 * ScalarE activation tables (*assumption*, no published cost): an activation
   whose function needs another table than the one loaded last on ScalarE
   first loads it, ``act_table_switch_cycles`` more ScalarE cycles of
   occupancy; identity/copy, relu, square, abs and sign need no table. Each
   program starts with no table loaded.
-* DMA (*model*): all DMA queues share one transfer pipe whose bandwidth is
-  the core's share of HBM bandwidth. A DMA on queue ``q`` starts when ``q`` is
-  free and its dependencies are done, waits the fixed cost
-  (``dma_fixed_ns``, descriptor processing and latency), then moves
-  ``bytes + chunks * dma_chunk_overhead_bytes`` through the pipe, filling the
-  pipe's idle gaps in time order (so transfers on different queues share the
-  bandwidth and overlap their fixed costs). ``chunks`` is the number of
-  contiguous runs of the transfer: runs shorter than a few KiB per partition
-  are inefficient, as on the chip. The queue is busy until its transfer ends.
-  An HBM -> HBM copy moves its bytes through the pipe twice (read and write).
+* DMA ([dma], [dma-bw]): a core has ``dma_engines`` (16) DMA engines, each
+  moving ``dma_engine_bytes_per_s``; engine ``e`` serves SBUF partitions
+  ``8e .. 8e+7``, so a transfer uses the engines of the partitions it touches
+  (a ``[4, 4096]`` tile: one engine; ``[128, F]``: all 16); an HBM -> HBM copy
+  is spread over all engines (*assumption*: no partition side to split by).
+  tn's DMA queue ``q`` is queue ``q`` of every engine; an engine serves the
+  transfers of one queue in order and shares its bandwidth between queues (the
+  hardware's round robin, modelled by filling idle time in time order). A
+  transfer starts moving data ``dma_fixed_ns`` after its trigger (descriptor
+  setup and semaphore-to-start latency, [dma-bw] ~1300 ns); that latency
+  overlaps the transfers ahead of it on the queue (a queue holds several
+  outstanding transfers), so back-to-back DMAs on a queue do not pay it
+  serially. A queue may trigger its next DMA ``dma_issue_ns`` after the
+  previous trigger (trn2: the hardware descriptor generator's ~600 ns per DMA
+  instruction, [arch-v3]/[dge]). Each engine moves its share of ``bytes +
+  runs * dma_chunk_overhead_bytes`` (``runs``: contiguous runs, i.e.
+  descriptors; *assumption*, see the field). The HBM bytes read and written
+  (an HBM -> HBM copy counts both) also pass the core's share of HBM
+  bandwidth, ``hbm_bytes_per_s``. The DMA queue's busy time is its transfer
+  span.
 """
 from __future__ import annotations
 
@@ -74,9 +93,27 @@ class Arch:
     clock_hz: dict = field(default_factory=dict)
     hbm_bytes_per_s: float = 0.0
     dma_queues: int = 16
+    #: [dma] "Each NeuronCore (v2-v4) is paired with 16 DMA engines"; each serves 128 / 16 = 8 partitions.
+    dma_engines: int = 16
+    #: Per-engine DMA bandwidth, [dma-bw] table "BW / Engine" (17 B/ns trn1, 23 B/ns trn2; [dma] gives 27.2 GB/s
+    #: as the theoretical peak, [dma] example 1 measures 32 KiB in 1416 ns on trn2 = 23.1 B/ns).
+    dma_engine_bytes_per_s: float = 23e9
+    #: [dma-bw]: "descriptor setup, synchronization, and semaphore-to-start latency (~1300 ns cross-engine)".
     dma_fixed_ns: float = 1300.0
+    #: Time a DMA queue is occupied by triggering one DMA (see the TRN1/TRN2 tables).
+    dma_issue_ns: float = 0.0
+    #: *Assumption*: per-descriptor (contiguous run) overhead of a DMA engine in byte-equivalents. [dma-bw]
+    #: gives only the curve's shape (< 256 B per partition "severely overhead-bound", >= 2 KiB "approaches
+    #: peak", >= 4 KiB "fully amortizes"); 512 B gives 33 % / 80 % / 89 % of peak there.
     dma_chunk_overhead_bytes: int = 512
+    #: [arch-v2] "Tensor access overhead": ~60 cycles to start an SBUF/PSUM access (NC-v2; kept for v3).
     access_cycles: int = 60
+    #: [arch-v2] VectorE cost model: "a static instruction overhead of 100 engine cycles" for dependent
+    #: instructions; [perf] "~100 cycles" on ScalarE. Applied to ScalarE, VectorE and GpSimd (GpSimd:
+    #: *assumption*, no number published); TensorE has none (its costs are published as initiation intervals).
+    static_overhead_cycles: int = 100
+    #: NeuronCore-v3 extras ([arch-v3]): VectorE performance modes for bf16/fp16, TensorE fp32 transpose mode.
+    fast_modes: bool = False
     #: *Assumption*: the NKI docs say a change of activation function may reload ScalarE's table (and advise
     #: grouping activations by function) but publish no cost. A table load is a small transfer into the engine,
     #: so we charge about what a short DMA costs: 1024 ScalarE cycles (0.73 us on trn1, 0.85 us on trn2).
@@ -121,6 +158,12 @@ class Arch:
             return self.clock_hz[ENGINES[q]]
         return 1e9
 
+    def result_latency_cycles(self, engine: str) -> int:
+        """Cycles from the end of an instruction's issue interval on ``engine`` (``"pe"``, ``"act"``, ``"dve"``,
+        ``"pool"``) until its result is committed: the static instruction overhead (not on TensorE) and the
+        SBUF/PSUM access start-up of its read and of its write (see the module docstring)."""
+        return (0 if engine == "pe" else self.static_overhead_cycles) + 2 * self.access_cycles
+
     def timing_vector(self):
         """Float64 numpy vector of the timing constants the native engine reads (see ``engine.pyx``)."""
         import numpy as np
@@ -128,7 +171,9 @@ class Arch:
         return np.array(
             [self.clock_hz["pe"], self.clock_hz["act"], self.clock_hz["dve"], self.clock_hz["pool"],
              self.hbm_bytes_per_s, self.dma_fixed_ns, float(self.dma_chunk_overhead_bytes),
-             float(self.access_cycles), float(self.act_table_switch_cycles)],
+             float(self.access_cycles), float(self.act_table_switch_cycles), float(self.dma_engines),
+             self.dma_engine_bytes_per_s, self.dma_issue_ns, float(self.static_overhead_cycles),
+             1.0 if self.fast_modes else 0.0],
             dtype=np.float64,
         )
 
@@ -155,13 +200,15 @@ TRN1 = Arch(
     clock_hz={"pe": 2.8e9, "act": 1.4e9, "dve": 1.12e9, "pool": 1.4e9},
     hbm_bytes_per_s=820e9 / 2,
     dma_queues=16,
-    dma_fixed_ns=1300.0,
+    dma_engine_bytes_per_s=17e9,
+    # *assumption*: trn1 DMAs run on descriptors the runtime generated before execution (static DMA, [arch-v3]
+    # "Descriptor Generation Engine"), so a trigger is one sequencer instruction: no queue occupancy modelled
+    dma_issue_ns=0.0,
     peak_flops_bf16=2 * 128 * 128 * 2.8e9,
     peak_flops_fp32=2 * 128 * 128 * 2.8e9 / 4,
 )
 
 #: NeuronCore-v3 (Trainium2, the default): 8 cores per chip sharing 2.9 TB/s of HBM.
-#: DMA fixed cost: ~600 ns with the descriptor-generation engine, which tn's programs are assumed to use.
 TRN2 = Arch(
     name="trn2",
     generation="NeuronCore-v3",
@@ -172,7 +219,11 @@ TRN2 = Arch(
     clock_hz={"pe": 2.4e9, "act": 1.2e9, "dve": 0.96e9, "pool": 1.2e9},
     hbm_bytes_per_s=2.9e12 / 8,
     dma_queues=16,
-    dma_fixed_ns=600.0,
+    dma_engine_bytes_per_s=23e9,
+    # [arch-v3]/[dge]: "Each DGE-based DMA instruction takes about 600 ns"; tn's programs are assumed to use
+    # the hardware DGE (the recommended mode on trn2)
+    dma_issue_ns=600.0,
+    fast_modes=True,
     peak_flops_bf16=2 * 128 * 128 * 2.4e9,
     peak_flops_fp32=2 * 128 * 128 * 2.4e9 / 4,
 )

@@ -199,36 +199,66 @@ OPERAND_NAMES = {
 
 
 def cost_cycles(opcode: str, n: int, *, m: int = 0, fp32: bool = False, func: str = "identity",
-                parts: int = 128, access_cycles: int = 60) -> int:
-    """Engine cycles from an instruction's start until its result is readable: the issue interval of
-    DESIGN.md's formulas (the cycles the engine's queue is busy; the next instruction of the same engine may
-    start after them) plus the fixed SBUF/PSUM access latency (``access_cycles``; pass 0 for the issue interval
-    alone). Instructions that wait for this one (semaphores) see the whole latency; a matmul accumulating into
-    the PSUM group of the previous matmul on TensorE sees only the issue interval.
+                parts: int = 128, access_cycles: int = 0, dtype: str = "float32", alu: str = None,
+                psum: bool = False, contiguous: bool = True, fast: float = 1.0, zero: bool = False,
+                fused_reduce: bool = False, strided: bool = False, transpose_mode: bool = False) -> int:
+    """Issue interval of one compute instruction in engine cycles: the cycles its queue is busy (the next
+    instruction of the same engine may start after them), plus ``access_cycles`` (pass an engine's
+    :meth:`tn.neuron.arch.Arch.result_latency_cycles` to get the cycles until its result is committed, which is
+    what instructions waiting for it see). The native engine implements the same rules.
 
-    ``n`` is the free size (elements per partition) of the instruction's main
-    input (for matmul: the moving free size N; ``m`` the stationary free size
-    M; ``fp32`` quarter-rate matmul). ``parts`` is the partition count
-    (partition_reduce only). The native engine implements the same formulas.
+    ``n`` is the free size (elements per partition) of the main input (matmul: the moving free size N, ``m``
+    the stationary free size M; transpose: ``n`` = partitions P, ``m`` = free size F; memset: the output).
+    MIN_II = 64 cycles. Rules ([isa] = NKI ISA "Estimated instruction cost", SDK 2.25; see
+    :mod:`tn.neuron.arch` for the other sources):
+
+    * matmul ``max(min(64, M), N)``, x4 for fp32 ([isa] nc_matmul, [arch-v2] "Cost Model"). The ``min(64, M)``
+      term is fast LoadStationary: loading a stationary of M columns costs at most MIN_II, up to 4x faster
+      than a MultiplyMoving of the same free size ([arch-v2] "Fast LoadStationary").
+    * transpose (TensorE) ``max(P, min(64, F))`` ([isa] nc_transpose), x4 for fp32, x2 with trn2's transpose
+      mode (``transpose_mode``, [arch-v3] "2x speedup in FP32 transpose").
+    * activation ``max(64, N)``, + 64 with a fused reduce (``fused_reduce``); scale/bias free ([isa]
+      activation); ``reciprocal`` too: ``max(MIN_II, N)`` on ScalarE ([isa] engine selection table; 8N is
+      VectorE's reciprocal, which tn does not emit).
+    * tensor_tensor ``max(64, N)`` with an input in PSUM (``psum``) or for bf16 add/subtract/multiply on
+      contiguous SBUF operands, else ``max(64, 2N)`` ([isa] tensor_tensor); select (3 inputs) 2N (*model*).
+    * tensor_scalar, tensor_copy, bn_stats ``max(64, N)``; bn_aggr ``max(64, 13N/3)``; tensor_reduce
+      ``max(64, N/2)`` for bf16 add/max, else ``max(64, N)``; memset ``N/2`` for a zero fill of bf16/fp16,
+      else N (``zero``); iota and affine_select ``150 + N`` ([isa]).
+    * ``fast``: trn2 VectorE performance-mode factor (4 or 2 for tensor_copy/tensor_scalar, 2 for
+      tensor_tensor, [arch-v3] "Vector Engine Performance Mode"; the engine decides it from the operands).
+    * ``strided``: an SBUF/PSUM operand's innermost stride exceeds 16 bytes: half bandwidth, 2x the
+      N-dependent cost ([arch-v2] "Access pattern").
+    * partition_shuffle ``150 + N`` and partition_reduce ``150 + N * ceil(log2 P)`` (*model*: GpSimd
+      cross-partition work, no published cost).
     """
-    if opcode == "matmul":
-        c = max(min(64, m), n) * (4 if fp32 else 1)
-    elif opcode == "transpose":  # a matmul against the identity: stationary = in, moving N = P
-        c = max(min(64, m), n) * (4 if fp32 else 1)
-    elif opcode in ("tensor_tensor", "select"):
-        c = max(64, 2 * n)
-    elif opcode == "activation":
-        c = 8 * n if func == "reciprocal" else max(64, n)
-    elif opcode in ("tensor_scalar", "tensor_copy", "bn_stats", "bn_aggr", "memset", "affine_select"):
-        c = max(64, n)
-    elif opcode == "tensor_reduce":
-        c = max(64, n)
-    elif opcode in ("iota", "partition_shuffle"):
-        c = 150 + n
-    elif opcode == "partition_reduce":  # model: a log-depth tree over partitions, N per level
-        c = 150 + n * max(1, (parts - 1).bit_length())
-    else:
-        from ..errors import NeuronError
+    from ..errors import NeuronError
 
+    if opcode == "matmul":
+        return int(max(min(64, m), n) * (4 if fp32 else 1)) + access_cycles
+    if opcode == "transpose":  # a matmul against the identity: stationary = in (F columns), moving N = P
+        return int(max(min(64, m), n) * ((2 if transpose_mode else 4) if fp32 else 1)) + access_cycles
+    if opcode == "activation":
+        c = max(64, n * (2 if strided else 1)) + (64 if fused_reduce else 0)
+        return int(c) + access_cycles
+    if opcode in ("iota", "partition_shuffle", "affine_select"):
+        return int(150 + n) + access_cycles
+    if opcode == "partition_reduce":
+        return int(150 + n * max(1, (parts - 1).bit_length())) + access_cycles
+    if opcode == "tensor_tensor":
+        one_pass = psum or (alu in ("add", "subtract", "multiply") and dtype == "bfloat16" and contiguous)
+        c = n if one_pass else 2 * n
+    elif opcode == "select":
+        c = 2 * n
+    elif opcode == "tensor_reduce":
+        c = n / 2 if (dtype == "bfloat16" and alu in ("add", "max")) else n
+    elif opcode == "memset":
+        c = n / 2 if (zero and dtype in ("bfloat16", "float16")) else n
+    elif opcode == "bn_aggr":
+        c = 13 * n / 3
+    elif opcode in ("tensor_scalar", "tensor_copy", "bn_stats"):
+        c = n
+    else:
         raise NeuronError(f"no cost formula for {opcode!r}: DMA costs are in ns (see tn.neuron.arch)")
-    return int(c) + access_cycles
+    c = c * (2 if strided else 1) / fast
+    return int(max(64, c)) + access_cycles
