@@ -42,6 +42,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
+from .. import ops
 from ..errors import TnError
 from ..ir import IR, Literal, Var
 from ..shapes import numel
@@ -76,7 +77,6 @@ def _where(eqn) -> str:
 
 
 def _category(name: str) -> str:
-    from .. import ops
     op = ops.OPS.get(name)
     return op.category if op is not None else ""
 

@@ -34,6 +34,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from .. import ops
 from ..ir import IR, Eqn, Var
 from .independence import Mixed, _category, _opname, _reduce_dims, _reshape_axis, _shape, _where
 
@@ -252,7 +253,6 @@ class _Rewriter:
 
 
 def _op(name: str):
-    from .. import ops
     return ops.OPS[name]
 
 

@@ -46,9 +46,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.utils._pytree as _pytree
+from torch.nn.utils.stateless import _reparametrize_module
 
+from ..device.allocator import cpu_alias
+from ..device.eager import to_device
+from ..jit import backend_compile_fn, is_tracing, jit, make_ir, shadow_module
 from ..ir import CONSTANT_TYPES
-from ..pytree import HashedTuple
+from ..pytree import HashedTuple, module_state
 from .. import config
 from . import independence, masked
 from . import state as _state
@@ -66,7 +70,6 @@ Tensor = torch.Tensor
 def _tracing() -> bool:
     """True while tn.jit traces on this thread (regions met inside a trace are inlined)."""
     global _tracing
-    from ..jit import is_tracing
     _tracing = is_tracing
     return is_tracing()
 
@@ -133,7 +136,6 @@ def _host_views(tree: Any) -> Tuple[Any, Dict[int, Tensor]]:
         if isinstance(t, Tensor) and t.device.type == "neuron":
             a = None if grad else _cached_alias(t)
             if a is None:
-                from ..device.allocator import cpu_alias
                 a = cpu_alias(t)
                 if t.requires_grad:
                     a.requires_grad_(True)
@@ -197,8 +199,6 @@ def _on_host(fn, call: tuple) -> Any:
     out = fn(*host)
     if not back:
         return out
-    from ..device.eager import to_device
-
     def put(o: Any) -> Any:
         if not isinstance(o, Tensor):
             return o
@@ -213,7 +213,6 @@ def _on_host(fn, call: tuple) -> Any:
 
 
 def _module_state(module: torch.nn.Module):
-    from ..pytree import module_state
     return module_state(module)
 
 
@@ -491,14 +490,12 @@ class Group:
     def template(self) -> torch.nn.Module:
         """The private structural copy of the first member's module the programs are traced on."""
         if self._template is None:
-            from ..jit import shadow_module
             self._template = shadow_module(self.first.module)
             self._tmods = list(_module_state(self._template).mods)
         return self._template
 
     def call_template(self, params: Dict[str, Tensor], flags: tuple, args: tuple, kwargs: dict) -> Any:
         """Run the region's forward on the template with ``params`` and training ``flags`` (traced)."""
-        from torch.nn.utils.stateless import _reparametrize_module
         t = self.template()
         for m, f in zip(self._tmods, flags):
             m.training = f
@@ -522,7 +519,6 @@ class Group:
     def jf(self):
         """The group's jitted program: ``(params, flags, args, kwargs) -> (result tensors, _OutStruct)``."""
         if self._jf is None:
-            from ..jit import jit
             self.template()
             self._jf = jit(self._program, static_argnums=(1,), backend=self.ctl.backend,
                            cache_size=self.policy.cache_size)
@@ -539,8 +535,6 @@ class Group:
         first asks ``check(ir without the pad input)`` whether the traced program is the analysed one
         (None), else raises :class:`_BucketRefused` with its answer."""
         if self._jf_masked is None:
-            from ..jit import jit
-
             def masked_neuron(ir):
                 """compile_fn: check the bucket's program, mask its padded positions (tn.adaptive.masked), then
                 the group's backend."""
@@ -559,7 +553,6 @@ class Group:
         return _on_host(self._jf_masked, (params, flags, args, kwargs, p))
 
     def _backend_compile(self, ir):
-        from ..jit import backend_compile_fn
         return backend_compile_fn(self.ctl.backend, "tn.adaptive")(ir)
 
     def lower(self, params, flags, args, kwargs):
@@ -571,8 +564,6 @@ class Group:
         """The jitted vjp: ``(params, flags, args, kwargs, cotangents) -> grads`` of the inputs and
         parameters that require grad (in that order)."""
         if self._vjp is None:
-            from ..jit import jit
-
             def region_vjp(params, flags, args, kwargs, gys):
                 """vjp of the region's forward at (args, kwargs) for output cotangents gys."""
                 with torch.enable_grad():
@@ -591,7 +582,6 @@ class Group:
 
     def trace_ir(self, params, flags, args, kwargs):
         """The optimised IR of the program for these arguments (traced, not compiled)."""
-        from ..jit import make_ir
         return make_ir(self._program, static_argnums=(1,))(params, flags, args, kwargs)
 
     # -- statistics ------------------------------------------------------------
@@ -992,7 +982,6 @@ class Region:
                 continue  # a masked bucket's call at the bucket's own size
             x = leaves[i]
             if host and x.device.type == "neuron":
-                from ..device.allocator import cpu_alias
                 x = cpu_alias(x)
             shape = list(x.shape)
             shape[d] = b - n

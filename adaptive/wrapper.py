@@ -10,12 +10,14 @@ attribute to it and adds :meth:`AdaptiveModel.report`.
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 import threading
 from typing import Any, Dict, List, Optional
 
 import torch
 
+from ..jit import default_backend
 from ..errors import ArgumentTypeError, ArgumentValueError
 from .policy import Policy, make_policy
 from .region import Group, Region, fingerprint, gc_seconds, install_gc_clock
@@ -179,9 +181,6 @@ class _Controller:
 def _default_backend() -> str:
     """tn.jit's default backend (``TN_BACKEND``, else ``"neuron"``), with the compiler imported so that the
     ``"neuron"`` backend is registered."""
-    import importlib
-
-    from ..jit import default_backend
     importlib.import_module("tn.lower")  # registers the "neuron" backend
     return default_backend()
 

@@ -16,6 +16,8 @@ every device call in the child raise (:func:`_is_in_bad_fork`), as with CUDA.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .allocator import (empty_cache, max_memory_allocated, memory_allocated, memory_reserved,  # noqa: F401
@@ -26,6 +28,8 @@ from .streams import synchronize as _synchronize
 from .tracking import (device_time_ns, executed_ops, fallback_ops, fallback_reasons, fastpath_ops,  # noqa: F401
                        reset_op_counts)
 from . import allocator as _alloc
+from . import windows
+from ..neuron.machine import machine as _machine
 
 __all__ = ["is_available", "is_initialized", "device_count", "current_device", "set_device", "synchronize",
            "manual_seed", "manual_seed_all", "seed", "initial_seed", "get_rng_state", "set_rng_state",
@@ -67,8 +71,6 @@ def init() -> None:
 
 def machine():
     """The modelled :class:`tn.neuron.machine.Machine` (instance, LNC, topology)."""
-    from ..neuron.machine import machine as _machine
-
     return _machine()
 
 
@@ -111,8 +113,6 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 def synchronize(device=None) -> None:
     """Wait for the device (default: the current one): runs the ops queued in adaptive eager windows; on the
     modelled timeline, work queued later starts after everything queued so far on the device's streams."""
-    from . import windows
-
     _lazy_init()
     windows.flush("synchronize")
     _synchronize(device)
@@ -122,36 +122,26 @@ def set_eager_mode(mode: str) -> None:
     """How eager ops run on the device: ``"op"`` (each op its own program, at once; the default, also
     ``TN_EAGER_MODE``) or ``"adaptive"`` (ops queued into windows, each compiled as one fused program and
     run when a value is needed; see :mod:`tn.device.windows`)."""
-    from . import windows
-
     windows.set_mode(mode)
 
 
 def get_eager_mode() -> str:
     """The device's eager mode: ``"op"`` or ``"adaptive"`` (see :func:`set_eager_mode`)."""
-    from . import windows
-
     return windows.mode()
 
 
 def eager_mode(mode: str):
     """Context manager: eager ops run in ``mode`` (``"op"`` or ``"adaptive"``) inside the block."""
-    from . import windows
-
     return windows.eager_mode(mode)
 
 
 def window_stats() -> dict:
     """Adaptive eager counters: windows, ops, ops per window, cache hits and hit rate, compiles, flush reasons."""
-    from . import windows
-
     return windows.stats()
 
 
 def reset_window_stats() -> None:
     """Zero :func:`window_stats`."""
-    from . import windows
-
     windows.reset_stats()
 
 
@@ -188,8 +178,6 @@ def mem_get_info(device=None) -> tuple:
     """``(free, total)`` bytes of device memory: total is the limit set with ``TN_DEVICE_MEMORY`` /
     ``set_memory_limit``, or the host's physical memory when there is none (device memory is host memory);
     free is total minus what the allocator holds (:func:`memory_reserved`)."""
-    import os
-
     s = stats(device)
     total = s["limit"]
     if not total:

@@ -34,6 +34,7 @@ Programs whose compiler left some equations on the host count as fallbacks too.
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from typing import Any, Dict, List, Tuple
 
@@ -41,6 +42,11 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import config
+from .. import ops as _ops
+from .. import trace as _trace
+from ..ir import IR, Eqn, Literal, Var
+from ..passes import optimize
+from ..trace import trace_flat
 from ..errors import ArgumentValueError, DeviceError, UnsupportedOpError
 from . import tracking, windows
 from .opargs import flatten_args, unflatten_args
@@ -341,11 +347,7 @@ def _run_fused(op, args: tuple, kwargs: dict, build=None):
 
 
 def _compile(op, name: str, flat: list, spec, build=None, quiet: bool = False) -> _Entry:
-    import time
-
-    from .. import lower
-    from ..passes import optimize
-    from ..trace import trace_flat
+    from .. import lower   # the compiler loads on the first op (import tn does not pay for it)
 
     t0 = time.perf_counter()
     tensor_pos = tuple(i for i, a in enumerate(flat) if isinstance(a, torch.Tensor))
@@ -432,10 +434,6 @@ def _direct_ir(op, functional, out_names: List[str], flat: list, spec, tensor_po
 
 
 def _direct_ir_or_none(op, functional, out_names: List[str], flat: list, spec, tensor_pos: tuple, metas: list):
-    from .. import ops as _ops
-    from .. import trace as _trace
-    from ..ir import IR, Eqn, Literal, Var
-
     func = op if functional is None else functional
     if functional is not None and len(out_names) != 1:
         return None

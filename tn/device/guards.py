@@ -36,9 +36,15 @@ no peak of reserved memory and no accumulated counters).
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
+import torch._tensor_str as ts
 
 from ..errors import ArgumentTypeError, UnsupportedOpError
+from . import backend
+from .allocator import alloc_storage, cpu_alias, resize_storage
+from .aten import check_device
 
 __all__ = ["install"]
 
@@ -65,9 +71,6 @@ def install() -> None:
 
     def __new__(klass, *args, device=None, **kwargs):
         if _is_neuron(device):
-            from .allocator import alloc_storage
-            from .aten import check_device
-
             index = check_device(device)
             if kwargs or len(args) > 1 or (args and not isinstance(args[0], int)):
                 raise ArgumentTypeError("torch.UntypedStorage(..., device='neuron') takes only a size in bytes; build the "
@@ -86,8 +89,6 @@ def install() -> None:
     def resize_(self, size):
         """``UntypedStorage.resize_``; a neuron storage is resized by tn's allocator (same storage object)."""
         if self.device.type == "neuron":
-            from .allocator import resize_storage
-
             resize_storage(self, size)
             return self
         return orig_resize(self, size)
@@ -99,14 +100,10 @@ def install() -> None:
 
 
 def _wrap_tensor_str() -> None:
-    import torch._tensor_str as ts
-
     orig = ts._tensor_str
 
     def _tensor_str(self, indent):
         if self.device.type == "neuron":
-            from .allocator import cpu_alias
-
             self = cpu_alias(self)
         return orig(self, indent)
 
@@ -120,10 +117,6 @@ def _neuron_is_accelerator() -> bool:
 
 
 def _accelerator_impls() -> dict:
-    from collections import OrderedDict
-
-    from . import backend
-
     def memory_stats(device_index=None, /):
         s = backend.memory_stats(device_index)
         return OrderedDict(sorted({

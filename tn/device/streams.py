@@ -38,7 +38,10 @@ import torch
 
 from ..errors import ArgumentValueError, DeviceError
 from ..neuron import timeline as _tl
+from ..neuron.machine import machine
+from ..profile import add_record
 from . import allocator
+from .registry import install_kernels
 
 __all__ = ["Stream", "Event", "StreamContext", "stream", "current_stream", "default_stream", "set_stream",
            "synchronize", "device_to_device", "transfer_stats", "reset_transfer_stats", "stream_of"]
@@ -257,9 +260,6 @@ def device_to_device(src: int, dst: int, nbytes: int) -> Tuple[float, float]:
     """Count and time a copy of ``nbytes`` from device ``src`` to device ``dst``: on ``src``'s current stream,
     over the machine's link between the two cores (latency + bytes / bandwidth), with ``dst``'s current stream
     waiting for it. Returns the modelled ``(start_ns, end_ns)``; active profiles get a ``transfers`` record."""
-    from ..neuron.machine import machine
-    from ..profile import add_record
-
     link = machine().link(src, dst)
     ns = link.latency_ns + (nbytes / link.bytes_per_s * 1e9 if link.bytes_per_s else 0.0)
     start, end = _tl.advance(ns, queue=_tl.current_queue(src), resource="transfers")
@@ -296,6 +296,4 @@ def register() -> None:
     """Install the neuron kernel of ``aten::record_stream`` (a no-op: see :func:`_record_stream`)."""
     if _LIBS:
         return
-    from .registry import install_kernels
-
     install_kernels(_LIBS, {"record_stream": _record_stream})

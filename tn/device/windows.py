@@ -61,6 +61,7 @@ execution time on the host (~14 ms for a GPT-2 training step) dominates.
 from __future__ import annotations
 
 import contextlib
+import linecache
 import logging
 import os
 import sys
@@ -73,7 +74,10 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .. import config
+from .. import config, trace
+from ..errors import ArgumentValueError
+from ..passes import optimize
+from ..trace import source_hint, trace_flat
 from . import allocator, tracking
 from .opargs import unflatten_args
 
@@ -117,8 +121,6 @@ def mode() -> str:
 def set_mode(m: str) -> None:
     """Switch the neuron device's eager mode (``"op"`` or ``"adaptive"``); leaving adaptive runs what is queued."""
     if m not in _MODES:
-        from ..errors import ArgumentValueError
-
         raise ArgumentValueError(f"eager mode {m!r} does not exist: use 'op' (one program per op) or 'adaptive' (ops "
                       f"gathered into compiled windows)")
     if m != "adaptive" and mode() == "adaptive":
@@ -255,17 +257,11 @@ def pending_ops() -> int:
 
 _CODES: Dict[int, Tuple[Any, bool]] = {}    # id(code) -> (code, tn's or torch's own): tn.trace's verdict, cached
 _CODES_DIRS = [0]                           # tn.trace.internal_dirs_generation() the cache was made with
-_TRACE: List[Any] = [None]                  # the tn.trace module, imported on first use
 
 
 def _user_src(depth: int = 1) -> Optional[Tuple[str, int]]:
     """``(file, line)`` of the innermost frame of the user's code (as :func:`tn.trace.user_frame`), or None;
     the search starts ``depth`` frames up (frames known to be tn's need no look-up)."""
-    trace = _TRACE[0]
-    if trace is None:
-        from .. import trace
-
-        _TRACE[0] = trace
     if trace.internal_dirs_generation() != _CODES_DIRS[0] or len(_CODES) > 4096:
         _CODES.clear()
         _CODES_DIRS[0] = trace.internal_dirs_generation()
@@ -510,9 +506,7 @@ def _traceable(op) -> bool:
     composite kernel, e.g. fused optimizer kernels): they run eagerly, as in op mode."""
     ok = _TRACEABLE.get(op)
     if ok is None:
-        from .. import trace as _trace
-
-        ok = _trace.can_replay(op)
+        ok = trace.can_replay(op)
         _TRACEABLE[op] = ok
     return ok
 
@@ -808,7 +802,7 @@ def _run_compiled(w: _Window, entry: _Compiled) -> None:
 
 def _compile_ir(ir: Any, name: str) -> Any:
     """A window's executable (strict mode: a host equation raises, and the window runs op by op)."""
-    from .. import lower
+    from .. import lower   # the compiler loads on the first window (import tn does not pay for it)
 
     exe = lower.compile_ir(ir, name=name)
     # No laid-out weight variant (tn.lower.layout): the executable would compile itself a second time on its
@@ -820,9 +814,6 @@ def _compile_ir(ir: Any, name: str) -> Any:
 
 
 def _compile(w: _Window, live: Tuple[int, ...], params: Tuple[int, ...] = ()) -> _Compiled:
-    from ..passes import optimize
-    from ..trace import trace_flat
-
     name = _window_name(w)
     ext = [s.index for s in w.slots if s.external]
     metas = [torch.empty(w.slots[i].shape, dtype=w.slots[i].dtype, device="meta") for i in ext]
@@ -871,7 +862,6 @@ def _scalar_leaves(w: _Window, rec: _Rec, leaves: list, inputs: Optional[Dict[in
 def _replayer(w: _Window, ext: List[int], live: Tuple[int, ...], params: Tuple[int, ...] = ()):
     """The function :func:`tn.trace.trace_flat` traces: the window's ops, in order, on its storages' values
     (then the scalars ``params`` as 0-dim inputs)."""
-    from ..trace import source_hint
     def view(bases: Dict[int, torch.Tensor], r: _Ref) -> torch.Tensor:
         b = bases.get(r.slot)
         if b is None:     # memory made by torch.empty inside the window, read before written: undefined values
@@ -999,8 +989,6 @@ def _name_the_line(e: BaseException, rec: _Rec) -> None:
     """Say in ``e`` which user line issued the op (the error surfaced later, when its window ran)."""
     if rec.src is None:
         return
-    import linecache
-
     fn, line = rec.src
     code = linecache.getline(fn, line).strip()
     note = (f"{fn}:{line}: `{code}`" if code else f"{fn}:{line}") + \
