@@ -121,3 +121,15 @@ def test_scalar_engine_pays_for_activation_table_switches(arch):
     assert same == pytest.approx((4 * 512 + a.act_table_switch_cycles) * ns)
     assert alternating == pytest.approx((4 * 512 + 4 * a.act_table_switch_cycles) * ns)
     assert with_free == pytest.approx(same)
+
+
+@pytest.mark.parametrize("arch,generation", [("trn1", "NeuronCore-v2"), ("trn2", "NeuronCore-v3")])
+def test_profile_table_names_the_modelled_arch(arch, generation):
+    x = torch.randn(64, 64)
+    with tn.config.override(arch=arch):
+        f = tn.jit(lambda a: a * 2 + 1)
+        with tn.profile() as prof:
+            f(x)
+    assert prof.runs and all(r.arch.name == arch for r in prof.runs)
+    assert f"modelled on {arch} ({generation})" in prof.table(print_it=False)
+    assert f"modelled on {arch} ({generation})" in prof.table(print_it=False, by="opcode")

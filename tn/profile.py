@@ -234,14 +234,16 @@ class Profile:
 
         if by == "core":
             rows = self.core_rows()
-            text = tabulate(rows, headers="keys", tablefmt=tablefmt, floatfmt=".3g") if rows else \
+            text = tabulate(rows, headers="keys", tablefmt=tablefmt, floatfmt=".3g") + \
+                "\nmodelled on " + self.arch_line() if rows else \
                 "tn.profile: no NeuronCore programs ran inside the block"
             if print_it:
                 print(text)
             return text
         if by in ("opcode", "host"):
             rows = self.opcode_rows() if by == "opcode" else self.host_rows()
-            text = tabulate(rows, headers="keys", tablefmt=tablefmt, floatfmt=".3g") if rows else \
+            text = tabulate(rows, headers="keys", tablefmt=tablefmt, floatfmt=".3g") + \
+                "\nmodelled on " + self.arch_line() if rows else \
                 ("tn.profile: no NeuronCore programs ran inside the block" if by == "opcode" or not self.runs else
                  "tn.profile: no host times recorded (use tn.profile(host_times=True))")
             if print_it:
@@ -255,12 +257,18 @@ class Profile:
         else:
             text = tabulate(rows, headers="keys", tablefmt=tablefmt, floatfmt=".3g")
             text += f"\ntotal modelled time: {self.total_us:.3f} us over {len(self.runs)} run(s)"
+            text += "\nmodelled on " + self.arch_line()
         if self.host_ops:
             text += "\nran on the host (no NeuronCore lowering): " + ", ".join(
                 f"{name} x{n}" for name, n in sorted(self.host_ops.items()))
         if print_it:
             print(text)
         return text
+
+    def arch_line(self) -> str:
+        """The architecture(s) the collected runs were modelled on, e.g. ``trn1 (NeuronCore-v2)``."""
+        archs = sorted({(r.arch.name, r.arch.generation) for r in self.runs})
+        return ", ".join(f"{name} ({gen})" for name, gen in archs) or "no NeuronCore runs"
 
     def __str__(self):
         return self.table(print_it=False)
