@@ -1,5 +1,7 @@
 # Tests of fused attention (tn/lower/attention.py): planning by dataflow, masks, head split/merge views, odd sizes, fp32/bf16.
 import math
+import os
+import sys
 
 import pytest
 import torch
@@ -132,3 +134,98 @@ def test_gpt2_block_device_time_and_utilisation():
     flops = sum(r.matmul_flops for r in runs)
     busy = sum(r.busy_ns["TensorE"] for r in runs) * 1e-9
     assert flops / (runs[0].arch.peak_flops_bf16 * busy) >= 0.7
+
+
+# --------------------------------------------------------------------------- HF attention shapes (issue 16)
+
+def _hf_model(name):
+    sys_path = os.path.join(os.path.dirname(__file__))
+    if sys_path not in sys.path:
+        sys.path.insert(0, sys_path)
+    from test_hf_models import build
+
+    return build(name)
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+@pytest.mark.parametrize("batch,pad", [(1, False), (2, True)], ids=["b1", "b2-padded"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert"])
+def test_hf_attention_planned_and_matches_torch(name, batch, pad, autocast):
+    """Every layer's attention of tiny HF GPT-2, Llama (GQA, rotary) and BERT is one attention group, in fp32 and
+    under bf16 autocast, at batch 1 and batch 2 with padding (fully masked rows: ``_safe_softmax``'s zeros);
+    the logits match torch."""
+    pytest.importorskip("transformers")
+    from test_hf_models import inputs
+
+    m = _hf_model(name)
+    ids, mask = inputs(batch=batch, seq=16, pad=pad)
+
+    def f(m, ids, mask):
+        return m(input_ids=ids, attention_mask=mask).logits
+
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        ir = tn.passes.optimize(tn.make_ir(f)(m, ids, mask))
+        assert len(attention.plan(ir, {})) == 2
+        got = tn.jit(f, backend="neuron")(m, ids, mask)
+        want = f(m, ids, mask)
+    tol = dict(rtol=2e-2, atol=2e-2) if autocast else dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.float(), want.float(), **tol)
+
+
+def test_materialised_k_transpose_read_as_laid_out():
+    """K^T that lies in HBM keys-contiguous (an input here; BERT's scaled key under autocast is made so by an
+    elementwise group) is loaded as it lies, the layout the scores' matmul reads: no TensorE transposes of K,
+    unlike K given as rows (``k.transpose(-2, -1)``), and the same result."""
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 4, 128, 64, generator=g) for _ in range(3))
+    kt = k.transpose(-2, -1).contiguous()
+
+    def laid_out(q, kt, v):
+        return torch.softmax((q @ kt) * 0.125, -1) @ v
+
+    def rows(q, k, v):
+        return torch.softmax((q @ k.transpose(-2, -1)) * 0.125, -1) @ v
+
+    _, exe_t = _check(laid_out, q, kt, v)
+    _, exe_r = _check(rows, q, k, v)
+    n_transposes = [sum(st.enc.opcode_counts().get("transpose", 0) for st in e._steps) for e in (exe_t, exe_r)]
+    k_transposes = 4 // 2        # 4 heads of 64, two per 128-partition transpose
+    assert n_transposes[0] == n_transposes[1] - k_transposes
+    torch.testing.assert_close(exe_t([q, kt, v])[0], exe_r([q, k, v])[0], rtol=0, atol=0)
+
+
+def test_safe_softmax_constant_made_inside_and_shared():
+    """SDPA with a boolean mask: ``_safe_softmax`` makes a ``full`` zeros between the matmuls (too large to fold
+    into a constant), which CSE shares with the next attention. Both attentions are groups: the first writes
+    the constant for its later readers, the second fills it on chip instead of loading it."""
+    g = torch.Generator().manual_seed(9)
+    q, k, v, k2, v2 = (torch.randn(1, 8, 96, 16, generator=g) for _ in range(5))
+    keep = torch.rand(1, 1, 96, 96, generator=g) > 0.3
+    keep[:, :, 0] = False                    # a fully masked row
+
+    def f(q, k, v, k2, v2, keep):
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        o = sdpa(q, k, v, attn_mask=keep)
+        return sdpa(o, k2, v2, attn_mask=keep)
+
+    ir = tn.passes.optimize(tn.make_ir(f)(q, k, v, k2, v2, keep))
+    assert sum(e.op.name == "full" for e in ir.eqns) == 1
+    groups = list(attention.plan(ir, {}).values())
+    assert len(groups) == 2 and all(gr.fills for gr in groups)
+    assert len(groups[0].outputs) == 2 and groups[0].outputs[1] in groups[1].fills
+    assert groups[0].outputs[1] not in groups[1].inputs
+    _check(f, q, k, v, k2, v2, keep)
+
+
+def test_shared_key_transpose_is_a_base():
+    """A scaled K^T read by two attentions (CSE) is made once and is each group's base: both are groups."""
+    g = torch.Generator().manual_seed(10)
+    q, k, v, v2 = (torch.randn(2, 4, 32, 16, generator=g) for _ in range(4))
+
+    def f(q, k, v, v2):
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        return sdpa(sdpa(q, k, v), k, v2)
+
+    ir = tn.passes.optimize(tn.make_ir(f)(q, k, v, v2))
+    assert len(attention.plan(ir, {})) == 2
+    _check(f, q, k, v, v2)

@@ -18,10 +18,18 @@ twice) and every head split is a copy.
 * optionally a chain of reshapes/permutes of ``O`` (the head merge),
 
 all in one run of consecutive equations whose intermediates are used only
-there. :class:`AttentionGroup` then lowers it per batch with every value in
+there. A view chain starting before the run, or one that is not a single
+strided view (a reshape merging axes that a permute split, as a head merge at
+batch > 1), is cut: its earlier part stays its own lowering and the value it
+makes is the base. ``full`` values (``_safe_softmax``'s zeros, between the
+matmuls or shared from an earlier layer) are constants filled on chip; one
+made inside the run and read after it is also written as a group output.
+:class:`AttentionGroup` then lowers it per batch with every value in
 SBUF: Q, K and V are loaded for a group of heads with one DMA each through
 their views (no head-split copies), ``Q^T``/``K^T`` come from TensorE
-transposes, the scores stay in PSUM/SBUF (rows = queries on the partitions,
+transposes (a K^T that lies in HBM keys-contiguous, as an elementwise group
+leaves BERT's scaled key, is loaded as it lies: 4-byte DMA runs otherwise),
+the scores stay in PSUM/SBUF (rows = queries on the partitions,
 the softmax reductions along the free axis; ``exp`` and its row sum are one
 ScalarE instruction), ``P^T`` is a TensorE transpose and ``P V`` accumulates
 over key blocks in PSUM; O is written straight into the merged layout of the
@@ -155,8 +163,11 @@ def plan(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()) -> Dict[i
 
 
 def _back(ir, v, producer, users):
-    """View chain ending in ``v``: (base Var, [eqn indices base->v]) with single-use intermediates."""
+    """View chain ending in ``v``: (base Var, [eqn indices base->v]) with single-use intermediates (``v`` read
+    elsewhere too is its own base)."""
     idxs = []
+    if len(users.get(v, ())) != 1:
+        return v, idxs
     while True:
         k = producer.get(v)
         if k is None:
@@ -171,6 +182,56 @@ def _back(ir, v, producer, users):
             break
         v = x
     return v, list(reversed(idxs))
+
+
+def _fill_value(e: Eqn) -> Optional[float]:
+    """The value of a ``full`` equation (a constant tensor of one float/int/bool value), else None."""
+    if e.op.name != "full" or e.inputs:
+        return None
+    value = e.attrs.get("value")
+    if isinstance(value, bool):
+        return float(value)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _trim(eqns, base, chain, lo):
+    """A view chain ``(base, eqn indices)`` cut to the equations at ``lo`` and after: the value read before
+    the first kept equation becomes the base."""
+    kept = [j for j in chain if j >= lo]
+    if len(kept) == len(chain):
+        return base, chain
+    if not kept:
+        return eqns[chain[-1]].outputs[0], []
+    return eqns[kept[0]].inputs[0], kept
+
+
+def _expressible_suffix(eqns, base, chain, shape3):
+    """The longest tail of view chain ``(base, eqn indices)`` whose view of its base, seen as ``shape3``
+    (batch, rows, cols), is one strided view: ``(base, kept indices)``."""
+    chain = list(chain)
+    while True:
+        try:
+            _view_of(_dummy(base), [eqns[j] for j in chain]).reshape(*shape3)
+            return base, chain
+        except Exception:
+            if not chain:
+                return base, chain
+            base = eqns[chain.pop(0)].outputs[0]
+
+
+def _inverts(eqns, chain, shape3) -> bool:
+    """Whether the output ``O`` of a head merge ``chain`` (reshapes/permutes) is a strided view ``shape3`` of its
+    result."""
+    if not chain:
+        return True
+    try:
+        w = _dummy(eqns[chain[-1]].outputs[0]).view()
+        for j in reversed(chain):
+            w = _invert_view(w, eqns[j])
+        w.reshape(*shape3)
+        return True
+    except Exception:
+        return False
 
 
 def _match(ir, ks, producer, users, outset, host, nofuse):
@@ -193,6 +254,7 @@ def _match(ir, ks, producer, users, outset, host, nofuse):
     # the body: equations over S's shape reachable from S, until the second matmul
     vals: Set[Var] = {sv}
     body: List[int] = []
+    made: List[int] = []          # ``full`` equations between the matmuls (constants: filled on chip)
     o_idx = None
     k = ks + 1
     pending_v: List[int] = []
@@ -205,6 +267,10 @@ def _match(ir, ks, producer, users, outset, host, nofuse):
         if e.op.name == "matmul" and isinstance(e.inputs[0], Var) and e.inputs[0] in vals:
             o_idx = k
             break
+        if _fill_value(e) is not None:
+            made.append(k)
+            k += 1
+            continue
         if any(a in vals for a in ins):
             shp = _c3(e.outputs[0].shape)
             if _alias3(e) or (_is_map(e) and not e.op.name == "reshape"):
@@ -250,44 +316,65 @@ def _match(ir, ks, producer, users, outset, host, nofuse):
             break
         oc.append(j)
         cur = e.outputs[0]
-    out_var = cur
-    members = set([ks, o_idx] + body + qc + kc + vc + oc)
+    # views must be expressible without copies: a chain whose view is not (a reshape merging axes a permute
+    # split) starts later, an output chain ends earlier (the rest of it stays its own lowering)
+    B = canon[0]
+    dv = int(v.shape[-1])
+    qb, qc = _expressible_suffix(eqns, qb, qc, (B, T, d))
+    kb, kc = _expressible_suffix(eqns, kb, kc, (B, d, Tk))
+    vb, vc = _expressible_suffix(eqns, vb, vc, (B, Tk, dv))
+    while oc and not _inverts(eqns, oc, (B, T, dv)):
+        oc.pop()
+    out_var = eqns[oc[-1]].outputs[0] if oc else ov
+    # the group is one run of consecutive equations: the view chains of q, k and v keep only their part that
+    # adjoins the run (an earlier head split stays its own lowering; its result is the chain's base)
+    core = set([ks, o_idx] + body + made + oc)
+    lo = min(core)
+    chained = set(qc + kc + vc)
+    while lo - 1 in chained:
+        lo -= 1
+    (qb, qc), (kb, kc), (vb, vc) = (_trim(eqns, b, c, lo) for b, c in ((qb, qc), (kb, kc), (vb, vc)))
+    members = core | set(qc + kc + vc)
     k0, k1 = min(members), max(members)
     if any(j not in members for j in range(k0, k1 + 1)) or any(j in host or (j in nofuse and j != k0)
                                                                  for j in range(k0, k1 + 1)):
         return None
     if k0 in nofuse:
         return None
-    # intermediates used only inside
+    # intermediates used only inside (a constant made inside and read after the group is an output too)
+    made_vars = [eqns[j].outputs[0] for j in made]
+    extra_out = []
     for j in members:
         for w in eqns[j].outputs:
             if w is out_var:
                 continue
             if w in outset or any(u not in members for u in users.get(w, ())):
-                return None
+                if w not in made_vars:
+                    return None
+                extra_out.append(w)
     # the softmax result feeds O only through alias reshapes; S feeds only the body
     if p not in vals:
         return None
-    # views must be expressible without copies
-    try:
-        _view_of(_dummy(qb), [eqns[j] for j in qc])
-        _view_of(_dummy(kb), [eqns[j] for j in kc])
-        _view_of(_dummy(vb), [eqns[j] for j in vc])
-        w = _dummy(out_var).view()
-        for j in reversed(oc):
-            w = _invert_view(w, eqns[j])
-    except Exception:
+    if not _inverts(eqns, oc, (B, T, dv)):
         return None
+    # values made by ``full`` (inside the run or anywhere before it) are constants: filled on chip, never loaded
+    fills: Dict[Var, float] = {}
+    for x in made_vars + [a for j in body for a in eqns[j].inputs if isinstance(a, Var)]:
+        value = _fill_value(eqns[producer[x]]) if x in producer else None
+        if value is not None:
+            fills[x] = value
     inputs: List[Var] = []
-    for x in [qb, kb, vb] + [a for j in body for a in eqns[j].inputs if isinstance(a, Var) and a not in vals]:
+    for x in [qb, kb, vb] + [a for j in body for a in eqns[j].inputs
+                             if isinstance(a, Var) and a not in vals and a not in fills]:
         if x not in inputs:
             inputs.append(x)
     if any(x in vals or x is ov for x in inputs):
         return None
-    grp = AttentionGroup([eqns[j] for j in range(k0, k1 + 1)], inputs, [out_var], S, O,
+    grp = AttentionGroup([eqns[j] for j in range(k0, k1 + 1)], inputs, [out_var] + extra_out, S, O,
                          [eqns[j] for j in qc], [eqns[j] for j in kc], [eqns[j] for j in vc],
                          [eqns[j] for j in oc], [eqns[j] for j in body])
     grp.bases = (qb, kb, vb)
+    grp.fills = fills
     consts = {v: t for v, t in ir.consts}
     grp.consts = {x: consts[x] for x in inputs if x in consts}
     return members, grp
@@ -318,7 +405,8 @@ class _Emitter:
         qb, kb, vb = g.bases
         # [B, T, d], [B, Tk, d] (K rows), [B, Tk, dv], O [B, T, dv] as views of the HBM tensors
         qv = _view_of(self.env_in[qb], g.q_chain).reshape(B, T, d)
-        kv = _view_of(self.env_in[kb], g.k_chain).reshape(B, d, Tk).permute(0, 2, 1)
+        ktv = _view_of(self.env_in[kb], g.k_chain).reshape(B, d, Tk)
+        kv = ktv.permute(0, 2, 1)
         vv = _view_of(self.env_in[vb], g.v_chain).reshape(B, Tk, dv)
         out_var = g.outputs[0]
         w = self.env_out[out_var].view()
@@ -369,6 +457,9 @@ class _Emitter:
             # SBUF hand-off: q/k/v sources left in SBUF by the previous lowering are read in place (when every
             # view of them is a row block), the output is left in SBUF when the next lowerings want it
             views = self._resident_views(qv, kv, vv, bg)
+            # K^T materialised in HBM (keys contiguous): loaded as it is, the layout the scores' matmul reads
+            # (heads' d rows on the partitions), instead of K rows read element by element and transposed
+            direct_kt = views is None and ktv.dims[-1][1] == 1 and kv.dims[-1][1] != 1
             pub = None
             if self.ctx.wants(out_var) if hasattr(self.ctx, "wants") else False:
                 from .base import HandoffError, handoff_shape, resident_view
@@ -393,15 +484,18 @@ class _Emitter:
                 kt_ = k_ring.take()
                 vt_ = v_ring.take()
                 kb_, vb_ = [], []
-                for j in range(KB):
-                    r0 = j * _P
-                    rp = min(_P, Tk - r0)
-                    kb_.append(self._rows_in(views, kv, kt_[:rp, j, :nb, :], b0, nb, r0, rp))
                 kT = kT_ring.take()
-                for j in range(KB):
-                    r0 = j * _P
-                    rp = min(_P, Tk - r0)
-                    self._heads_T(kb_[j], rp, nb, lambda c, w, r0=r0, rp=rp: kT[:w, c, r0:r0 + rp])
+                if direct_kt:
+                    self._load_kT(ktv, kT, b0, nb)
+                else:
+                    for j in range(KB):
+                        r0 = j * _P
+                        rp = min(_P, Tk - r0)
+                        kb_.append(self._rows_in(views, kv, kt_[:rp, j, :nb, :], b0, nb, r0, rp))
+                    for j in range(KB):
+                        r0 = j * _P
+                        rp = min(_P, Tk - r0)
+                        self._heads_T(kb_[j], rp, nb, lambda c, w, r0=r0, rp=rp: kT[:w, c, r0:r0 + rp])
                 for t0 in range(0, T, _P):
                     tq = min(_P, T - t0)
                     qt_ = q_ring.take()
@@ -437,6 +531,7 @@ class _Emitter:
                 back(pend)
             if pub is not None:
                 self.ctx.publish(out_var, pub[0])
+            self._store_fills()
 
     def _resident_views(self, qv, kv, vv, bg):
         """``{id(view): fn(hbm region) -> SBUF view}`` when q, k and v's sources are all left in SBUF and every
@@ -466,6 +561,34 @@ class _Emitter:
         for base in set(g.bases):
             ctx.take(base)
         return fns
+
+    def _load_kT(self, ktv, kT, b0, nb) -> None:
+        """DMA K^T of heads ``b0 .. b0+nb`` (``ktv``: HBM view ``[B, d, Tk]``, keys contiguous) into ``kT``
+        ``[128, chunks, Tk]`` (head ``h`` at partitions ``(h % hpc) * d`` of chunk ``h // hpc``, as
+        :meth:`_heads_T` leaves it): one DMA for all chunks when the heads' rows merge, else one per chunk, else
+        one per head."""
+        d, hpc, Tk, prog = self.d, self.hpc, self.Tk, self.prog
+        nch = _cdiv(nb, hpc)
+        if nb == nch * hpc:
+            try:
+                src = ktv[b0:b0 + nb].reshape(nch, hpc * d, Tk).permute(1, 0, 2)
+            except Exception:
+                src = None
+            if src is not None:
+                prog.dma_copy(kT[:hpc * d, :nch, :Tk], src)
+                return
+        for c in range(nch):
+            h0, h1 = c * hpc, min(nb, c * hpc + hpc)
+            try:
+                src = ktv[b0 + h0:b0 + h1].reshape((h1 - h0) * d, Tk)
+            except Exception:
+                src = None
+            if src is not None:
+                prog.dma_copy(kT[:(h1 - h0) * d, c, :Tk], src)
+                continue
+            for h in range(h0, h1):
+                po = (h - h0) * d
+                prog.dma_copy(kT[po:po + d, c, :Tk], ktv[b0 + h])
 
     def _rows_in(self, views, hv, dst, b0, nb, r0, rp):
         """Rows ``r0 .. r0+rp`` of batches ``b0 .. b0+nb`` of ``hv`` (the HBM view ``[B, rows, cols]`` of q, k or
@@ -793,7 +916,36 @@ class _Emitter:
         if a in env:
             t = env[a]
             return t if tuple(t.shape) == shape else t.broadcast_to(shape)
+        if a in self.g.fills:
+            t = self._filled(a, shape[1])[:tq]
+            return t if tuple(t.shape) == shape else t.broadcast_to(shape)
         return self._external(a, b, t0, tq, shape, e.outputs[0].shape)
+
+    def _filled(self, a: Var, cols: int):
+        """An SBUF tile ``[128, cols]`` holding constant ``a`` (a ``full`` value), set once."""
+        key = ("fill", a, cols)
+        t = self.consts.get(key)
+        if t is None:
+            t = self.consts[key] = self.scope.sbuf((_P, cols), NEURON_DTYPES[a.dtype], "at_fill")
+            self.prog.memset(t, self.g.fills[a], engine="gpsimd")
+        return t
+
+    def _store_fills(self) -> None:
+        """Write the constants made inside the group and read after it (their outputs) with their value."""
+        from .base import handoff_shape
+
+        for var in self.g.outputs[1:]:
+            rows, cols = handoff_shape(var)
+            if self.ctx.wants(var) if hasattr(self.ctx, "wants") else False:
+                t = self.prog.sbuf((rows, cols), NEURON_DTYPES[var.dtype], name="at_fill_out")
+                self.prog.memset(t, self.g.fills[var], engine="gpsimd")
+                self.ctx.publish(var, t)
+                continue
+            dst = self.env_out[var].view().reshape(rows, cols)
+            src = self._filled(var, cols)
+            for r0 in range(0, rows, _P):
+                rp = min(_P, rows - r0)
+                self.prog.dma_copy(dst[r0:r0 + rp, :], src[:rp])
 
     def _external(self, a: Var, b: int, t0: int, tq: int, shape, space):
         """An outside operand (mask, scalar, bias) for batch ``b``, loaded once per distinct region."""
