@@ -64,3 +64,19 @@ def test_attention_without_dropout_is_not_random():
         assert bool(mode.seen) is random
     rec = cov.run_item("module", "nn.TransformerEncoderLayer/eval", "eager", max_samples=1)
     assert rec["status"] == "pass", rec
+
+
+def test_sort_indices_may_order_ties_either_way_unless_stable():
+    x = torch.tensor([[2.0, 1.0, 2.0, 0.0]])
+    v, i = torch.sort(x, dim=1)
+    other = torch.tensor([[3, 1, 2, 0]])       # the two 2.0s swapped
+    check = cov._tie_check("sort", (x, 1), {})
+    assert check((v, other), (v, i)) and check((v, i), (v, i))
+    assert not check((v, torch.tensor([[3, 1, 0, 2]])), (v, i))        # picks other keys
+    assert not check((v, torch.tensor([[3, 1, 0, 0]])), (v, i))        # not a permutation
+    assert cov._tie_check("sort", (x, 1), {"stable": True}) is None
+    assert cov._tie_check("sort", (x, 1, False, True), {}) is None
+    assert cov._tie_check("add", (x, x), {}) is None
+    tk = cov._tie_check("topk", (x, 2), {"largest": True})
+    assert tk((torch.tensor([[2.0, 2.0]]), torch.tensor([[2, 0]])), (torch.tensor([[2.0, 2.0]]), torch.tensor([[0, 2]])))
+    assert not tk((torch.tensor([[2.0, 2.0]]), torch.tensor([[2, 1]])), (torch.tensor([[2.0, 2.0]]), torch.tensor([[0, 2]])))
