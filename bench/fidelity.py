@@ -3,7 +3,7 @@
 
 Usage::
 
-    python bench/fidelity.py [--json PATH] [--only NAME[,NAME...]] [--quick]
+    python bench/fidelity.py [--json PATH] [--md PATH] [--only NAME[,NAME...]] [--quick]
 
 One table: anchor, shape, dtype, arch, the published number, tn's modelled
 number, their ratio (modelled / published) and whether the ratio is inside
@@ -21,8 +21,9 @@ Rows:
   ``lhsT.T @ rhs``), timing only, against the published v4 (goal: within
   1.2x).
 * ``DMA 32 KiB``: one ``[4, 4096]`` bf16 HBM -> SBUF copy on trn2; the
-  published 1416 ns is the DMA engine's active span in the profile, so tn's
-  number is the transfer span after the fixed trigger-to-start cost.
+  published 1416 ns is the DMA engine's active span in the profile (4
+  partitions: one of the 16 engines), so tn's number is the transfer span
+  after the fixed semaphore-to-start latency (``Arch.dma_fixed_ns``).
 * ``ScalarE dependent interval``: back-to-back 1-element ``activation``
   (identity with scale and bias), each reading the previous one's result, on
   trn1: the start-to-start interval in steady state.
@@ -236,7 +237,8 @@ def run(only=None, quick=False):
                      "verdict": "within" if ms / pub <= 1.2 else "OUT",
                      "note": "tn's compiler vs the published hand-written v4; goal <= 1.2x", "source": _MM_SRC})
     if wanted("DMA 32 KiB HBM->SBUF"):
-        rows.append(_row("DMA 32 KiB HBM->SBUF", dma_32k_ns(), "transfer span after the fixed trigger cost"))
+        rows.append(_row("DMA 32 KiB HBM->SBUF", dma_32k_ns(),
+                         "transfer span after the fixed semaphore-to-start latency"))
     if wanted("ScalarE dependent interval"):
         rows.append(_row("ScalarE dependent interval", scalar_dependent_interval_ns()))
     if wanted("BERT-base b1 s128", slow=True):
@@ -256,25 +258,50 @@ def run(only=None, quick=False):
     return rows
 
 
+#: Columns of the table.
+HEADERS = ["anchor", "shape", "dtype", "arch", "published", "tn modelled", "ratio", "band", "verdict", "note"]
+
+
+def _cells(r):
+    """One row's printed cells, in :data:`HEADERS` order."""
+    pub = r["published"] if isinstance(r["published"], str) else f"{r['published']:.4g} {r['unit']}"
+    mod = "n/a" if r["modelled"] is None else f"{r['modelled']:.4g} {r['unit']}"
+    return [r["anchor"], r["shape"], r["dtype"], r["arch"], pub, mod,
+            "" if r["ratio"] is None else f"{r['ratio']:.2f}",
+            "" if r["band"] is None else f"+-{100 * r['band']:.0f}%", r["verdict"], r["note"]]
+
+
 def table(rows):
     """The printed table."""
-    headers = ["anchor", "shape", "dtype", "arch", "published", "tn modelled", "ratio", "band", "verdict", "note"]
-    body = []
-    for r in rows:
-        pub = r["published"] if isinstance(r["published"], str) else f"{r['published']:.4g} {r['unit']}"
-        mod = "n/a" if r["modelled"] is None else f"{r['modelled']:.4g} {r['unit']}"
-        body.append([r["anchor"], r["shape"], r["dtype"], r["arch"], pub, mod,
-                     "" if r["ratio"] is None else f"{r['ratio']:.2f}",
-                     "" if r["band"] is None else f"+-{100 * r['band']:.0f}%", r["verdict"], r["note"]])
+    body = [_cells(r) for r in rows]
     if tabulate is not None:
-        return tabulate(body, headers=headers)
-    return "\n".join(" | ".join(str(c) for c in b) for b in [headers] + body)
+        return tabulate(body, headers=HEADERS)
+    return "\n".join(" | ".join(str(c) for c in b) for b in [HEADERS] + body)
+
+
+def markdown(rows) -> str:
+    """The table and its sources as a Markdown page (``--md``; bench/results/fidelity.md)."""
+    lines = ["# Fidelity: tn's modelled times vs published Trainium measurements", "",
+             "Written by `python bench/fidelity.py --md bench/results/fidelity.md` (see the bench's docstring). "
+             "ratio = tn modelled / published; verdict: inside the band around 1 (tn.jit matmul: <= 1.2x v4). "
+             "The cost rules the model follows, with their sources and the numbers that are assumptions, are "
+             "listed in `tn/neuron/arch.py` and `tn.neuron.isa.cost_cycles`.", "",
+             "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    for r in rows:
+        lines.append("| " + " | ".join(str(c).replace("|", "/") for c in _cells(r)) + " |")
+    inside = sum(r["verdict"] == "within" for r in rows)
+    judged = sum(r["verdict"] in ("within", "OUT") for r in rows)
+    lines += ["", f"{inside} of {judged} anchors within their band; "
+              f"{sum(r['verdict'] == 'n/a' for r in rows)} n/a.", "", "Sources:", ""]
+    lines += [f"- {src}" for src in sorted({r["source"] for r in rows})]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
     """Run the bench, print the table and the sources (optionally write JSON)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="write the rows as JSON to this path")
+    ap.add_argument("--md", help="write the table as a Markdown page to this path")
     ap.add_argument("--only", help="comma-separated substrings of anchor names to run")
     ap.add_argument("--quick", action="store_true", help="skip the slow rows (matmul v1-v3, tn.jit matmul, BERT)")
     args = ap.parse_args(argv)
@@ -293,6 +320,9 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)
+    if args.md:
+        with open(args.md, "w") as fh:
+            fh.write(markdown(rows))
     return rows
 
 
