@@ -23,7 +23,7 @@ if os.environ.get("TN_TEST_BACKENDS"):
 #: its own program) and "adaptive" (ops gathered into windows, tn.device.windows). Tests marked op_mode_only
 #: run in op mode only; adaptive runs of tests marked adaptive_slow are marked slow.
 EAGER_MODE_MODULES = ("test_device", "test_device_usage", "test_training_device", "test_device_autocast",
-                      "test_device_memory")
+                      "test_device_memory", "test_device_deterministic")
 
 
 def pytest_generate_tests(metafunc):

@@ -374,6 +374,25 @@ ON_EMPTY: list = [None]
 BEFORE_STATS: list = [None]
 
 
+def deterministic_fill() -> bool:
+    """True when memory torch makes uninitialised must be filled (``torch.use_deterministic_algorithms(True)``
+    with ``torch.utils.deterministic.fill_uninitialized_memory``, as torch's CPU and CUDA kernels do)."""
+    return torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory
+
+
+def fill_uninitialized(flat: torch.Tensor) -> None:
+    """Fill host-visible memory as torch's deterministic mode does: NaN for floating and complex dtypes, the
+    dtype's largest value for integers (``True`` for bool)."""
+    if flat.numel() == 0:
+        return
+    if flat.is_floating_point() or flat.is_complex():
+        flat.fill_(float("nan"))
+    elif flat.dtype == torch.bool:
+        flat.fill_(True)
+    else:
+        flat.fill_(torch.iinfo(flat.dtype).max)
+
+
 def resize_tensor(self: torch.Tensor, size) -> torch.Tensor:
     """``self.resize_(size)`` for a neuron tensor (contiguous strides; a larger storage is allocated and the old
     bytes copied when it must grow, after queued writes land)."""
@@ -395,6 +414,12 @@ def resize_tensor(self: torch.Tensor, size) -> torch.Tensor:
                 torch._C._construct_storage_from_data_pointer(st.data_ptr(), torch.device("cpu"), old), 0, (old,),
                 (1,))
             dst.copy_(src)
+        if deterministic_fill():   # the grown part, as torch's resize_ fills it (whole elements past the old bytes)
+            item_old = -(-old // item)
+            grown = torch.empty(0, dtype=self.dtype).set_(
+                torch._C._construct_storage_from_data_pointer(new.data_ptr(), torch.device("cpu"), need), 0,
+                (need // item,), (1,))
+            fill_uninitialized(grown[item_old:])
         st = new
     torch.ops.aten.set_.source_Storage_storage_offset.redispatch(_CPU_KEYS, self, st, self.storage_offset(), size,
                                                                stride)

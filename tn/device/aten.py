@@ -86,7 +86,11 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
 
 
 def _made_empty(t):
-    """Tell an adaptive eager window about memory ``torch.empty`` made (its values are undefined until written)."""
+    """Tell an adaptive eager window about memory ``torch.empty`` made (its values are undefined until written);
+    in torch's deterministic mode the memory is filled instead (NaN / the integer maximum), as on CPU and CUDA."""
+    if allocator.deterministic_fill():
+        allocator.fill_uninitialized(cpu_alias(t))
+        return t
     hook = allocator.ON_EMPTY[0]
     if hook is not None:
         hook(t)
