@@ -185,7 +185,8 @@ DEF T_DMA_ENGINE_BW = 10
 DEF T_DMA_ISSUE = 11
 DEF T_STATIC = 12
 DEF T_FAST = 13
-DEF N_TIMING = 14
+DEF T_SHARED_PORTS = 14
+DEF N_TIMING = 15
 DEF MAX_DMA_ENGINES = 32
 
 LAYOUT = {"REC_WIDTH": REC_WIDTH, "OPERAND_BASE": OPERAND_BASE, "OPERAND_WIDTH": OPERAND_WIDTH,
@@ -834,6 +835,56 @@ cdef double dma_transfer(Pipe *hbm, Pipe *eng, double *qe_end, const double[::1]
     return end
 
 
+cdef double port_probe(Pipe *pp, double t, double dur) noexcept nogil:
+    """Earliest start at or after t of an idle span of ``dur`` ns on a shared memory port (busy list sorted and
+    disjoint)."""
+    cdef int k, lo = 0, hi = pp.n, mid
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pp.e[mid] <= t:
+            lo = mid + 1
+        else:
+            hi = mid
+    k = lo
+    while k < pp.n and pp.s[k] < t + dur:      # overlaps [t, t + dur): try after it
+        if pp.e[k] > t:
+            t = pp.e[k]
+        k += 1
+    return t
+
+
+cdef void port_reserve(Pipe *pp, double t, double dur) noexcept nogil:
+    """Mark [t, t + dur) busy on a shared memory port (the span is idle: see port_probe). Keeps the list bounded
+    by folding its oldest intervals into one busy block (loses their gaps: conservative)."""
+    cdef int k, pos = 0, j, folded = 0
+    if dur <= 0:
+        return
+    if pp.n >= PIPE_MAX - 8:
+        j = pp.n - (PIPE_MAX // 2)
+        pp.e[0] = pp.e[j]
+        for k in range(1, pp.n - j):
+            pp.s[k] = pp.s[j + k]; pp.e[k] = pp.e[j + k]
+        pp.n -= j
+        folded = 1
+    while pos < pp.n and pp.s[pos] < t:
+        pos += 1
+    for k in range(pp.n, pos, -1):
+        pp.s[k] = pp.s[k - 1]; pp.e[k] = pp.e[k - 1]
+    pp.s[pos] = t
+    pp.e[pos] = t + dur
+    pp.n += 1
+    if folded:    # the folded block may cover the new span: merge overlapping intervals (sorted by start)
+        j = 0
+        for k in range(1, pp.n):
+            if pp.s[k] <= pp.e[j]:
+                if pp.e[k] > pp.e[j]:
+                    pp.e[j] = pp.e[k]
+            else:
+                j += 1
+                pp.s[j] = pp.s[k]; pp.e[j] = pp.e[k]
+        pp.n = j + 1
+
+
 cdef inline int act_table_id(int64_t func) noexcept nogil:
     """The activation table a ScalarE function needs (-1: none). *Assumption* (no published table layout):
     identity/copy, relu, square, abs and sign are computed without a table; every other function has its own."""
@@ -1074,7 +1125,8 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
     cdef double dstart_ns
     cdef int64_t rw[2]
     cdef int64_t nengines
-    cdef int fast
+    cdef int fast, shared_ports, uses_sbuf, uses_psum
+    cdef double t_port, t0
     cdef double *issue_end
     cdef int want_host = host_ns is not None
     cdef int act_table = -1, tid
@@ -1131,10 +1183,11 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
         raise NeuronError(f"run(): {nengines} DMA engines at {timing[T_DMA_ENGINE_BW]} B/s: the engine models "
                           f"1..{MAX_DMA_ENGINES} engines of positive bandwidth")
     fast = timing[T_FAST] != 0
-    pipe = <Pipe *>malloc(sizeof(Pipe) * (1 + nengines))
+    shared_ports = timing[T_SHARED_PORTS] != 0
+    pipe = <Pipe *>malloc(sizeof(Pipe) * (3 + nengines))
     if pipe == NULL:
         raise MemoryError("engine: cannot allocate the DMA pipe state")
-    engpipes = pipe + 1
+    engpipes = pipe + 3       # pipe[1]: VectorE/GpSimd SBUF port, pipe[2]: ScalarE/VectorE PSUM port (NC-v2)
     qe_end = <double *>calloc(64 * nengines, sizeof(double))
     issue_end = <double *>malloc(sizeof(double) * (n if n > 0 else 1))
     if issue_end == NULL or qe_end == NULL:
@@ -1142,7 +1195,7 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
         free(qe_end)
         free(issue_end)
         raise MemoryError("engine: cannot allocate the issue-time array")
-    for j in range(nengines + 1):
+    for j in range(nengines + 3):
         pipe[j].n = 0
     try:
         for i in range(n):
@@ -1244,6 +1297,34 @@ def run(const int64_t[:, ::1] prog, const int64_t[::1] deps, const int64_t[::1] 
                     if tid >= 0 and tid != act_table:   # ScalarE loads another function's table first
                         cyc += timing[T_ACT_TABLE]
                         act_table = tid
+                if shared_ports and q > 0:
+                    # NeuronCore-v2: VectorE and GpSimd cannot access SBUF in parallel, VectorE and ScalarE cannot
+                    # access PSUM in parallel ([arch-v2] "Concurrent SBUF/PSUM accesses by engines"): the
+                    # instruction waits for an idle span of the port(s) it needs and holds them while it issues
+                    uses_sbuf = 0
+                    uses_psum = 0
+                    for s in range(N_OPERANDS):
+                        if ops[s].present and ops[s].mem == MEM_SBUF:
+                            uses_sbuf = 1
+                        if ops[s].present and ops[s].mem == MEM_PSUM:
+                            uses_psum = 1
+                    uses_sbuf = uses_sbuf and (q == 2 or q == 3)
+                    uses_psum = uses_psum and (q == 1 or q == 2)
+                    if uses_sbuf or uses_psum:
+                        t_port = start
+                        while True:      # earliest span idle on every port the instruction needs
+                            t0 = t_port
+                            if uses_sbuf:
+                                t_port = port_probe(&pipe[1], t_port, cyc / clk[q])
+                            if uses_psum:
+                                t_port = port_probe(&pipe[2], t_port, cyc / clk[q])
+                            if t_port == t0:
+                                break
+                        start = t_port
+                        if uses_sbuf:
+                            port_reserve(&pipe[1], start, cyc / clk[q])
+                        if uses_psum:
+                            port_reserve(&pipe[2], start, cyc / clk[q])
                 issue_end[i] = start + cyc / clk[q]
                 end = issue_end[i] + ((timing[T_STATIC] if q > 0 else 0.0) + 2.0 * timing[T_ACCESS]) / clk[q]
                 busy[q] += issue_end[i] - start

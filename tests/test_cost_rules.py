@@ -286,3 +286,28 @@ def test_strided_operands_run_at_half_bandwidth():
     def emit(p):
         p.tensor_scalar(p.sbuf((128, 512)), p.sbuf((128, 512 * 8))[:, ::8], "multiply", 2.0)   # 32 B stride
     assert _issue_cycles("trn1", "dve", emit) == pytest.approx(2 * 512)
+
+
+@pytest.mark.parametrize("arch,shared", [("trn1", True), ("trn2", False)])
+def test_nc_v2_vector_and_gpsimd_share_sbuf_scalar_and_vector_share_psum(arch, shared):
+    """[arch-v2] Concurrent SBUF/PSUM accesses: on NeuronCore-v2 VectorE and GpSimd cannot access SBUF in
+    parallel, VectorE and ScalarE cannot access PSUM in parallel; [arch-v3]: lifted on NeuronCore-v3."""
+    a = get_arch(arch)
+    assert a.shared_ports == shared
+
+    def sbuf_pair(p):
+        p.tensor_scalar(p.sbuf((128, 1024)), p.sbuf((128, 1024)), "add", 1.0)             # VectorE
+        p.tensor_scalar(p.sbuf((128, 1024)), p.sbuf((128, 1024)), "add", 1.0, engine="gpsimd")
+
+    def psum_pair(p):
+        p.tensor_copy(p.sbuf((128, 512)), p.psum((128, 512)))                              # VectorE
+        p.activation(p.sbuf((128, 512)), p.psum((128, 512)), "relu")                       # ScalarE
+
+    def scalar_and_gpsimd(p):                                                              # never shared
+        p.activation(p.sbuf((128, 512)), p.sbuf((128, 512)), "relu")
+        p.tensor_scalar(p.sbuf((128, 512)), p.sbuf((128, 512)), "add", 1.0, engine="gpsimd")
+    res = _timed(arch, sbuf_pair)
+    assert res.times[1][0] == pytest.approx(1024 * 1e9 / a.clock_hz["dve"] if shared else 0.0)
+    res = _timed(arch, psum_pair)
+    assert res.times[1][0] == pytest.approx(512 * 1e9 / a.clock_hz["dve"] if shared else 0.0)
+    assert _timed(arch, scalar_and_gpsimd).times[1][0] == 0.0

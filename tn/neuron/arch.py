@@ -36,7 +36,10 @@ Sources (aws-neuron/aws-neuron-sdk, cited by short name below and next to each f
   wait for this one (semaphores), not occupancy. A matmul accumulating into the
   PSUM group of the previous matmul on TensorE waits for its issue interval only.
   A chain of dependent 1-element ScalarE instructions therefore starts one every
-  64 + 100 + 2 x 60 = 284 cycles ([perf] measured 264).
+  64 + 100 + 2 x 60 = 284 cycles ([perf] measured 264). On trn1 (NeuronCore-v2)
+  VectorE and GpSimd share one SBUF port and ScalarE and VectorE one PSUM port
+  (``shared_ports``): an instruction holds the port(s) it needs for its issue
+  interval and waits for an idle span of them.
 * ScalarE activation tables (*assumption*, no published cost): an activation
   whose function needs another table than the one loaded last on ScalarE
   first loads it, ``act_table_switch_cycles`` more ScalarE cycles of
@@ -114,6 +117,9 @@ class Arch:
     static_overhead_cycles: int = 100
     #: NeuronCore-v3 extras ([arch-v3]): VectorE performance modes for bf16/fp16, TensorE fp32 transpose mode.
     fast_modes: bool = False
+    #: NeuronCore-v2 ([arch-v2] "Concurrent SBUF/PSUM accesses by engines"): VectorE and GpSimd cannot access SBUF
+    #: in parallel, VectorE and ScalarE cannot access PSUM in parallel; lifted on NeuronCore-v3 ([arch-v3]).
+    shared_ports: bool = False
     #: *Assumption*: the NKI docs say a change of activation function may reload ScalarE's table (and advise
     #: grouping activations by function) but publish no cost. A table load is a small transfer into the engine,
     #: so we charge about what a short DMA costs: 1024 ScalarE cycles (0.73 us on trn1, 0.85 us on trn2).
@@ -173,7 +179,7 @@ class Arch:
              self.hbm_bytes_per_s, self.dma_fixed_ns, float(self.dma_chunk_overhead_bytes),
              float(self.access_cycles), float(self.act_table_switch_cycles), float(self.dma_engines),
              self.dma_engine_bytes_per_s, self.dma_issue_ns, float(self.static_overhead_cycles),
-             1.0 if self.fast_modes else 0.0],
+             1.0 if self.fast_modes else 0.0, 1.0 if self.shared_ports else 0.0],
             dtype=np.float64,
         )
 
@@ -204,6 +210,7 @@ TRN1 = Arch(
     # *assumption*: trn1 DMAs run on descriptors the runtime generated before execution (static DMA, [arch-v3]
     # "Descriptor Generation Engine"), so a trigger is one sequencer instruction: no queue occupancy modelled
     dma_issue_ns=0.0,
+    shared_ports=True,
     peak_flops_bf16=2 * 128 * 128 * 2.8e9,
     peak_flops_fp32=2 * 128 * 128 * 2.8e9 / 4,
 )
