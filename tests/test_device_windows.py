@@ -389,3 +389,54 @@ def test_changing_scalars_match_op_mode(adaptive, dtype):
     # fp32: every scalar becomes an input; bf16: add's alpha stays a literal (scaling a bf16 operand by it first
     # would round where the fused add does not), so that window compiles for each value
     assert (st["compiles"], st["hits"]) == ((2, 2) if dtype == torch.float32 else (4, 0))
+
+
+# ---------------------------------------------------------------- streams and devices
+def test_a_window_holds_one_streams_ops_and_runs_on_that_stream(adaptive):
+    """Ops issued under ``torch.neuron.stream(s)`` are timed on ``s``: a change of stream flushes the open window,
+    and the window's program runs on the stream its ops were issued on, whichever stream is current at the flush."""
+    x = torch.randn(64, 64)
+    xd = x.to("neuron")
+    torch.neuron.synchronize()
+    side = torch.neuron.Stream()
+    main = torch.neuron.current_stream()
+    side_before, main_before = side._queue.ready_ns, main._queue.ready_ns
+    with torch.neuron.stream(side):
+        y = (xd @ xd).relu()                 # queued: issued on `side`
+    assert windows.pending_ops() == 2
+    z = y + 1                                 # issued on the default stream: the side window is flushed first
+    s = windows.stats()
+    assert s["flush_reasons"].get("stream change") == 1 and windows.pending_ops() == 1
+    assert side._queue.ready_ns > side_before  # the matmul window ran on `side` ...
+    assert main._queue.ready_ns == main_before  # ... not on the default stream (its own op is still queued)
+    torch.testing.assert_close(z.cpu(), (x @ x).relu() + 1)
+    assert main._queue.ready_ns > main_before
+
+
+def test_events_and_stream_sync_include_queued_ops(adaptive):
+    """An event recorded after queued ops is later than one recorded before them (the queue is run first)."""
+    xd = torch.randn(128, 128).to("neuron")
+    torch.neuron.synchronize()
+    start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+    start.record()
+    y = xd @ xd @ xd
+    assert windows.pending_ops() == 2
+    end.record()
+    assert windows.pending_ops() == 0 and start.elapsed_time(end) > 0
+    w = y * 2
+    assert windows.pending_ops() == 1
+    torch.neuron.current_stream().synchronize()
+    assert windows.pending_ops() == 0
+    torch.testing.assert_close(w.cpu(), (y * 2).cpu())
+
+
+@pytest.mark.skipif(torch.neuron.device_count() < 2, reason="the modelled machine has one core")
+def test_a_window_of_another_device_is_timed_on_that_devices_core(adaptive):
+    x = torch.randn(64, 64)
+    x1 = x.to("neuron:1")
+    torch.neuron.synchronize(1)
+    torch.neuron.reset_op_counts()
+    y = x1 @ x1                               # queued on neuron:1 while neuron:0 is the current device
+    assert torch.neuron.current_device() == 0
+    torch.testing.assert_close(y.cpu(), x @ x)
+    assert torch.neuron.device_time_ns(1) > 0 and torch.neuron.device_time_ns(0) == 0

@@ -40,7 +40,7 @@ from ..errors import ArgumentValueError, DeviceError
 from ..neuron import timeline as _tl
 from ..neuron.machine import machine
 from ..profile import add_record
-from . import allocator
+from . import allocator, windows
 from .registry import install_kernels
 
 __all__ = ["Stream", "Event", "StreamContext", "stream", "current_stream", "default_stream", "set_stream",
@@ -104,6 +104,7 @@ class Stream(torch.Stream):
     @property
     def ready_ns(self) -> float:
         """Modelled time (ns) at which the work queued on this stream so far ends."""
+        windows.flush("stream sync")
         return self._queue.ready_ns
 
     def wait_event(self, event: "Event") -> None:
@@ -112,6 +113,7 @@ class Stream(torch.Stream):
 
     def wait_stream(self, stream: "Stream") -> None:
         """Later work on this stream starts after the work queued so far on ``stream``."""
+        windows.flush("stream sync")
         _tl.wait_until(self._queue, stream_of(stream)._queue.ready_ns)
 
     def record_event(self, event: Optional["Event"] = None) -> "Event":
@@ -121,11 +123,13 @@ class Stream(torch.Stream):
         return event
 
     def query(self) -> bool:
-        """True: the host already ran every op queued on the stream."""
+        """True: the host ran every op queued on the stream (adaptive eager: the queued ops run now)."""
+        windows.flush("stream sync")
         return True
 
     def synchronize(self) -> None:
         """The host waits for the stream: work queued later on this core starts after it."""
+        windows.flush("stream sync")
         _tl.host_sync(self._queue.core, self._queue.ready_ns)
 
     def __enter__(self):
@@ -172,6 +176,7 @@ class Event(torch.Event):
     def record(self, stream=None) -> None:
         """Note the time ``stream`` (default: the current stream) is done with the work queued on it so far."""
         s = stream_of(stream)
+        windows.flush("stream sync")    # ops queued in an adaptive eager window are part of "so far"
         self._time_ns = s._queue.ready_ns
         self._core = s._queue.core
 
@@ -181,7 +186,7 @@ class Event(torch.Event):
             _tl.wait_until(stream_of(stream)._queue, self._time_ns)
 
     def query(self) -> bool:
-        """True: the recorded work already ran on the host."""
+        """True: the recorded work already ran on the host (it was flushed when the event was recorded)."""
         return True
 
     def synchronize(self) -> None:
@@ -250,6 +255,7 @@ def stream(stream) -> StreamContext:
 def synchronize(device=None) -> None:
     """The host waits for every stream of ``device`` (default: the current one): later work starts after it."""
     core = allocator.device_index(device)
+    windows.flush("synchronize")
     _tl.host_sync(core, _tl.core_time_ns(core))
 
 

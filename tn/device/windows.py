@@ -75,6 +75,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import config, trace
+from ..neuron import timeline as _tl
 from ..errors import ArgumentValueError
 from ..passes import optimize
 from ..trace import source_hint, trace_flat
@@ -204,10 +205,11 @@ class _Rec:
 class _Window:
     """The ops recorded since the last flush of one queue."""
 
-    __slots__ = ("recs", "slots", "by_ptr", "keys", "blanks", "index", "svals", "sdtypes", "limit")
+    __slots__ = ("recs", "slots", "by_ptr", "keys", "blanks", "index", "svals", "sdtypes", "limit", "stream")
 
     def __init__(self, index: int = 0):
         self.index = index                 # the neuron device the window's memory lives on
+        self.stream: Any = None            # the stream (tn.neuron.timeline.Queue) its ops were issued on
         self.recs: List[_Rec] = []
         self.slots: List[_Slot] = []
         self.by_ptr: Dict[int, _Slot] = {}
@@ -239,8 +241,9 @@ _QUEUES: Dict[Any, _Queue] = {}
 
 
 def _queue(index: int) -> _Queue:
-    """The queue of device ``neuron:index`` that ops issued now go to: one per (device, stream); today each
-    device's default stream (the seam for ``torch.neuron.Stream``: key by the current stream too)."""
+    """The queue of device ``neuron:index`` that ops issued now go to (one per device). A window holds the ops of
+    one stream: an op issued on another stream than the open window's flushes it first (:func:`record`), and
+    the window's program runs on the stream its ops were issued on (:func:`_run_window`)."""
     q = _QUEUES.get(index)
     if q is None:
         q = _QUEUES.setdefault(index, _Queue(index))
@@ -480,7 +483,13 @@ def record(op, name: str, flat: list, spec, deterministic: bool = False) -> Any:
         flush("tensors on several devices", name)
         return NotImplemented
     q = _QUEUES.get(index) or _queue(index)
+    stream = _tl.current_queue(index)
     with q.lock:
+        w = q.window
+        if w.stream is not stream:
+            if w.recs:
+                flush("stream change", name)
+            q.window.stream = stream
         try:
             return _record(q, index, op, name, flat, spec, info)
         except _NotRecordable as e:
@@ -745,6 +754,10 @@ def _run_window(w: _Window, reason: str, kind: str) -> None:
                  "cache hit" if hit else ("compiled" if entry.exe is not None else f"op by op: {entry.reason}"),
                  reason, f"; {len(live)} results kept" if live else "")
     _TLS.executing = True
+    # the window's program runs where its ops were issued: on its device's core, on their stream
+    prev_core = _tl.set_current_core(w.index) if _tl.current_core() != w.index else None
+    stream = w.stream
+    prev = _tl.set_current_queue(stream) if stream is not None else None
     try:
         if entry.exe is not None:
             try:
@@ -757,6 +770,10 @@ def _run_window(w: _Window, reason: str, kind: str) -> None:
         _run_op_by_op(w)
     finally:
         _TLS.executing = False
+        if prev is not None:
+            _tl.set_current_queue(prev)
+        if prev_core is not None:
+            _tl.set_current_core(prev_core)
 
 
 def _alias(st: Any, dtype: torch.dtype, shape: Tuple[int, ...]) -> torch.Tensor:
