@@ -19,8 +19,9 @@ compiled region in three steps:
    the caller's real object, in place (nested objects and lists keep their
    identity), so code holding the cache sees what eager PyTorch would leave.
 
-Which types count: ``transformers.cache_utils.Cache`` and ``CacheLayerMixin``
-(when transformers is imported) and anything passed to
+Which types count: ``transformers.cache_utils.Cache``, ``CacheLayerMixin`` and
+``LinearAttentionCacheLayerMixin`` (Mamba's conv/recurrent states, updated in
+place with ``copy_``; when transformers is imported) and anything passed to
 :func:`register_state_type`.
 """
 from __future__ import annotations
@@ -76,7 +77,7 @@ def _bases() -> List[type]:
     mod = sys.modules.get("transformers.cache_utils")
     found = list(_REGISTERED)
     if mod is not None:
-        for name in ("Cache", "CacheLayerMixin"):
+        for name in ("Cache", "CacheLayerMixin", "LinearAttentionCacheLayerMixin"):
             c = getattr(mod, name, None)
             if isinstance(c, type) and c not in found:
                 found.append(c)
@@ -155,7 +156,9 @@ def _children(items: Any, out: List[Tensor], pre: Optional[Dict[int, int]], step
 
 
 def _holds_tensor(x: Any) -> bool:
-    return any(isinstance(v, Tensor) for v in vars(x).values())
+    """Whether an object's attributes hold a tensor, directly or inside lists, tuples and dicts (a cache
+    layer's ``conv_states = {0: tensor}``): such an object cannot be a static part of a signature."""
+    return any(isinstance(v, Tensor) for v in _pytree.tree_leaves(list(vars(x).values())))
 
 
 def build(spec: tuple, it: Iterator[Tensor], pre: Optional[Sequence[Tensor]] = None,
