@@ -213,3 +213,34 @@ def test_autocast_weights_are_laid_out_already_cast():
         y3, want3, p3 = call()                                    # unchanged since: laid out again
         assert sum(r.name.startswith("tn_layout") for r in p3.runs) == 1
         assert torch.equal(y3, y2)
+
+
+def test_weight_stream_leaves_the_matmuls_room_to_read_it():
+    """A BERT-base layer under bf16 autocast (12 KiB weight groups): the stream keeps at most 2 * (ahead + 1)
+    slots, not as many as its 128 KiB budget holds, so every matmul reads its weight groups from the stream
+    (with ten slots the matmuls had 24 KiB of SBUF left, split K into panels and loaded the weights themselves)
+    and the result matches torch."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    streams = []
+    close = layout.WeightStream.close
+
+    def record(self):
+        streams.append((self.nslots, self.next, len(self.seq)))
+        close(self)
+
+    torch.manual_seed(0)
+    block = BertLayer(transformers.BertConfig(attn_implementation="sdpa")).eval()
+    x = torch.randn(1, 128, 768)
+    f = tn.jit(block, backend="neuron")
+    layout.WeightStream.close = record
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            want = block(x)[0]
+            f(x)
+            got = f(x)[0]
+    finally:
+        layout.WeightStream.close = close
+    torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+    assert streams and all(nslots <= 4 and handed == n for nslots, handed, n in streams)
