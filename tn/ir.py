@@ -232,17 +232,21 @@ class IR:
             counts[eqn.op.name] = counts.get(eqn.op.name, 0) + 1
         return counts
 
+    def var_names(self) -> Dict[Var, str]:
+        """The name :meth:`pretty` prints for each variable (``a``, ``b``, ... in order of definition: constants,
+        inputs, equation outputs); later stages (``print(exe.schedule)``) name values the same way."""
+        fresh = _names()
+        return {v: next(fresh) for v in self.all_vars()}
+
     def pretty(self, show_source: bool = False) -> str:
         """The program as text, jaxpr style, every variable with its aval.
 
         With ``show_source`` each equation is followed by the user's
         ``file:line`` that produced it, as a comment.
         """
-        names: Dict[Var, str] = {}
-        fresh = _names()
+        names = self.var_names()
 
         def bind(v: Var) -> str:
-            names[v] = next(fresh)
             return f"{names[v]}:{v.aval}"
 
         def use(a: Atom) -> str:

@@ -3,8 +3,10 @@
 
 * :mod:`tn.lower.base`: the contract every lowering codes against
   (:class:`CannotLower`, :class:`LowerCtx`, :func:`lowering`, fusion hooks).
+* :mod:`tn.lower.schedule`: :func:`~tn.lower.schedule.plan` -> :class:`~tn.lower.schedule.Schedule`, the
+  lowering units and programs of an IR (``print(exe.schedule)``), re-planned under vetoes when a unit fails.
 * :mod:`tn.lower.compiler`: :func:`compile_ir` -> :class:`NeuronExecutable`
-  (programs, host fallbacks, binding, profiles).
+  (emits the schedule: programs, host fallbacks; binding, profiles).
 * :mod:`tn.lower.fusion`: elementwise chains, row reductions and epilogues kept in SBUF.
 * lowerings by kind: ``elementwise``, ``matmul``, ``conv``, ``reduce``, ``shape``, ``index``, ``scan``;
   ``host`` (FFTs, linear algebra) refuses every call: those run on the host;

@@ -1,7 +1,8 @@
 # The NeuronCore compiler driver: splits an IR into device programs and host fallbacks, binds tensors, runs, profiles.
 """Compile a :class:`tn.ir.IR` into NeuronCore programs (the ``"neuron"`` jit backend).
 
-:func:`compile_ir` walks the equations in order. Each stretch of equations
+:func:`compile_ir` plans a :class:`tn.lower.schedule.Schedule` (the lowering units, ``print(exe.schedule)``)
+and emits it in equation order. Each stretch of equations
 that have a lowering becomes one :class:`tn.neuron.Program`: its inputs are
 the program inputs / constants / values made earlier, its outputs the values
 used later (or returned), everything else lives in HBM scratch (or, when
@@ -20,22 +21,29 @@ keeps the merged profile of the call in :attr:`NeuronExecutable.last_profile`.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from .. import config
 from ..errors import ArgumentValueError, CompileError, ExecutionError, NeuronError, TnError, UnsupportedOpError
-from ..ops import OPS
 from ..ops.collective import COLLECTIVE_OPS
 from ..ir import IR, Eqn, Literal, Var
 from .base import NEURON_DTYPES, CannotLower, HandoffError, LowerCtx, dataflow
+from .schedule import (ZERO_SIZE_REASON, LaidOutOperand, Schedule, Unit, UnitFailed, Veto, Vetoes, has_zero_size,
+                       host_reason, plan, plan_transposed, program_name)
 
 __all__ = ["compile_ir", "NeuronExecutable", "ExecProfile", "StepTiming", "strict_default"]
 
 log = logging.getLogger("tn")
+
+#: The debug log line of each kind of veto (a unit that could not be emitted as planned).
+_VETO_LOG = {"no_prologue": "prologue of {var} not applied; lowered as equations",
+             "no_handoff": "SBUF hand-off of {var} not taken; stored to HBM",
+             "nofuse": "fused group at equation {k} not emitted; lowering unfused"}
 
 
 def strict_default() -> bool:
@@ -264,85 +272,6 @@ class _HostStep:
         self.name = eqn.op.name
 
 
-def fusion_epilogue() -> type:
-    """:class:`tn.lower.fusion.EpilogueGroup` (imported late)."""
-    from .fusion import EpilogueGroup
-
-    return EpilogueGroup
-
-
-def _moves_data(label: str) -> bool:
-    """Whether a unit label is an op that only moves, reshapes or converts data (category ``shape``, ``convert``):
-    a program's name leaves those out when it holds anything else."""
-    op = OPS.get(label)
-    return op is not None and (op.category == "shape" or op.name == "convert")
-
-
-def unit_label(group: Any, eqn: Eqn) -> str:
-    """What one lowering unit computes, in a word or two, for program names: ``attention``, ``mlp`` (a Linear
-    chain of several layers) or ``linear``, ``matmul+gelu`` (a matmul and its fused epilogue), ``softmax`` /
-    ``norm`` / ``sum`` (a fused row group by its reductions), ``mul+add`` or ``elementwise`` (a fused map of at
-    most two ops, or more), else the op."""
-    from . import attention, chain, fusion
-
-    if isinstance(group, attention.AttentionGroup):
-        return "attention"
-    if isinstance(group, chain.LinearChain):
-        return "mlp" if len(group.layers) > 1 else "linear"
-    if isinstance(group, fusion.EpilogueGroup):
-        tail = [e.op.name for e in group.eqns if e.op.category == "elementwise" and not _moves_data(e.op.name)
-                and e.op.name not in ("add", "mul", "sub", "div")]
-        return "+".join([eqn.op.name] + tail[:1])
-    if isinstance(group, fusion.Group):
-        names = {e.op.name for e in group.eqns}
-        reductions = [e.op.name for e in group.eqns if e.op.category == "reduction"]
-        if "exp" in names and reductions and ("div" in names or "reciprocal" in names):
-            return "softmax"
-        if "rsqrt" in names and reductions:
-            return "norm"
-        if reductions:
-            return reductions[0]
-        ops = list(dict.fromkeys(e.op.name for e in group.eqns if not _moves_data(e.op.name)))
-        return "+".join(ops) if 0 < len(ops) <= 2 else "elementwise"
-    return eqn.op.name
-
-
-def program_name(prefix: Optional[str], index: int, labels: Sequence[str]) -> str:
-    """``{prefix}_{index}_{what}``: the door's name for the code (the jitted function or module, ``tn`` when
-    none), the program's place in the executable, and the distinct unit labels in order (data movement left out
-    when anything else is there; at most three, then ``+N``), e.g. ``GPT2Block_0_norm+attention+linear+2``."""
-    seen: List[str] = []
-    for lab in labels:
-        if lab not in seen:
-            seen.append(lab)
-    compute = [lab for lab in seen if not _moves_data(lab)]
-    shown = compute or seen
-    what = "+".join(shown[:3]) + (f"+{len(shown) - 3}" if len(shown) > 3 else "")
-    return f"{prefix or 'tn'}_{index}_{what}" if what else f"{prefix or 'tn'}_{index}"
-
-
-class _Tiled:
-    """A matmul's B operand read from a weight's cached layout (extra input ``var``, :class:`BLayout` ``layout``)."""
-
-    __slots__ = ("var", "layout")
-
-    def __init__(self, var: Var, layout: Any):
-        self.var = var
-        self.layout = layout
-
-
-class _Retry(Exception):
-    """Rebuild: equation ``k`` goes to the host, or (``nofuse``) is lowered without fusing from ``k``."""
-
-    def __init__(self, k: int, reason: str, nofuse: bool = False, no_handoff: Any = None, no_prologue: Any = None):
-        super().__init__(reason)
-        self.k = k
-        self.reason = reason
-        self.nofuse = nofuse
-        self.no_handoff = no_handoff    # a Var whose SBUF hand-off its consumer could not take
-        self.no_prologue = no_prologue  # a matmul operand whose prologue (tn.lower.prologue) was not applied
-
-
 class NeuronExecutable:
     """An IR compiled for the software NeuronCore; call it with the flat input tensors.
 
@@ -352,6 +281,7 @@ class NeuronExecutable:
         stats: ``{"host_ops": {op: count}, "host_reasons": {op: reason}, "programs": n,
             "instructions": n, "fused_eqns": n}`` (static, per compiled program).
         last_profile: :class:`ExecProfile` of the most recent call (None before the first).
+        schedule: the :class:`tn.lower.schedule.Schedule` the programs were emitted from (``print`` it).
     """
 
     def __init__(self, ir: IR, arch: Any = None, strict: Optional[bool] = None, debug: bool = False,
@@ -366,8 +296,8 @@ class NeuronExecutable:
         self.debug = debug
         self.fuse = fuse
         self.last_profile: Optional[ExecProfile] = None
-        host: Dict[int, str] = _collective().program_breaks(ir)
-        self._nofuse: set = set()
+        # the planners' vetoes: collectives end programs; failed units add theirs (tn.lower.schedule)
+        vetoes = Vetoes(_collective().program_breaks(ir))
         # weights read laid out (tn.lower.layout): weight Var -> (extra input Var, BLayout); set in the
         # laid-out variant only. The plain executable keeps the policy and builds that variant on demand.
         self._laid_out: Dict[Var, Any] = dict(_laid_out or {})
@@ -375,33 +305,29 @@ class NeuronExecutable:
         self._layout_child: Any = None
         #: weight input index -> the Var of its convert, for weights laid out already cast (``_plan_layouts``)
         self._layout_casts: Dict[int, Var] = {}
-        self._no_handoff: set = set()
-        self._no_prologue: set = set()
-        for _ in range(3 * len(ir.eqns) + 2):
+        #: the :class:`tn.lower.schedule.Schedule` the programs were emitted from (``print(exe.schedule)``)
+        self.schedule: Optional[Schedule] = None
+        builds = 0
+        for builds in range(1, 3 * len(ir.eqns) + 3):
             try:
-                self._build(host)
+                self._build(vetoes)
                 break
-            except _Retry as r:
-                if r.no_prologue is not None:
-                    log.debug("tn.lower: prologue of %s not applied (%s); lowered as equations", r.no_prologue,
-                              r.reason)
-                    self._no_prologue.add(r.no_prologue)
-                    continue
-                if r.no_handoff is not None:
-                    log.debug("tn.lower: SBUF hand-off of %s not taken (%s); stored to HBM", r.no_handoff, r.reason)
-                    self._no_handoff.add(r.no_handoff)
-                    continue
-                if r.nofuse:
-                    log.debug("tn.lower: fused group at equation %d not emitted (%s); lowering unfused", r.k,
-                              r.reason)
-                    self._nofuse.add(r.k)
-                    continue
-                if self.strict:
-                    raise self._unsupported(ir.eqns[r.k], r.reason) from None
-                host[r.k] = r.reason
+            except UnitFailed as failed:
+                veto = failed.veto
+                if veto.kind == "host" and self.strict:
+                    raise self._unsupported(ir.eqns[veto.at], veto.reason) from None
+                if veto.kind != "host":
+                    log.debug("tn.lower: %s (%s); planning again", _VETO_LOG[veto.kind].format(
+                        k=veto.at, var=veto.var), veto.reason)
+                vetoes.add(veto)
+        else:
+            raise CompileError(f"tn.lower: no schedule of {len(ir.eqns)} equations could be emitted after "
+                               f"{builds} builds (vetoes: {vetoes.history}). This is a bug of a lowering")
+        self.schedule.builds = builds
+        host = vetoes.host
         self.stats = self._stats(host)
         if fuse and _laid_out is None:
-            self._layout = self._plan_layouts(host)
+            self._layout = self._plan_layouts(vetoes)
             if self._layout is not None:
                 self.stats["layout_weights"] = len(self._layout.inputs)
 
@@ -422,86 +348,29 @@ class NeuronExecutable:
         from . import matmul
 
         def view(src: Any) -> Any:
-            if src is None or isinstance(src, _Tiled):
+            if src is None or isinstance(src, LaidOutOperand):
                 return None
             x, dims = src
             t = hbm_in(x)
             return t if dims is None or tuple(dims) == tuple(range(len(dims))) else t.permute(*dims)
 
-        tiled = t[1] if isinstance(t[1], _Tiled) else None
+        tiled = t[1] if isinstance(t[1], LaidOutOperand) else None
         matmul.lower_matmul_transposed(ctx, eqn, ins, outs, a_t=view(t[0]), b_t=view(t[1]),
                                        b_tiled=None if tiled is None else (hbm_in(tiled.var), tiled.layout))
 
-    def _plan_transposed(self, host: Dict[int, str], skip: Any = ()) -> Tuple[set, Dict[int, Any]]:
-        """Matmuls whose operand is a permute of the last two axes used only there: read the source
-        transposed (``tn.lower.matmul.lower_matmul_transposed``) and skip the permute (and reshape)."""
-        try:
-            from . import matmul
-        except ImportError:
-            return set(), {}
-        find = getattr(matmul, "transposed_source", None)
-        if find is None or not hasattr(matmul, "lower_matmul_transposed"):
-            return set(), {}
-        ir = self.ir
-        producer, users, outset = dataflow(ir)
-        elide: set = set()
-        trans: Dict[int, Any] = {}
-        for k, e in enumerate(ir.eqns):
-            if e.op.name != "matmul" or k in host or e.op.lowering is None or k in self._nofuse or k in skip:
-                continue
-            srcs: List[Any] = [None, None]
-            chains: List[List[int]] = []
-            for i in (0, 1):
-                v = e.inputs[i]
-                if not isinstance(v, Var) or v.numel == 0:
-                    continue
-                try:
-                    found = find(v, lambda u: ir.eqns[producer[u]] if u in producer else None)
-                except Exception:
-                    found = None
-                # (X, dims): the operand transposed is X.permute(dims); a bare X means dims = identity
-                x, dims = found if isinstance(found, tuple) else (found, None)
-                if x is None or not isinstance(x, Var) or x.numel == 0:
-                    continue
-                if dims is not None and len(dims) and int(dims[-1]) != x.ndim - 1 and x.shape[-1] != 1:
-                    # the transposed view would be read element by element (innermost axis strided):
-                    # materialising the permute once is cheaper
-                    continue
-                chain = []
-                u = v
-                ok = True
-                while u is not x:
-                    j = producer.get(u)
-                    if j is None or j in host or u in outset or set(users.get(u, ())) != {chain[-1] if chain else k}:
-                        ok = False
-                        break
-                    chain.append(j)
-                    u = ir.eqns[j].inputs[0]
-                if ok and chain:
-                    srcs[i] = (x, dims)
-                    if i == 1 and x in self._laid_out and tuple(dims or (0, 1)) == (0, 1):
-                        srcs[i] = _Tiled(*self._laid_out[x])     # the weight's cached layout
-                    chains.append(chain)
-            if srcs[0] is None and srcs[1] is None:
-                continue
-            trans[k] = (srcs[0], srcs[1])
-            for c in chains:
-                elide.update(c)
-        return elide, trans
-
-    def _weight_stream(self, prog: Any, k0: int, host: Dict[int, str], groups: Any, trans: Dict[int, Any],
-                       hbm_in: Any) -> Any:
+    def _weight_stream(self, prog: Any, k0: int, sched: Schedule, hbm_in: Any) -> Any:
         """The :class:`tn.lower.layout.WeightStream` of a program starting at equation ``k0``: the laid-out
         weight groups its Linear chains and single-row-tile matmuls will multiply by, in order (None if none)."""
         if not self._laid_out:
             return None
-        from . import chain, layout, matmul
+        from . import chain, fusion, layout, matmul
 
+        host, groups, trans = sched.vetoes.host, sched.groups, sched.transposed
         seq = []
         k = k0
         n = len(self.ir.eqns)
         while k < n and k not in host:
-            g = (groups or {}).get(k)
+            g = groups.get(k)
             if isinstance(g, chain.LinearChain):
                 for L in g.layers:
                     if L.w in self._laid_out:
@@ -510,50 +379,13 @@ class NeuronExecutable:
                 k += len(g.eqns)
                 continue
             t = trans.get(k)
-            if t is not None and isinstance(t[1], _Tiled) and matmul.streams_weight(self.ir.eqns[k]):
+            if t is not None and isinstance(t[1], LaidOutOperand) and matmul.streams_weight(self.ir.eqns[k]):
                 seq.extend((hbm_in(t[1].var), t[1].layout, j) for j in range(t[1].layout.NG))
-            k += 1 + (len(g.eqns) if isinstance(g, fusion_epilogue()) else 0)
+            k += 1 + (len(g.eqns) if isinstance(g, fusion.EpilogueGroup) else 0)
         seq = [x for x in seq if x[1].dtype == (seq[0][1].dtype if seq else None)]
         if not seq:
             return None
         return layout.WeightStream(prog, seq, 128 * 1024)
-
-    @staticmethod
-    def _units(n: int, groups: Any) -> Dict[int, int]:
-        """Equation index -> index of the equation where its lowering unit (fused group, epilogue, chain) starts."""
-        from . import fusion
-
-        unit: Dict[int, int] = {}
-        k = 0
-        while k < n:
-            g = (groups or {}).get(k)
-            span = 1
-            if isinstance(g, fusion.EpilogueGroup):
-                span = 1 + len(g.eqns)
-            elif isinstance(g, fusion.Group):
-                span = len(g.eqns)
-            for j in range(k, k + span):
-                unit[j] = k
-            k += span
-        return unit
-
-    def _plan_preloads(self, host: Dict[int, str], groups: Any, pros: Dict[Var, Any]) -> Dict[int, List[Any]]:
-        """Where each prologue's per-feature vectors are loaded: the unit producing its source (so they arrive
-        while the source is computed), or its consumer's unit when a host equation lies in between."""
-        if not pros:
-            return {}
-        ir = self.ir
-        producer, users, _ = dataflow(ir)
-        unit = self._units(len(ir.eqns), groups)
-        at: Dict[int, List[Any]] = {}
-        for a, p in pros.items():
-            cons = unit.get(users[a][0], users[a][0])
-            j = producer.get(p.src)
-            k = cons if j is None else unit.get(j, j)
-            if any(k <= h <= cons for h in host):
-                k = cons
-            at.setdefault(k, []).append(p)
-        return at
 
     @staticmethod
     def _bind_prologues(ctx: LowerCtx, cur: Dict[str, Any], pros: Dict[Var, Any], inputs: List[Var],
@@ -577,7 +409,7 @@ class NeuronExecutable:
         """A unit offered a prologue failed: rebuild without the prologue (its equations lowered as usual)."""
         for a, b in getattr(ctx, "prologues", {}).items():
             ctx.prologues = {}
-            raise _Retry(k, f"with a prologue: {err}", no_prologue=a) from None
+            raise UnitFailed(Veto("no_prologue", k, f"with a prologue: {err}", a)) from None
 
     @staticmethod
     def _prologues_done(ctx: LowerCtx, cur: Dict[str, Any], k: int) -> None:
@@ -586,91 +418,11 @@ class NeuronExecutable:
         ctx.prologues = {}
         for a, b in pros.items():
             if not b.taken:
-                raise _Retry(k, "the consumer did not apply the prologue", no_prologue=a)
+                raise UnitFailed(Veto("no_prologue", k, "the consumer did not apply the prologue", a))
             b.free(ctx.prog)
             cur["pro"].pop(a, None)
 
-    def _plan_handoff(self, host: Dict[int, str], groups: Any, elide: set, trans: Dict[int, Any],
-                      pros: Optional[Dict[Var, Any]] = None) -> Dict[Var, Any]:
-        """Values left in SBUF by their producer for the next lowerings (``LowerCtx.publish``/``take``).
-
-        A value qualifies when its producer is a fused group, an attention group or a matmul epilogue
-        (lowerings that can publish a whole value), every consumer is a lowering that can read it from SBUF
-        (a fused group reading it as an input, a Linear chain's input, an attention group's q/k/v source, a
-        matmul's row-major A operand) in the same program, it is not a program result, and it fits in one
-        SBUF tile (rows = all axes but the last <= 128, <= 16 KiB per partition). Returns
-        ``{var: (producer unit, consumer units)}``; units are equation indices where a lowering starts.
-        """
-        from . import attention, chain, fusion
-        from .base import handoff_shape
-
-        ir = self.ir
-        n = len(ir.eqns)
-        unit = self._units(n, groups)
-        _, users, outset = dataflow(ir)
-        # a prologue's equations belong to its consumer's unit, which reads the prologue's source
-        pro_unit: Dict[int, int] = {}
-        for a, p in (pros or {}).items():
-            c = unit.get(users[a][0], users[a][0])
-            for j in p.eqns:
-                pro_unit[j] = c
-        host_idx = sorted(host)
-        plan: Dict[Var, Any] = {}
-        for k, g in (groups or {}).items():
-            if isinstance(g, chain.LinearChain):
-                continue
-            if isinstance(g, fusion.EpilogueGroup):
-                produced = [v for v in g.outputs]
-            elif isinstance(g, fusion.Group):
-                produced = list(g.outputs)
-            else:
-                continue
-            for v in produced:
-                if v in outset or v in self._no_handoff or v.dtype not in NEURON_DTYPES or v.dtype == torch.int64:
-                    continue
-                rows, cols = handoff_shape(v)
-                isz = torch.empty((), dtype=v.dtype).element_size()
-                if rows > 128 or cols * isz > 16 * 1024 or not users.get(v):
-                    continue
-                cons = set()
-                ok = True
-                for u in users[v]:
-                    if u in pro_unit:
-                        ok = pro_unit[u] != k
-                        if not ok:
-                            break
-                        cons.add(pro_unit[u])
-                        continue
-                    c = unit.get(u)
-                    if c is None or c == k or u in elide:
-                        ok = False
-                        break
-                    cg = (groups or {}).get(c)
-                    e = ir.eqns[c]
-                    if isinstance(cg, chain.LinearChain):
-                        ok = cg.layers[0].a is v and u == ir.eqns.index(cg.layers[0].mm, c)
-                    elif isinstance(cg, attention.AttentionGroup):
-                        ok = v in cg.bases
-                    elif isinstance(cg, fusion.EpilogueGroup) or (cg is None and e.op.name == "matmul"):
-                        ok = u == c and e.op.name == "matmul" and e.inputs[0] is v and e.inputs[1] is not v and \
-                            v.ndim == 2 and (c not in trans or trans[c][0] is None) and \
-                            not (isinstance(cg, fusion.EpilogueGroup) and v in cg.inputs)
-                    elif type(cg) is fusion.Group:
-                        ok = v in cg.inputs
-                    else:
-                        ok = False
-                    if not ok:
-                        break
-                    cons.add(c)
-                if not ok or not cons:
-                    continue
-                last = max(max(users[v]), max(cons))
-                if any(k < h <= last for h in host_idx):
-                    continue
-                plan[v] = (k, cons)
-        return plan
-
-    def _plan_layouts(self, host: Dict[int, str]) -> Any:
+    def _plan_layouts(self, vetoes: Vetoes) -> Any:
         """The :class:`tn.lower.layout.LayoutPolicy` of this executable, or None.
 
         Candidates are 2-D program inputs ``W`` read by matmuls only as ``B = W^T``
@@ -682,14 +434,15 @@ class NeuronExecutable:
             from . import layout, matmul
         except ImportError:
             return None
-        elide, trans = self._plan_transposed(host)
+        host = vetoes.host
         ir = self.ir
+        elide, trans = plan_transposed(ir, host, vetoes.nofuse, self._laid_out)
         index = {v: i for i, v in enumerate(ir.inputs)}
         mutated = {i for i, _ in ir.mutations}
         producer, users, outset = dataflow(ir)
         cands: Dict[Var, Any] = {}
         for k, (_, sb) in trans.items():
-            if sb is None or isinstance(sb, _Tiled):
+            if sb is None or isinstance(sb, LaidOutOperand):
                 continue
             x, dims = sb
             w = x
@@ -757,38 +510,46 @@ class NeuronExecutable:
         self.last_profile = ExecProfile(list(runs) + list(prof.runs), prof.host_ops, prof.collectives)
         return result
 
-    @staticmethod
-    def _fold_empty(eqn: Eqn) -> Optional[List[torch.Tensor]]:
-        """Results of an equation whose outputs are all empty, or whose tensor inputs are all empty
-        (then the results do not depend on any data: computed once, at compile time). None otherwise."""
-        if all(v.numel == 0 for v in eqn.outputs):
-            return [torch.empty(v.shape, dtype=v.dtype) for v in eqn.outputs]
-        vins = [a for a in eqn.inputs if isinstance(a, Var)]
-        if not vins or any(a.numel != 0 for a in vins) or eqn.op.random:
-            return None
-        args = [a.value if isinstance(a, Literal) else torch.empty(a.shape, dtype=a.dtype) for a in eqn.inputs]
+    def _build(self, vetoes: Vetoes) -> None:
+        """One build: plan the schedule under ``vetoes`` and emit it (:class:`UnitFailed` when a unit cannot be)."""
+        sched = plan(self.ir, vetoes, fuse=self.fuse, laid_out=self._laid_out)
+        self._emit(sched)
+        self.schedule = sched
+
+    @contextlib.contextmanager
+    def _unit_failures(self, ctx: LowerCtx, unit: Unit) -> Iterator[None]:
+        """Turn a unit's lowering errors into the veto the next plan obeys: a hand-off not taken stores the value
+        to HBM; a failed prologue is not applied; a fused group or epilogue that fails is not fused; an
+        equation's own lowering that cannot handle the case (or emits an invalid instruction) goes to the host."""
+        k = unit.start
         try:
-            r = eqn.op.impl(*args, **eqn.attrs)
-        except Exception:
-            return None
-        r = [r] if isinstance(r, torch.Tensor) else list(r)
-        if len(r) != len(eqn.outputs):
-            return None
-        return [t.to(v.dtype).reshape(v.shape).contiguous() for t, v in zip(r, eqn.outputs)]
+            yield
+        except HandoffError as e:
+            raise UnitFailed(Veto("no_handoff", k, str(e), e.var)) from None
+        except (CannotLower, NeuronError) as e:
+            self._prologue_failed(ctx, k, e)
+            if unit.kind in ("map", "row", "chain", "attention"):
+                raise UnitFailed(Veto("nofuse", k, f"fused group failed: {e}")) from None
+            if isinstance(e, CannotLower):
+                raise UnitFailed(Veto("host", k, str(e) or "the lowering cannot handle this case")) from None
+            if unit.kind == "epilogue":
+                raise UnitFailed(Veto("nofuse", k, f"fused epilogue failed: {e}")) from None
+            eqn = self.ir.eqns[k]
+            if self.strict:
+                raise CompileError(f"tn.lower: the lowering of {eqn.op.name!r} ({_avals(eqn)}) emitted an invalid "
+                                   f"instruction: {e}") from e
+            log.warning("tn.lower: lowering of %s (%s) failed (%s); running it on the host",
+                        eqn.op.name, _avals(eqn), e)
+            raise UnitFailed(Veto("host", k, f"lowering error: {e}")) from None
 
-    def _host_reason(self, eqn: Eqn) -> Optional[str]:
-        if eqn.op.lowering is None:
-            return "no lowering is registered for this op"
-        for v in list(eqn.inputs) + list(eqn.outputs):
-            if isinstance(v, Var) and v.dtype not in NEURON_DTYPES:
-                return f"dtype {v.dtype} has no NeuronCore equivalent"
-        return None
-
-    def _build(self, host: Dict[int, str]) -> None:
+    def _emit(self, sched: Schedule) -> None:
+        """Emit ``sched``: one :class:`tn.neuron.Program` per stretch of lowered units, a host step per host
+        unit, a collective step per collective; the value slots and their frees (the executable's state)."""
         from ..neuron import Program
         from . import fusion, prologue
 
         ir = self.ir
+        host = sched.vetoes.host
         slot_of: Dict[Var, int] = {}
         nslots = 0
 
@@ -806,59 +567,10 @@ class NeuronExecutable:
             init.append((define(v), t.contiguous()))
         in_slots = [define(v) for v in ir.inputs]
 
-        # last use of every var (eqn index; len(eqns) for program outputs)
         n = len(ir.eqns)
-        last_use: Dict[Var, int] = {}
-        for k, e in enumerate(ir.eqns):
-            for a in e.inputs:
-                if isinstance(a, Var):
-                    last_use[a] = k
-        for a in ir.outputs:
-            if isinstance(a, Var):
-                last_use[a] = n
-
-        # per-feature scale/shift of a matmul operand (LayerNorm's gamma/beta) applied by the matmul in its
-        # operand's transposes (tn.lower.prologue): those equations are not lowered, groups end before them
-        pros = prologue.plan(ir, host, self._no_prologue) if self.fuse else {}
-        pro_eqns = {j for p in pros.values() for j in p.eqns}
-        phost = {**host, **{j: "prologue" for j in pro_eqns}} if pro_eqns else host
-        groups = fusion.plan(ir, phost, self._nofuse) if self.fuse else None
-        in_chain: set = set()
-        if self.fuse:
-            # attention (tn.lower.attention) and Linear chains (tn.lower.chain) replace the groups and
-            # transposed reads inside them
-            from . import attention, chain
-
-            found = dict(attention.plan(ir, phost, self._nofuse))
-            for k0, c in chain.plan(ir, phost, self._nofuse, self._laid_out).items():
-                if not any(k0 <= a < k0 + len(c.eqns) or a <= k0 < a + len(g.eqns) for a, g in found.items()):
-                    found[k0] = c
-            for k0, c in sorted(found.items()):
-                rng = range(k0, k0 + len(c.eqns))
-                for kk in list(groups):
-                    if kk in rng:
-                        del groups[kk]
-                    elif kk < k0 and kk + len(groups[kk].eqns) + isinstance(groups[kk], fusion.EpilogueGroup) > k0:
-                        del groups[kk]     # a group or epilogue reaching into the chain
-                groups[k0] = c
-                in_chain.update(rng)
-        elide, trans = self._plan_transposed(host, in_chain) if self.fuse else (set(), {})
-        if self._laid_out:
-            # a weight's convert whose result the matmuls read from its cast layout (and nothing else reads)
-            producer, users, _ = dataflow(ir)
-            for x in self._laid_out:
-                j = producer.get(x)
-                if j is not None and j not in in_chain and all(u in elide or u in in_chain for u in users.get(x, ())):
-                    elide.add(j)
-        for kk in [kk for kk, g in (groups or {}).items() if isinstance(g, (fusion.Group, fusion.EpilogueGroup))]:
-            # a group holding a permute (or its reshape) that a matmul reads transposed instead would read a value
-            # that is never made: its equations are lowered one by one
-            first = kk + 1 if isinstance(groups[kk], fusion.EpilogueGroup) else kk
-            if kk not in in_chain and any(j in elide for j in range(first, first + len(groups[kk].eqns))):
-                del groups[kk]
-        handoff = self._plan_handoff(host, groups, elide, trans, pros) if self.fuse else {}
+        last_use = sched.last_use
+        trans, handoff, pros = sched.transposed, sched.handoff, sched.prologues
         pro_src = {a: p.src for a, p in pros.items()}
-        preload_at = self._plan_preloads(host, groups, pros)
         consumers_of: Dict[int, List[Var]] = {}
         last_consumer: Dict[Var, int] = {}
         for v, (_, cons) in handoff.items():
@@ -873,7 +585,7 @@ class NeuronExecutable:
         def end_unit(ctx: Any, k: int) -> None:
             for v in consumers_of.get(k, ()):
                 if v in ctx.resident and v not in ctx.taken:
-                    raise _Retry(k, f"equation {k} did not read {v.aval} from SBUF", no_handoff=v)
+                    raise UnitFailed(Veto("no_handoff", k, f"equation {k} did not read {v.aval} from SBUF", v))
             for v in list(ctx.resident):
                 if last_consumer.get(v, -1) <= k and v not in ctx.publish_vars:
                     ctx.prog.free(ctx.resident.pop(v))
@@ -884,7 +596,8 @@ class NeuronExecutable:
         cur: Optional[Dict[str, Any]] = None
         host_counts: Dict[str, int] = {}
         instructions = 0
-        fused = 0
+        # equations not materialised (permutes read transposed, prologue equations) count as fused
+        fused = len(sched.skipped)
 
         def close(end: int) -> None:
             nonlocal cur, instructions
@@ -892,6 +605,7 @@ class NeuronExecutable:
                 return
             prog = cur["prog"]
             prog.name = program_name(self.name, len(steps), cur["labels"])
+            sched.program_names[len(steps)] = prog.name
             for b in cur["pro"].values():
                 b.free(prog)
             if cur["ctx"].weights is not None:
@@ -929,42 +643,34 @@ class NeuronExecutable:
 
         collective = _collective()
         made_by: Dict[Var, Any] = {}
-        k = 0
-        while k < n:
+        units = sched.units
+        i = 0
+        while i < len(units):
+            unit = units[i]
+            i += 1
+            k = unit.start
             eqn = ir.eqns[k]
-            if collective.is_collective(eqn):
+            if unit.kind == "collective":
                 # a collective: a step on the core's collective engine between programs (tn.lower.collective)
                 close(k)
                 ins = [(False, a.value) if isinstance(a, Literal) else (True, slot_of[a]) for a in eqn.inputs]
                 steps.append(collective.make_step(k, eqn, ins, [define(v) for v in eqn.outputs], ir, made_by))
-                k += 1
                 continue
-            if k in elide or k in pro_eqns:
-                # a permute read directly (transposed) by the matmul that consumes it, or an equation of a
-                # matmul's prologue (applied by the matmul): not materialised
-                fused += 1
-                k += 1
+            if unit.kind == "folded":
+                # nothing to compute on the chip: empty results, or results of empty inputs only
+                for v, t in zip(eqn.outputs, unit.folded):
+                    init.append((define(v), t))
                 continue
-            if any(v.numel == 0 for v in eqn.outputs) or \
-                    any(isinstance(a, Var) and a.numel == 0 for a in eqn.inputs):
-                folded = self._fold_empty(eqn)
-                if folded is not None:
-                    # nothing to compute on the chip: empty results, or results of empty inputs only
-                    for v, t in zip(eqn.outputs, folded):
-                        init.append((define(v), t))
-                    k += 1
-                    continue
-                host.setdefault(k, "an operand has no elements (zero-size tensors are not sent to the chip)")
-            reason = host.get(k) or self._host_reason(eqn)
-            if reason is not None:
+            if unit.kind == "host":
+                if has_zero_size(eqn):
+                    host.setdefault(k, ZERO_SIZE_REASON)
                 if self.strict:
-                    raise self._unsupported(eqn, reason)
+                    raise self._unsupported(eqn, unit.reason)
                 close(k)
                 ins = [(False, a.value) if isinstance(a, Literal) else (True, slot_of[a]) for a in eqn.inputs]
                 outs = [define(v) for v in eqn.outputs]
                 steps.append(_HostStep(k, eqn, ins, outs))
                 host_counts[eqn.op.name] = host_counts.get(eqn.op.name, 0) + 1
-                k += 1
                 continue
             if cur is None:
                 # named when it closes, after what it holds (program_name)
@@ -972,8 +678,8 @@ class NeuronExecutable:
                 cur = {"prog": prog, "ctx": LowerCtx(prog), "hbm": {}, "made": {}, "ins": [], "eqns": [], "pro": {},
                        "labels": []}
             prog, ctx, hbm = cur["prog"], cur["ctx"], cur["hbm"]
-            group = groups.get(k) if groups else None
-            cur["labels"].append(unit_label(group, eqn))
+            group = unit.group
+            cur["labels"].append(unit.label)
 
             def hbm_in(v: Var) -> Any:
                 v = pro_src.get(v, v)   # a prologue's result is never made: its consumer reads the source
@@ -993,9 +699,9 @@ class NeuronExecutable:
 
             if "stream" not in cur:
                 cur["stream"] = True
-                ctx.weights = self._weight_stream(prog, k, host, groups, trans, hbm_in)
+                ctx.weights = self._weight_stream(prog, k, sched, hbm_in)
 
-            for p in preload_at.get(k, ()):
+            for p in unit.preloads:
                 # a prologue's per-feature vectors, loaded before the producer of its source
                 b = cur["pro"][p.out] = prologue.Bound(p, None, {v: hbm_in(v) for v in p.vectors()})
                 b.preload(prog)
@@ -1003,7 +709,7 @@ class NeuronExecutable:
             unit_in = group.inputs if isinstance(group, fusion.Group) else eqn.inputs
             self._bind_prologues(ctx, cur, pros, [v for v in unit_in if isinstance(v, Var)], hbm_in)
             if isinstance(group, fusion.Group):
-                # a fused group: equations k .. k+len-1 lowered together
+                # a fused group (map, row, Linear chain, attention): equations k .. k+len-1 lowered together
                 ins = [hbm_in(v) for v in group.inputs]
                 outs = [hbm_out(v) for v in group.outputs]
                 for e in group.eqns:
@@ -1013,23 +719,19 @@ class NeuronExecutable:
                 ctx.eqn = group.eqns[0]
                 ctx.store_hook = None
                 begin_unit(ctx, k, group.outputs)
-                try:
+                with self._unit_failures(ctx, unit):
                     group.lower(ctx, ins, outs)
-                except HandoffError as e:
-                    raise _Retry(k, str(e), no_handoff=e.var) from None
-                except (CannotLower, NeuronError) as e:
-                    self._prologue_failed(ctx, k, e)
-                    raise _Retry(k, f"fused group failed: {e}", nofuse=True) from None
                 self._prologues_done(ctx, cur, k)
                 end_unit(ctx, k)
                 fused += len(group.eqns)
                 cur["eqns"].extend(range(k, k + len(group.eqns)))
-                k += len(group.eqns)
                 continue
+            ins = [a.value if isinstance(a, Literal) else (None if k in trans and trans[k][j] is not None else hbm_in(a))
+                   for j, a in enumerate(eqn.inputs)]
+            outs = [hbm_out(v) for v in eqn.outputs]
+            ctx.eqn = eqn
             if isinstance(group, fusion.EpilogueGroup):
-                ins = [a.value if isinstance(a, Literal) else (None if k in trans and trans[k][i] is not None else hbm_in(a))
-                       for i, a in enumerate(eqn.inputs)]
-                outs = [hbm_out(v) for v in eqn.outputs]
+                # a matmul/conv/reduction/pool whose stores apply the elementwise chain after it
                 ep_out: Dict[Var, Any] = {}
 
                 def get_out(v: Var, ep_out=ep_out) -> Any:
@@ -1037,24 +739,15 @@ class NeuronExecutable:
                         ep_out[v] = hbm_out(v)
                     return ep_out[v]
 
-                ctx.eqn = eqn
                 begin_unit(ctx, k, group.outputs)
                 ctx.store_hook = group.make_hook(ctx, outs[0], hbm_in, get_out)
                 ctx.bias_added = False
-                ctx.matmul_bias = hbm_in(group.bias[0]) if getattr(group, "bias", None) is not None else None
+                ctx.matmul_bias = hbm_in(group.bias[0]) if group.bias is not None else None
                 group.absorbed = False
-                if hasattr(group, "preload"):
-                    group.preload(ctx, hbm_in)
+                group.preload(ctx, hbm_in)
                 try:
-                    self._lower_one(ctx, k, eqn, ins, outs, trans, hbm_in)
-                except HandoffError as e:
-                    raise _Retry(k, str(e), no_handoff=e.var) from None
-                except CannotLower as e:
-                    self._prologue_failed(ctx, k, e)
-                    raise _Retry(k, str(e) or "the lowering cannot handle this case") from None
-                except NeuronError as e:
-                    self._prologue_failed(ctx, k, e)
-                    raise _Retry(k, f"fused epilogue failed: {e}", nofuse=True) from None
+                    with self._unit_failures(ctx, unit):
+                        self._lower_one(ctx, k, eqn, ins, outs, trans, hbm_in)
                 finally:
                     ctx.store_hook = None
                     ctx.matmul_bias = None
@@ -1065,12 +758,13 @@ class NeuronExecutable:
                 cur["eqns"].append(k)
                 if group.covered == 0:
                     if ctx.publish_vars & set(ctx.resident):
-                        raise _Retry(k, "epilogue not applied", no_handoff=next(iter(ctx.publish_vars)))
+                        raise UnitFailed(Veto("no_handoff", k, "epilogue not applied", next(iter(ctx.publish_vars))))
                     end_unit(ctx, k)
-                    k += 1          # the lowering never called ctx.store: lower the chain normally
+                    # the lowering never called ctx.store: the chain's equations are lowered one by one
+                    sched.split_epilogue(unit)
                     continue
                 if group.covered != numel:
-                    raise _Retry(k, f"epilogue covered {group.covered} of {numel} elements", nofuse=True)
+                    raise UnitFailed(Veto("nofuse", k, f"epilogue covered {group.covered} of {numel} elements"))
                 for v in group.outputs:
                     if v not in hbm:
                         get_out(v)  # (a value left in SBUF has its HBM tensor too, never written)
@@ -1081,33 +775,14 @@ class NeuronExecutable:
                             define(v)
                 fused += len(group.eqns) + 1
                 cur["eqns"].extend(range(k + 1, k + 1 + len(group.eqns)))
-                k += 1 + len(group.eqns)
                 continue
-            ins = [a.value if isinstance(a, Literal) else (None if k in trans and trans[k][i] is not None else hbm_in(a))
-                       for i, a in enumerate(eqn.inputs)]
-            outs = [hbm_out(v) for v in eqn.outputs]
-            ctx.eqn = eqn
             ctx.store_hook = None
             begin_unit(ctx, k, ())
-            try:
+            with self._unit_failures(ctx, unit):
                 self._lower_one(ctx, k, eqn, ins, outs, trans, hbm_in)
-            except HandoffError as e:
-                raise _Retry(k, str(e), no_handoff=e.var) from None
-            except CannotLower as e:
-                self._prologue_failed(ctx, k, e)
-                raise _Retry(k, str(e) or "the lowering cannot handle this case") from None
-            except NeuronError as e:
-                self._prologue_failed(ctx, k, e)
-                if self.strict:
-                    raise CompileError(f"tn.lower: the lowering of {eqn.op.name!r} ({_avals(eqn)}) emitted an invalid "
-                                       f"instruction: {e}") from e
-                log.warning("tn.lower: lowering of %s (%s) failed (%s); running it on the host",
-                            eqn.op.name, _avals(eqn), e)
-                raise _Retry(k, f"lowering error: {e}") from None
             self._prologues_done(ctx, cur, k)
             end_unit(ctx, k)
             cur["eqns"].append(k)
-            k += 1
         close(n)
 
         out = []
@@ -1148,7 +823,7 @@ class NeuronExecutable:
         for k, st in enumerate(self._steps):
             if isinstance(st, _HostStep):
                 eqn = self.ir.eqns[st.k]
-                reasons.setdefault(st.name, host.get(st.k) or self._host_reason(eqn) or "?")
+                reasons.setdefault(st.name, host.get(st.k) or host_reason(eqn) or "?")
         return {"host_ops": dict(self._host_counts), "host_reasons": reasons,
                 "programs": sum(isinstance(s, _ProgStep) for s in self._steps),
                 "collectives": len(self._collective_steps),

@@ -1,0 +1,752 @@
+# The compiler's middle stage: which lowering unit computes each stretch of an IR, printed like the IR.
+"""The schedule: what the compiler decided before it emits an instruction.
+
+Every stage of tn can be printed: ``print(ir)`` (the equations),
+``print(exe.schedule)`` (this module: how the equations are cut into
+lowering units and programs), ``enc.listing()`` (a program's instructions).
+
+:func:`plan` ``(ir, vetoes, fuse=, laid_out=) -> Schedule`` merges the
+planners' output (:mod:`tn.lower.prologue`, :mod:`tn.lower.fusion`,
+:mod:`tn.lower.attention`, :mod:`tn.lower.chain`, the transposed matmul
+operands and the SBUF hand-off) into a list of :class:`Unit`\\ s. A unit is a
+stretch of consecutive equations lowered by one call: a fused map or row group,
+a matmul/conv/reduction with its epilogue, a Linear chain, an attention, one
+equation's own lowering, a host equation, a collective step, or a zero-size
+equation folded at compile time. It says which values it keeps in SBUF for
+later units and which it takes from there, which matmul operands it reads
+transposed (skipping their permutes) or through a prologue, where a
+prologue's vectors are loaded, and which values are dead after it. Units are
+numbered into programs: a host equation or a collective ends the program.
+
+The compiler (:class:`tn.lower.compiler.NeuronExecutable`) emits the
+schedule. When a unit cannot be emitted as planned it raises
+:class:`UnitFailed` with a :class:`Veto`: run equation ``k`` on the host, do not
+fuse from ``k``, store value ``v`` to HBM instead of handing it off in SBUF, or
+do not apply the prologue of operand ``v``. The veto joins :class:`Vetoes` and
+the compiler plans again (every planner reads the vetoes), until a schedule
+emits; the schedule it keeps lists the vetoes that shaped it.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+import torch
+
+from ..ir import IR, Eqn, Literal, Var
+from ..ops import OPS
+from .base import NEURON_DTYPES, dataflow
+
+__all__ = ["Schedule", "Unit", "Veto", "Vetoes", "UnitFailed", "LaidOutOperand", "plan", "plan_transposed",
+           "host_reason", "has_zero_size", "unit_label", "unit_kind", "program_name", "ZERO_SIZE_REASON"]
+
+
+class Veto:
+    """One thing a failed unit rules out for the next plan.
+
+    ``kind``: ``"host"`` (equation ``at`` runs on the host), ``"nofuse"`` (no fused group starts at ``at``;
+    the equation is lowered on its own), ``"no_handoff"`` (``var`` is stored to HBM, not left in SBUF) or
+    ``"no_prologue"`` (matmul operand ``var`` is computed by its equations, not by a prologue). ``reason``
+    says why the unit failed.
+    """
+
+    __slots__ = ("kind", "at", "reason", "var")
+
+    KINDS = ("host", "nofuse", "no_handoff", "no_prologue")
+
+    def __init__(self, kind: str, at: int, reason: str, var: Any = None):
+        assert kind in self.KINDS, kind
+        self.kind = kind
+        self.at = at
+        self.reason = reason
+        self.var = var
+
+    def __repr__(self) -> str:
+        what = f" {self.var.aval}" if self.var is not None else ""
+        return f"<Veto {self.kind}{what} at equation {self.at}: {self.reason}>"
+
+
+class UnitFailed(Exception):
+    """A unit could not be emitted as scheduled; ``veto`` says what the next plan must avoid."""
+
+    def __init__(self, veto: Veto):
+        super().__init__(veto.reason)
+        self.veto = veto
+
+
+class Vetoes:
+    """What the planners must avoid: host equations (index -> reason; starts with the collectives, which end
+    programs), equations no fused group starts at, values not handed off in SBUF, operands without prologue.
+
+    ``history`` lists the :class:`Veto`\\ s added, in order (the collectives' entries are not vetoes).
+    """
+
+    def __init__(self, host: Optional[Dict[int, str]] = None):
+        self.host: Dict[int, str] = dict(host or {})
+        self.nofuse: Set[int] = set()
+        self.no_handoff: Set[Var] = set()
+        self.no_prologue: Set[Var] = set()
+        self.history: List[Veto] = []
+
+    def add(self, veto: Veto) -> None:
+        """Record ``veto`` (the next :func:`plan` obeys it)."""
+        self.history.append(veto)
+        if veto.kind == "host":
+            self.host[veto.at] = veto.reason
+        elif veto.kind == "nofuse":
+            self.nofuse.add(veto.at)
+        elif veto.kind == "no_handoff":
+            self.no_handoff.add(veto.var)
+        else:
+            self.no_prologue.add(veto.var)
+
+
+class LaidOutOperand:
+    """A matmul's B operand read from a weight's cached layout (extra input ``var``, :class:`BLayout` ``layout``)."""
+
+    __slots__ = ("var", "layout")
+
+    def __init__(self, var: Var, layout: Any):
+        self.var = var
+        self.layout = layout
+
+
+class Unit:
+    """Equations ``start .. stop-1`` lowered by one call (see the module docstring).
+
+    Attributes:
+        start, stop: the equation range (a unit's skipped equations, below, lie outside it).
+        kind: ``map`` / ``row`` (a fused group without / with row reductions), ``epilogue`` (a matmul, conv,
+            reduction or pool with the elementwise chain applied in its stores), ``chain`` (Linear layers),
+            ``attention``, ``op`` (one equation's own lowering), ``host``, ``collective``, ``folded``
+            (zero-size results computed at compile time).
+        label: what it computes in a word or two (:func:`unit_label`; program names are made of these).
+        group: the planner's object (``fusion.Group``, ``fusion.EpilogueGroup``, ``chain.LinearChain``,
+            ``attention.AttentionGroup``) or None.
+        program: index of the executable's step (program, host or collective step) it belongs to; None for
+            a folded unit.
+        keeps: values it leaves in SBUF for later units of its program (never written to HBM).
+        takes: values it reads from SBUF (left there by an earlier unit).
+        prologues: ``{matmul operand: tn.lower.prologue.Prologue}`` it applies while reading the operand.
+        preloads: prologues whose per-feature vectors are loaded when it starts.
+        transposed: ``(operand index, source Var, dims or None)`` of matmul operands read transposed, or
+            ``(1, weight Var, "layout")`` for a weight read from its cached layout.
+        skipped: equations not lowered because this unit reads around them (a permute read transposed, a
+            prologue's equations).
+        frees: values whose last reader is this unit (dead after it).
+        reason: why a host unit runs on the host.
+        folded: a folded unit's result tensors.
+    """
+
+    __slots__ = ("start", "stop", "kind", "label", "group", "program", "keeps", "takes", "prologues", "preloads",
+                 "transposed", "skipped", "frees", "reason", "folded")
+
+    def __init__(self, start: int, stop: int, kind: str, label: str, group: Any = None):
+        self.start = start
+        self.stop = stop
+        self.kind = kind
+        self.label = label
+        self.group = group
+        self.program: Optional[int] = None
+        self.keeps: List[Var] = []
+        self.takes: List[Var] = []
+        self.prologues: Dict[Var, Any] = {}
+        self.preloads: List[Any] = []
+        self.transposed: List[Tuple[int, Var, Any]] = []
+        self.skipped: List[int] = []
+        self.frees: List[Var] = []
+        self.reason: Optional[str] = None
+        self.folded: Optional[List[torch.Tensor]] = None
+
+    @property
+    def eqns(self) -> range:
+        """The equation indices of the unit."""
+        return range(self.start, self.stop)
+
+    def __repr__(self) -> str:
+        return f"<Unit {self.kind} {self.label} eqns {self.start}..{self.stop - 1}>"
+
+
+class Schedule:
+    """The units of an IR in order, the plan behind them, and the vetoes that shaped it.
+
+    Attributes:
+        ir: the IR scheduled.
+        units: :class:`Unit`\\ s in equation order.
+        vetoes: the :class:`Vetoes` the plan obeyed.
+        builds: how many plans were made before this one emitted (1 when the first did).
+        program_names: step index -> program name, filled in when the programs are emitted.
+        groups: ``{first equation: planner group}`` (fused groups, epilogues, chains, attentions).
+        prologues: ``{matmul operand: Prologue}``; ``prologue_eqns`` the equations they replace.
+        transposed: ``{matmul equation: (A source, B source)}``, each ``(Var, dims)``, a
+            :class:`LaidOutOperand` or None; ``elided`` the permutes (and reshapes, converts) read around.
+        handoff: ``{value: (producer unit start, consumer unit starts)}`` of the SBUF hand-offs.
+        preload_at: ``{unit start: [Prologue]}`` where prologue vectors are loaded.
+        last_use: ``{value: index of the last equation reading it}`` (``len(ir.eqns)`` for results).
+    """
+
+    def __init__(self, ir: IR, vetoes: Vetoes):
+        self.ir = ir
+        self.vetoes = vetoes
+        self.units: List[Unit] = []
+        self.builds = 1
+        self.program_names: Dict[int, str] = {}
+        self.groups: Dict[int, Any] = {}
+        self.prologues: Dict[Var, Any] = {}
+        self.prologue_eqns: Set[int] = set()
+        self.transposed: Dict[int, Any] = {}
+        self.elided: Set[int] = set()
+        self.handoff: Dict[Var, Any] = {}
+        self.preload_at: Dict[int, List[Any]] = {}
+        self.last_use: Dict[Var, int] = {}
+        #: equations not lowered because a unit reads around them, in order
+        self.skipped: List[int] = []
+
+    def unit_at(self, k: int) -> Optional[Unit]:
+        """The unit starting at equation ``k`` (None if none does)."""
+        for u in self.units:
+            if u.start == k:
+                return u
+        return None
+
+    def split_epilogue(self, unit: Unit) -> List[Unit]:
+        """The emitter found that ``unit``'s head lowering never stored through its epilogue: the head becomes
+        a unit of its own (keeping its label) and each equation of the chain one ``op`` unit. Returns the
+        units now covering ``unit``'s equations."""
+        i = self.units.index(unit)
+        head = Unit(unit.start, unit.start + 1, "op", unit.label)
+        for name in ("program", "takes", "prologues", "preloads", "transposed", "skipped"):
+            setattr(head, name, getattr(unit, name))
+        rest = [Unit(j, j + 1, "op", self.ir.eqns[j].op.name) for j in range(unit.start + 1, unit.stop)]
+        self.units[i:i + 1] = [head] + rest
+        return [head] + rest
+
+    def programs(self) -> Dict[int, List[Unit]]:
+        """Step index -> its units (a program's lowered units, or the one host / collective unit)."""
+        out: Dict[int, List[Unit]] = {}
+        for u in self.units:
+            if u.program is not None:
+                out.setdefault(u.program, []).append(u)
+        return out
+
+    def outputs_of(self, unit: Unit) -> List[Var]:
+        """The values ``unit`` makes for later units or the results (a group's outputs, an equation's outputs)."""
+        group = unit.group
+        if group is not None and unit.kind != "op":
+            return list(group.outputs)
+        return [v for j in unit.eqns for v in self.ir.eqns[j].outputs]
+
+    def pretty(self) -> str:
+        """The schedule as text: one line per unit under its program, values named as ``print(ir)`` names them."""
+        names = self.ir.var_names()
+
+        def name(v: Any) -> str:
+            return names.get(v, "?") if isinstance(v, Var) else repr(v)
+
+        def names_of(vs: Sequence[Any]) -> str:
+            return " ".join(name(v) for v in vs)
+
+        def ranges(ks: Sequence[int]) -> str:
+            out: List[str] = []
+            for k in ks:
+                if out and out[-1][1] == k - 1:
+                    out[-1][1] = k
+                else:
+                    out.append([k, k])
+            return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)
+
+        programs = self.programs()
+        nprog = sum(1 for us in programs.values() if us[0].kind not in ("host", "collective"))
+        lines = [f"schedule of {self.ir.name or 'tn'}: {len(self.ir.eqns)} equations in {len(self.units)} "
+                 f"unit{'s' * (len(self.units) != 1)}, {nprog} program{'s' * (nprog != 1)}, {self.builds} "
+                 f"build{'s' * (self.builds != 1)}"]
+        current = None
+        for u in self.units:
+            if u.program is not None and u.program != current:
+                current = u.program
+                if u.kind in ("host", "collective"):
+                    lines.append(f"  step {u.program}: {u.kind}")
+                else:
+                    lines.append(f"  program {u.program}: {self.program_names.get(u.program, '')}".rstrip())
+            notes = []
+            if u.kind == "host":
+                notes.append(u.reason or "")
+            for i, src, dims in u.transposed:
+                operand = "A" if i == 0 else "B"
+                notes.append(f"{operand} = layout {name(src)}" if dims == "layout" else f"{operand} = {name(src)}^T")
+            for a, p in u.prologues.items():
+                notes.append(f"{name(a)} = prologue({name(p.src)})")
+            for p in u.preloads:
+                notes.append(f"loads prologue({name(p.src)}) vectors")
+            if u.takes:
+                notes.append(f"takes {names_of(u.takes)} from SBUF")
+            if u.keeps:
+                notes.append(f"keeps {names_of(u.keeps)} in SBUF")
+            if u.skipped:
+                notes.append(f"skips {ranges(u.skipped)}")
+            if u.frees:
+                notes.append(f"frees {names_of(u.frees)}")
+            eqns = ranges([u.start]) if u.stop == u.start + 1 else f"{u.start}-{u.stop - 1}"
+            line = f"    {eqns:>7}  {u.kind:<10} {u.label:<13} -> {names_of(self.outputs_of(u)):<6}  " + "; ".join(notes)
+            lines.append(line.rstrip())
+        if self.vetoes.history:
+            lines.append("  vetoes:")
+            for v in self.vetoes.history:
+                what = f" {name(v.var)}" if v.var is not None else ""
+                lines.append(f"    {v.kind}{what} at {v.at}: {v.reason}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.pretty()
+
+    def __repr__(self) -> str:
+        return f"<tn.lower.Schedule {len(self.units)} units, {len(self.vetoes.history)} vetoes>"
+
+
+# --------------------------------------------------------------------------- names
+
+
+def _moves_data(label: str) -> bool:
+    """Whether a unit label is an op that only moves, reshapes or converts data (category ``shape``, ``convert``):
+    a program's name leaves those out when it holds anything else."""
+    op = OPS.get(label)
+    return op is not None and (op.category == "shape" or op.name == "convert")
+
+
+def unit_label(group: Any, eqn: Eqn) -> str:
+    """What one lowering unit computes, in a word or two, for program names: ``attention``, ``mlp`` (a Linear
+    chain of several layers) or ``linear``, ``matmul+gelu`` (a matmul and its fused epilogue), ``softmax`` /
+    ``norm`` / ``sum`` (a fused row group by its reductions), ``mul+add`` or ``elementwise`` (a fused map of at
+    most two ops, or more), else the op."""
+    from . import attention, chain, fusion
+
+    if isinstance(group, attention.AttentionGroup):
+        return "attention"
+    if isinstance(group, chain.LinearChain):
+        return "mlp" if len(group.layers) > 1 else "linear"
+    if isinstance(group, fusion.EpilogueGroup):
+        tail = [e.op.name for e in group.eqns if e.op.category == "elementwise" and not _moves_data(e.op.name)
+                and e.op.name not in ("add", "mul", "sub", "div")]
+        return "+".join([eqn.op.name] + tail[:1])
+    if isinstance(group, fusion.Group):
+        names = {e.op.name for e in group.eqns}
+        reductions = [e.op.name for e in group.eqns if e.op.category == "reduction"]
+        if "exp" in names and reductions and ("div" in names or "reciprocal" in names):
+            return "softmax"
+        if "rsqrt" in names and reductions:
+            return "norm"
+        if reductions:
+            return reductions[0]
+        ops = list(dict.fromkeys(e.op.name for e in group.eqns if not _moves_data(e.op.name)))
+        return "+".join(ops) if 0 < len(ops) <= 2 else "elementwise"
+    return eqn.op.name
+
+
+def unit_kind(group: Any) -> str:
+    """The :attr:`Unit.kind` of a planner group (``op`` for None: one equation's own lowering)."""
+    from . import attention, chain, fusion
+
+    if isinstance(group, attention.AttentionGroup):
+        return "attention"
+    if isinstance(group, chain.LinearChain):
+        return "chain"
+    if isinstance(group, fusion.EpilogueGroup):
+        return "epilogue"
+    if isinstance(group, fusion.Group):
+        return "row" if group.r else "map"
+    return "op"
+
+
+def program_name(prefix: Optional[str], index: int, labels: Sequence[str]) -> str:
+    """``{prefix}_{index}_{what}``: the door's name for the code (the jitted function or module, ``tn`` when
+    none), the program's place in the executable, and the distinct unit labels in order (data movement left out
+    when anything else is there; at most three, then ``+N``), e.g. ``GPT2Block_0_norm+attention+linear+2``."""
+    seen: List[str] = []
+    for lab in labels:
+        if lab not in seen:
+            seen.append(lab)
+    compute = [lab for lab in seen if not _moves_data(lab)]
+    shown = compute or seen
+    what = "+".join(shown[:3]) + (f"+{len(shown) - 3}" if len(shown) > 3 else "")
+    return f"{prefix or 'tn'}_{index}_{what}" if what else f"{prefix or 'tn'}_{index}"
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def host_reason(eqn: Eqn) -> Optional[str]:
+    """Why ``eqn`` cannot run on the NeuronCore at all (no lowering, a dtype the chip lacks), else None."""
+    if eqn.op.lowering is None:
+        return "no lowering is registered for this op"
+    for v in list(eqn.inputs) + list(eqn.outputs):
+        if isinstance(v, Var) and v.dtype not in NEURON_DTYPES:
+            return f"dtype {v.dtype} has no NeuronCore equivalent"
+    return None
+
+
+def fold_empty(eqn: Eqn) -> Optional[List[torch.Tensor]]:
+    """Results of an equation whose outputs are all empty, or whose tensor inputs are all empty
+    (then the results do not depend on any data: computed once, at compile time). None otherwise."""
+    if all(v.numel == 0 for v in eqn.outputs):
+        return [torch.empty(v.shape, dtype=v.dtype) for v in eqn.outputs]
+    vins = [a for a in eqn.inputs if isinstance(a, Var)]
+    if not vins or any(a.numel != 0 for a in vins) or eqn.op.random:
+        return None
+    args = [a.value if isinstance(a, Literal) else torch.empty(a.shape, dtype=a.dtype) for a in eqn.inputs]
+    try:
+        r = eqn.op.impl(*args, **eqn.attrs)
+    except Exception:
+        return None
+    r = [r] if isinstance(r, torch.Tensor) else list(r)
+    if len(r) != len(eqn.outputs):
+        return None
+    return [t.to(v.dtype).reshape(v.shape).contiguous() for t, v in zip(r, eqn.outputs)]
+
+
+def has_zero_size(eqn: Eqn) -> bool:
+    """Whether an operand or result of ``eqn`` has no elements (folded at compile time, or run on the host)."""
+    return any(v.numel == 0 for v in eqn.outputs) or any(isinstance(a, Var) and a.numel == 0 for a in eqn.inputs)
+
+
+#: Why a zero-size equation that cannot be folded runs on the host.
+ZERO_SIZE_REASON = "an operand has no elements (zero-size tensors are not sent to the chip)"
+
+
+def plan_transposed(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset(),
+                    laid_out: Optional[Dict[Var, Any]] = None, skip: Any = ()) -> Tuple[set, Dict[int, Any]]:
+    """Matmuls whose operand is a permute of the last two axes used only there: read the source
+    transposed (``tn.lower.matmul.lower_matmul_transposed``) and skip the permute (and reshape).
+
+    Returns ``(elided equations, {matmul equation: (A source, B source)})``; a source is ``(X, dims)``, a
+    :class:`LaidOutOperand` (a weight of ``laid_out`` read from its cached layout) or None.
+    """
+    try:
+        from . import matmul
+    except ImportError:
+        return set(), {}
+    find = getattr(matmul, "transposed_source", None)
+    if find is None or not hasattr(matmul, "lower_matmul_transposed"):
+        return set(), {}
+    laid_out = laid_out or {}
+    producer, users, outset = dataflow(ir)
+    elide: set = set()
+    trans: Dict[int, Any] = {}
+    for k, e in enumerate(ir.eqns):
+        if e.op.name != "matmul" or k in host or e.op.lowering is None or k in nofuse or k in skip:
+            continue
+        srcs: List[Any] = [None, None]
+        chains: List[List[int]] = []
+        for i in (0, 1):
+            v = e.inputs[i]
+            if not isinstance(v, Var) or v.numel == 0:
+                continue
+            try:
+                found = find(v, lambda u: ir.eqns[producer[u]] if u in producer else None)
+            except Exception:
+                found = None
+            # (X, dims): the operand transposed is X.permute(dims); a bare X means dims = identity
+            x, dims = found if isinstance(found, tuple) else (found, None)
+            if x is None or not isinstance(x, Var) or x.numel == 0:
+                continue
+            if dims is not None and len(dims) and int(dims[-1]) != x.ndim - 1 and x.shape[-1] != 1:
+                # the transposed view would be read element by element (innermost axis strided):
+                # materialising the permute once is cheaper
+                continue
+            chain = []
+            u = v
+            ok = True
+            while u is not x:
+                j = producer.get(u)
+                if j is None or j in host or u in outset or set(users.get(u, ())) != {chain[-1] if chain else k}:
+                    ok = False
+                    break
+                chain.append(j)
+                u = ir.eqns[j].inputs[0]
+            if ok and chain:
+                srcs[i] = (x, dims)
+                if i == 1 and x in laid_out and tuple(dims or (0, 1)) == (0, 1):
+                    srcs[i] = LaidOutOperand(*laid_out[x])     # the weight's cached layout
+                chains.append(chain)
+        if srcs[0] is None and srcs[1] is None:
+            continue
+        trans[k] = (srcs[0], srcs[1])
+        for c in chains:
+            elide.update(c)
+    return elide, trans
+
+
+def _unit_starts(n: int, groups: Any) -> Dict[int, int]:
+    """Equation index -> index of the equation where its lowering unit (fused group, epilogue, chain) starts."""
+    from . import fusion
+
+    unit: Dict[int, int] = {}
+    k = 0
+    while k < n:
+        g = (groups or {}).get(k)
+        span = 1
+        if isinstance(g, fusion.EpilogueGroup):
+            span = 1 + len(g.eqns)
+        elif isinstance(g, fusion.Group):
+            span = len(g.eqns)
+        for j in range(k, k + span):
+            unit[j] = k
+        k += span
+    return unit
+
+
+def _plan_preloads(ir: IR, host: Dict[int, str], groups: Any, pros: Dict[Var, Any]) -> Dict[int, List[Any]]:
+    """Where each prologue's per-feature vectors are loaded: the unit producing its source (so they arrive
+    while the source is computed), or its consumer's unit when a host equation lies in between."""
+    if not pros:
+        return {}
+    producer, users, _ = dataflow(ir)
+    unit = _unit_starts(len(ir.eqns), groups)
+    at: Dict[int, List[Any]] = {}
+    for a, p in pros.items():
+        cons = unit.get(users[a][0], users[a][0])
+        j = producer.get(p.src)
+        k = cons if j is None else unit.get(j, j)
+        if any(k <= h <= cons for h in host):
+            k = cons
+        at.setdefault(k, []).append(p)
+    return at
+
+
+def _plan_handoff(ir: IR, host: Dict[int, str], groups: Any, elide: set, trans: Dict[int, Any],
+                  pros: Optional[Dict[Var, Any]], no_handoff: Set[Var]) -> Dict[Var, Any]:
+    """Values left in SBUF by their producer for the next lowerings (``LowerCtx.publish``/``take``).
+
+    A value qualifies when its producer is a fused group, an attention group or a matmul epilogue
+    (lowerings that can publish a whole value), every consumer is a lowering that can read it from SBUF
+    (a fused group reading it as an input, a Linear chain's input, an attention group's q/k/v source, a
+    matmul's row-major A operand) in the same program, it is not a program result, and it fits in one
+    SBUF tile (rows = all axes but the last <= 128, <= 16 KiB per partition). Returns
+    ``{var: (producer unit, consumer units)}``; units are equation indices where a lowering starts.
+    """
+    from . import attention, chain, fusion
+    from .base import handoff_shape
+
+    n = len(ir.eqns)
+    unit = _unit_starts(n, groups)
+    _, users, outset = dataflow(ir)
+    # a prologue's equations belong to its consumer's unit, which reads the prologue's source
+    pro_unit: Dict[int, int] = {}
+    for a, p in (pros or {}).items():
+        c = unit.get(users[a][0], users[a][0])
+        for j in p.eqns:
+            pro_unit[j] = c
+    host_idx = sorted(host)
+    plan: Dict[Var, Any] = {}
+    for k, g in (groups or {}).items():
+        if isinstance(g, chain.LinearChain):
+            continue
+        if isinstance(g, fusion.EpilogueGroup):
+            produced = [v for v in g.outputs]
+        elif isinstance(g, fusion.Group):
+            produced = list(g.outputs)
+        else:
+            continue
+        for v in produced:
+            if v in outset or v in no_handoff or v.dtype not in NEURON_DTYPES or v.dtype == torch.int64:
+                continue
+            rows, cols = handoff_shape(v)
+            isz = torch.empty((), dtype=v.dtype).element_size()
+            if rows > 128 or cols * isz > 16 * 1024 or not users.get(v):
+                continue
+            cons = set()
+            ok = True
+            for u in users[v]:
+                if u in pro_unit:
+                    ok = pro_unit[u] != k
+                    if not ok:
+                        break
+                    cons.add(pro_unit[u])
+                    continue
+                c = unit.get(u)
+                if c is None or c == k or u in elide:
+                    ok = False
+                    break
+                cg = (groups or {}).get(c)
+                e = ir.eqns[c]
+                if isinstance(cg, chain.LinearChain):
+                    ok = cg.layers[0].a is v and u == ir.eqns.index(cg.layers[0].mm, c)
+                elif isinstance(cg, attention.AttentionGroup):
+                    ok = v in cg.bases
+                elif isinstance(cg, fusion.EpilogueGroup) or (cg is None and e.op.name == "matmul"):
+                    ok = u == c and e.op.name == "matmul" and e.inputs[0] is v and e.inputs[1] is not v and \
+                        v.ndim == 2 and (c not in trans or trans[c][0] is None) and \
+                        not (isinstance(cg, fusion.EpilogueGroup) and v in cg.inputs)
+                elif type(cg) is fusion.Group:
+                    ok = v in cg.inputs
+                else:
+                    ok = False
+                if not ok:
+                    break
+                cons.add(c)
+            if not ok or not cons:
+                continue
+            last = max(max(users[v]), max(cons))
+            if any(k < h <= last for h in host_idx):
+                continue
+            plan[v] = (k, cons)
+    return plan
+
+
+def _plan_groups(ir: IR, vetoes: Vetoes, laid_out: Dict[Var, Any], sched: Schedule) -> None:
+    """The planners' groups, prologues, transposed reads and hand-offs, merged into ``sched``."""
+    from . import attention, chain, fusion, prologue
+
+    host = vetoes.host
+    # per-feature scale/shift of a matmul operand (LayerNorm's gamma/beta) applied by the matmul in its
+    # operand's transposes (tn.lower.prologue): those equations are not lowered, groups end before them
+    pros = prologue.plan(ir, host, vetoes.no_prologue)
+    pro_eqns = {j for p in pros.values() for j in p.eqns}
+    phost = {**host, **{j: "prologue" for j in pro_eqns}} if pro_eqns else host
+    groups = fusion.plan(ir, phost, vetoes.nofuse)
+    in_chain: set = set()
+    # attention (tn.lower.attention) and Linear chains (tn.lower.chain) replace the groups and
+    # transposed reads inside them
+    found = dict(attention.plan(ir, phost, vetoes.nofuse))
+    for k0, c in chain.plan(ir, phost, vetoes.nofuse, laid_out).items():
+        if not any(k0 <= a < k0 + len(c.eqns) or a <= k0 < a + len(g.eqns) for a, g in found.items()):
+            found[k0] = c
+    for k0, c in sorted(found.items()):
+        rng = range(k0, k0 + len(c.eqns))
+        for kk in list(groups):
+            if kk in rng:
+                del groups[kk]
+            elif kk < k0 and kk + len(groups[kk].eqns) + isinstance(groups[kk], fusion.EpilogueGroup) > k0:
+                del groups[kk]     # a group or epilogue reaching into the chain
+        groups[k0] = c
+        in_chain.update(rng)
+    elide, trans = plan_transposed(ir, host, vetoes.nofuse, laid_out, in_chain)
+    if laid_out:
+        # a weight's convert whose result the matmuls read from its cast layout (and nothing else reads)
+        producer, users, _ = dataflow(ir)
+        for x in laid_out:
+            j = producer.get(x)
+            if j is not None and j not in in_chain and all(u in elide or u in in_chain for u in users.get(x, ())):
+                elide.add(j)
+    for kk in [kk for kk, g in groups.items() if isinstance(g, (fusion.Group, fusion.EpilogueGroup))]:
+        # a group holding a permute (or its reshape) that a matmul reads transposed instead would read a value
+        # that is never made: its equations are lowered one by one
+        first = kk + 1 if isinstance(groups[kk], fusion.EpilogueGroup) else kk
+        if kk not in in_chain and any(j in elide for j in range(first, first + len(groups[kk].eqns))):
+            del groups[kk]
+    sched.groups = groups
+    sched.prologues = pros
+    sched.prologue_eqns = pro_eqns
+    sched.transposed = trans
+    sched.elided = elide
+    sched.handoff = _plan_handoff(ir, host, groups, elide, trans, pros, vetoes.no_handoff)
+    sched.preload_at = _plan_preloads(ir, host, groups, pros)
+
+
+def plan(ir: IR, vetoes: Vetoes, *, fuse: bool = True, laid_out: Optional[Dict[Var, Any]] = None) -> Schedule:
+    """The :class:`Schedule` of ``ir`` under ``vetoes``: the planners' groups merged, then cut into units and
+    programs. ``fuse=False`` plans one unit per equation (no groups, hand-offs, prologues or transposed reads);
+    ``laid_out`` maps weights read from a cached layout to ``(extra input Var, BLayout)``
+    (:mod:`tn.lower.layout`). Deterministic: the same IR and vetoes give the same schedule."""
+    from . import collective, fusion
+
+    sched = Schedule(ir, vetoes)
+    n = len(ir.eqns)
+    for k, e in enumerate(ir.eqns):
+        for a in e.inputs:
+            if isinstance(a, Var):
+                sched.last_use[a] = k
+    for a in ir.outputs:
+        if isinstance(a, Var):
+            sched.last_use[a] = n
+    if fuse:
+        _plan_groups(ir, vetoes, dict(laid_out or {}), sched)
+    groups, trans = sched.groups, sched.transposed
+    consumers: Dict[int, List[Var]] = {}
+    for v, (_, cons) in sched.handoff.items():
+        for c in cons:
+            consumers.setdefault(c, []).append(v)
+
+    step = 0            # the executable's step a unit belongs to (programs, host and collective steps)
+    open_program = False
+    skipped: List[int] = []
+    k = 0
+    while k < n:
+        eqn = ir.eqns[k]
+        if collective.is_collective(eqn):
+            u = Unit(k, k + 1, "collective", eqn.op.name)
+            step += open_program
+            open_program = False
+            u.program = step
+            step += 1
+            sched.units.append(u)
+            k += 1
+            continue
+        if k in sched.elided or k in sched.prologue_eqns:
+            skipped.append(k)
+            sched.skipped.append(k)
+            k += 1
+            continue
+        reason = None
+        if has_zero_size(eqn):
+            folded = fold_empty(eqn)
+            if folded is not None:
+                u = Unit(k, k + 1, "folded", eqn.op.name)
+                u.folded = folded
+                sched.units.append(u)
+                k += 1
+                continue
+            reason = vetoes.host.get(k, ZERO_SIZE_REASON)
+        reason = reason or vetoes.host.get(k) or host_reason(eqn)
+        if reason is not None:
+            u = Unit(k, k + 1, "host", eqn.op.name)
+            u.reason = reason
+            step += open_program
+            open_program = False
+            u.program = step
+            step += 1
+            sched.units.append(u)
+            k += 1
+            continue
+        group = groups.get(k)
+        span = 1 + len(group.eqns) if isinstance(group, fusion.EpilogueGroup) else \
+            len(group.eqns) if isinstance(group, fusion.Group) else 1
+        u = Unit(k, k + span, unit_kind(group), unit_label(group, eqn), group)
+        open_program = True
+        u.program = step
+        u.skipped, skipped = skipped, []
+        u.takes = list(consumers.get(k, ()))
+        outputs = group.outputs if isinstance(group, (fusion.Group, fusion.EpilogueGroup)) else ()
+        u.keeps = [v for v in outputs if v in sched.handoff and sched.handoff[v][0] == k]
+        unit_in = group.inputs if isinstance(group, fusion.Group) else eqn.inputs
+        u.prologues = {a: sched.prologues[a] for a in unit_in if isinstance(a, Var) and a in sched.prologues}
+        u.preloads = list(sched.preload_at.get(k, ()))
+        t = trans.get(k)
+        if t is not None:
+            for i, src in enumerate(t):
+                if isinstance(src, LaidOutOperand):
+                    u.transposed.append((i, src.var, "layout"))
+                elif src is not None:
+                    u.transposed.append((i, src[0], src[1]))
+        sched.units.append(u)
+        k += span
+    _note_frees(sched)
+    return sched
+
+
+def _note_frees(sched: Schedule) -> None:
+    """Fill each unit's ``frees``: the values an earlier unit made (stored or left in SBUF; not results) whose
+    last reader it is. Values made and used inside one fused unit never exist outside it and are not listed."""
+    ir = sched.ir
+    n = len(ir.eqns)
+    owner: Dict[int, Unit] = {}
+    for u in sched.units:
+        for j in list(u.eqns) + u.skipped:
+            owner[j] = u
+    made: Dict[Var, Unit] = {}
+    for u in sched.units:
+        if u.kind not in ("folded",):
+            for v in sched.outputs_of(u):
+                made[v] = u
+    for v, last in sched.last_use.items():
+        u = owner.get(last)
+        if last < n and u is not None and v in made and made[v] is not u:
+            u.frees.append(v)
