@@ -88,3 +88,23 @@ def test_masked_scatter_gradient_through_jit_and_compile(monkeypatch, case):
     torch.testing.assert_close(xa.grad, want[0])
     torch.testing.assert_close(sa.grad, want[1])
 
+
+
+# --------------------------------------------------------------------------- arg reductions over the partitions
+
+
+@pytest.mark.parametrize("shape", [(8, 512, 768), (3, 40, 700), (200, 3, 300)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_argmax_argmin_over_a_partition_only_axis(monkeypatch, shape, dtype):
+    """argmax(0) where axis 0 lies on the partitions and the kept axes span several tiles (no reduced axis in
+    the tile) ran on the host ("argmax with no reduced axis in the tile"); ties go to the first index, a NaN
+    wins."""
+    monkeypatch.setenv("TN_STRICT", "1")
+    g = torch.Generator().manual_seed(3)
+    with_nan = torch.randn(shape, generator=g)
+    with_nan.view(-1)[::11] = float("nan")
+    for x in (torch.randn(shape, generator=g), torch.randint(0, 3, shape, generator=g).float(), with_nan):
+        x = x.to(dtype)
+        for mode in ("argmax", "argmin"):
+            got = tn.jit(lambda t: getattr(t, mode)(0), backend="neuron")(x)
+            assert torch.equal(got, getattr(x, mode)(0)), (mode, x.dtype)

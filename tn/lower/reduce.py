@@ -272,12 +272,11 @@ def reduce_lowering(ctx: Any, x_t: Any, x_dt: str, shape, reduced, out_t: Any, a
                 if rax:
                     prog.tensor_reduce(part_view, view,
                                        "max" if mode == "argmax" else ("min" if mode == "argmin" else alu), axis=raxes)
-                elif not arg:
-                    # the reduced axes lie across the partitions only (the tile plan looped their size-1 stand-in):
-                    # the chunk is its own partial result, folded below and over the partitions at the end
-                    prog.tensor_copy(part_view, view)
                 else:
-                    raise CannotLower(f"{mode} with no reduced axis in the tile")
+                    # the reduced axes lie across the partitions only (the tile plan looped their size-1 stand-in):
+                    # the chunk is its own partial result (for an arg reduction each element is its line's extreme,
+                    # its partition's index the index), folded below and over the partitions at the end
+                    prog.tensor_copy(part_view, view)
                 if not arg:
                     if pair is not None and not first:   # NaN-propagating fold of (running, new)
                         prog.tensor_reduce(a_slice, pair[:ppc], alu, axis=-1)
@@ -304,7 +303,9 @@ def reduce_lowering(ctx: Any, x_t: Any, x_dt: str, shape, reduced, out_t: Any, a
                 g = prog.sbuf(acc.shape, "float32")
                 prog.partition_reduce(g, acc, "max" if mode == "argmax" else "min")
                 nc = _noncandidates(prog, mode, acc, g, acc.shape)
-                prog.select(nc, nc, big[:acc.shape[0]].broadcast_to(acc.shape), acc_i)
+                flat2 = (acc.shape[0], numel(acc.shape[1:]))     # big broadcasts along one free axis
+                prog.select(nc.reshape(*flat2), nc.reshape(*flat2), big[:acc.shape[0]].broadcast_to(flat2),
+                            acc_i.reshape(*flat2))
                 prog.partition_reduce(res, nc, "min")
                 prog.free(nc)
                 prog.free(g)
