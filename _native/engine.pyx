@@ -707,24 +707,39 @@ cdef struct Pipe:
     double e[2 * PIPE_MAX + 16]
 
 
-cdef double pipe_fill(Pipe *pp, double t, double dur) noexcept nogil:
-    """Move `dur` ns of transfer through a pipe (the HBM interface or one DMA engine) from time t, using its idle
-    gaps in time order; return the end time. The busy list is sorted and disjoint: the intervals ending by t are
-    found by bisection and kept as they are, only the tail is rebuilt."""
-    cdef int k, j, lo = 0, hi = pp.n, mid, k0
-    cdef double gap_end, use
-    cdef double ns[2 * PIPE_MAX + 8]
-    cdef double ne[2 * PIPE_MAX + 8]
-    cdef int nn = 0
-    if dur <= 0:
-        return t
+cdef inline void fold_oldest(Pipe *pp) noexcept nogil:
+    """Bound a busy list: fold its oldest intervals into one busy block (loses their gaps: conservative)."""
+    cdef int k, j = pp.n - (PIPE_MAX // 2)
+    pp.e[0] = pp.e[j]
+    for k in range(1, pp.n - j):
+        pp.s[k] = pp.s[j + k]; pp.e[k] = pp.e[j + k]
+    pp.n -= j
+
+
+cdef inline int first_ending_after(Pipe *pp, double t) noexcept nogil:
+    """Index of the first busy interval of pp (sorted, disjoint) that ends after t (pp.n if none): bisection."""
+    cdef int lo = 0, hi = pp.n, mid
     while lo < hi:
         mid = (lo + hi) // 2
         if pp.e[mid] <= t:
             lo = mid + 1
         else:
             hi = mid
-    k0 = lo
+    return lo
+
+
+cdef double pipe_fill(Pipe *pp, double t, double dur) noexcept nogil:
+    """Move `dur` ns of transfer through a pipe (the HBM interface or one DMA engine) from time t, using its idle
+    gaps in time order; return the end time. The busy list is sorted and disjoint: the intervals ending by t are
+    found by bisection and kept as they are, only the tail is rebuilt."""
+    cdef int k, j, k0
+    cdef double gap_end, use
+    cdef double ns[2 * PIPE_MAX + 8]
+    cdef double ne[2 * PIPE_MAX + 8]
+    cdef int nn = 0
+    if dur <= 0:
+        return t
+    k0 = first_ending_after(pp, t)
     k = k0
     # walk the intervals from k0; emit the merged tail with the new busy pieces
     while dur > 0 or k < pp.n:
@@ -751,13 +766,8 @@ cdef double pipe_fill(Pipe *pp, double t, double dur) noexcept nogil:
                 pp.e[pp.n - 1] = ne[j]
         else:
             pp.s[pp.n] = ns[j]; pp.e[pp.n] = ne[j]; pp.n += 1
-    # bound the list: fold the oldest intervals into one busy block (loses their gaps: conservative)
     if pp.n > PIPE_MAX - 8:
-        j = pp.n - (PIPE_MAX // 2)
-        pp.e[0] = pp.e[j]
-        for k in range(1, pp.n - j):
-            pp.s[k] = pp.s[j + k]; pp.e[k] = pp.e[j + k]
-        pp.n = pp.n - j
+        fold_oldest(pp)
     return t
 
 
@@ -838,14 +848,7 @@ cdef double dma_transfer(Pipe *hbm, Pipe *eng, double *qe_end, const double[::1]
 cdef double port_probe(Pipe *pp, double t, double dur) noexcept nogil:
     """Earliest start at or after t of an idle span of ``dur`` ns on a shared memory port (busy list sorted and
     disjoint)."""
-    cdef int k, lo = 0, hi = pp.n, mid
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if pp.e[mid] <= t:
-            lo = mid + 1
-        else:
-            hi = mid
-    k = lo
+    cdef int k = first_ending_after(pp, t)
     while k < pp.n and pp.s[k] < t + dur:      # overlaps [t, t + dur): try after it
         if pp.e[k] > t:
             t = pp.e[k]
@@ -860,11 +863,7 @@ cdef void port_reserve(Pipe *pp, double t, double dur) noexcept nogil:
     if dur <= 0:
         return
     if pp.n >= PIPE_MAX - 8:
-        j = pp.n - (PIPE_MAX // 2)
-        pp.e[0] = pp.e[j]
-        for k in range(1, pp.n - j):
-            pp.s[k] = pp.s[j + k]; pp.e[k] = pp.e[j + k]
-        pp.n -= j
+        fold_oldest(pp)
         folded = 1
     while pos < pp.n and pp.s[pos] < t:
         pos += 1

@@ -311,3 +311,25 @@ def test_nc_v2_vector_and_gpsimd_share_sbuf_scalar_and_vector_share_psum(arch, s
     res = _timed(arch, psum_pair)
     assert res.times[1][0] == pytest.approx(512 * 1e9 / a.clock_hz["dve"] if shared else 0.0)
     assert _timed(arch, scalar_and_gpsimd).times[1][0] == 0.0
+
+
+def test_shared_sbuf_port_never_overlaps_across_many_instructions():
+    """The port's busy list stays bounded (its oldest intervals fold) without letting VectorE and GpSimd SBUF
+    instructions overlap: a long mix of dependent and independent instructions on trn1."""
+    a = get_arch("trn1")
+    N = 128
+
+    def emit(p):
+        x = [p.sbuf((128, N)) for _ in range(8)]
+        for i in range(1500):
+            eng = "vector" if i % 3 else "gpsimd"
+            src = x[i % 8] if i % 5 else x[(i + 3) % 8]
+            p.tensor_scalar(x[(i + 1) % 8], src, "add", 1.0, engine=eng)
+    res = _timed("trn1", emit)
+    spans = []
+    for i, (s, _) in enumerate(res.times):
+        clock = a.clock_hz["dve" if i % 3 else "pool"]
+        spans.append((s, s + N * 1e9 / clock))
+    spans.sort()
+    for (s0, e0), (s1, _) in zip(spans, spans[1:]):
+        assert s1 >= e0 - 1e-6
