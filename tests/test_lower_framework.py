@@ -1,4 +1,4 @@
-# Tests of the compiler framework (tn/lower/compiler.py, fusion.py, base.py): programs, host fallback, strict mode, jit.
+# Tests of the compiler framework (tn/lower/compiler.py, schedule.py, fusion.py, base.py): programs, host fallback, strict mode, jit.
 
 import pytest
 import torch

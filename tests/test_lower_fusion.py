@@ -1,4 +1,4 @@
-# Fusion planner and tile engine (tn.lower.fusion): groups with tile aliases (widening casts, size-1 reshapes)
+# Fusion planner (tn.lower.fusion) and tile engine (tn.lower.tile): groups with tile aliases (widening casts, size-1 reshapes)
 # tile like any elementwise group, and long elementwise chains compile in one build.
 import re
 

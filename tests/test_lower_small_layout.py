@@ -1,10 +1,10 @@
-# Small elementwise groups use only as many partitions as keep 64 elements in each (tn.lower.fusion.SMALL_FREE):
+# Small elementwise groups use only as many partitions as keep 64 elements in each (tn.lower.tile.SMALL_FREE):
 # results stay exact around the threshold, and the modelled time is no worse than spreading over 128 partitions.
 import pytest
 import torch
 
 import tn
-import tn.lower.fusion as fusion
+import tn.lower.tile as tile
 
 
 def chain(x):
@@ -33,6 +33,6 @@ def test_few_partitions_are_not_slower_on_the_model(monkeypatch):
         return sum(r.total_ns for r in prof.runs)
 
     narrow = device_us()
-    monkeypatch.setattr(fusion, "SMALL_FREE", 0)    # the old layout: all 128 partitions
+    monkeypatch.setattr(tile, "SMALL_FREE", 0)    # the old layout: all 128 partitions
     wide = device_us()
     assert narrow <= wide

@@ -7,7 +7,8 @@
   lowering units and programs of an IR (``print(exe.schedule)``), re-planned under vetoes when a unit fails.
 * :mod:`tn.lower.compiler`: :func:`compile_ir` -> :class:`NeuronExecutable`
   (emits the schedule: programs, host fallbacks; binding, profiles).
-* :mod:`tn.lower.fusion`: elementwise chains, row reductions and epilogues kept in SBUF.
+* :mod:`tn.lower.fusion`: the fusion planner (elementwise chains, row reductions and epilogues kept in SBUF),
+  emitted by the tile engine :mod:`tn.lower.tile` and :mod:`tn.lower.epilogue`.
 * lowerings by kind: ``elementwise``, ``matmul``, ``conv``, ``reduce``, ``shape``, ``index``, ``scan``;
   ``host`` (FFTs, linear algebra) refuses every call: those run on the host;
   ``collective``: collectives become steps on the core's collective engine (:class:`tn.lower.collective.CollectiveStep`).

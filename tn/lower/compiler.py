@@ -33,6 +33,8 @@ from ..errors import ArgumentValueError, CompileError, ExecutionError, NeuronErr
 from ..ops.collective import COLLECTIVE_OPS
 from ..ir import IR, Eqn, Literal, Var
 from .base import NEURON_DTYPES, CannotLower, HandoffError, LowerCtx, dataflow
+from .epilogue import EpilogueGroup
+from .fusion import Group
 from .schedule import (ZERO_SIZE_REASON, LaidOutOperand, Schedule, Unit, UnitFailed, Veto, Vetoes, has_zero_size,
                        host_reason, plan, plan_transposed, program_name)
 
@@ -363,7 +365,7 @@ class NeuronExecutable:
         weight groups its Linear chains and single-row-tile matmuls will multiply by, in order (None if none)."""
         if not self._laid_out:
             return None
-        from . import chain, fusion, layout, matmul
+        from . import chain, layout, matmul
 
         host, groups, trans = sched.vetoes.host, sched.groups, sched.transposed
         seq = []
@@ -381,7 +383,7 @@ class NeuronExecutable:
             t = trans.get(k)
             if t is not None and isinstance(t[1], LaidOutOperand) and matmul.streams_weight(self.ir.eqns[k]):
                 seq.extend((hbm_in(t[1].var), t[1].layout, j) for j in range(t[1].layout.NG))
-            k += 1 + (len(g.eqns) if isinstance(g, fusion.EpilogueGroup) else 0)
+            k += 1 + (len(g.eqns) if isinstance(g, EpilogueGroup) else 0)
         seq = [x for x in seq if x[1].dtype == (seq[0][1].dtype if seq else None)]
         if not seq:
             return None
@@ -546,7 +548,7 @@ class NeuronExecutable:
         """Emit ``sched``: one :class:`tn.neuron.Program` per stretch of lowered units, a host step per host
         unit, a collective step per collective; the value slots and their frees (the executable's state)."""
         from ..neuron import Program
-        from . import fusion, prologue
+        from . import prologue
 
         ir = self.ir
         host = sched.vetoes.host
@@ -706,9 +708,9 @@ class NeuronExecutable:
                 b = cur["pro"][p.out] = prologue.Bound(p, None, {v: hbm_in(v) for v in p.vectors()})
                 b.preload(prog)
 
-            unit_in = group.inputs if isinstance(group, fusion.Group) else eqn.inputs
+            unit_in = group.inputs if isinstance(group, Group) else eqn.inputs
             self._bind_prologues(ctx, cur, pros, [v for v in unit_in if isinstance(v, Var)], hbm_in)
-            if isinstance(group, fusion.Group):
+            if isinstance(group, Group):
                 # a fused group (map, row, Linear chain, attention): equations k .. k+len-1 lowered together
                 ins = [hbm_in(v) for v in group.inputs]
                 outs = [hbm_out(v) for v in group.outputs]
@@ -730,7 +732,7 @@ class NeuronExecutable:
                    for j, a in enumerate(eqn.inputs)]
             outs = [hbm_out(v) for v in eqn.outputs]
             ctx.eqn = eqn
-            if isinstance(group, fusion.EpilogueGroup):
+            if isinstance(group, EpilogueGroup):
                 # a matmul/conv/reduction/pool whose stores apply the elementwise chain after it
                 ep_out: Dict[Var, Any] = {}
 

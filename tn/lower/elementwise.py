@@ -9,8 +9,10 @@ the engine has the function (exp, log, tanh, sigmoid, gelu, sqrt, sin ...),
 VectorE ALU ops otherwise; ops the engines lack are composed (floor from
 ``mod``, atan from a range-reduced polynomial, sinh from exp, fmod from
 ``mod`` of absolute values ...). Every op's lowering runs its rule through the
-tile engine of :mod:`tn.lower.fusion` (tiling, broadcasting by access
-patterns, double buffering), which also fuses chains of these rules.
+tile engine of :mod:`tn.lower.tile` (tiling, broadcasting by access
+patterns, double buffering), which also runs the fused chains of these rules
+(:mod:`tn.lower.fusion` plans them). The activation functions of
+:data:`tn.lower.tile.ACT_FUNC_OF` are single-activation tile rules.
 
 Numerics: the engines compute in fp32 and round to the output dtype, so
 integer arithmetic is exact only below 2**24. ``erfinv`` is Giles' single
@@ -30,6 +32,7 @@ import torch
 from .. import ops
 from ..ir import Var
 from .base import CannotLower, lowering
+from .tile import ACT_FUNC_OF, lower_map
 
 __all__ = ["tile_rule", "ELEMENTWISE_OPS", "ACT_FUNC_OF", "pp_scalar"]
 
@@ -224,22 +227,14 @@ def _copy(ctx, out, x):
 
 # --------------------------------------------------------------------------- unary
 
-_ACT_UNARY = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "sin": "sin", "cos": "cos",
-              "tanh": "tanh", "sigmoid": "sigmoid", "erf": "erf"}
-
-
 def _float_only(eqn):
     if not _out_float(eqn):
         raise CannotLower(f"{eqn.op.name} on {eqn.outputs[0].dtype} values is not lowered (floats only)")
 
 
-#: Elementwise ops that are exactly one ScalarE activation function (used to fuse a following row sum).
-ACT_FUNC_OF = dict(_ACT_UNARY)
-
-
-@tile_rule(*_ACT_UNARY, precheck=_float_only)
+@tile_rule(*ACT_FUNC_OF, precheck=_float_only)
 def _act_unary(ctx, eqn, out, ins):
-    _act(ctx, out, ins[0], _ACT_UNARY[eqn.op.name])
+    _act(ctx, out, ins[0], ACT_FUNC_OF[eqn.op.name])
 
 
 @tile_rule("neg")
@@ -726,8 +721,6 @@ ELEMENTWISE_OPS = tuple(sorted(name for name, op in ops.OPS.items() if op.tile_r
 @lowering(*ELEMENTWISE_OPS)
 def _lower_elementwise(ctx, eqn, ins, outs):
     """One elementwise equation through the tile engine (a map group of one)."""
-    from .fusion import lower_map
-
     in_vars = [a for a in eqn.inputs if isinstance(a, Var)]
     in_hbm = [t for a, t in zip(eqn.inputs, ins) if isinstance(a, Var)]
     # the same Var used twice is loaded once

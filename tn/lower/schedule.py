@@ -35,6 +35,8 @@ import torch
 from ..ir import IR, Eqn, Literal, Var
 from ..ops import OPS
 from .base import NEURON_DTYPES, dataflow
+from .epilogue import EpilogueGroup
+from .fusion import Group
 
 __all__ = ["Schedule", "Unit", "Veto", "Vetoes", "UnitFailed", "LaidOutOperand", "plan", "plan_transposed",
            "host_reason", "has_zero_size", "unit_label", "unit_kind", "program_name", "ZERO_SIZE_REASON"]
@@ -120,7 +122,7 @@ class Unit:
             ``attention``, ``op`` (one equation's own lowering), ``host``, ``collective``, ``folded``
             (zero-size results computed at compile time).
         label: what it computes in a word or two (:func:`unit_label`; program names are made of these).
-        group: the planner's object (``fusion.Group``, ``fusion.EpilogueGroup``, ``chain.LinearChain``,
+        group: the planner's object (``fusion.Group``, ``epilogue.EpilogueGroup``, ``chain.LinearChain``,
             ``attention.AttentionGroup``) or None.
         program: index of the executable's step (program, host or collective step) it belongs to; None for
             a folded unit.
@@ -317,17 +319,17 @@ def unit_label(group: Any, eqn: Eqn) -> str:
     chain of several layers) or ``linear``, ``matmul+gelu`` (a matmul and its fused epilogue), ``softmax`` /
     ``norm`` / ``sum`` (a fused row group by its reductions), ``mul+add`` or ``elementwise`` (a fused map of at
     most two ops, or more), else the op."""
-    from . import attention, chain, fusion
+    from . import attention, chain
 
     if isinstance(group, attention.AttentionGroup):
         return "attention"
     if isinstance(group, chain.LinearChain):
         return "mlp" if len(group.layers) > 1 else "linear"
-    if isinstance(group, fusion.EpilogueGroup):
+    if isinstance(group, EpilogueGroup):
         tail = [e.op.name for e in group.eqns if e.op.category == "elementwise" and not _moves_data(e.op.name)
                 and e.op.name not in ("add", "mul", "sub", "div")]
         return "+".join([eqn.op.name] + tail[:1])
-    if isinstance(group, fusion.Group):
+    if isinstance(group, Group):
         names = {e.op.name for e in group.eqns}
         reductions = [e.op.name for e in group.eqns if e.op.category == "reduction"]
         if "exp" in names and reductions and ("div" in names or "reciprocal" in names):
@@ -343,15 +345,15 @@ def unit_label(group: Any, eqn: Eqn) -> str:
 
 def unit_kind(group: Any) -> str:
     """The :attr:`Unit.kind` of a planner group (``op`` for None: one equation's own lowering)."""
-    from . import attention, chain, fusion
+    from . import attention, chain
 
     if isinstance(group, attention.AttentionGroup):
         return "attention"
     if isinstance(group, chain.LinearChain):
         return "chain"
-    if isinstance(group, fusion.EpilogueGroup):
+    if isinstance(group, EpilogueGroup):
         return "epilogue"
-    if isinstance(group, fusion.Group):
+    if isinstance(group, Group):
         return "row" if group.r else "map"
     return "op"
 
@@ -476,16 +478,14 @@ def plan_transposed(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()
 
 def _unit_starts(n: int, groups: Any) -> Dict[int, int]:
     """Equation index -> index of the equation where its lowering unit (fused group, epilogue, chain) starts."""
-    from . import fusion
-
     unit: Dict[int, int] = {}
     k = 0
     while k < n:
         g = (groups or {}).get(k)
         span = 1
-        if isinstance(g, fusion.EpilogueGroup):
+        if isinstance(g, EpilogueGroup):
             span = 1 + len(g.eqns)
-        elif isinstance(g, fusion.Group):
+        elif isinstance(g, Group):
             span = len(g.eqns)
         for j in range(k, k + span):
             unit[j] = k
@@ -522,7 +522,7 @@ def _plan_handoff(ir: IR, host: Dict[int, str], groups: Any, elide: set, trans: 
     SBUF tile (rows = all axes but the last <= 128, <= 16 KiB per partition). Returns
     ``{var: (producer unit, consumer units)}``; units are equation indices where a lowering starts.
     """
-    from . import attention, chain, fusion
+    from . import attention, chain
     from .base import handoff_shape
 
     n = len(ir.eqns)
@@ -539,9 +539,9 @@ def _plan_handoff(ir: IR, host: Dict[int, str], groups: Any, elide: set, trans: 
     for k, g in (groups or {}).items():
         if isinstance(g, chain.LinearChain):
             continue
-        if isinstance(g, fusion.EpilogueGroup):
+        if isinstance(g, EpilogueGroup):
             produced = [v for v in g.outputs]
-        elif isinstance(g, fusion.Group):
+        elif isinstance(g, Group):
             produced = list(g.outputs)
         else:
             continue
@@ -571,11 +571,11 @@ def _plan_handoff(ir: IR, host: Dict[int, str], groups: Any, elide: set, trans: 
                     ok = cg.layers[0].a is v and u == ir.eqns.index(cg.layers[0].mm, c)
                 elif isinstance(cg, attention.AttentionGroup):
                     ok = v in cg.bases
-                elif isinstance(cg, fusion.EpilogueGroup) or (cg is None and e.op.name == "matmul"):
+                elif isinstance(cg, EpilogueGroup) or (cg is None and e.op.name == "matmul"):
                     ok = u == c and e.op.name == "matmul" and e.inputs[0] is v and e.inputs[1] is not v and \
                         v.ndim == 2 and (c not in trans or trans[c][0] is None) and \
-                        not (isinstance(cg, fusion.EpilogueGroup) and v in cg.inputs)
-                elif type(cg) is fusion.Group:
+                        not (isinstance(cg, EpilogueGroup) and v in cg.inputs)
+                elif type(cg) is Group:
                     ok = v in cg.inputs
                 else:
                     ok = False
@@ -614,7 +614,7 @@ def _plan_groups(ir: IR, vetoes: Vetoes, laid_out: Dict[Var, Any], sched: Schedu
         for kk in list(groups):
             if kk in rng:
                 del groups[kk]
-            elif kk < k0 and kk + len(groups[kk].eqns) + isinstance(groups[kk], fusion.EpilogueGroup) > k0:
+            elif kk < k0 and kk + len(groups[kk].eqns) + isinstance(groups[kk], EpilogueGroup) > k0:
                 del groups[kk]     # a group or epilogue reaching into the chain
         groups[k0] = c
         in_chain.update(rng)
@@ -626,10 +626,10 @@ def _plan_groups(ir: IR, vetoes: Vetoes, laid_out: Dict[Var, Any], sched: Schedu
             j = producer.get(x)
             if j is not None and j not in in_chain and all(u in elide or u in in_chain for u in users.get(x, ())):
                 elide.add(j)
-    for kk in [kk for kk, g in groups.items() if isinstance(g, (fusion.Group, fusion.EpilogueGroup))]:
+    for kk in [kk for kk, g in groups.items() if isinstance(g, (Group, EpilogueGroup))]:
         # a group holding a permute (or its reshape) that a matmul reads transposed instead would read a value
         # that is never made: its equations are lowered one by one
-        first = kk + 1 if isinstance(groups[kk], fusion.EpilogueGroup) else kk
+        first = kk + 1 if isinstance(groups[kk], EpilogueGroup) else kk
         if kk not in in_chain and any(j in elide for j in range(first, first + len(groups[kk].eqns))):
             del groups[kk]
     sched.groups = groups
@@ -646,7 +646,7 @@ def plan(ir: IR, vetoes: Vetoes, *, fuse: bool = True, laid_out: Optional[Dict[V
     programs. ``fuse=False`` plans one unit per equation (no groups, hand-offs, prologues or transposed reads);
     ``laid_out`` maps weights read from a cached layout to ``(extra input Var, BLayout)``
     (:mod:`tn.lower.layout`). Deterministic: the same IR and vetoes give the same schedule."""
-    from . import collective, fusion
+    from . import collective
 
     sched = Schedule(ir, vetoes)
     n = len(ir.eqns)
@@ -707,16 +707,16 @@ def plan(ir: IR, vetoes: Vetoes, *, fuse: bool = True, laid_out: Optional[Dict[V
             k += 1
             continue
         group = groups.get(k)
-        span = 1 + len(group.eqns) if isinstance(group, fusion.EpilogueGroup) else \
-            len(group.eqns) if isinstance(group, fusion.Group) else 1
+        span = 1 + len(group.eqns) if isinstance(group, EpilogueGroup) else \
+            len(group.eqns) if isinstance(group, Group) else 1
         u = Unit(k, k + span, unit_kind(group), unit_label(group, eqn), group)
         open_program = True
         u.program = step
         u.skipped, skipped = skipped, []
         u.takes = list(consumers.get(k, ()))
-        outputs = group.outputs if isinstance(group, (fusion.Group, fusion.EpilogueGroup)) else ()
+        outputs = group.outputs if isinstance(group, (Group, EpilogueGroup)) else ()
         u.keeps = [v for v in outputs if v in sched.handoff and sched.handoff[v][0] == k]
-        unit_in = group.inputs if isinstance(group, fusion.Group) else eqn.inputs
+        unit_in = group.inputs if isinstance(group, Group) else eqn.inputs
         u.prologues = {a: sched.prologues[a] for a in unit_in if isinstance(a, Var) and a in sched.prologues}
         u.preloads = list(sched.preload_at.get(k, ()))
         t = trans.get(k)
