@@ -107,7 +107,10 @@ class Arch:
     dma_issue_ns: float = 0.0
     #: *Assumption*: per-descriptor (contiguous run) overhead of a DMA engine in byte-equivalents. [dma-bw]
     #: gives only the curve's shape (< 256 B per partition "severely overhead-bound", >= 2 KiB "approaches
-    #: peak", >= 4 KiB "fully amortizes"); 512 B gives 33 % / 80 % / 89 % of peak there.
+    #: peak", >= 4 KiB "fully amortizes"); 512 B gives 33 % / 80 % / 89 % of peak there. Not fitted: the NKI
+    #: matmul tutorial's DMA-bound v2/v3 on trn1 (1 KiB rows) would imply ~1.8 KiB per descriptor at 17 B/ns,
+    #: which contradicts that curve (4 KiB rows would reach only ~70 %), so the two sources disagree and the
+    #: curve is followed (bench/fidelity.py shows v1-v3 modelled too fast).
     dma_chunk_overhead_bytes: int = 512
     #: [arch-v2] "Tensor access overhead": ~60 cycles to start an SBUF/PSUM access (NC-v2; kept for v3).
     access_cycles: int = 60

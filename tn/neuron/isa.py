@@ -227,8 +227,9 @@ def cost_cycles(opcode: str, n: int, *, m: int = 0, fp32: bool = False, func: st
       else N (``zero``); iota and affine_select ``150 + N`` ([isa]).
     * ``fast``: trn2 VectorE performance-mode factor (4 or 2 for tensor_copy/tensor_scalar, 2 for
       tensor_tensor, [arch-v3] "Vector Engine Performance Mode"; the engine decides it from the operands).
-    * ``strided``: an SBUF/PSUM operand's innermost stride exceeds 16 bytes: half bandwidth, 2x the
-      N-dependent cost ([arch-v2] "Access pattern").
+    * ``strided``: an SBUF/PSUM operand of a ScalarE/VectorE/GpSimd instruction has an innermost stride over
+      16 bytes: half bandwidth, 2x the N-dependent cost ([arch-v2] "Access pattern"; not applied to TensorE,
+      whose costs are published as initiation intervals).
     * partition_shuffle ``150 + N`` and partition_reduce ``150 + N * ceil(log2 P)`` (*model*: GpSimd
       cross-partition work, no published cost).
     """
