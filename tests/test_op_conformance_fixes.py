@@ -108,3 +108,34 @@ def test_argmax_argmin_over_a_partition_only_axis(monkeypatch, shape, dtype):
         for mode in ("argmax", "argmin"):
             got = tn.jit(lambda t: getattr(t, mode)(0), backend="neuron")(x)
             assert torch.equal(got, getattr(x, mode)(0)), (mode, x.dtype)
+
+
+# --------------------------------------------------------------------------- scatter into more than 2^24 elements
+
+
+def test_scatter_masked_path_bounds_probe_still_catches_bad_indices():
+    """The masked-reduction scatter checks its indices with a one-row probe gather now (it gathered from a
+    table of all x's elements, which passes the DMA's 2^24-row limit for a [4096, 50257] cross-entropy
+    gradient, so that scatter ran on the host)."""
+    from tn.errors import TnError
+    from tn.lower.testing import check_lowering
+
+    g = torch.Generator().manual_seed(4)
+    x, src = torch.randn(5, 7, generator=g), torch.randn(5, 3, generator=g)
+    check_lowering("scatter_reduce", x, torch.randint(0, 7, (5, 3), generator=g), src, dim=1, reduce="amax",
+                   include_self=True)
+    for bad in (7, -1):
+        with pytest.raises(TnError):
+            check_lowering("scatter_reduce", x, torch.full((5, 3), bad), src, dim=1, reduce="amax",
+                           include_self=True)
+
+
+def test_scatter_beyond_two_to_the_24_elements_compiles_natively():
+    """The cross-entropy gradient's scatter of -1/N into [N, V] with N*V > 2^24 (GPT-2's vocabulary) lowers
+    (compiled only: running it with values takes minutes)."""
+    from tn.lower import compile_ir
+    from tn.lower.testing import build_eqn_ir
+
+    x, idx = torch.empty(340, 50257, device="meta"), torch.empty(340, 1, dtype=torch.int64, device="meta")
+    exe = compile_ir(build_eqn_ir("scatter", x, idx, -1.0, dim=1), strict=True)
+    assert not exe.stats.get("host_ops")
