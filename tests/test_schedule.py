@@ -6,7 +6,7 @@ import torch.nn as nn
 
 import tn
 import tn.lower  # noqa: F401  (registers the lowerings)
-from tn.lower import fusion, schedule
+from tn.lower import emit, fusion, schedule
 from tn.lower.base import CannotLower
 from tn.lower.compiler import NeuronExecutable
 
@@ -154,7 +154,7 @@ def test_veto_replan_emits_the_programs_of_the_vetoed_plan(failing_row_group, mo
         fresh = schedule.Vetoes(_vetoes.host)
         fresh.nofuse = set(vetoes.nofuse)
         sched = schedule.plan(self.ir, fresh, fuse=self.fuse, laid_out=self._laid_out)
-        self._emit(sched)
+        self._use(emit.emit(sched, name=self.name, arch=self.arch, strict=self.strict, laid_out=self._laid_out))
         self.schedule = sched
 
     monkeypatch.setattr(NeuronExecutable, "_build", build_once)

@@ -5,8 +5,9 @@
   (:class:`CannotLower`, :class:`LowerCtx`, :func:`lowering`, fusion hooks).
 * :mod:`tn.lower.schedule`: :func:`~tn.lower.schedule.plan` -> :class:`~tn.lower.schedule.Schedule`, the
   lowering units and programs of an IR (``print(exe.schedule)``), re-planned under vetoes when a unit fails.
+* :mod:`tn.lower.emit`: :func:`~tn.lower.emit.emit` a schedule as programs, host steps and collective steps.
 * :mod:`tn.lower.compiler`: :func:`compile_ir` -> :class:`NeuronExecutable`
-  (emits the schedule: programs, host fallbacks; binding, profiles).
+  (plans and emits, vetoes and re-plans; binding, runs, profiles).
 * :mod:`tn.lower.fusion`: the fusion planner (elementwise chains, row reductions and epilogues kept in SBUF),
   emitted by the tile engine :mod:`tn.lower.tile` and :mod:`tn.lower.epilogue`.
 * lowerings by kind: ``elementwise``, ``matmul``, ``conv``, ``reduce``, ``shape``, ``index``, ``scan``;

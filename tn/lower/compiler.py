@@ -21,26 +21,29 @@ keeps the merged profile of the call in :attr:`NeuronExecutable.last_profile`.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from .. import config
-from ..errors import ArgumentValueError, CompileError, ExecutionError, NeuronError, TnError, UnsupportedOpError
+from ..errors import ArgumentValueError, CompileError, ExecutionError, TnError
 from ..ops.collective import COLLECTIVE_OPS
-from ..ir import IR, Eqn, Literal, Var
-from .base import NEURON_DTYPES, CannotLower, HandoffError, LowerCtx, dataflow
-from .epilogue import EpilogueGroup
-from .fusion import Group
-from .schedule import (ZERO_SIZE_REASON, LaidOutOperand, Schedule, Unit, UnitFailed, Veto, Vetoes, has_zero_size,
-                       host_reason, plan, plan_transposed, program_name)
+from ..ir import IR, Var
+from .base import NEURON_DTYPES, dataflow
+from .emit import Emitted, _HostStep, _ProgStep, emit, unsupported_error
+from .schedule import LaidOutOperand, Schedule, UnitFailed, Vetoes, host_reason, plan, plan_transposed
 
 __all__ = ["compile_ir", "NeuronExecutable", "ExecProfile", "StepTiming", "strict_default"]
 
 log = logging.getLogger("tn")
+
+#: The executable's attribute holding each field of :class:`tn.lower.emit.Emitted`.
+_EMITTED_FIELDS = (("_nslots", "nslots"), ("_init", "init"), ("_in_slots", "in_slots"), ("_steps", "steps"),
+                   ("_frees", "frees"), ("_out", "out"), ("_copy_outs", "copy_outs"), ("_lit_outs", "lit_outs"),
+                   ("_host_counts", "host_counts"), ("_collective_steps", "collective_steps"),
+                   ("_n_instr", "instructions"), ("_n_fused", "fused"))
 
 #: The debug log line of each kind of veto (a unit that could not be emitted as planned).
 _VETO_LOG = {"no_prologue": "prologue of {var} not applied; lowered as equations",
@@ -51,10 +54,6 @@ _VETO_LOG = {"no_prologue": "prologue of {var} not applied; lowered as equations
 def strict_default() -> bool:
     """Strict mode from the environment: ``TN_STRICT=1`` turns host fallbacks into errors."""
     return config.get("strict")
-
-
-def _avals(eqn: Eqn) -> str:
-    return ", ".join(a.aval if isinstance(a, Var) else f"{a.value!r}" for a in eqn.inputs)
 
 
 class ExecProfile:
@@ -240,40 +239,6 @@ def _hbm_access_times(enc: Any, times: np.ndarray) -> Tuple[Dict[int, np.ndarray
     return {b: np.sort(np.concatenate(v)) for b, v in reads.items()}, writes
 
 
-class _ProgStep:
-    """One built program: its encoding and which value slots bind to which HBM tensors."""
-
-    __slots__ = ("enc", "ins", "outs", "eqns", "flag", "call", "blank", "alloc")
-
-    def __init__(self, enc: Any, ins: List[Tuple[int, int]], outs: List[Tuple[int, int, tuple, torch.dtype]],
-                 eqns: List[int], flag: Optional[int] = None):
-        self.enc = enc
-        self.ins = ins      # (hbm index, slot)
-        self.outs = outs    # (hbm index, slot, shape, dtype)
-        self.eqns = eqns
-        self.flag = flag    # hbm index of the range-check flag output, or None
-        # the call path: the program's prepared entry, an all-unbound value list (scratch stays None: the
-        # runtime allocates it) and the outputs as (hbm index, slot, torch.empty size arguments, dtype)
-        self.call = enc.prepare_call()
-        self.blank = [None] * len(enc.hbm)
-        self.alloc = tuple((idx, slot, tuple(shape) if len(shape) else ((),), dtype)
-                           for idx, slot, shape, dtype in outs)
-
-
-class _HostStep:
-    """One equation run on the host through ``op.impl``."""
-
-    __slots__ = ("k", "impl", "ins", "attrs", "outs", "name")
-
-    def __init__(self, k: int, eqn: Eqn, ins: List[Tuple[bool, Any]], outs: List[int]):
-        self.k = k
-        self.impl = eqn.op.impl
-        self.ins = ins      # (is_slot, slot or literal value)
-        self.attrs = eqn.attrs
-        self.outs = outs
-        self.name = eqn.op.name
-
-
 class NeuronExecutable:
     """An IR compiled for the software NeuronCore; call it with the flat input tensors.
 
@@ -317,7 +282,7 @@ class NeuronExecutable:
             except UnitFailed as failed:
                 veto = failed.veto
                 if veto.kind == "host" and self.strict:
-                    raise self._unsupported(ir.eqns[veto.at], veto.reason) from None
+                    raise unsupported_error(ir.eqns[veto.at], veto.reason) from None
                 if veto.kind != "host":
                     log.debug("tn.lower: %s (%s); planning again", _VETO_LOG[veto.kind].format(
                         k=veto.at, var=veto.var), veto.reason)
@@ -334,96 +299,6 @@ class NeuronExecutable:
                 self.stats["layout_weights"] = len(self._layout.inputs)
 
     # ------------------------------------------------------------------ compile
-    def _unsupported(self, eqn: Eqn, reason: str) -> UnsupportedOpError:
-        where = f" (from {eqn.source})" if eqn.source else ""
-        return UnsupportedOpError(
-            f"op {eqn.op.name!r} with inputs ({_avals(eqn)}){where} cannot run on the NeuronCore: {reason}. "
-            f"Strict mode is on (strict=True or TN_STRICT=1); turn it off to run this op on the host")
-
-    @staticmethod
-    def _lower_one(ctx: LowerCtx, k: int, eqn: Eqn, ins: list, outs: list, trans: Dict[int, Any], hbm_in: Any) -> None:
-        """Call ``eqn``'s lowering (a matmul reading transposed sources when planned so)."""
-        t = trans.get(k)
-        if t is None:
-            eqn.op.lowering(ctx, eqn, ins, outs)
-            return
-        from . import matmul
-
-        def view(src: Any) -> Any:
-            if src is None or isinstance(src, LaidOutOperand):
-                return None
-            x, dims = src
-            t = hbm_in(x)
-            return t if dims is None or tuple(dims) == tuple(range(len(dims))) else t.permute(*dims)
-
-        tiled = t[1] if isinstance(t[1], LaidOutOperand) else None
-        matmul.lower_matmul_transposed(ctx, eqn, ins, outs, a_t=view(t[0]), b_t=view(t[1]),
-                                       b_tiled=None if tiled is None else (hbm_in(tiled.var), tiled.layout))
-
-    def _weight_stream(self, prog: Any, k0: int, sched: Schedule, hbm_in: Any) -> Any:
-        """The :class:`tn.lower.layout.WeightStream` of a program starting at equation ``k0``: the laid-out
-        weight groups its Linear chains and single-row-tile matmuls will multiply by, in order (None if none)."""
-        if not self._laid_out:
-            return None
-        from . import chain, layout, matmul
-
-        host, groups, trans = sched.vetoes.host, sched.groups, sched.transposed
-        seq = []
-        k = k0
-        n = len(self.ir.eqns)
-        while k < n and k not in host:
-            g = groups.get(k)
-            if isinstance(g, chain.LinearChain):
-                for L in g.layers:
-                    if L.w in self._laid_out:
-                        var, lay = self._laid_out[L.w]
-                        seq.extend((hbm_in(var), lay, j) for j in range(lay.NG))
-                k += len(g.eqns)
-                continue
-            t = trans.get(k)
-            if t is not None and isinstance(t[1], LaidOutOperand) and matmul.streams_weight(self.ir.eqns[k]):
-                seq.extend((hbm_in(t[1].var), t[1].layout, j) for j in range(t[1].layout.NG))
-            k += 1 + (len(g.eqns) if isinstance(g, EpilogueGroup) else 0)
-        seq = [x for x in seq if x[1].dtype == (seq[0][1].dtype if seq else None)]
-        if not seq:
-            return None
-        return layout.WeightStream(prog, seq, 128 * 1024)
-
-    @staticmethod
-    def _bind_prologues(ctx: LowerCtx, cur: Dict[str, Any], pros: Dict[Var, Any], inputs: List[Var],
-                        hbm_in: Any) -> None:
-        """Offer the current unit the prologues of its inputs (``ctx.prologues``: operand -> ``prologue.Bound``)."""
-        from . import prologue
-
-        ctx.prologues = {}
-        for a in inputs:
-            p = pros.get(a)
-            if p is None:
-                continue
-            b = cur["pro"].get(a)
-            if b is None:
-                b = cur["pro"][a] = prologue.Bound(p, None, {v: hbm_in(v) for v in p.vectors()})
-            b.src_hbm = hbm_in(p.src)
-            ctx.prologues[a] = b
-
-    @staticmethod
-    def _prologue_failed(ctx: LowerCtx, k: int, err: Exception) -> None:
-        """A unit offered a prologue failed: rebuild without the prologue (its equations lowered as usual)."""
-        for a, b in getattr(ctx, "prologues", {}).items():
-            ctx.prologues = {}
-            raise UnitFailed(Veto("no_prologue", k, f"with a prologue: {err}", a)) from None
-
-    @staticmethod
-    def _prologues_done(ctx: LowerCtx, cur: Dict[str, Any], k: int) -> None:
-        """After a unit: every prologue offered must have been applied (else rebuild without it); free its columns."""
-        pros = getattr(ctx, "prologues", {})
-        ctx.prologues = {}
-        for a, b in pros.items():
-            if not b.taken:
-                raise UnitFailed(Veto("no_prologue", k, "the consumer did not apply the prologue", a))
-            b.free(ctx.prog)
-            cur["pro"].pop(a, None)
-
     def _plan_layouts(self, vetoes: Vetoes) -> Any:
         """The :class:`tn.lower.layout.LayoutPolicy` of this executable, or None.
 
@@ -515,310 +390,14 @@ class NeuronExecutable:
     def _build(self, vetoes: Vetoes) -> None:
         """One build: plan the schedule under ``vetoes`` and emit it (:class:`UnitFailed` when a unit cannot be)."""
         sched = plan(self.ir, vetoes, fuse=self.fuse, laid_out=self._laid_out)
-        self._emit(sched)
+        self._use(emit(sched, name=self.name, arch=self.arch, strict=self.strict, debug=self.debug,
+                       laid_out=self._laid_out))
         self.schedule = sched
 
-    @contextlib.contextmanager
-    def _unit_failures(self, ctx: LowerCtx, unit: Unit) -> Iterator[None]:
-        """Turn a unit's lowering errors into the veto the next plan obeys: a hand-off not taken stores the value
-        to HBM; a failed prologue is not applied; a fused group or epilogue that fails is not fused; an
-        equation's own lowering that cannot handle the case (or emits an invalid instruction) goes to the host."""
-        k = unit.start
-        try:
-            yield
-        except HandoffError as e:
-            raise UnitFailed(Veto("no_handoff", k, str(e), e.var)) from None
-        except (CannotLower, NeuronError) as e:
-            self._prologue_failed(ctx, k, e)
-            if unit.kind in ("map", "row", "chain", "attention"):
-                raise UnitFailed(Veto("nofuse", k, f"fused group failed: {e}")) from None
-            if isinstance(e, CannotLower):
-                raise UnitFailed(Veto("host", k, str(e) or "the lowering cannot handle this case")) from None
-            if unit.kind == "epilogue":
-                raise UnitFailed(Veto("nofuse", k, f"fused epilogue failed: {e}")) from None
-            eqn = self.ir.eqns[k]
-            if self.strict:
-                raise CompileError(f"tn.lower: the lowering of {eqn.op.name!r} ({_avals(eqn)}) emitted an invalid "
-                                   f"instruction: {e}") from e
-            log.warning("tn.lower: lowering of %s (%s) failed (%s); running it on the host",
-                        eqn.op.name, _avals(eqn), e)
-            raise UnitFailed(Veto("host", k, f"lowering error: {e}")) from None
-
-    def _emit(self, sched: Schedule) -> None:
-        """Emit ``sched``: one :class:`tn.neuron.Program` per stretch of lowered units, a host step per host
-        unit, a collective step per collective; the value slots and their frees (the executable's state)."""
-        from ..neuron import Program
-        from . import prologue
-
-        ir = self.ir
-        host = sched.vetoes.host
-        slot_of: Dict[Var, int] = {}
-        nslots = 0
-
-        def define(v: Var) -> int:
-            nonlocal nslots
-            slot_of[v] = nslots
-            nslots += 1
-            return nslots - 1
-
-        init: List[Tuple[int, torch.Tensor]] = []
-        for v, t in ir.consts:
-            t = t.detach()
-            if t.device.type != "cpu":
-                t = t.cpu()
-            init.append((define(v), t.contiguous()))
-        in_slots = [define(v) for v in ir.inputs]
-
-        n = len(ir.eqns)
-        last_use = sched.last_use
-        trans, handoff, pros = sched.transposed, sched.handoff, sched.prologues
-        pro_src = {a: p.src for a, p in pros.items()}
-        consumers_of: Dict[int, List[Var]] = {}
-        last_consumer: Dict[Var, int] = {}
-        for v, (_, cons) in handoff.items():
-            for c in cons:
-                consumers_of.setdefault(c, []).append(v)
-            last_consumer[v] = max(cons)
-
-        def begin_unit(ctx: Any, k: int, outputs: Sequence[Var]) -> None:
-            ctx.publish_vars = {v for v in outputs if v in handoff and handoff[v][0] == k}
-            ctx.taken = set()
-
-        def end_unit(ctx: Any, k: int) -> None:
-            for v in consumers_of.get(k, ()):
-                if v in ctx.resident and v not in ctx.taken:
-                    raise UnitFailed(Veto("no_handoff", k, f"equation {k} did not read {v.aval} from SBUF", v))
-            for v in list(ctx.resident):
-                if last_consumer.get(v, -1) <= k and v not in ctx.publish_vars:
-                    ctx.prog.free(ctx.resident.pop(v))
-            ctx.publish_vars = set()
-
-        steps: List[Any] = []
-
-        cur: Optional[Dict[str, Any]] = None
-        host_counts: Dict[str, int] = {}
-        instructions = 0
-        # equations not materialised (permutes read transposed, prologue equations) count as fused
-        fused = len(sched.skipped)
-
-        def close(end: int) -> None:
-            nonlocal cur, instructions
-            if cur is None:
-                return
-            prog = cur["prog"]
-            prog.name = program_name(self.name, len(steps), cur["labels"])
-            sched.program_names[len(steps)] = prog.name
-            for b in cur["pro"].values():
-                b.free(prog)
-            if cur["ctx"].weights is not None:
-                cur["ctx"].weights.close()
-            for t in cur["ctx"].resident.values():
-                prog.free(t)
-            cur["ctx"].resident.clear()
-            outs = []
-            for v, t in cur["made"].items():
-                if last_use.get(v, -1) >= end:
-                    t.kind = "output"
-                    outs.append((t.index, slot_of[v], v.shape, v.dtype))
-            flag = None
-            ctx = cur["ctx"]
-            if ctx.flag_tile is not None:
-                # range-check flag: max over partitions -> one int32 output
-                ft = prog.hbm("_range_flag", (1,), "int32", kind="output")
-                one = prog.sbuf((1, 1), "float32")
-                prog.partition_reduce(one, ctx.flag_tile, "max")
-                oi = prog.sbuf((1, 1), "int32")
-                prog.tensor_copy(oi, one)
-                prog.dma_copy(ft.view().reshape(1, 1), oi)
-                for t in (oi, one, ctx.flag_tile):
-                    prog.free(t)
-                ctx.flag_tile = None
-                flag = ft.index
-            try:
-                enc = prog.build(check=True)
-            except NeuronError as e:
-                raise CompileError(f"tn.lower: program {prog.name!r} (equations {cur['eqns']}) failed validation: {e}. "
-                                   f"This is a bug of a lowering") from e
-            instructions += len(enc)
-            steps.append(_ProgStep(enc, cur["ins"], outs, cur["eqns"], flag))
-            cur = None
-
-        collective = _collective()
-        made_by: Dict[Var, Any] = {}
-        units = sched.units
-        i = 0
-        while i < len(units):
-            unit = units[i]
-            i += 1
-            k = unit.start
-            eqn = ir.eqns[k]
-            if unit.kind == "collective":
-                # a collective: a step on the core's collective engine between programs (tn.lower.collective)
-                close(k)
-                ins = [(False, a.value) if isinstance(a, Literal) else (True, slot_of[a]) for a in eqn.inputs]
-                steps.append(collective.make_step(k, eqn, ins, [define(v) for v in eqn.outputs], ir, made_by))
-                continue
-            if unit.kind == "folded":
-                # nothing to compute on the chip: empty results, or results of empty inputs only
-                for v, t in zip(eqn.outputs, unit.folded):
-                    init.append((define(v), t))
-                continue
-            if unit.kind == "host":
-                if has_zero_size(eqn):
-                    host.setdefault(k, ZERO_SIZE_REASON)
-                if self.strict:
-                    raise self._unsupported(eqn, unit.reason)
-                close(k)
-                ins = [(False, a.value) if isinstance(a, Literal) else (True, slot_of[a]) for a in eqn.inputs]
-                outs = [define(v) for v in eqn.outputs]
-                steps.append(_HostStep(k, eqn, ins, outs))
-                host_counts[eqn.op.name] = host_counts.get(eqn.op.name, 0) + 1
-                continue
-            if cur is None:
-                # named when it closes, after what it holds (program_name)
-                prog = Program(f"{self.name or 'tn'}_{len(steps)}", self.arch, record_sources=self.debug)
-                cur = {"prog": prog, "ctx": LowerCtx(prog), "hbm": {}, "made": {}, "ins": [], "eqns": [], "pro": {},
-                       "labels": []}
-            prog, ctx, hbm = cur["prog"], cur["ctx"], cur["hbm"]
-            group = unit.group
-            cur["labels"].append(unit.label)
-
-            def hbm_in(v: Var) -> Any:
-                v = pro_src.get(v, v)   # a prologue's result is never made: its consumer reads the source
-                t = hbm.get(v)
-                if t is None:
-                    t = prog.hbm(f"in{len(hbm)}", v.shape or (1,), NEURON_DTYPES[v.dtype], kind="input")
-                    hbm[v] = t
-                    cur["ins"].append((t.index, slot_of[v]))
-                return t
-
-            def hbm_out(v: Var) -> Any:
-                t = prog.hbm(f"v{len(hbm)}", v.shape or (1,), NEURON_DTYPES[v.dtype], kind="scratch")
-                hbm[v] = t
-                cur["made"][v] = t
-                define(v)
-                return t
-
-            if "stream" not in cur:
-                cur["stream"] = True
-                ctx.weights = self._weight_stream(prog, k, sched, hbm_in)
-
-            for p in unit.preloads:
-                # a prologue's per-feature vectors, loaded before the producer of its source
-                b = cur["pro"][p.out] = prologue.Bound(p, None, {v: hbm_in(v) for v in p.vectors()})
-                b.preload(prog)
-
-            unit_in = group.inputs if isinstance(group, Group) else eqn.inputs
-            self._bind_prologues(ctx, cur, pros, [v for v in unit_in if isinstance(v, Var)], hbm_in)
-            if isinstance(group, Group):
-                # a fused group (map, row, Linear chain, attention): equations k .. k+len-1 lowered together
-                ins = [hbm_in(v) for v in group.inputs]
-                outs = [hbm_out(v) for v in group.outputs]
-                for e in group.eqns:
-                    for v in e.outputs:
-                        if v not in slot_of:
-                            define(v)
-                ctx.eqn = group.eqns[0]
-                ctx.store_hook = None
-                begin_unit(ctx, k, group.outputs)
-                with self._unit_failures(ctx, unit):
-                    group.lower(ctx, ins, outs)
-                self._prologues_done(ctx, cur, k)
-                end_unit(ctx, k)
-                fused += len(group.eqns)
-                cur["eqns"].extend(range(k, k + len(group.eqns)))
-                continue
-            ins = [a.value if isinstance(a, Literal) else (None if k in trans and trans[k][j] is not None else hbm_in(a))
-                   for j, a in enumerate(eqn.inputs)]
-            outs = [hbm_out(v) for v in eqn.outputs]
-            ctx.eqn = eqn
-            if isinstance(group, EpilogueGroup):
-                # a matmul/conv/reduction/pool whose stores apply the elementwise chain after it
-                ep_out: Dict[Var, Any] = {}
-
-                def get_out(v: Var, ep_out=ep_out) -> Any:
-                    if v not in ep_out:
-                        ep_out[v] = hbm_out(v)
-                    return ep_out[v]
-
-                begin_unit(ctx, k, group.outputs)
-                ctx.store_hook = group.make_hook(ctx, outs[0], hbm_in, get_out)
-                ctx.bias_added = False
-                ctx.matmul_bias = hbm_in(group.bias[0]) if group.bias is not None else None
-                group.absorbed = False
-                group.preload(ctx, hbm_in)
-                try:
-                    with self._unit_failures(ctx, unit):
-                        self._lower_one(ctx, k, eqn, ins, outs, trans, hbm_in)
-                finally:
-                    ctx.store_hook = None
-                    ctx.matmul_bias = None
-                    group.finish(prog, ctx)
-                    ctx.bias_added = False
-                self._prologues_done(ctx, cur, k)
-                numel = max(1, eqn.outputs[0].numel)
-                cur["eqns"].append(k)
-                if group.covered == 0:
-                    if ctx.publish_vars & set(ctx.resident):
-                        raise UnitFailed(Veto("no_handoff", k, "epilogue not applied", next(iter(ctx.publish_vars))))
-                    end_unit(ctx, k)
-                    # the lowering never called ctx.store: the chain's equations are lowered one by one
-                    sched.split_epilogue(unit)
-                    continue
-                if group.covered != numel:
-                    raise UnitFailed(Veto("nofuse", k, f"epilogue covered {group.covered} of {numel} elements"))
-                for v in group.outputs:
-                    if v not in hbm:
-                        get_out(v)  # (a value left in SBUF has its HBM tensor too, never written)
-                end_unit(ctx, k)
-                for e in group.eqns:
-                    for v in e.outputs:
-                        if v not in slot_of:
-                            define(v)
-                fused += len(group.eqns) + 1
-                cur["eqns"].extend(range(k + 1, k + 1 + len(group.eqns)))
-                continue
-            ctx.store_hook = None
-            begin_unit(ctx, k, ())
-            with self._unit_failures(ctx, unit):
-                self._lower_one(ctx, k, eqn, ins, outs, trans, hbm_in)
-            self._prologues_done(ctx, cur, k)
-            end_unit(ctx, k)
-            cur["eqns"].append(k)
-        close(n)
-
-        out = []
-        lit_outs = []
-        for j, a in enumerate(ir.outputs):
-            if isinstance(a, Literal):
-                lit_outs.append((j, a.value, a.dtype))
-                out.append(0)
-            else:
-                out.append(slot_of[a])
-        # free slots after their last use (never inputs/consts/outputs)
-        keep = set(out) | set(in_slots) | {s for s, _ in init}
-        frees: Dict[int, List[int]] = {}
-        slot_last: Dict[int, int] = {}
-        for si, st in enumerate(steps):
-            used = [s for _, s in st.ins] if isinstance(st, _ProgStep) else [s for is_s, s in st.ins if is_s]
-            for s in used:
-                slot_last[s] = si
-        for s, si in slot_last.items():
-            if s not in keep:
-                frees.setdefault(si, []).append(s)
-        self._nslots = nslots
-        self._init = init
-        self._in_slots = in_slots
-        self._steps = steps
-        self._frees = [tuple(frees.get(i, ())) for i in range(len(steps))]
-        self._out = out
-        fixed = set(in_slots) | {sl for sl, _ in init}
-        self._copy_outs = [j for j, sl in enumerate(out) if sl in fixed and j not in {jj for jj, _, _ in lit_outs}]
-        self._lit_outs = lit_outs
-        self._host_counts = host_counts
-        self._collective_steps = [st for st in steps if isinstance(st, collective.CollectiveStep) and not st.is_wait]
-        self._n_instr = instructions
-        self._n_fused = fused
+    def _use(self, emitted: Emitted) -> None:
+        """Keep the steps and value slots :func:`tn.lower.emit.emit` made (what a call runs)."""
+        for attr, field in _EMITTED_FIELDS:
+            setattr(self, attr, getattr(emitted, field))
 
     def _stats(self, host: Dict[int, str]) -> Dict[str, Any]:
         reasons: Dict[str, str] = {}
@@ -989,7 +568,7 @@ def compile_ir(ir: IR, *, arch: Any = None, strict: Optional[bool] = None, debug
     messages). ``fuse``: fuse elementwise chains, row reductions and
     epilogues (:mod:`tn.lower.fusion`). ``name``: the programs' name prefix (default ``ir.name``, the
     traced function or module, else ``tn``); profiles show ``{name}_{k}_{what it computes}``
-    (:func:`program_name`).
+    (:func:`tn.lower.schedule.program_name`).
     """
     return NeuronExecutable(ir, arch=arch, strict=strict, debug=debug, fuse=fuse,
                             name=name if name is not None else ir.name)

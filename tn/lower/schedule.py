@@ -18,7 +18,7 @@ transposed (skipping their permutes) or through a prologue, where a
 prologue's vectors are loaded, and which values are dead after it. Units are
 numbered into programs: a host equation or a collective ends the program.
 
-The compiler (:class:`tn.lower.compiler.NeuronExecutable`) emits the
+The compiler (:func:`tn.lower.emit.emit`, driven by :class:`tn.lower.compiler.NeuronExecutable`) emits the
 schedule. When a unit cannot be emitted as planned it raises
 :class:`UnitFailed` with a :class:`Veto`: run equation ``k`` on the host, do not
 fuse from ``k``, store value ``v`` to HBM instead of handing it off in SBUF, or
@@ -668,16 +668,23 @@ def plan(ir: IR, vetoes: Vetoes, *, fuse: bool = True, laid_out: Optional[Dict[V
     step = 0            # the executable's step a unit belongs to (programs, host and collective steps)
     open_program = False
     skipped: List[int] = []
+
+    def between_programs(kind: str, reason: Optional[str] = None) -> None:
+        """Equation ``k`` as a step of its own (a host equation, a collective): it ends the open program."""
+        nonlocal step, open_program
+        u = Unit(k, k + 1, kind, ir.eqns[k].op.name)
+        u.reason = reason
+        step += open_program
+        open_program = False
+        u.program = step
+        step += 1
+        sched.units.append(u)
+
     k = 0
     while k < n:
         eqn = ir.eqns[k]
         if collective.is_collective(eqn):
-            u = Unit(k, k + 1, "collective", eqn.op.name)
-            step += open_program
-            open_program = False
-            u.program = step
-            step += 1
-            sched.units.append(u)
+            between_programs("collective")
             k += 1
             continue
         if k in sched.elided or k in sched.prologue_eqns:
@@ -697,13 +704,7 @@ def plan(ir: IR, vetoes: Vetoes, *, fuse: bool = True, laid_out: Optional[Dict[V
             reason = vetoes.host.get(k, ZERO_SIZE_REASON)
         reason = reason or vetoes.host.get(k) or host_reason(eqn)
         if reason is not None:
-            u = Unit(k, k + 1, "host", eqn.op.name)
-            u.reason = reason
-            step += open_program
-            open_program = False
-            u.program = step
-            step += 1
-            sched.units.append(u)
+            between_programs("host", reason)
             k += 1
             continue
         group = groups.get(k)
