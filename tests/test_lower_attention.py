@@ -229,3 +229,25 @@ def test_shared_key_transpose_is_a_base():
     ir = tn.passes.optimize(tn.make_ir(f)(q, k, v, v2))
     assert len(attention.plan(ir, {})) == 2
     _check(f, q, k, v, v2)
+
+
+@pytest.mark.parametrize("src,dst", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)], ids=str)
+def test_cast_and_scale_prologue_applied_on_chip(src, dst):
+    """q/k/v cast (and q, k scaled, as BERT's SDPA does under autocast: ``q * d**-0.25``, ``k^T * d**-0.25``)
+    before the attention: the casts and scales are the group's, applied on chip to the loaded blocks, so the
+    program reads q, k and v once in their own dtype and writes only the output; the result matches torch."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 4, 128, 64, generator=g).to(src) for _ in range(3))
+    c = 64 ** -0.25
+
+    def f(q, k, v):
+        s = (q.to(dst) * c) @ (k.to(dst).transpose(-2, -1) * c)
+        return torch.softmax(s, -1) @ (v.to(dst) / 2.0)
+
+    ir, exe = _check(f, q, k, v)
+    (grp,) = attention.plan(ir, {}).values()
+    assert all(any(e.op.name == "convert" for e in ch) for ch in (grp.q_chain, grp.k_chain, grp.v_chain))
+    assert grp.bases == tuple(ir.inputs)
+    prof = exe.last_profile
+    assert prof.hbm_read_bytes == sum(x.numel() * x.element_size() for x in (q, k, v))
+    assert prof.hbm_write_bytes == q.numel() * torch.empty((), dtype=dst).element_size()

@@ -11,7 +11,10 @@ twice) and every head split is a copy.
 :func:`plan` recognises the pattern by dataflow:
 
 * ``S = matmul(q, kt)`` whose operands are *view chains* (reshape, permute,
-  slice) of values computed elsewhere (the fused ``qkv`` projection),
+  slice) of values computed elsewhere (the fused ``qkv`` projection), which
+  may hold elementwise prologue ops: float ``convert`` and multiply/divide by
+  a number (BERT's fp32 casts and ``d**-0.25`` scales under autocast), applied
+  on chip to each loaded block, so q, k and v are read once in their own dtype,
 * then equations over S's shape (elementwise, keepdim reductions over the last
   axis) with outside operands broadcast to it (the causal mask, ``-inf``),
 * ``O = matmul(p, v)`` with ``p`` the chain's result and ``v`` a view chain,
@@ -115,10 +118,33 @@ def _invert_view(view: Any, e: Eqn) -> Any:
 
 
 def _view_of(base_hbm: Any, chain: List[Eqn]) -> Any:
+    """The HBM view of an operand: ``base_hbm`` through the chain's view ops (its elementwise prologue ops,
+    which commute with them, are applied on chip after the load)."""
     v = base_hbm.view()
     for e in chain:
-        v = _apply_view(v, e)
+        if e.op.name in _VIEW_OPS:
+            v = _apply_view(v, e)
     return v
+
+
+def _prologue_op(e: Eqn) -> bool:
+    """An elementwise op of one operand that a q/k/v chain may apply on chip after loading: a float ``convert``
+    or a multiply/divide by a number (BERT's fp32 cast and ``1/sqrt(sqrt(d))`` scale under autocast)."""
+    x = e.inputs[0] if e.inputs else None
+    if not isinstance(x, Var) or x.dtype not in _FLOATS or e.outputs[0].dtype not in _FLOATS:
+        return False
+    if e.op.name == "convert":
+        return len(e.inputs) == 1
+    if e.op.name in ("mul", "div") and len(e.inputs) == 2 and e.attrs.get("rounding_mode") is None:
+        c = e.inputs[1]
+        return isinstance(c, Literal) and isinstance(c.value, (int, float)) and not isinstance(c.value, bool) \
+            and x.dtype == e.outputs[0].dtype
+    return False
+
+
+def _prologue_ops(chain: List[Eqn]) -> List[Eqn]:
+    """The elementwise ops of a q/k/v chain, in order."""
+    return [e for e in chain if e.op.name not in _VIEW_OPS]
 
 
 def _dummy(var: Var) -> Any:
@@ -164,7 +190,7 @@ def plan(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()) -> Dict[i
 
 def _back(ir, v, producer, users):
     """View chain ending in ``v``: (base Var, [eqn indices base->v]) with single-use intermediates (``v`` read
-    elsewhere too is its own base)."""
+    elsewhere too is its own base); the chain may hold elementwise prologue ops (:func:`_prologue_op`)."""
     idxs = []
     if len(users.get(v, ())) != 1:
         return v, idxs
@@ -173,7 +199,7 @@ def _back(ir, v, producer, users):
         if k is None:
             break
         e = ir.eqns[k]
-        if e.op.name not in _VIEW_OPS or not isinstance(e.inputs[0], Var):
+        if not ((e.op.name in _VIEW_OPS and isinstance(e.inputs[0], Var)) or _prologue_op(e)):
             break
         idxs.append(k)
         x = e.inputs[0]
@@ -288,8 +314,8 @@ def _match(ir, ks, producer, users, outset, host, nofuse):
                     return None
             body.append(k)
             vals.update(e.outputs)
-        elif e.op.name in _VIEW_OPS:
-            pending_v.append(k)         # maybe part of V's view chain (checked below)
+        elif e.op.name in _VIEW_OPS or _prologue_op(e):
+            pending_v.append(k)         # maybe part of V's chain (checked below)
         else:
             return None
         k += 1
@@ -357,6 +383,11 @@ def _match(ir, ks, producer, users, outset, host, nofuse):
         return None
     if not _inverts(eqns, oc, (B, T, dv)):
         return None
+    # prologue multiplies/divides round to the operand's dtype (converts between them are applied as copies)
+    for chain, final in ((qc, q), (kc, kt), (vc, v)):
+        if any(eqns[j].op.name != "convert" and eqns[j].outputs[0].dtype != final.dtype
+               for j in chain if eqns[j].op.name not in _VIEW_OPS):
+            return None
     # values made by ``full`` (inside the run or anywhere before it) are constants: filled on chip, never loaded
     fills: Dict[Var, float] = {}
     for x in made_vars + [a for j in body for a in eqns[j].inputs if isinstance(a, Var)]:
@@ -408,6 +439,11 @@ class _Emitter:
         ktv = _view_of(self.env_in[kb], g.k_chain).reshape(B, d, Tk)
         kv = ktv.permute(0, 2, 1)
         vv = _view_of(self.env_in[vb], g.v_chain).reshape(B, Tk, dv)
+        # elementwise prologue ops of q, k, v (applied on chip to each loaded block), by the view they follow
+        self.ops = {id(qv): _prologue_ops(g.q_chain), id(kv): _prologue_ops(g.k_chain),
+                    id(vv): _prologue_ops(g.v_chain)}
+        raw_dt = [NEURON_DTYPES[b.dtype] for b in (qb, kb, vb)]
+        raw_isz = [torch.empty((), dtype=b.dtype).element_size() for b in (qb, kb, vb)]
         out_var = g.outputs[0]
         w = self.env_out[out_var].view()
         for e in reversed(g.out_chain):
@@ -417,6 +453,9 @@ class _Emitter:
         isz = self.isz
         # heads per group: Q, K, V and O of a group stay in SBUF (double buffered)
         per = (d + KB * d + KB * dv + dv) * isz + (Tk + _P) * isz
+        # ... and the blocks of q, k, v as loaded, before their prologue ops
+        per += sum(n * z for n, z, c in zip((d, KB * d, KB * dv), raw_isz, (g.q_chain, g.k_chain, g.v_chain))
+                   if _prologue_ops(c))
         bg = max(1, min(B, (64 * 1024) // (2 * per)))
         # heads per 128-partition chunk of Q^T / K^T (transposed together when the head size divides 128)
         # (operands of an instruction start at partition 0/32/64/96: head sizes that are multiples of 32)
@@ -459,7 +498,10 @@ class _Emitter:
             views = self._resident_views(qv, kv, vv, bg)
             # K^T materialised in HBM (keys contiguous): loaded as it is, the layout the scores' matmul reads
             # (heads' d rows on the partitions), instead of K rows read element by element and transposed
-            direct_kt = views is None and ktv.dims[-1][1] == 1 and kv.dims[-1][1] != 1
+            direct_kt = views is None and ktv.dims[-1][1] == 1 and kv.dims[-1][1] != 1 and not self.ops[id(kv)]
+            qr_ring, kr_ring, vr_ring = (
+                Ring(scope.sbuf(shape, dt, f"at_raw{i}") for i in range(nbuf)) if self.ops[id(view)] else None
+                for shape, dt, view in zip(((_P, bg, d), (_P, KB, bg, d), (_P, KB, bg, dv)), raw_dt, (qv, kv, vv)))
             pub = None
             if self.ctx.wants(out_var) if hasattr(self.ctx, "wants") else False:
                 from .base import HandoffError, handoff_shape, resident_view
@@ -483,6 +525,8 @@ class _Emitter:
                 nb = min(bg, B - b0)
                 kt_ = k_ring.take()
                 vt_ = v_ring.take()
+                kr_ = kr_ring.take() if kr_ring else None
+                vr_ = vr_ring.take() if vr_ring else None
                 kb_, vb_ = [], []
                 kT = kT_ring.take()
                 if direct_kt:
@@ -491,7 +535,8 @@ class _Emitter:
                     for j in range(KB):
                         r0 = j * _P
                         rp = min(_P, Tk - r0)
-                        kb_.append(self._rows_in(views, kv, kt_[:rp, j, :nb, :], b0, nb, r0, rp))
+                        kb_.append(self._rows_in(views, kv, kt_[:rp, j, :nb, :], b0, nb, r0, rp,
+                                                 kr_[:rp, j, :nb, :] if kr_ else None))
                     for j in range(KB):
                         r0 = j * _P
                         rp = min(_P, Tk - r0)
@@ -499,12 +544,14 @@ class _Emitter:
                 for t0 in range(0, T, _P):
                     tq = min(_P, T - t0)
                     qt_ = q_ring.take()
-                    q_rows = self._rows_in(views, qv, qt_[:tq, :nb, :], b0, nb, t0, tq)
+                    qr_ = qr_ring.take()[:tq, :nb, :] if qr_ring else None
+                    q_rows = self._rows_in(views, qv, qt_[:tq, :nb, :], b0, nb, t0, tq, qr_)
                     if t0 == 0:
                         for j in range(KB):
                             r0 = j * _P
                             rp = min(_P, Tk - r0)
-                            vb_.append(self._rows_in(views, vv, vt_[:rp, j, :nb, :], b0, nb, r0, rp))
+                            vb_.append(self._rows_in(views, vv, vt_[:rp, j, :nb, :], b0, nb, r0, rp,
+                                                     vr_[:rp, j, :nb, :] if vr_ else None))
                     qT = qT_ring.take()
                     self._heads_T(q_rows, tq, nb, lambda c, w, tq=tq: qT[:w, c, :tq])
                     ot = os_ring.take()[:, :nb, :]
@@ -590,15 +637,46 @@ class _Emitter:
                 po = (h - h0) * d
                 prog.dma_copy(kT[po:po + d, c, :Tk], ktv[b0 + h])
 
-    def _rows_in(self, views, hv, dst, b0, nb, r0, rp):
+    def _rows_in(self, views, hv, dst, b0, nb, r0, rp, raw=None):
         """Rows ``r0 .. r0+rp`` of batches ``b0 .. b0+nb`` of ``hv`` (the HBM view ``[B, rows, cols]`` of q, k or
         v) as an SBUF view ``[rp, nb, cols]``: read in place when the sources stay in SBUF (``views``, see
-        :meth:`_resident_views`), else DMA'd into ``dst``."""
+        :meth:`_resident_views`), else DMA'd into ``dst``. With prologue ops the block is loaded into ``raw``
+        (the base's dtype) and the ops write ``dst``."""
         src = hv[b0:b0 + nb, r0:r0 + rp, :].permute(1, 0, 2)
+        ops = self.ops.get(id(hv))
         if views:
-            return views[id(hv)](src)
-        self.prog.dma_copy(dst, src)
+            src = views[id(hv)](src)
+            if not ops:
+                return src
+        elif not ops:
+            self.prog.dma_copy(dst, src)
+            return dst
+        else:
+            self.prog.dma_copy(raw, src)
+            src = raw
+        self._apply_ops(ops, dst, src)
         return dst
+
+    def _apply_ops(self, ops: List[Eqn], dst, src) -> None:
+        """``dst = ops(src)`` (an operand's prologue ops, in order), each op's result rounded to its dtype as
+        torch rounds it; a widening convert before another op is not applied (the op reads the narrower value
+        exactly)."""
+        prog = self.prog
+        cur = src
+        n = int(dst.shape[-1]) * int(dst.shape[-2]) if len(dst.shape) > 2 else int(dst.shape[-1])
+        for i, e in enumerate(ops):
+            last = i == len(ops) - 1
+            if e.op.name == "convert":
+                a, r = e.inputs[0].dtype, e.outputs[0].dtype
+                if not last and torch.finfo(r).bits > torch.finfo(a).bits:
+                    continue
+                self.copy(dst, cur)
+            else:
+                alu = "multiply" if e.op.name == "mul" else "divide"
+                prog.tensor_scalar(dst, cur, alu, float(e.inputs[1].value), engine=self._pick(n))
+            cur = dst
+        if cur is src:
+            self.copy(dst, src)
 
     # ---------------------------------------------------------------- one head
     def _transpose(self, dst, src, rows, cols):
