@@ -147,6 +147,9 @@ class LowerCtx:
         #: starts with ``+ bias``); the matmul sets ``bias_added`` when it does.
         self.matmul_bias = None
         self.bias_added = False
+        #: prologues offered to the current lowering (matmul operand Var -> ``tn.lower.prologue.Bound``): it
+        #: applies them while it transposes the operand's source and marks them taken (see the schedule).
+        self.prologues: Dict[Any, Any] = {}
 
     # ------------------------------------------------------------------ SBUF hand-off
     def wants(self, var: Any) -> bool:

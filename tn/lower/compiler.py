@@ -307,10 +307,8 @@ class NeuronExecutable:
         not written back by the program (mutations) and of a TensorE dtype. The laid-out
         variant reads them from their cached layout instead of transposing them on chip.
         """
-        try:
-            from . import layout, matmul
-        except ImportError:
-            return None
+        from . import layout, matmul
+
         host = vetoes.host
         ir = self.ir
         elide, trans = plan_transposed(ir, host, vetoes.nofuse, self._laid_out)

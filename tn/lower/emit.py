@@ -306,7 +306,7 @@ class Emitter:
     @staticmethod
     def prologue_failed(ctx: LowerCtx, k: int, err: Exception) -> None:
         """A unit offered a prologue failed: plan again without the prologue (its equations lowered as usual)."""
-        for a, b in getattr(ctx, "prologues", {}).items():
+        for a, b in ctx.prologues.items():
             ctx.prologues = {}
             raise UnitFailed(Veto("no_prologue", k, f"with a prologue: {err}", a)) from None
 
@@ -314,7 +314,7 @@ class Emitter:
         """After a unit: every prologue offered must have been applied (else plan again without it); free its
         columns."""
         ctx = self.cur.ctx
-        pros = getattr(ctx, "prologues", {})
+        pros = ctx.prologues
         ctx.prologues = {}
         for a, b in pros.items():
             if not b.taken:

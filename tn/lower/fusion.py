@@ -147,10 +147,8 @@ def plan(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()) -> Dict[i
     :class:`EpilogueGroup`. Equations forced to the host and indices in
     ``nofuse`` never start a group.
     """
-    try:
-        from . import elementwise  # noqa: F401  (registers the ops' tile rules)
-    except ImportError:
-        return {}
+    from . import elementwise  # noqa: F401  (registers the ops' tile rules)
+
     n = len(ir.eqns)
     _, users, outset = dataflow(ir)
     host = dict(host)

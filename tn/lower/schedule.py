@@ -421,13 +421,8 @@ def plan_transposed(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()
     Returns ``(elided equations, {matmul equation: (A source, B source)})``; a source is ``(X, dims)``, a
     :class:`LaidOutOperand` (a weight of ``laid_out`` read from its cached layout) or None.
     """
-    try:
-        from . import matmul
-    except ImportError:
-        return set(), {}
-    find = getattr(matmul, "transposed_source", None)
-    if find is None or not hasattr(matmul, "lower_matmul_transposed"):
-        return set(), {}
+    from .matmul import transposed_source as find
+
     laid_out = laid_out or {}
     producer, users, outset = dataflow(ir)
     elide: set = set()
