@@ -251,3 +251,21 @@ def test_cast_and_scale_prologue_applied_on_chip(src, dst):
     prof = exe.last_profile
     assert prof.hbm_read_bytes == sum(x.numel() * x.element_size() for x in (q, k, v))
     assert prof.hbm_write_bytes == q.numel() * torch.empty((), dtype=dst).element_size()
+
+
+def test_output_cast_and_head_merge_written_by_the_group():
+    """An fp32 attention whose output is cast to bf16 and merged back to ``[B, T, H*d]`` (BERT under autocast):
+    the cast is the group's (O rounded once from PSUM), so the group writes the bf16 merged output and nothing
+    else; equal to torch's fp32 result rounded to bf16."""
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(1, 4, 128, 64, generator=g) for _ in range(3))
+
+    def f(q, k, v):
+        o = torch.softmax(q @ k.transpose(-2, -1) * 0.125, -1) @ v
+        return o.to(torch.bfloat16).transpose(1, 2).reshape(1, 128, 256)
+
+    ir, exe = _check(f, q, k, v)
+    (grp,) = attention.plan(ir, {}).values()
+    names = [e.op.name for e in grp.out_chain]
+    assert "convert" in names and "permute" in names
+    assert exe.last_profile.hbm_write_bytes == q.numel() * 2

@@ -18,7 +18,8 @@ twice) and every head split is a copy.
 * then equations over S's shape (elementwise, keepdim reductions over the last
   axis) with outside operands broadcast to it (the causal mask, ``-inf``),
 * ``O = matmul(p, v)`` with ``p`` the chain's result and ``v`` a view chain,
-* optionally a chain of reshapes/permutes of ``O`` (the head merge),
+* optionally a chain of reshapes/permutes of ``O`` (the head merge), which may
+  hold one narrowing ``convert`` of an fp32 ``O`` (applied as O leaves PSUM),
 
 all in one run of consecutive equations whose intermediates are used only
 there. A view chain starting before the run, or one that is not a single
@@ -104,8 +105,11 @@ def _apply_view(view: Any, e: Eqn) -> Any:
 
 
 def _invert_view(view: Any, e: Eqn) -> Any:
-    """``view`` (shaped like ``e``'s output) seen with the shape of ``e``'s input (reshape/permute only)."""
+    """``view`` (shaped like ``e``'s output) seen with the shape of ``e``'s input (reshape/permute; a
+    ``convert`` of the output chain keeps the view: it is applied when O leaves PSUM)."""
     name = e.op.name
+    if name == "convert":
+        return view
     if name == "reshape":
         return view.reshape(*[int(s) for s in (e.inputs[0].shape or (1,))])
     if name == "permute":
@@ -332,13 +336,16 @@ def _match(ir, ks, producer, users, outset, host, nofuse):
             tuple(kt.shape[:-2]) != tuple(q.shape[:-2]):
         return None
     vb, vc = _back(ir, v, producer, users)
-    # the output chain: reshapes/permutes of O with single users
+    # the output chain: reshapes/permutes of O with single users, and one narrowing convert of an fp32 O (the
+    # fp32 result in PSUM rounded once to the convert's dtype, as torch rounds it)
     oc = []
     cur = ov
     while cur not in outset and len(users.get(cur, ())) == 1:
         j = users[cur][0]
         e = eqns[j]
-        if e.op.name not in ("reshape", "permute") or j != (oc[-1] if oc else o_idx) + 1:
+        narrowing = e.op.name == "convert" and ov.dtype == torch.float32 and e.outputs[0].dtype in _FLOATS and \
+            not any(eqns[i].op.name == "convert" for i in oc)
+        if (e.op.name not in ("reshape", "permute") and not narrowing) or j != (oc[-1] if oc else o_idx) + 1:
             break
         oc.append(j)
         cur = e.outputs[0]
@@ -485,7 +492,7 @@ class _Emitter:
             q_ring = Ring(scope.sbuf((_P, bg, d), self.dt, f"at_q{i}") for i in range(nbuf))
             k_ring = Ring(scope.sbuf((_P, KB, bg, d), self.dt, f"at_k{i}") for i in range(nbuf))
             v_ring = Ring(scope.sbuf((_P, KB, bg, dv), self.dt, f"at_v{i}") for i in range(nbuf))
-            os_ring = Ring(scope.sbuf((_P, bg, dv), NEURON_DTYPES[g.o_eqn.outputs[0].dtype], f"at_os{i}")
+            os_ring = Ring(scope.sbuf((_P, bg, dv), NEURON_DTYPES[out_var.dtype], f"at_os{i}")
                            for i in range(nbuf))
             self.rings: Dict[Any, Any] = {}
             self._compile_body()
