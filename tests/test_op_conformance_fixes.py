@@ -173,3 +173,25 @@ def test_bf16_embedding_bag_sums_in_fp32(door):
         assert a.dtype == torch.bfloat16
         err = (a.float() - r).abs()
         assert (err <= r.abs() * 2 ** -8 + 1e-3).all(), (name, err.max().item())
+
+
+# --------------------------------------------------------------------------- bf16 addbmm
+
+
+@pytest.mark.parametrize("door", ["jit", "device"])
+def test_bf16_addbmm_rounds_the_batch_sum_once(door):
+    """bf16 addbmm summed its batches' products one by one, each rounded to bf16 (twice eager bf16's error on
+    the bench); the batches side by side in one matmul keep the sum in fp32 until it is rounded."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(6, 7, generator=g).to(torch.bfloat16)
+    b1 = (torch.randn(24, 6, 5, generator=g) * 4).to(torch.bfloat16)
+    b2 = (torch.randn(24, 5, 7, generator=g) * 4).to(torch.bfloat16)
+    p = torch.einsum("bnm,bmp->np", b1.float(), b2.float())
+    ref = x.float() + p
+    f = lambda x, b1, b2: torch.addbmm(x, b1, b2)
+    got = tn.jit(f, backend="neuron")(x, b1, b2) if door == "jit" else \
+        f(x.to("neuron"), b1.to("neuron"), b2.to("neuron")).cpu()
+    assert got.dtype == torch.bfloat16
+    err = (got.float() - ref).abs()
+    allowed = (p.abs() + ref.abs()) * 2 ** -8 + 1e-3       # the product and the sum rounded once each
+    assert (err <= allowed).all(), (err - allowed).max().item()

@@ -409,11 +409,20 @@ def _copy_to(a, b):
 
 @decomposition(aten.addbmm.default)
 def _addbmm(x, b1, b2, *, beta=1, alpha=1):
-    """``beta * x + alpha * sum_i b1[i] @ b2[i]``, accumulated batch by batch as eager does."""
+    """``beta * x + alpha * sum_i b1[i] @ b2[i]``, accumulated batch by batch as eager does; for 16-bit
+    dtypes one matmul over the batches side by side (``[n, b*m] @ [b*m, p]``: the sum stays in the fp32
+    accumulator and is rounded once, where a rounding per batch lost twice eager's bf16 error)."""
     shape = list(torch.broadcast_shapes(tuple(x.shape), (b1.shape[1], b2.shape[2])))
     out = aten.expand.default(x if beta == 1 else aten.mul.Tensor(x, beta), shape)
     if beta == 0:
         out = aten.full.default(shape, 0, dtype=x.dtype)
+    if b1.dtype in (torch.bfloat16, torch.float16) and b1.shape[0] > 1:
+        b, n, m = b1.shape
+        a = aten.view.default(aten.clone.default(aten.permute.default(b1, [1, 0, 2]),
+                                                 memory_format=torch.contiguous_format), [n, b * m])
+        p = aten.mm.default(a, aten.view.default(aten.clone.default(b2, memory_format=torch.contiguous_format),
+                                                 [b * m, b2.shape[2]]))
+        return aten.add.Tensor(out, p if alpha == 1 else aten.mul.Tensor(p, alpha))
     for i in range(b1.shape[0]):
         p = aten.mm.default(aten.select.int(b1, 0, i), aten.select.int(b2, 0, i))
         out = aten.add.Tensor(out, p if alpha == 1 else aten.mul.Tensor(p, alpha))
