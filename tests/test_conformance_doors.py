@@ -40,7 +40,6 @@ for _grad in (False, True):
     for _mode in ("eager", "jit", "compile", "adaptive"):
         EXPECTED[(_mode, _grad, "linalg.inv")] = _HOST      # linear algebra and FFTs are host ops by design
         EXPECTED[(_mode, _grad, "fft.fft")] = _HOST
-    EXPECTED[("compile", _grad, "linalg.inv")] = "error"   # Dynamo wraps linalg's error checks in with_effects
     EXPECTED[("eager", _grad, "index_put")] = _HOST        # accumulate=True: aten::_index_put_impl_ on the host
 EXPECTED[("eager", True, "__getitem__")] = _HOST           # its backward is an accumulating index_put
 for _mode in ("jit", "compile", "adaptive"):

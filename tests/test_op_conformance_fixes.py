@@ -195,3 +195,25 @@ def test_bf16_addbmm_rounds_the_batch_sum_once(door):
     err = (got.float() - ref).abs()
     allowed = (p.abs() + ref.abs()) * 2 ** -8 + 1e-3       # the product and the sum rounded once each
     assert (err <= allowed).all(), (err - allowed).max().item()
+
+
+# --------------------------------------------------------------------------- linalg through the compile door
+
+
+def test_linalg_through_the_compile_door():
+    """AOTAutograd wraps torch.linalg's error checks (_linalg_check_errors) in the with_effects higher-order op,
+    which tn's tracer has no rule for: every torch.linalg call failed under torch.compile(backend="neuron").
+    The compile door inlines them (linear algebra then runs as counted host ops, as under tn.jit)."""
+    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(7)) + 4 * torch.eye(4)
+    torch._dynamo.reset()
+    f = torch.compile(lambda a: torch.linalg.inv(a) @ a.sin(), backend="neuron")
+    xa, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got = f(xa)
+    want = torch.linalg.inv(xr) @ xr.sin()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    got.sum().backward()
+    want.sum().backward()
+    torch.testing.assert_close(xa.grad, xr.grad, rtol=1e-4, atol=1e-5)
+    torch._dynamo.reset()
+    c = torch.compile(lambda a: torch.linalg.cholesky(a @ a.mT), backend="neuron")
+    torch.testing.assert_close(c(x), torch.linalg.cholesky(x @ x.mT), rtol=1e-4, atol=1e-5)

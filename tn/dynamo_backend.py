@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .errors import ArgumentTypeError, ArgumentValueError
+from .errors import ArgumentTypeError, ArgumentValueError, UnsupportedOpError
 
 __all__ = ["neuron_backend", "register", "graphs_compiled", "host_ops", "host_ops_of",
            "executables_of", "compiled_graphs", "BACKEND_NAME"]
@@ -347,6 +347,43 @@ def _sdpa_as_math(gm: torch.fx.GraphModule) -> int:
     return n
 
 
+def _inline_effects(gm: torch.fx.GraphModule) -> int:
+    """Replace every ``with_effects(token, op, *args)`` of an AOTAutograd graph (in place) by ``op(*args)``;
+    returns how many. AOTAutograd threads effectful ops (``_linalg_check_errors`` of every ``torch.linalg``
+    call) through a token input/output; tn's tracer orders effectful ops itself and keeps the token as a
+    pass-through: result 0 (the new token) becomes the token given, result ``i`` the op's result ``i - 1``."""
+    import operator
+
+    effects = torch.ops.higher_order.with_effects
+    n = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not effects:
+            continue
+        token, op, *rest = node.args
+        with gm.graph.inserting_before(node):
+            call = gm.graph.call_function(op, tuple(rest), dict(node.kwargs))
+        returns = len(op._schema.returns)
+        for user in list(node.users):
+            if user.op != "call_function" or user.target is not operator.getitem:
+                raise UnsupportedOpError(f"torch.compile(backend='neuron'): with_effects({op}) result used "
+                                         f"by {user.format_node()}")
+            i = user.args[1]
+            if i == 0:
+                user.replace_all_uses_with(token)
+            elif returns == 1:
+                user.replace_all_uses_with(call)
+            else:
+                with gm.graph.inserting_before(user):
+                    item = gm.graph.call_function(operator.getitem, (call, i - 1))
+                user.replace_all_uses_with(item)
+            gm.graph.erase_node(user)
+        gm.graph.erase_node(node)
+        n += 1
+    if n:
+        gm.recompile()
+    return n
+
+
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs: List[Any], options: Optional[Dict[str, Any]] = None,
                    **kwargs: Any) -> Callable:
     """Dynamo backend: AOTAutograd forward/backward graphs compiled by tn for the NeuronCore model.
@@ -365,6 +402,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: List[Any], options:
                                  f"the only option is 'tn_backend'")
 
     def compiler(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable:
+        _inline_effects(graph)
         return _compile_graph(graph, inputs, tn_backend)
 
     _sdpa_as_math(gm)
