@@ -811,7 +811,7 @@ cdef double dma_transfer(Pipe *hbm, Pipe *eng, double *qe_end, const double[::1]
     end = t
     first_start[0] = 1e300
     if side != NULL:
-        ppe = partitions // nengines if partitions >= nengines else 1
+        ppe = (partitions + nengines - 1) // nengines     # ceil: the last engine takes any remainder
         e0 = side.pstart // ppe
         e1 = (side.pstart + side.pcount - 1) // ppe
     else:

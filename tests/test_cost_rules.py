@@ -333,3 +333,17 @@ def test_shared_sbuf_port_never_overlaps_across_many_instructions():
     spans.sort()
     for (s0, e0), (s1, _) in zip(spans, spans[1:]):
         assert s1 >= e0 - 1e-6
+
+
+def test_every_partition_is_charged_to_an_engine_for_any_engine_count():
+    """An architecture whose engine count does not divide the partitions: engine e serves ceil(P / E)
+    partitions, the last one the remainder; no partition's bytes are left out."""
+    import dataclasses
+
+    a = dataclasses.replace(get_arch("trn2"), dma_engines=3)
+
+    def emit(p):
+        p.dma_copy(p.sbuf((128, 2048)), p.hbm("a", (128, 2048)))
+    res = _timed(a, emit)
+    span = res.times[0][1] - res.times[0][0] - a.dma_fixed_ns
+    assert span == pytest.approx(43 * (2048 * 4 + a.dma_chunk_overhead_bytes) / 23.0)
