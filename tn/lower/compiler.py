@@ -31,6 +31,10 @@ from .. import config
 from ..errors import ArgumentValueError, CompileError, ExecutionError, TnError
 from ..ops.collective import COLLECTIVE_OPS
 from ..ir import IR, Var
+from ..neuron import get_arch, isa, simulate_timing
+from ..profile import note_host_op
+from ..reference import run_ir
+from . import collective, layout, matmul
 from .base import NEURON_DTYPES, dataflow
 from .emit import Emitted, _HostStep, _ProgStep, emit, unsupported_error
 from .schedule import LaidOutOperand, Schedule, UnitFailed, Vetoes, host_reason, plan, plan_transposed
@@ -218,8 +222,6 @@ def _hbm_access_times(enc: Any, times: np.ndarray) -> Tuple[Dict[int, np.ndarray
     """``(reads, last_write)`` of a program's HBM tensors: buffer index -> start times of the instructions
     reading it, and -> end of the last instruction writing it (only DMAs touch HBM; a DMA's operand 0 is what
     it writes, and a scatter's table is read too)."""
-    from ..neuron import isa
-
     recs = enc.records
     reads: Dict[int, list] = {}
     writes: Dict[int, float] = {}
@@ -253,8 +255,6 @@ class NeuronExecutable:
 
     def __init__(self, ir: IR, arch: Any = None, strict: Optional[bool] = None, debug: bool = False,
                  fuse: bool = True, _laid_out: Optional[Dict[Var, Any]] = None, name: Optional[str] = None):
-        from ..neuron import get_arch
-
         ir = _collective().sink_waits(ir)   # programs between a collective and its wait overlap it
         self.ir = ir
         self.name = name
@@ -307,8 +307,6 @@ class NeuronExecutable:
         not written back by the program (mutations) and of a TensorE dtype. The laid-out
         variant reads them from their cached layout instead of transposing them on chip.
         """
-        from . import layout, matmul
-
         host = vetoes.host
         ir = self.ir
         elide, trans = plan_transposed(ir, host, vetoes.nofuse, self._laid_out)
@@ -414,8 +412,6 @@ class NeuronExecutable:
         each program; no input is needed and nothing is allocated): a :class:`StepTiming` with when each input is
         read and each output is ready. For programs too large to run with values (a whole training step of a
         big model); the modelled time is the same as a run's (the engine's timing does not depend on data)."""
-        from ..neuron import simulate_timing
-
         runs: List[Any] = []
         starts: List[float] = []
         t = 0.0
@@ -516,8 +512,6 @@ class NeuronExecutable:
 
     def _recompute_on_host(self, tensors: Sequence[torch.Tensor], runs: list) -> List[Any]:
         """A program flagged a value outside the chip's exact range: this call runs on the host instead."""
-        from ..reference import run_ir
-
         if self._collective_steps:
             raise ExecutionError("neuron executable: a program computed values outside the chip's exact range (int64 "
                           "beyond 2**24) in a call with collectives; it cannot be recomputed on the host (the "
@@ -543,15 +537,11 @@ class NeuronExecutable:
 
 def _collective() -> Any:
     """:mod:`tn.lower.collective` (imported late: it registers lowerings)."""
-    from . import collective
-
     return collective
 
 
 def _note_host_ops(counts: Dict[str, int]) -> None:
     """Tell active ``tn.profile()`` blocks about host fallbacks."""
-    from ..profile import note_host_op
-
     for name, n in counts.items():
         note_host_op(name, n)
 

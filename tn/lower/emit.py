@@ -28,6 +28,8 @@ import torch
 
 from ..errors import CompileError, NeuronError, UnsupportedOpError
 from ..ir import Eqn, Literal, Var
+from ..neuron import Program
+from . import chain, collective, layout, matmul, prologue
 from .base import NEURON_DTYPES, CannotLower, HandoffError, LowerCtx
 from .epilogue import EpilogueGroup
 from .fusion import Group
@@ -179,8 +181,6 @@ class Emitter:
     # ------------------------------------------------------------------ programs
     def open_program(self, k: int) -> None:
         """Start a program at unit ``k`` (named when it closes, after what it holds: :func:`program_name`)."""
-        from ..neuron import Program
-
         prog = Program(f"{self.name or 'tn'}_{len(self.steps)}", self.arch, record_sources=self.debug)
         self.cur = _OpenProgram(prog)
         self.cur.ctx.weights = self.weight_stream(prog, k)
@@ -233,8 +233,6 @@ class Emitter:
         weight groups its Linear chains and single-row-tile matmuls will multiply by, in order (None if none)."""
         if not self.laid_out:
             return None
-        from . import chain, layout, matmul
-
         sched = self.sched
         host, groups, trans = sched.vetoes.host, sched.groups, sched.transposed
         seq = []
@@ -280,8 +278,6 @@ class Emitter:
 
     def bind_prologues(self, inputs: List[Var]) -> None:
         """Offer the current unit the prologues of its inputs (``ctx.prologues``: operand -> ``prologue.Bound``)."""
-        from . import prologue
-
         cur, pros = self.cur, self.sched.prologues
         cur.ctx.prologues = {}
         for a in inputs:
@@ -297,8 +293,6 @@ class Emitter:
     def preload_prologues(self, unit: Unit) -> None:
         """Load the per-feature vectors of the prologues the schedule loads at ``unit`` (before the producer
         of their source)."""
-        from . import prologue
-
         for p in unit.preloads:
             b = self.cur.pro[p.out] = prologue.Bound(p, None, {v: self.hbm_in(v) for v in p.vectors()})
             b.preload(self.cur.prog)
@@ -356,8 +350,6 @@ class Emitter:
         if t is None:
             eqn.op.lowering(ctx, eqn, ins, outs)
             return
-        from . import matmul
-
         def view(src: Any) -> Any:
             if src is None or isinstance(src, LaidOutOperand):
                 return None
@@ -489,8 +481,6 @@ class Emitter:
         eqn = self.ir.eqns[k]
         if unit.kind == "collective":
             # a step on the core's collective engine between programs (tn.lower.collective)
-            from . import collective
-
             self.close(k)
             ins = self.slot_args(eqn)
             self.steps.append(collective.make_step(k, eqn, ins, [self.define(v) for v in eqn.outputs], self.ir,
@@ -533,8 +523,6 @@ class Emitter:
 
     def finish(self, in_slots: List[int]) -> Emitted:
         """The outputs' slots and every slot's free after its last reading step (never inputs/consts/outputs)."""
-        from . import collective
-
         ir, steps, init = self.ir, self.steps, self.init
         out = []
         lit_outs = []

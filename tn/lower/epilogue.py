@@ -16,7 +16,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..ir import Eqn, Literal, Var
-from .base import NEURON_DTYPES, store_tile
+from ..neuron import isa
+from ..neuron.program import HbmTensor, HbmView
+from .base import NEURON_DTYPES, HandoffError, handoff_shape, resident_view, store_tile
 from ..shapes import contiguous_strides, numel
 from .tile import _broadcastable, _lstrip1, _space_strides, is_alias_reshape
 
@@ -131,8 +133,6 @@ class EpilogueGroup:
         loaded once per head lowering into one partition and broadcast to all on GpSimd
         (``partition_shuffle``): a DMA broadcasting it would move it once per partition. None when ``v`` is
         not row-invariant here, too large to keep, or the region is not a view of it."""
-        from ..neuron import isa
-
         if dims[0][1] != 0 or len(dims) != len(tshape) or any(n != m for (n, _), m in zip(dims[1:], tshape[1:])):
             return None
         n = max(1, v.numel)
@@ -151,9 +151,6 @@ class EpilogueGroup:
 
     def _load_row(self, ctx: Any, v: Var, in_hbm: Any) -> Any:
         """All of ``v`` in every partition (one-partition DMA + GpSimd broadcast), cached; None if too large."""
-        from ..neuron import isa
-        from ..neuron.program import HbmView
-
         prog = ctx.prog
         P = ctx.arch.partitions
         n = max(1, v.numel)
@@ -188,10 +185,6 @@ class EpilogueGroup:
         ``in_hbm(v)`` / ``out_hbm(v)`` return the HbmTensor of a chain input /
         stored output (declared on first use).
         """
-        from ..neuron import isa
-        from ..neuron.program import HbmTensor, HbmView
-        from .base import handoff_shape, resident_view
-
         hv = self.head.outputs[0]
         shape = hv.shape or (1,)
         prog = ctx.prog
@@ -260,8 +253,6 @@ class EpilogueGroup:
             views = {v: pub_view(v, dst) for v in pub}
             for v, t in views.items():
                 if t is None:
-                    from .base import HandoffError
-
                     raise HandoffError(pub[v][0], "epilogue: an output tile is not a row block of the SBUF hand-off")
             # compute engines may only start at partition 0, 32, 64 or 96: a hand-off row block starting
             # elsewhere (one row per batch of a small batched matmul) is computed in a scratch tile and moved

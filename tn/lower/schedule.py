@@ -34,9 +34,11 @@ import torch
 
 from ..ir import IR, Eqn, Literal, Var
 from ..ops import OPS
-from .base import NEURON_DTYPES, dataflow
+from . import attention, chain, collective, fusion, prologue
+from .base import NEURON_DTYPES, dataflow, handoff_shape
 from .epilogue import EpilogueGroup
 from .fusion import Group
+from .matmul import transposed_source as find_transposed_source
 
 __all__ = ["Schedule", "Unit", "Veto", "Vetoes", "UnitFailed", "LaidOutOperand", "plan", "plan_transposed",
            "host_reason", "has_zero_size", "unit_label", "unit_kind", "program_name", "ZERO_SIZE_REASON"]
@@ -319,8 +321,6 @@ def unit_label(group: Any, eqn: Eqn) -> str:
     chain of several layers) or ``linear``, ``matmul+gelu`` (a matmul and its fused epilogue), ``softmax`` /
     ``norm`` / ``sum`` (a fused row group by its reductions), ``mul+add`` or ``elementwise`` (a fused map of at
     most two ops, or more), else the op."""
-    from . import attention, chain
-
     if isinstance(group, attention.AttentionGroup):
         return "attention"
     if isinstance(group, chain.LinearChain):
@@ -345,8 +345,6 @@ def unit_label(group: Any, eqn: Eqn) -> str:
 
 def unit_kind(group: Any) -> str:
     """The :attr:`Unit.kind` of a planner group (``op`` for None: one equation's own lowering)."""
-    from . import attention, chain
-
     if isinstance(group, attention.AttentionGroup):
         return "attention"
     if isinstance(group, chain.LinearChain):
@@ -421,8 +419,6 @@ def plan_transposed(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()
     Returns ``(elided equations, {matmul equation: (A source, B source)})``; a source is ``(X, dims)``, a
     :class:`LaidOutOperand` (a weight of ``laid_out`` read from its cached layout) or None.
     """
-    from .matmul import transposed_source as find
-
     laid_out = laid_out or {}
     producer, users, outset = dataflow(ir)
     elide: set = set()
@@ -437,7 +433,7 @@ def plan_transposed(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()
             if not isinstance(v, Var) or v.numel == 0:
                 continue
             try:
-                found = find(v, lambda u: ir.eqns[producer[u]] if u in producer else None)
+                found = find_transposed_source(v, lambda u: ir.eqns[producer[u]] if u in producer else None)
             except Exception:
                 found = None
             # (X, dims): the operand transposed is X.permute(dims); a bare X means dims = identity
@@ -517,9 +513,6 @@ def _plan_handoff(ir: IR, host: Dict[int, str], groups: Any, elide: set, trans: 
     SBUF tile (rows = all axes but the last <= 128, <= 16 KiB per partition). Returns
     ``{var: (producer unit, consumer units)}``; units are equation indices where a lowering starts.
     """
-    from . import attention, chain
-    from .base import handoff_shape
-
     n = len(ir.eqns)
     unit = _unit_starts(n, groups)
     _, users, outset = dataflow(ir)
@@ -588,8 +581,6 @@ def _plan_handoff(ir: IR, host: Dict[int, str], groups: Any, elide: set, trans: 
 
 def _plan_groups(ir: IR, vetoes: Vetoes, laid_out: Dict[Var, Any], sched: Schedule) -> None:
     """The planners' groups, prologues, transposed reads and hand-offs, merged into ``sched``."""
-    from . import attention, chain, fusion, prologue
-
     host = vetoes.host
     # per-feature scale/shift of a matmul operand (LayerNorm's gamma/beta) applied by the matmul in its
     # operand's transposes (tn.lower.prologue): those equations are not lowered, groups end before them
@@ -641,8 +632,6 @@ def plan(ir: IR, vetoes: Vetoes, *, fuse: bool = True, laid_out: Optional[Dict[V
     programs. ``fuse=False`` plans one unit per equation (no groups, hand-offs, prologues or transposed reads);
     ``laid_out`` maps weights read from a cached layout to ``(extra input Var, BLayout)``
     (:mod:`tn.lower.layout`). Deterministic: the same IR and vetoes give the same schedule."""
-    from . import collective
-
     sched = Schedule(ir, vetoes)
     n = len(ir.eqns)
     for k, e in enumerate(ir.eqns):

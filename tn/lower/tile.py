@@ -32,7 +32,9 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 import torch
 
 from ..ir import Eqn, Literal, Var
-from .base import NEURON_DTYPES, CannotLower
+from ..neuron import isa
+from ..neuron.program import HbmView
+from .base import NEURON_DTYPES, CannotLower, handoff_shape
 from ..shapes import contiguous_strides, numel
 
 __all__ = ["lower_map", "row_fits", "check_dtypes", "is_alias_reshape", "ACT_FUNC_OF", "SBUF_BUDGET", "MAX_FREE"]
@@ -378,7 +380,6 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
     int64 output is stored as (value, sign) word pairs and checked likewise;
     a failed check sets the program's range flag (:meth:`LowerCtx.range_check`).
     """
-    from ..neuron.program import HbmView
     rowvars = rowvars or set()
     for e in eqns:
         if e.op.reduce_alu is not None and r:
@@ -479,8 +480,6 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             return False
         offs_, nout_t, r0_, p_, k_, c0_, f_ = tile_list[0]
         st_ = lay.strides[index[v]]
-        from .base import handoff_shape
-
         return k_ == 1 and st_[nout_t + 1] == 1 and (p_ == 1 or st_[nout_t] == f_) and offs_[index[v]] == 0 and \
             r0_ == 0 and c0_ == 0 and v.numel == p_ * f_ and handoff_shape(v) == (p_, f_)
 
@@ -710,9 +709,6 @@ _EXACT = float(1 << 24)
 
 def _word_view(t_hbm: Any, off: int, dims: list, word: int) -> Any:
     """The int32 low (word 0) or high (word 1) words of an int64 HBM region (offset/dims in int64 elements)."""
-    from ..neuron import isa
-    from ..neuron.program import HbmView
-
     v = HbmView(t_hbm, 2 * off + word, [(n, 2 * s) for n, s in dims])
     v._dt = isa.dtype_code("int32")  # reinterpret the int64 words (the engine bounds-checks bytes)
     return v
