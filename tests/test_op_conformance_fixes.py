@@ -217,3 +217,22 @@ def test_linalg_through_the_compile_door():
     torch._dynamo.reset()
     c = torch.compile(lambda a: torch.linalg.cholesky(a @ a.mT), backend="neuron")
     torch.testing.assert_close(c(x), torch.linalg.cholesky(x @ x.mT), rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- bf16 conv_transpose3d
+
+
+@pytest.mark.parametrize("door", ["jit", "device"])
+def test_bf16_conv_transpose3d_rounds_once(door):
+    """A bf16 transposed 3-d convolution (one transposed 2-d convolution per depth tap, the taps summed
+    along depth) rounded each tap to bf16 before the sum: off by several ulps where taps cancel."""
+    g = torch.Generator().manual_seed(8)
+    x = (torch.randn(1, 3, 4, 5, 5, generator=g) * 3).to(torch.bfloat16)
+    w = (torch.randn(3, 2, 3, 3, 3, generator=g) * 3).to(torch.bfloat16)
+    f = lambda x, w: torch.nn.functional.conv_transpose3d(x, w, stride=(2, 1, 1))
+    ref = f(x.float(), w.float())
+    got = tn.jit(f, backend="neuron")(x, w) if door == "jit" else f(x.to("neuron"), w.to("neuron")).cpu()
+    assert got.dtype == torch.bfloat16
+    err = (got.float() - ref).abs()
+    allowed = ref.abs() * 2 ** -8 + 1e-2
+    assert (err <= allowed).all(), (err - allowed).max().item()

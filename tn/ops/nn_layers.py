@@ -137,13 +137,19 @@ def _conv_transpose3d_x2w2(x, w):
 
 def _conv_transpose3d_decomp(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
     """aten.convolution of a 5-d input, transposed: one transposed 2-d convolution whose output channels hold
-    the depth taps, scattered and summed along depth (in fp32 for 16-bit dtypes), bias added after."""
+    the depth taps, scattered and summed along depth (the taps and the sum in fp32 for 16-bit dtypes, rounded
+    once), bias added after."""
     if _ndim(w) != 5 or not transposed:
         return NotImplemented
     stride, padding, dilation, opad, N, C, D, H, W, Og, kD, Dy = _conv_transpose3d_params(
         x, w, stride, padding, dilation, output_padding)
     sd, pd, dd = stride[0], padding[0], dilation[0]
     x2, w2 = _conv_transpose3d_x2w2(x, w)
+    acc_dt = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+    if acc_dt != x.dtype:
+        # the taps themselves in fp32 (exact widening): a 16-bit 2-d convolution rounds each tap before the
+        # depth sum, off by several ulps where the taps cancel (0.63 at an element of the bf16 sweep)
+        x2, w2 = aten._to_copy.default(x2, dtype=acc_dt), aten._to_copy.default(w2, dtype=acc_dt)
     y2 = aten.convolution.default(x2, w2, None, list(stride[1:]), list(padding[1:]), list(dilation[1:]), True,
                                   list(opad[1:]), groups)                # [N*D, G*kD*Og, Ho, Wo]
     Ho, Wo = int(y2.shape[2]), int(y2.shape[3])
@@ -151,9 +157,6 @@ def _conv_transpose3d_decomp(x, w, b, stride, padding, dilation, transposed, out
     t = aten.reshape.default(y2, [N, D, groups, kD, Og, Ho, Wo])
     t = aten.permute.default(t, [0, 3, 2, 4, 1, 5, 6])                 # [N, kD, G, Og, D, Ho, Wo]
     t = aten.reshape.default(t, [N, kD, O, D, Ho, Wo])
-    acc_dt = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
-    if acc_dt != x.dtype:
-        t = aten._to_copy.default(t, dtype=acc_dt)
     span = sd * (D - 1) + 1
     L = max(Dy + pd, dd * (kD - 1) + span)       # padded output depth covering every tap and the output
     if kD == 1 and sd == 1 and L == D:
