@@ -71,6 +71,15 @@ def _is_submodule(module: str, name: str) -> bool:
         return False
 
 
+def _import_target(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module a ``from ... import`` statement in ``package`` imports from."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def test_no_private_names_imported_across_packages():
     """``from tn.x import _name`` between subpackages/modules reaches into another part's internals: each part
     offers public names (e.g. ``tn.trace.user_source``, ``tn.jit.backend_compile_fn``) instead."""
@@ -80,12 +89,7 @@ def test_no_private_names_imported_across_packages():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if not isinstance(node, ast.ImportFrom):
                 continue
-            if node.level:
-                base = package.split(".")
-                base = base[:len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _import_target(node, package)
             if not target.startswith("tn") or _area(target) == _area(module):
                 continue
             for alias in node.names:
@@ -101,12 +105,7 @@ def _module_aliases(tree: ast.AST, module: str, package: str) -> dict:
     aliases = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[:len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _import_target(node, package)
             if not target.startswith("tn"):
                 continue
             for alias in node.names:
