@@ -236,3 +236,29 @@ def test_bf16_conv_transpose3d_rounds_once(door):
     err = (got.float() - ref).abs()
     allowed = ref.abs() * 2 ** -8 + 1e-2
     assert (err <= allowed).all(), (err - allowed).max().item()
+
+
+# --------------------------------------------------------------------------- shrink gradients
+
+
+@pytest.mark.parametrize("fn", [torch.nn.functional.hardshrink, torch.nn.functional.softshrink], ids=lambda f: f.__name__)
+def test_shrink_gradients_trace(monkeypatch, fn):
+    """hardshrink_backward/softshrink_backward had no decomposition: nn.Hardshrink/Softshrink could not be
+    trained through tn.jit or the compile door and ran their backward on the device's host."""
+    monkeypatch.setenv("TN_STRICT", "1")
+    x = torch.tensor([-1.0, -0.5, -0.3, 0.0, 0.2, 0.5, 0.7, 2.0])
+
+    def f(x):
+        y = fn(x, 0.5)
+        return y, torch.autograd.grad((y * torch.arange(8.0)).sum(), x)[0]
+
+    want = f(x.clone().requires_grad_())
+    got = tn.jit(f, backend="neuron")(x.clone().requires_grad_())
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w.detach())
+    before = dict(torch.neuron.fallback_ops())
+    xd = x.to("neuron").requires_grad_()
+    y = fn(xd, 0.5)
+    (y * torch.arange(8.0, device="neuron")).sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), want[1])
+    _no_new_fallbacks(before)

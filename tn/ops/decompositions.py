@@ -654,6 +654,13 @@ def _mode(x, dim=-1, keepdim=False):
     return _keep(v, d, keepdim), _keep(idx, d, keepdim)
 
 
+@decomposition(aten.hardshrink_backward.default, aten.softshrink_backward.default)
+def _shrink_backward(grad, x, lambd=0.5):
+    """Gradient of hardshrink/softshrink: ``grad`` where ``|x| > lambd`` (outside ``[-lambd, lambd]``), else 0."""
+    inside = aten.logical_and.default(aten.ge.Scalar(x, -lambd), aten.le.Scalar(x, lambd))
+    return aten.where.self(inside, aten.full.default([], 0, dtype=grad.dtype), grad)
+
+
 @decomposition(aten._logcumsumexp.default)
 def _logcumsumexp_kernel(x, dim):
     """The CPU/CUDA kernel behind the composite ``logcumsumexp`` (no Meta kernel): the core op."""
