@@ -28,7 +28,7 @@ import torch
 
 from ..errors import CompileError, NeuronError, UnsupportedOpError
 from ..ir import Eqn, Literal, Var
-from ..neuron import Program
+from ..neuron import HbmTensor, Program
 from . import chain, collective, layout, matmul, prologue
 from .base import NEURON_DTYPES, CannotLower, HandoffError, LowerCtx
 from .epilogue import EpilogueGroup
@@ -443,10 +443,39 @@ class Emitter:
         self.fused += len(group.eqns) + 1
         cur.eqns.extend(range(k + 1, k + 1 + len(group.eqns)))
 
+    def program_end(self, k: int) -> int:
+        """The equation before which the program holding equation ``k`` closes (a host or collective unit)."""
+        for u in self.sched.units:
+            if u.start > k and u.kind in ("host", "collective"):
+                return u.start
+        return len(self.ir.eqns)
+
+    def alias_reshape(self, k: int, eqn: Eqn) -> bool:
+        """Emit a reshape of a value already in the open program's HBM as an alias: the result is the same HBM
+        buffer under the new (contiguous) shape, no instruction. Only when every reader of the result is in this
+        program (not a program or IR output: those stay their own buffers) and the source is not read through a
+        prologue or handed off in SBUF. The IR is functional (in-place writes are applied by the caller after
+        the run), so neither buffer is written again after its producer: the alias reads what a copy would."""
+        if eqn.op.name != "reshape" or len(eqn.outputs) != 1 or not isinstance(eqn.inputs[0], Var):
+            return False
+        x, y = eqn.inputs[0], eqn.outputs[0]
+        cur = self.cur
+        if (x in self.pro_src or x in cur.ctx.prologues or x in cur.ctx.resident or y in self.sched.handoff
+                or k in self.sched.transposed or x.dtype != y.dtype or max(1, x.numel) != max(1, y.numel)
+                or self.sched.last_use.get(y, len(self.ir.eqns)) >= self.program_end(k)):
+            return False
+        src = self.hbm_in(x)
+        cur.hbm[y] = HbmTensor(src.index, src.name, tuple(y.shape or (1,)), src.dtype, src.kind)
+        self.define(y)
+        return True
+
     def emit_op(self, unit: Unit) -> None:
-        """One equation's own lowering."""
+        """One equation's own lowering (a reshape of a value in HBM: an alias, :meth:`alias_reshape`)."""
         k, cur = unit.start, self.cur
         eqn = self.ir.eqns[k]
+        if self.alias_reshape(k, eqn):
+            cur.eqns.append(k)
+            return
         ins, outs = self.operands(k, eqn)
         cur.ctx.eqn = eqn
         cur.ctx.store_hook = None
