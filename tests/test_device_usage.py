@@ -422,3 +422,27 @@ def test_module_to_keeps_parameters_while_a_graph_holds_them():
     m.cpu().float()
     assert all(p is q and p.device.type == "cpu" for p, q in zip(ps, m.parameters()))
     del keep
+
+
+# ---------------------------------------------------------------- Python scalars promote as wrapped numbers
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int32, torch.int8, torch.bool])
+def test_python_scalars_with_zero_dim_tensors_promote_as_on_cpu(dtype):
+    """``x + 1.0`` of a 0-dim bf16 device tensor is bf16, as on the CPU: the boxed fallback hands the device a
+    Python number where the schema wants a Tensor, and a 0-dim float32 tensor in its place would promote
+    against the 0-dim operand as its equal (float32)."""
+    x = torch.tensor(3, dtype=dtype)
+    d = x.to("neuron")
+    pairs = [(d + 1, x + 1), (d + 1.25, x + 1.25), (d * 2, x * 2),
+             (torch.maximum(d, torch.tensor(2, dtype=dtype, device="neuron")) + 1,
+              torch.maximum(x, torch.tensor(2, dtype=dtype)) + 1)]
+    if dtype != torch.bool:     # torch refuses bool subtraction
+        pairs.append((d - 0.5, x - 0.5))
+    for got, want in pairs:
+        assert got.dtype == want.dtype, (got.dtype, want.dtype)
+        torch.testing.assert_close(got.cpu(), want)
+    if dtype.is_floating_point:
+        y = torch.tensor(0.5, dtype=dtype)
+        got = torch.nn.functional.margin_ranking_loss(d, y.to("neuron"), torch.tensor(1.0, dtype=dtype, device="neuron"))
+        want = torch.nn.functional.margin_ranking_loss(x, y, torch.tensor(1.0, dtype=dtype))
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got.cpu(), want)

@@ -218,6 +218,7 @@ def _rewrap_scalars(op, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
     if not pos:
         return args, kwargs
     fix = None
+    zero_dim = None    # the first tensor argument when every tensor argument is 0-dim, else False
     for i, n in pos:
         if i < len(args):
             v = args[i]
@@ -226,7 +227,15 @@ def _rewrap_scalars(op, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
         else:
             continue
         if isinstance(v, (bool, int, float, complex)):
-            if isinstance(v, bool):
+            if zero_dim is None:
+                tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+                zero_dim = tensors[0] if tensors and all(a.dim() == 0 for a in tensors) else False
+            if zero_dim is not False:
+                # a 0-dim tensor would promote against the 0-dim tensor arguments as their equal (0-d bf16 + 1.0
+                # would give float32): it gets the dtype a wrapped number leads to (the value is cast to it, as
+                # the promoted operation casts it)
+                t = torch.tensor(v, dtype=torch.result_type(zero_dim, v))
+            elif isinstance(v, bool):
                 t = torch.tensor(v, dtype=torch.bool)
             elif isinstance(v, int):
                 t = torch.tensor(v, dtype=torch.int64)
