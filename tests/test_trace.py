@@ -606,3 +606,24 @@ def test_gradients_through_scaled_dot_product_attention(gqa):
     check(f, torch.randn(2, 4, 6, 8, requires_grad=True), torch.randn(2, kv_heads, 6, 8, requires_grad=True),
           torch.randn(2, kv_heads, 6, 8, requires_grad=True))
     assert torch.backends.cuda.flash_sdp_enabled(), "the SDPA backend flags must be restored after tracing"
+
+
+def test_as_strided_in_place_that_moves_no_element_is_traced():
+    """Swin (through adaptive_avg_pool's channels-last output) restrides a pooled [N, C, 1, 1] tensor in place:
+    the strides change on size-1 dims only, so the values stay where they are; a restride that moves elements
+    is still refused."""
+    def pooled(x):
+        y = torch.nn.functional.adaptive_avg_pool2d(x, 1)
+        y.as_strided_((2, 3, 1, 1), (3, 1, 3, 3))
+        return y.flatten(1) * 2
+
+    x = torch.randn(2, 3, 4, 4)
+    torch.testing.assert_close(tn.jit(pooled)(x), pooled(x))
+
+    def moves(x):
+        y = x * 2
+        y.as_strided_((2, 3), (1, 2))
+        return y
+
+    with pytest.raises(tn.UnsupportedOpError, match="as_strided_"):
+        tn.jit(moves)(torch.randn(2, 3))

@@ -1095,6 +1095,7 @@ def _h_metadata_inplace(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dic
             f"{_describe_inputs(args, kwargs)}); a compiled program can update an input's values but "
             f"not its shape. Use the out-of-place form, e.g. `x = x.{name[:-1]}(...)`.")
     old_shape = tuple(t.shape)
+    old_stride, old_offset = t.stride(), t.storage_offset()
     v = tr.var_of(t)
     meta = _meta(t)
     func(meta, *_metas(args[1:]), **meta_kwargs(kwargs, func))  # the meta view changes shape in place
@@ -1112,6 +1113,9 @@ def _h_metadata_inplace(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dic
             dims = list(range(n))
             dims[d0], dims[d1] = dims[d1], dims[d0]
             steps = _permute_dims(dims, old_shape)
+    elif name == "as_strided_" and new_shape == old_shape and t.storage_offset() == old_offset and all(
+            a == b or n <= 1 for a, b, n in zip(old_stride, t.stride(), new_shape)):
+        steps = []   # a restride that moves no element (strides change on size-1 dims only: channels-last pooling)
     else:
         raise _unsupported(func, args, kwargs, "tn does not trace this in-place layout change")
     for step in steps:
