@@ -235,6 +235,12 @@ def _live_key(st: torch.UntypedStorage):
     return None
 
 
+def host_tensor(addr: int, nbytes: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    """A contiguous CPU tensor of ``shape`` at host address ``addr`` of a block of ``nbytes`` (no copy; the
+    caller keeps the memory alive while the tensor is used)."""
+    return torch.empty(0, dtype=dtype).set_(_construct(addr, _CPU, nbytes), 0, shape, contiguous_strides(shape))
+
+
 def resize_storage(st: torch.UntypedStorage, nbytes: int) -> None:
     """Resize neuron storage ``st`` in place to ``nbytes`` (``UntypedStorage.resize_`` on the device).
 
@@ -264,9 +270,7 @@ def resize_storage(st: torch.UntypedStorage, nbytes: int) -> None:
                 f"torch.neuron.empty_cache(), or raise TN_DEVICE_MEMORY")
         keep = min(old, nbytes)
         if keep:
-            dst = torch.empty(0, dtype=torch.uint8).set_(_construct(addr, _CPU, keep), 0, (keep,), (1,))
-            dst.copy_(torch.empty(0, dtype=torch.uint8).set_(_construct(st.data_ptr(), _CPU, keep), 0, (keep,),
-                                                                (1,)))
+            host_tensor(addr, keep, torch.uint8, (keep,)).copy_(host_tensor(st.data_ptr(), keep, torch.uint8, (keep,)))
     fresh = _construct(addr, DEVICES[index], nbytes)
     if old and nbytes:   # swapping needs one side empty: old -> empty, then empty <-> new
         empty = _construct(0, DEVICES[index], 0)
@@ -407,19 +411,10 @@ def resize_tensor(self: torch.Tensor, size) -> torch.Tensor:
         new = alloc_storage(need, self.device.index)
         old = st.nbytes()
         if old:
-            dst = torch.empty(0, dtype=torch.uint8).set_(
-                torch._C._construct_storage_from_data_pointer(new.data_ptr(), torch.device("cpu"), need), 0, (old,),
-                (1,))
-            src = torch.empty(0, dtype=torch.uint8).set_(
-                torch._C._construct_storage_from_data_pointer(st.data_ptr(), torch.device("cpu"), old), 0, (old,),
-                (1,))
-            dst.copy_(src)
+            host_tensor(new.data_ptr(), need, torch.uint8, (old,)).copy_(
+                host_tensor(st.data_ptr(), old, torch.uint8, (old,)))
         if deterministic_fill():   # the grown part, as torch's resize_ fills it (whole elements past the old bytes)
-            item_old = -(-old // item)
-            grown = torch.empty(0, dtype=self.dtype).set_(
-                torch._C._construct_storage_from_data_pointer(new.data_ptr(), torch.device("cpu"), need), 0,
-                (need // item,), (1,))
-            fill_uninitialized(grown[item_old:])
+            fill_uninitialized(host_tensor(new.data_ptr(), need, self.dtype, (need // item,))[-(-old // item):])
         st = new
     torch.ops.aten.set_.source_Storage_storage_offset.redispatch(_CPU_KEYS, self, st, self.storage_offset(), size,
                                                                stride)

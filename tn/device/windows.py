@@ -503,21 +503,8 @@ _OPS: Dict[Any, Tuple[bool, bool, Optional[str], bool]] = {}   # op -> (traceabl
 def _op_info(op) -> Tuple[bool, bool, Optional[str], bool]:
     """What recording needs to know of ``op``, once: traceable, its scalar forms, whether torch tags it random."""
     t_form, f_form = _scalar_form(op)
-    info = _OPS[op] = (_traceable(op), t_form, f_form, _SEEDED in op.tags)
+    info = _OPS[op] = (trace.can_replay(op), t_form, f_form, _SEEDED in op.tags)
     return info
-
-
-_TRACEABLE: Dict[Any, bool] = {}
-
-
-def _traceable(op) -> bool:
-    """False for ops the tracer surely cannot replay (data-dependent results; no core op, decomposition or
-    composite kernel, e.g. fused optimizer kernels): they run eagerly, as in op mode."""
-    ok = _TRACEABLE.get(op)
-    if ok is None:
-        ok = trace.can_replay(op)
-        _TRACEABLE[op] = ok
-    return ok
 
 
 def _record(q: _Queue, index: int, op, name: str, flat: list, spec, info) -> Any:
@@ -778,8 +765,7 @@ def _run_window(w: _Window, reason: str, kind: str) -> None:
 
 def _alias(st: Any, dtype: torch.dtype, shape: Tuple[int, ...]) -> torch.Tensor:
     """A contiguous CPU tensor of ``shape`` at the start of neuron storage ``st`` (no copy)."""
-    cst = torch._C._construct_storage_from_data_pointer(st.data_ptr(), torch.device("cpu"), st.nbytes())
-    return torch.empty(0, dtype=dtype).set_(cst, 0, shape, allocator.contiguous_strides(shape))
+    return allocator.host_tensor(st.data_ptr(), st.nbytes(), dtype, shape)
 
 
 _ALIASES: Dict[Tuple[int, torch.dtype, Tuple[int, ...]], torch.Tensor] = {}
