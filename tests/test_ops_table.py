@@ -90,6 +90,9 @@ def _samples():
     s["host"] = [([_x(4, 4)], {"fn": torch.ops.aten.linalg_inv_ex.default, "check_errors": False}),
                  ([_x(3, 8)], {"fn": torch.ops.aten._fft_r2c.default, "dim": (1,), "normalization": 0,
                                "onesided": True})]
+    s["linalg_check"] = [([torch.tensor(0, dtype=torch.int32)], {"api_name": "linalg.inv", "is_matrix": True}),
+                         ([torch.zeros(2, dtype=torch.int32)], {"api_name": "linalg.cholesky", "is_matrix": True,
+                                                                 "where": "f.py:3"})]
     s["rand"] = [([], {"shape": (2, 3), "dtype": torch.float32})]
     s["randn"] = [([], {"shape": (4,), "dtype": torch.bfloat16})]
     g = solo_process_group()     # the collective ops' references call this one-rank gloo group
@@ -223,7 +226,8 @@ def test_impure_ops_are_the_random_and_the_effectful_ones():
     random = {n for n, op in OPS.items() if op.random}
     effectful = {n for n, op in OPS.items() if op.effectful}
     assert random == {n for n, op in OPS.items() if op.category == "random"} and random
-    assert effectful == {n for n, op in OPS.items() if op.category == "collective"} and effectful
+    # the collectives, and linalg_check (a host op whose only effect is raising eager's LinAlgError)
+    assert effectful == {n for n, op in OPS.items() if op.category == "collective"} | {"linalg_check"}
     assert {n for n, op in OPS.items() if op.impure} == random | effectful
 
 

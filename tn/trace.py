@@ -887,6 +887,18 @@ def _h_core(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any])
     return _wrap_out(tr, spec, tr.emit(op, atoms, attrs, outs))
 
 
+def _h_linalg_check(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    """``aten._linalg_check_errors`` (the error check of every ``torch.linalg.*_ex`` call): one effectful
+    ``linalg_check`` equation, kept by the passes though it has no result, that raises eager's
+    ``torch.linalg.LinAlgError`` at run time naming the user's line; no result."""
+    op, conv = _ops.FROM_ATEN[func]
+    inputs, attrs = conv(*args, **kwargs)
+    tr.emit(op, [tr.atom(x) for x in inputs], attrs, [])
+    eqn = tr.eqns[-1]
+    eqn.attrs = {**eqn.attrs, "where": eqn.source}
+    return None
+
+
 def _h_index(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
     indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
     for t in indices:
@@ -1275,6 +1287,7 @@ _SPECIAL: Dict[Any, Callable[..., Any]] = {
     aten.lift_fresh.default: _h_lift_fresh,
     aten.lift_fresh_copy.default: _h_clone,
     aten.index.Tensor: _h_index,
+    aten._linalg_check_errors.default: _h_linalg_check,
     aten._unsafe_index.Tensor: _h_index,
     aten.view.dtype: lambda tr, func, args, kwargs: (_ for _ in ()).throw(
         _unsupported(func, args, kwargs, "reinterpreting bits as another dtype is not in tn's op set")),

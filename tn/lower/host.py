@@ -1,5 +1,5 @@
 # The host op's lowering (FFTs, linear algebra): always CannotLower, so the compiler runs it on the host, saying why.
-"""``host`` ops on the NeuronCore: none.
+"""``host`` and ``linalg_check`` ops on the NeuronCore: none.
 
 The ``host`` core op carries aten FFT and linear-algebra calls
 (:data:`tn.ops.HOST_OVERLOADS`). tn has no NeuronCore kernel for them (FFTs
@@ -15,8 +15,10 @@ from __future__ import annotations
 from .base import CannotLower, lowering
 
 
-@lowering("host")
+@lowering("host", "linalg_check")
 def _host(ctx, eqn, ins, outs):
     """Refuse: the op runs through torch on the host."""
+    if eqn.op.name == "linalg_check":
+        raise CannotLower(f"the error check of {eqn.attrs['api_name']} reads the LAPACK status on the host")
     raise CannotLower(f"{eqn.attrs['fn']} has no NeuronCore kernel (FFTs and linear algebra run on the host "
                       f"by design)")

@@ -60,7 +60,9 @@ index           gather[dim] scatter[dim] scatter_add[dim] scatter_reduce[dim red
 creation        full[shape value dtype] iota[length start step dtype]
 random          rand[shape dtype] randn[shape dtype]
 host            host[fn ...]: an aten op of :data:`HOST_OVERLOADS` (FFTs, linear algebra) run by torch
-                on the host, its non-tensor arguments as attributes (no NeuronCore lowering)
+                on the host, its non-tensor arguments as attributes (no NeuronCore lowering);
+                linalg_check[api_name is_matrix where]: a ``torch.linalg.*_ex`` status check, effectful
+                (kept with no result), raising eager's ``torch.linalg.LinAlgError`` at run time
 collective      all_reduce[reduce_op group] all_gather[group_size group]
                 reduce_scatter[reduce_op group_size group]
                 all_to_all[output_split_sizes input_split_sizes group] broadcast[src group] wait:

@@ -897,6 +897,34 @@ for _ov in HOST_OVERLOADS:
     from_aten(host, _ov)(_host_conv(_ov))
 
 
+def _no_results(*avals: Any, **attrs: Any) -> List[Tuple[Tuple[int, ...], torch.dtype]]:
+    """An op with no tensor results (it only checks)."""
+    return []
+
+
+@register("linalg_check", "host", aten_ops=(aten._linalg_check_errors.default,), effectful=True,
+          shape_rule=_no_results)
+def linalg_check(info: Tensor, *, api_name: str, is_matrix: bool, where: Any = None) -> Tuple[()]:
+    """Raise ``torch.linalg.LinAlgError`` (a ``RuntimeError`` for ``lu_factor``) as eager does when the LAPACK status ``info`` of a
+    ``torch.linalg.*_ex`` call is nonzero (a singular matrix to ``inv``, a matrix that is not positive
+    definite to ``cholesky``...): same type, same message, with a note naming the user's line ``where``.
+    Effectful: the passes keep it though it has no result, so the check survives tracing; it runs on
+    the host (it reads ``info``'s values). Returns no results."""
+    try:
+        aten._linalg_check_errors(info.cpu(), api_name, is_matrix=is_matrix)
+    except RuntimeError as e:   # LinAlgError, or a RuntimeError for lu_factor, as in eager
+        if where:
+            e.add_note(f"(checked by tn at {where})")
+        e.tn_eager_error = True   # the doors re-raise it as it is (not wrapped in tn.ExecutionError)
+        raise
+    return ()
+
+
+@from_aten(linalg_check, aten._linalg_check_errors.default)
+def _linalg_check_conv(info, api_name, *, is_matrix):
+    return [info], {"api_name": api_name, "is_matrix": bool(is_matrix)}
+
+
 def trace_as_host(fn: Any) -> None:
     """From now on trace the op overload ``fn`` as the ``host`` op (one opaque equation run by torch on the
     host; shapes from its meta kernel). The tracer does this for ``torch.library`` custom ops."""
