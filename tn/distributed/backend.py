@@ -315,6 +315,10 @@ class ProcessGroupNeuron(dist.ProcessGroup):
                 self._gloo.shutdown()
             except Exception:   # gloo already torn down by a dead peer
                 pass
+            # Drop the inner group now, so its destructor joins gloo's worker and transport threads here, on
+            # the caller's thread, and not at interpreter exit, where a still-running gloo thread can abort
+            # the process ("terminate called without an active exception", seen once under load in CI).
+            self._gloo = None
 
     def abort(self) -> None:
         """Same as :meth:`shutdown`."""
