@@ -2,6 +2,7 @@
 """Run as ``python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist_torchrun_script.py OUT_DIR``;
 each rank writes ``OUT_DIR/rank<R>.json`` with what it saw (rank, world, backend, devices, cores, losses,
 collective counts)."""
+import glob
 import json
 import os
 import sys
@@ -38,9 +39,11 @@ def main(out_dir):
            "all_reduce_calls": torch.neuron.collective_stats().get("all_reduce", {}).get("calls", 0),
            "records": sum(1 for r in prof.records if r.track == "collectives")}
     prof.save_trace(os.path.join(out_dir, f"rank{rank}.trace.json"))
+    dist.destroy_process_group()
+    # native threads still alive after destroy_process_group (Linux names them in /proc): gloo's must be gone
+    out["threads_after_destroy"] = sorted(open(t).read().strip() for t in glob.glob("/proc/self/task/*/comm"))
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -259,6 +259,7 @@ def test_torchrun_two_ranks(tmp_path):
         assert o["device_count"] == 1 and o["cores"] == [0, 1]
         assert o["weights_equal_across_ranks"]
         assert o["all_reduce_calls"] >= 3 and o["records"] >= 3
+        assert not [t for t in o["threads_after_destroy"] if "gloo" in t], o["threads_after_destroy"]
     assert outs[0]["losses"] != outs[1]["losses"]   # each rank saw its own data
     merged = tn.profile.merge_traces([tmp_path / f"rank{r}.trace.json" for r in range(2)], tmp_path / "job.json")
     events = json.loads(pathlib.Path(merged).read_text())["traceEvents"]
