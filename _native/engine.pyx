@@ -186,7 +186,8 @@ DEF T_DMA_ISSUE = 11
 DEF T_STATIC = 12
 DEF T_FAST = 13
 DEF T_SHARED_PORTS = 14
-DEF N_TIMING = 15
+DEF T_DMA_MIN = 15
+DEF N_TIMING = 16
 DEF MAX_DMA_ENGINES = 32
 
 LAYOUT = {"REC_WIDTH": REC_WIDTH, "OPERAND_BASE": OPERAND_BASE, "OPERAND_WIDTH": OPERAND_WIDTH,
@@ -777,13 +778,16 @@ cdef double dma_transfer(Pipe *hbm, Pipe *eng, double *qe_end, const double[::1]
     """Place one DMA triggered at t0 on the HBM interface and the DMA engines it uses; return when its data
     has landed. The transfer starts moving data ``dma_fixed_ns`` after its trigger (descriptor setup and
     semaphore-to-start latency: overlapped with the transfers ahead of it on the queue, which the engines serve in
-    order: ``qe_end`` holds, per engine, when this queue's previous transfer there ended). Each engine moves its
+    order: ``qe_end`` holds, per engine, when this queue may start its next transfer there: when the previous one
+    ended, but no sooner than ``dma_transfer_min_ns`` after it started, the per-transfer rate limit that makes
+    a stream of small DMAs overhead-bound). Each engine moves its
     share of the bytes, plus ``dma_chunk_overhead_bytes`` per contiguous run, at its own bandwidth; a transfer
     touching SBUF uses the engines of its partitions (engine e serves partitions e*P/E .. (e+1)*P/E - 1), an
     HBM -> HBM copy spreads over every engine. The HBM interface carries the HBM bytes read and written (an
     HBM -> HBM copy twice). ``hbm_rw`` gets the bytes read from / written to HBM."""
     cdef int64_t nengines = <int64_t>timing[T_DMA_ENGINES], e, e0, e1, ppe, lo, hi, parts
     cdef double ebw = timing[T_DMA_ENGINE_BW], chunk = timing[T_DMA_CHUNK], moved, hbm_b, share, s_e, end, t
+    cdef double tmin = timing[T_DMA_MIN], qmin
     cdef Opnd *side = NULL
     cdef int64_t acc
     if op == OP_DMA_GATHER:
@@ -831,8 +835,12 @@ cdef double dma_transfer(Pipe *hbm, Pipe *eng, double *qe_end, const double[::1]
         s_e = t if t > qe_end[e] else qe_end[e]
         if s_e < first_start[0]:
             first_start[0] = s_e
+        qmin = s_e + tmin
         s_e = pipe_fill(&eng[e], s_e, share * moved / ebw * 1e9)
-        qe_end[e] = s_e
+        # the queue starts its next transfer on this engine no sooner than dma_transfer_min_ns after this one
+        # started (per-transfer packet rate, [dma] throughput curve): the engine's bandwidth stays free for
+        # the other queues meanwhile
+        qe_end[e] = s_e if s_e > qmin else qmin
         if s_e > end:
             end = s_e
     hbm_b = <double>(hbm_rw[0] + hbm_rw[1])

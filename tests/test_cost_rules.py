@@ -109,6 +109,48 @@ def test_dma_queues_share_an_engine():
     assert max(res.times[0][1], res.times[1][1]) == pytest.approx(a.dma_fixed_ns + 2 * xfer)
 
 
+#: [dma] figure "DMA Throughput varying Bytes per Partition for p_dim = 128" (nki/img/overviews/
+#: nki-dma-intro-1.jpg), each point's height as a fraction of the 32 KiB point's, read off the image.
+_DMA_CURVE = {256: 0.105, 512: 0.208, 1024: 0.423, 2048: 0.813, 4096: 0.964, 8192: 0.983, 16384: 0.990}
+
+
+def _stream_throughput(arch, bytes_per_partition, n=16, queues=1):
+    """Steady-state bytes/ns of ``n`` back-to-back [128, bytes_per_partition] HBM -> SBUF DMAs spread over
+    ``queues`` queues: the bytes of the transfers after the first ``queues`` over the time from their ends to
+    the last end."""
+    F = bytes_per_partition // 4
+
+    def emit(p):
+        h = p.hbm("h", (n, 128, F))
+        ts = [p.sbuf((128, F)) for _ in range(queues)]     # one tile per queue: no cross-queue waits
+        for k in range(n):
+            p.dma_copy(ts[k % queues], h[k], queue=k % queues)
+    res = _timed(arch, emit)
+    ends = sorted(res.times[k][1] for k in range(n))
+    return (n - queues) * 128 * bytes_per_partition / (ends[-1] - ends[queues - 1])
+
+
+@pytest.mark.parametrize("arch", ["trn1", "trn2"])
+def test_dma_stream_follows_the_published_throughput_curve(arch):
+    """[dma] figure: one stream of [128, b] DMAs moves bytes in proportion to b up to 1 KiB per partition (a
+    fixed time per transfer), 81 % of the plateau at 2 KiB, 96 % at 4 KiB; [dma-bw]: "< 256 B severely
+    overhead-bound ... >= 4 KiB fully amortizes", the same thresholds on Trn1-Trn3. The model's per-transfer
+    minimum (``dma_transfer_min_partition_bytes``) and per-descriptor overhead reproduce every point."""
+    peak = _stream_throughput(arch, 32768, n=4)
+    for b, frac in _DMA_CURVE.items():
+        assert _stream_throughput(arch, b) / peak == pytest.approx(frac, rel=0.06, abs=0.005), b
+
+
+def test_dma_transfer_minimum_is_per_queue():
+    """*Assumption* (arch.dma_transfer_min_partition_bytes): the per-transfer minimum holds a queue, not the
+    engine: [dma] "DMA transfers within a queue on the same DMA engine are executed in order", queues share
+    an engine round robin. Small DMAs spread over two queues move twice the bytes of one queue's stream."""
+    a = get_arch("trn1")
+    one = _stream_throughput("trn1", 512)
+    assert one == pytest.approx(512 * 8 / a.dma_transfer_min_ns * 16)    # 16 engines, one transfer per minimum
+    assert _stream_throughput("trn1", 512, queues=2) == pytest.approx(2 * one, rel=0.02)
+
+
 def test_dma_is_also_bounded_by_the_cores_hbm_bandwidth():
     """HBM: trn2 2.9 TB/s per chip, 8 cores: 362.5 GB/s per core, below the 16 engines' 368 GB/s: many
     large transfers on all queues cannot move HBM bytes faster than that."""

@@ -61,7 +61,11 @@ Sources (aws-neuron/aws-neuron-sdk, cited by short name below and next to each f
   previous trigger (trn2: the hardware descriptor generator's ~600 ns per DMA
   instruction, [arch-v3]/[dge]). Each engine moves its share of ``bytes +
   runs * dma_chunk_overhead_bytes`` (``runs``: contiguous runs, i.e.
-  descriptors; *assumption*, see the field). The HBM bytes read and written
+  descriptors). A queue starts a transfer on an engine no sooner than
+  ``dma_transfer_min_ns`` after its previous one there (the per-transfer
+  packet rate that makes small DMAs overhead-bound; both constants read off
+  [dma]'s throughput-vs-bytes-per-partition figure, see the fields); other
+  queues use the engine meanwhile. The HBM bytes read and written
   (an HBM -> HBM copy counts both) also pass the core's share of HBM
   bandwidth, ``hbm_bytes_per_s``. The DMA queue's busy time is its transfer
   span.
@@ -105,13 +109,21 @@ class Arch:
     dma_fixed_ns: float = 1300.0
     #: Time a DMA queue is occupied by triggering one DMA (see the TRN1/TRN2 tables).
     dma_issue_ns: float = 0.0
-    #: *Assumption*: per-descriptor (contiguous run) overhead of a DMA engine in byte-equivalents. [dma-bw]
-    #: gives only the curve's shape (< 256 B per partition "severely overhead-bound", >= 2 KiB "approaches
-    #: peak", >= 4 KiB "fully amortizes"); 512 B gives 33 % / 80 % / 89 % of peak there. Not fitted: the NKI
-    #: matmul tutorial's DMA-bound v2/v3 on trn1 (1 KiB rows) would imply ~1.8 KiB per descriptor at 17 B/ns,
-    #: which contradicts that curve (4 KiB rows would reach only ~70 %), so the two sources disagree and the
-    #: curve is followed (bench/fidelity.py shows v1-v3 modelled too fast).
-    dma_chunk_overhead_bytes: int = 512
+    #: Per-descriptor (contiguous run) overhead of a DMA engine in byte-equivalents, and (next field) the
+    #: per-transfer minimum: both read off [dma]'s figure "DMA Throughput varying Bytes per Partition for
+    #: p_dim = 128" (nki-dma-intro-1.jpg; the points, as fractions of the 32 KiB plateau: 256 B 0.105, 512 B
+    #: 0.208, 1 KiB 0.423, 2 KiB 0.813, 4 KiB 0.964, 8 KiB 0.983, 16 KiB 0.990). Throughput proportional to
+    #: the bytes up to 1 KiB means a fixed time per transfer; the least-squares fit of
+    #: ``b / max(T, b + o)`` to the points gives T = 2424 B and o = 185 B per partition (every point within
+    #: 4 %). [arch-v2]: "some performance overhead at both DMA buffer and transfer levels"; [dma-bw]: with
+    #: small payloads "the DMA packet rate ... becomes the limiting factor". Not fitted to any anchor.
+    dma_chunk_overhead_bytes: int = 185
+    #: Per-transfer minimum in bytes per partition (see above): a DMA queue starts a transfer on an engine
+    #: no sooner than :attr:`dma_transfer_min_ns` (the time the engine moves this many bytes on each of its
+    #: partitions) after its previous one there. *Assumption*: the limit is per queue (the curve is one
+    #: stream of DMAs; "DMA transfers within a queue on the same DMA engine are executed in order", [dma]), so
+    #: transfers of other queues use the engine's bandwidth meanwhile.
+    dma_transfer_min_partition_bytes: int = 2424
     #: [arch-v2] "Tensor access overhead": ~60 cycles to start an SBUF/PSUM access (NC-v2; kept for v3).
     access_cycles: int = 60
     #: [arch-v2] VectorE cost model: "a static instruction overhead of 100 engine cycles" for dependent
@@ -151,6 +163,14 @@ class Arch:
         return self.psum_partition_bytes // self.psum_bank_bytes
 
     @property
+    def dma_transfer_min_ns(self) -> float:
+        """Minimum ns between the starts of two transfers of one DMA queue on one engine: the engine's time
+        to move :attr:`dma_transfer_min_partition_bytes` on each of the partitions it serves (trn1 ~1141 ns,
+        trn2 ~843 ns)."""
+        per_engine = -(-self.partitions // self.dma_engines)
+        return per_engine * self.dma_transfer_min_partition_bytes / self.dma_engine_bytes_per_s * 1e9
+
+    @property
     def num_queues(self) -> int:
         """Compute-engine queues plus DMA queues."""
         return NUM_ENGINES + self.dma_queues
@@ -182,7 +202,7 @@ class Arch:
              self.hbm_bytes_per_s, self.dma_fixed_ns, float(self.dma_chunk_overhead_bytes),
              float(self.access_cycles), float(self.act_table_switch_cycles), float(self.dma_engines),
              self.dma_engine_bytes_per_s, self.dma_issue_ns, float(self.static_overhead_cycles),
-             1.0 if self.fast_modes else 0.0, 1.0 if self.shared_ports else 0.0],
+             1.0 if self.fast_modes else 0.0, 1.0 if self.shared_ports else 0.0, self.dma_transfer_min_ns],
             dtype=np.float64,
         )
 

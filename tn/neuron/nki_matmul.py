@@ -30,14 +30,17 @@ because it changes the timing): how many SBUF/PSUM buffers back a tile
 allocated inside an ``affine_range`` loop. tn gives every such tile a ring of
 ``bufs`` buffers (default 4; the big v2/v3/v4 tile sets get as many as
 fit SBUF, see :data:`RING_DEPTH`), so loads of later iterations overlap the
-compute of earlier ones as far as the ring allows; DMAs round-robin over the
-16 queues (tn's default).
+compute of earlier ones as far as the ring allows. Every load and store goes
+on one DMA queue (:data:`IO_QUEUE`), as the compiler's ``qSyncIO0`` in the
+published profiles: one in-order stream, so the DMA engines' per-transfer
+minimum (:attr:`tn.neuron.arch.Arch.dma_transfer_min_ns`) bounds the rate of
+the small transfers of v1-v3.
 """
 from __future__ import annotations
 
 from .program import Program
 
-__all__ = ["VERSIONS", "RING_DEPTH", "build"]
+__all__ = ["VERSIONS", "RING_DEPTH", "IO_QUEUE", "build"]
 
 #: Tutorial versions in published order.
 VERSIONS = ("tiled", "hoist_load", "block_free", "fully_optimized")
@@ -45,6 +48,15 @@ VERSIONS = ("tiled", "hoist_load", "block_free", "fully_optimized")
 RING_DEPTH = {"tile": 4, "psum": 4, "k_column": 2}
 
 TILE_K, TILE_M, TILE_N = 128, 128, 512
+#: DMA queue of every load and store: the NKI compiler puts a kernel's ``nl.load``/``nl.store`` transfers on one
+#: queue triggered by the Sync engine (``qSyncIO0`` in the profiles of nki/deep-dives/nki_perf_guide.rst, "Opt
+#: #4" and nki/guides/tutorials/fused_mamba.rst), so they run in order, one stream.
+IO_QUEUE = 0
+
+
+def _io(p, dst, src):
+    """One kernel IO transfer (``nl.load`` / ``nl.store``) on the IO queue."""
+    return p.dma_copy(dst, src, queue=IO_QUEUE)
 
 
 class _Ring:
@@ -75,7 +87,7 @@ def _evacuate_store(p, ring_out, psum_tile, result_view):
     """PSUM -> SBUF in the result dtype on VectorE (``nl.copy``), then SBUF -> HBM (``nl.store``)."""
     sb = ring_out.next()
     p.tensor_copy(sb, psum_tile)
-    p.dma_copy(result_view, sb)
+    _io(p, result_view, sb)
 
 
 def _tiled(p, lhsT, rhs, res, K, M, N, dt):
@@ -89,8 +101,8 @@ def _tiled(p, lhsT, rhs, res, K, M, N, dt):
             acc = ps.next()
             for k in range(nk):
                 a, b = lt.next(), rt.next()
-                p.dma_copy(a, lhsT[k * TILE_K:(k + 1) * TILE_K, m * TILE_M:(m + 1) * TILE_M])
-                p.dma_copy(b, rhs[k * TILE_K:(k + 1) * TILE_K, n * TILE_N:(n + 1) * TILE_N])
+                _io(p, a, lhsT[k * TILE_K:(k + 1) * TILE_K, m * TILE_M:(m + 1) * TILE_M])
+                _io(p, b, rhs[k * TILE_K:(k + 1) * TILE_K, n * TILE_N:(n + 1) * TILE_N])
                 p.matmul(acc, a, b, accumulate=k > 0, stop=k == nk - 1)
             _evacuate_store(p, out, acc, res[m * TILE_M:(m + 1) * TILE_M, n * TILE_N:(n + 1) * TILE_N])
 
@@ -106,11 +118,11 @@ def _hoist_load(p, lhsT, rhs, res, K, M, N, dt):
     for m in range(M // TILE_M):
         a = [lcols[k].next() for k in range(nk)]
         for k in range(nk):
-            p.dma_copy(a[k], lhsT[k * TILE_K:(k + 1) * TILE_K, m * TILE_M:(m + 1) * TILE_M])
+            _io(p, a[k], lhsT[k * TILE_K:(k + 1) * TILE_K, m * TILE_M:(m + 1) * TILE_M])
         for n in range(N // TILE_N):
             b = [rcols[k].next() for k in range(nk)]
             for k in range(nk):
-                p.dma_copy(b[k], rhs[k * TILE_K:(k + 1) * TILE_K, n * TILE_N:(n + 1) * TILE_N])
+                _io(p, b[k], rhs[k * TILE_K:(k + 1) * TILE_K, n * TILE_N:(n + 1) * TILE_N])
             acc = ps.next()
             for k in range(nk):
                 p.matmul(acc, a[k], b[k], accumulate=k > 0, stop=k == nk - 1)
@@ -130,12 +142,12 @@ def _block_free(p, lhsT, rhs, res, K, M, N, dt, bm=2, bn=2):
         for i in range(bm):
             mt = m * bm + i
             for k in range(nk):
-                p.dma_copy(lts[i][k], lhsT[k * TILE_K:(k + 1) * TILE_K, mt * TILE_M:(mt + 1) * TILE_M])
+                _io(p, lts[i][k], lhsT[k * TILE_K:(k + 1) * TILE_K, mt * TILE_M:(mt + 1) * TILE_M])
         for n in range(N // (TILE_N * bn)):
             for j in range(bn):
                 nt = n * bn + j
                 for k in range(nk):
-                    p.dma_copy(rts[j][k], rhs[k * TILE_K:(k + 1) * TILE_K, nt * TILE_N:(nt + 1) * TILE_N])
+                    _io(p, rts[j][k], rhs[k * TILE_K:(k + 1) * TILE_K, nt * TILE_N:(nt + 1) * TILE_N])
             for i in range(bm):
                 for j in range(bn):
                     acc = ps.next()
@@ -162,12 +174,12 @@ def _fully_optimized(p, lhsT, rhs, res, K, M, N, dt, bm=16, bn=2, bk=8):
             rt = rring.next()
             for j in range(bk):
                 k0 = (k * bk + j) * TILE_K
-                p.dma_copy(rt[:, j, :], rhs[k0:k0 + TILE_K, n * BN:(n + 1) * BN])
+                _io(p, rt[:, j, :], rhs[k0:k0 + TILE_K, n * BN:(n + 1) * BN])
             for m in range(nbm):
                 lt = lring.next()
                 for j in range(bk):
                     k0 = (k * bk + j) * TILE_K
-                    p.dma_copy(lt[:, j, :], lhsT[k0:k0 + TILE_K, m * BM:(m + 1) * BM])
+                    _io(p, lt[:, j, :], lhsT[k0:k0 + TILE_K, m * BM:(m + 1) * BM])
                 for jn in range(bn):
                     for im in range(bm):
                         acc = ps.next()
@@ -182,7 +194,7 @@ def _fully_optimized(p, lhsT, rhs, res, K, M, N, dt, bm=16, bn=2, bk=8):
                 for jn in range(bn):          # coalesce the N-tiles into one row block (nl.copy), one store
                     p.tensor_copy(row[:, jn * TILE_N:(jn + 1) * TILE_N], accs[m * bm + im][:, jn, :])
                 mt = m * bm + im
-                p.dma_copy(res[mt * TILE_M:(mt + 1) * TILE_M, n * BN:(n + 1) * BN], row)
+                _io(p, res[mt * TILE_M:(mt + 1) * TILE_M, n * BN:(n + 1) * BN], row)
 
 
 _BUILDERS = {"tiled": _tiled, "hoist_load": _hoist_load, "block_free": _block_free,
