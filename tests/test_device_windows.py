@@ -365,7 +365,9 @@ def test_a_steady_loop_binds_its_inputs_without_new_aliases(adaptive, monkeypatc
         made.clear()
         outs.append(((x @ w + b).relu() * 2).cpu())
     assert windows.stats()["hits"] == 2
-    assert len(made) == 1        # the one result; x, w and b were bound through the views kept from the first call
+    # at most the one result (its block, reused from the caching allocator, usually has its view kept too); x, w
+    # and b were bound through the views kept from the first call
+    assert len(made) <= 1
     torch.testing.assert_close(outs[2], ((x.cpu() @ w.cpu() + b.cpu()).relu() * 2))
 
 

@@ -97,8 +97,14 @@ class _Entry:
 
 def op_name(op) -> str:
     """``"aten::add.Tensor"`` for an OpOverload."""
-    ov = op._overloadname
-    return f"{op._schema.name}.{ov}" if ov and ov != "default" else f"{op._schema.name}"
+    n = _NAMES.get(op)
+    if n is None:
+        ov = op._overloadname
+        n = _NAMES[op] = f"{op._schema.name}.{ov}" if ov and ov != "default" else f"{op._schema.name}"
+    return n
+
+
+_NAMES: Dict[Any, str] = {}
 
 
 def _leaf_key(a: Any) -> Any:
@@ -201,8 +207,13 @@ def _resolve_math_bits(op, name: str, flat: list, spec) -> list:
 
 
 def _is_view_op(op) -> bool:
-    rets = op._schema.returns
-    return any(r.alias_info is not None and not r.alias_info.is_write for r in rets)
+    v = _VIEW_OPS.get(op)
+    if v is None:
+        v = _VIEW_OPS[op] = any(r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns)
+    return v
+
+
+_VIEW_OPS: Dict[Any, bool] = {}
 
 
 _TENSOR_ARGS: Dict[Any, Tuple[Tuple[int, str], ...]] = {}
@@ -261,6 +272,10 @@ def run_op(op, args: tuple, kwargs: dict):
     """Run an aten OpOverload whose tensor arguments live on a neuron device, with that device current (its
     programs are timed on that device's core, its results land there), as a CUDA kernel runs under a device
     guard."""
+    if windows.active():    # adaptive eager: the common call is queued by one pass over its arguments
+        r = _record_plain(op, args, kwargs)
+        if r is not windows.GENERAL:
+            return r
     index = _op_device(args, kwargs)
     if index == current_index():
         return _run_op(op, args, kwargs)
@@ -268,7 +283,73 @@ def run_op(op, args: tuple, kwargs: dict):
         return _run_op(op, args, kwargs)
 
 
-def _run_op(op, args: tuple, kwargs: dict):
+#: id(op) -> ``(op, name, has out= arguments, positions of its Tensor arguments)`` for ops :func:`_record_plain`
+#: may queue, ``(op, None, ...)`` for the others (foreach, view and indexing ops with host indices: the general
+#: path sorts them). Keyed by id: an OpOverload hashes in Python.
+_PLAIN: Dict[int, Tuple[Any, Any, bool, tuple]] = {}
+_NUMBERS = (float, int, bool, complex)
+
+
+def _plain_info(op) -> Tuple[Any, Any, bool, tuple]:
+    name = op_name(op)
+    if name.startswith("aten::_foreach_") or name in _CPU_INDEX_OPS or _is_view_op(op):
+        name = None
+    info = _PLAIN[id(op)] = (op, name, _has_out_args(op), tuple((i, a.name) for i, a in enumerate(
+        op._schema.arguments) if str(a.type) == "Tensor"))
+    return info
+
+
+def _plain_args(op, args: tuple, kwargs: dict, pos: tuple) -> Tuple[tuple, dict]:
+    """:func:`_rewrap_scalars`, skipped when no Tensor argument is a Python number (the common call)."""
+    n = len(args)
+    for i, k in pos:
+        v = args[i] if i < n else kwargs.get(k)
+        if type(v) in _NUMBERS:
+            return _rewrap_scalars(op, args, kwargs)
+    return args, kwargs
+
+
+def record_functional(op, name: str, args: tuple, kwargs: dict):
+    """Queue functional ``op`` (a kernel of :mod:`tn.device.fastpath`) into the open adaptive eager window,
+    counted as ``name``; ``NotImplemented`` when it is not queued (the caller runs torch's composite kernel:
+    ``empty`` + ``out=``)."""
+    info = _PLAIN.get(id(op))
+    if info is None or info[0] is not op:
+        info = _plain_info(op)
+    if info[1] is None:
+        return NotImplemented
+    args, kwargs = _plain_args(op, args, kwargs, info[3])
+    flat, spec = flatten_args(args, kwargs)
+    r = windows.record_plain(op, name, flat, spec, exact=True)
+    return NotImplemented if r is windows.GENERAL else r
+
+
+def _record_plain(op, args: tuple, kwargs: dict):
+    """Queue ``op`` into the open adaptive eager window when the call is the common one (see
+    :func:`tn.device.windows.record_plain`); :data:`tn.device.windows.GENERAL` leaves it to :func:`_run_op`."""
+    info = _PLAIN.get(id(op))
+    if info is None or info[0] is not op:
+        info = _plain_info(op)
+    _, name, has_out, pos = info
+    if name is None:
+        return windows.GENERAL
+    if has_out:     # an empty out= tensor is sized first (the general path)
+        for v in kwargs.values():
+            if type(v) is torch.Tensor and not v.numel():
+                return windows.GENERAL
+    args, kwargs = _plain_args(op, args, kwargs, pos)
+    flat, spec = flatten_args(args, kwargs)
+    r = windows.record_plain(op, name, flat, spec)
+    if r is NotImplemented:   # the window declined the op (and flushed what it depends on): it runs now
+        index = _op_device(args, kwargs)
+        if index == current_index():
+            return _run_op(op, args, kwargs, queue=False)
+        with on_device(index):
+            return _run_op(op, args, kwargs, queue=False)
+    return r
+
+
+def _run_op(op, args: tuple, kwargs: dict, queue: bool = True):
     name = op_name(op)
     args, kwargs = _rewrap_scalars(op, args, kwargs)
     if name in _CPU_INDEX_OPS:
@@ -284,7 +365,7 @@ def _run_op(op, args: tuple, kwargs: dict):
         flat = _resolve_math_bits(op, name, flat, spec)
     if _has_out_args(op):   # out= overloads, whatever their name (kthvalue.values, max.dim_max ...)
         _presize_empty_outs(op, flat, spec)
-    if windows.active():    # adaptive eager: queue the op into the open window (tn.device.windows)
+    if queue and windows.active():    # adaptive eager: queue the op into the open window (tn.device.windows)
         r = windows.record(op, name, flat, spec)
         if r is not NotImplemented:
             return r

@@ -1,5 +1,8 @@
-# Fast path of small eager ops on the neuron device: direct kernels for add/sub/mul that skip the generic fallback.
-"""Cheap dispatch for small elementwise ops (``add``, ``sub``, ``mul`` of two
+# Fast paths of eager ops on the neuron device: direct kernels for small add/sub/mul, functional structured ops.
+"""Cheap dispatch of eager ops: the functional kernels of structured ops (at the
+end of this module: in adaptive eager mode ``tanh(x)`` is queued as one op
+instead of torch's ``empty`` + ``tanh.out``), and direct kernels for small
+elementwise ops (``add``, ``sub``, ``mul`` of two
 same-shape contiguous fp32/bf16 tensors, ``alpha=1``, at most
 ``TN_DEVICE_FAST_NUMEL`` elements, default 65536).
 
@@ -19,6 +22,7 @@ real program instead, so profiles only ever show real program runs.
 """
 from __future__ import annotations
 
+from typing import Any, List
 
 import torch
 
@@ -29,7 +33,7 @@ from . import eager, tracking, windows
 from .allocator import _lib, alloc_storage, contiguous_strides
 from .allocator import blank as _blank
 
-__all__ = ["register", "enabled", "FAST_OPS"]
+__all__ = ["register", "enabled", "FAST_OPS", "STRUCTURED_OPS"]
 
 aten = torch.ops.aten
 _F32, _BF16 = torch.float32, torch.bfloat16
@@ -91,7 +95,7 @@ _LIBS: list = []
 
 
 def register() -> None:
-    """Install the fast kernels (idempotent)."""
+    """Install the fast kernels and the functional kernels of structured ops (idempotent)."""
     if _LIBS:
         return
     lib = torch.library.Library("aten", "IMPL")
@@ -107,8 +111,92 @@ def register() -> None:
         else:
             lib.impl(name, _make(idx, op, f"aten::{name}"), "PrivateUse1")
     _LIBS.append(lib)
+    _register_structured()   # after the kernels above: only ops whose kernel is torch's composite
 
 
 def set_enabled(flag: bool) -> None:
     """Turn the fast path on or off at run time (benches compare both)."""
     _ON[0] = bool(flag)
+
+
+# --------------------------------------------------------------------------- structured ops, functional
+#
+# torch gives a backend without its own kernel for a structured op (``tanh``, ``addmm``, ``cat`` ...) its
+# ``CompositeExplicitAutogradNonFunctional`` kernel: ``torch.empty`` for the result (tn's ``empty`` kernel, the caching
+# allocator and, in adaptive eager mode, a blank slot of the window), then the ``out=`` overload through the boxed
+# fallback. In adaptive eager mode (tn.device.windows) that is two trips through Python for one recorded op; the
+# kernels below queue the functional op itself, its result allocated from the metadata the window cached for the
+# call (tn.device.eager.record_functional). Every other call (op mode, a call the window declines, results whose
+# strides torch would not make contiguous) runs torch's own composite kernel, called by its dispatch key, so op mode
+# runs exactly the ops it ran before (``empty`` + ``out=``), and adaptive mode counts the op under the name of its
+# ``out=`` overload, as op mode does. Only ops whose neuron kernel is that composite are overridden (checked at
+# registration); the list holds the structured ops of transformer training and generation.
+
+#: functional overloads (``name`` or ``name.overload``) given a kernel when torch's is the composite
+STRUCTURED_OPS = ("addmm", "mm", "bmm", "baddbmm", "cat", "tanh", "tanh_backward", "pow.Tensor_Scalar",
+    "pow.Tensor_Tensor", "eq.Scalar", "eq.Tensor", "ne.Scalar", "ne.Tensor", "lt.Scalar", "lt.Tensor", "le.Scalar",
+    "gt.Scalar", "gt.Tensor", "ge.Scalar", "bitwise_or.Tensor", "bitwise_and.Tensor", "bitwise_not", "logical_not",
+    "any", "any.dim", "all", "argmax", "argmin", "isin.Tensor_Tensor", "div.Tensor", "div.Scalar", "neg", "exp",
+    "log", "sqrt", "rsqrt", "sigmoid", "sigmoid_backward", "silu", "silu_backward", "gelu", "gelu_backward",
+    "threshold_backward", "_softmax", "_softmax_backward_data", "_log_softmax", "_log_softmax_backward_data",
+    "nll_loss_forward", "nll_loss_backward", "sum.dim_IntList", "mean.dim", "amax", "amin", "maximum", "minimum",
+    "where.self", "clamp", "clamp_min", "addcmul", "addcdiv", "lerp.Scalar", "lerp.Tensor", "cumsum", "sort", "topk",
+    "max.dim", "min.dim", "sub.Tensor", "mul.Tensor", "add.Tensor", "index_add", "scatter_add", "gather",
+    "embedding_dense_backward", "masked_fill.Scalar", "tril", "triu", "sgn", "abs", "reciprocal", "cos", "sin",
+    "erf", "exp2", "log1p", "expm1", "hardtanh", "elu", "leaky_relu", "softplus", "mse_loss",
+    "native_dropout_backward", "fmod.Scalar", "remainder.Scalar", "floor", "round", "sign", "atan2", "xlogy.Tensor",
+    "pow.Scalar", "rsub.Tensor", "avg_pool2d", "max_pool2d_with_indices", "upsample_nearest2d",
+    "upsample_bilinear2d", "logit", "hardswish", "hardsigmoid", "mish")
+
+_NONFUNCTIONAL = torch._C.DispatchKey.CompositeExplicitAutogradNonFunctional
+#: the ops given a kernel here
+STRUCTURED: List[Any] = []
+
+
+def _out_name(op) -> str:
+    """The name of ``op``'s ``out=`` overload (what op mode runs and counts), or ``op``'s own name."""
+    packet = getattr(torch.ops.aten, op._schema.name.split("::")[-1])
+    for ov in packet.overloads():
+        cand = getattr(packet, ov)
+        if cand is not op and eager._functional_of(cand)[0] is op:
+            return eager.op_name(cand)
+    return eager.op_name(op)
+
+
+def _structured_kernel(op):
+    composite = op._op_dk    # torch's composite kernel, called by its dispatch key (Python numbers wrap as usual)
+    name = _out_name(op)     # counted (torch.neuron.executed_ops) under the name op mode counts
+
+    def kernel(*args, **kwargs):
+        if windows.active():
+            r = eager.record_functional(op, name, args, kwargs)
+            if r is not NotImplemented:
+                return r
+        return composite(_NONFUNCTIONAL, *args, **kwargs)
+
+    kernel.__name__ = f"neuron_{op.__name__.replace('.', '_')}"
+    kernel.__doc__ = f"{op} on the neuron device: queued whole in adaptive eager mode, else torch's composite."
+    return kernel
+
+
+def _register_structured() -> None:
+    """Install the functional kernels for the ops of :data:`STRUCTURED_OPS` whose neuron kernel is torch's
+    composite."""
+    lib = torch.library.Library("aten", "IMPL")
+    for name in STRUCTURED_OPS:
+        packet, _, ov = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet, None), ov or "default", None)
+        if op is None:
+            continue
+        full = f"aten::{name}"
+        try:
+            k = torch._C._dispatch_get_computed_kernel_for_dispatch_key(full, torch._C.DispatchKey.PrivateUse1)
+        except RuntimeError:
+            continue
+        if "CompositeExplicitAutogradNonFunctional" not in repr(k):
+            continue
+        if any(a.alias_info is not None for a in op._schema.arguments):
+            continue
+        STRUCTURED.append(op)
+        lib.impl(name, _structured_kernel(op), "PrivateUse1")
+    _LIBS.append(lib)

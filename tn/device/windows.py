@@ -159,13 +159,13 @@ class _Slot:
     __slots__ = ("index", "external", "dtype", "shape", "nbytes", "strong", "ref", "blank")
 
     def __init__(self, index: int, st: Any, external: bool, dtype: torch.dtype, shape: Tuple[int, ...],
-                 blank: bool = False):
+                 blank: bool = False, nbytes: Optional[int] = None):
         self.index = index
         self.external = external
         self.blank = blank      # made by torch.empty while the window was open: no value until an op writes it
         self.dtype = dtype
         self.shape = shape
-        self.nbytes = st.nbytes()
+        self.nbytes = st.nbytes() if nbytes is None else nbytes
         self.strong = st if external else None
         self.ref = None if external else weakref.ref(st)
 
@@ -318,8 +318,9 @@ def _meta_of(r: _Ref) -> torch.Tensor:
 
 
 def _plan(op, leaves: list, spec) -> Any:
-    """Run ``op``'s meta kernel: ``(out_tree, [("alias", leaf) | ("fresh", shape, dtype, strides) |
-    ("static", v)], whether the result is one value)``."""
+    """Run ``op``'s meta kernel: ``(out_tree, [("alias", leaf) | ("fresh", shape, dtype, strides, nbytes) |
+    ("static", v)], whether the result is one value, whether the fresh results are contiguous in the meta
+    kernel too)`` (results are always made contiguous)."""
     metas = [_meta_of(x) if type(x) is _Ref else
              (torch.empty((), dtype=x.dtype, device="meta") if isinstance(x, torch.Tensor) else x) for x in leaves]
     by_id = {id(m): i for i, m in enumerate(metas) if type(leaves[i]) is _Ref}
@@ -327,15 +328,21 @@ def _plan(op, leaves: list, spec) -> Any:
     res = op(*args, **kwargs)
     flat, tree = tree_flatten(res)
     out = []
+    exact = True
     for x in flat:
         if isinstance(x, torch.Tensor):
             i = by_id.get(id(x))
             shape = tuple(x.shape)
-            out.append(("alias", i) if i is not None else
-                       ("fresh", shape, x.dtype, allocator.contiguous_strides(shape)))
+            if i is not None:
+                out.append(("alias", i))
+            else:
+                strides = allocator.contiguous_strides(shape)
+                if x.numel() > 1 and tuple(x.stride()) != strides:
+                    exact = False
+                out.append(("fresh", shape, x.dtype, strides, allocator.storage_nbytes(shape, strides, x.itemsize)))
         else:
             out.append(("static", x))
-    return tree, out, tree.is_leaf()
+    return tree, out, tree.is_leaf(), exact
 
 
 _COPY = aten.copy_.default
@@ -464,10 +471,10 @@ def record(op, name: str, flat: list, spec, deterministic: bool = False) -> Any:
     results (neuron tensors whose contents the window's flush computes), or ``NotImplemented`` when the op
     must run eagerly now (the queue was flushed first where the op depends on it). ``deterministic``: the
     caller knows this call draws no random numbers although torch tags the op random (SDPA without dropout)."""
-    info = _OPS.get(op)
-    if info is None:
+    info = _OPS.get(id(op))
+    if info is None or info[0] is not op:
         info = _op_info(op)
-    if info[3] and not deterministic:
+    if info[4] and not deterministic:
         flush("random op", name)
         return NotImplemented
     index = -1
@@ -482,77 +489,154 @@ def record(op, name: str, flat: list, spec, deterministic: bool = False) -> Any:
     if index < 0:
         flush("tensors on several devices", name)
         return NotImplemented
+    return _record_locked(index, op, name, flat, spec, info, False)
+
+
+#: :func:`record_plain`'s answer for a call it leaves to the general path (nothing was recorded or flushed)
+GENERAL = object()
+
+
+def record_plain(op, name: str, flat: list, spec, exact: bool = False) -> Any:
+    """:func:`record` for the common call, checked on the way: tensors of one neuron device (0-dim host
+    tensors mix in) without lazy conjugate/negative bits. Returns :data:`GENERAL`, having changed nothing,
+    for any other call (the caller then checks it as op mode would and calls :func:`record`); otherwise what
+    :func:`record` returns. One pass over the arguments instead of the eager path's checks plus :func:`record`'s.
+    ``exact``: also decline an op whose results torch would not make contiguous (a functional op queued in
+    place of torch's ``empty`` + ``out=`` composite, :mod:`tn.device.fastpath`, must not change strides)."""
+    info = _OPS.get(id(op))
+    if info is None or info[0] is not op:
+        info = _op_info(op)
+    if info[4]:
+        return GENERAL
+    for a in flat:
+        if isinstance(a, torch.Tensor) and not a.is_cpu:
+            index = a.get_device()
+            break
+    else:
+        return GENERAL
+    if index < 0:
+        return GENERAL
+    return _record_locked(index, op, name, flat, spec, info, True, exact)
+
+
+def _record_locked(index: int, op, name: str, flat: list, spec, info, check: bool, exact: bool = False) -> Any:
     q = _QUEUES.get(index) or _queue(index)
     stream = _tl.current_queue(index)
     with q.lock:
         w = q.window
         if w.stream is not stream:
             if w.recs:
+                if check:
+                    try:
+                        _check_plain(flat, index)
+                    except _Decline:
+                        return GENERAL
                 flush("stream change", name)
             q.window.stream = stream
         try:
-            return _record(q, index, op, name, flat, spec, info)
+            return _record(q, index, op, name, flat, spec, info, check, exact)
+        except _Decline:
+            return GENERAL
         except _NotRecordable as e:
             flush(str(e), name)
             return NotImplemented
 
 
-_OPS: Dict[Any, Tuple[bool, bool, Optional[str], bool]] = {}   # op -> (traceable, t_form, f_form, random)
+class _Decline(Exception):
+    """:func:`record_plain` leaves this call to the general path (nothing changed)."""
 
 
-def _op_info(op) -> Tuple[bool, bool, Optional[str], bool]:
-    """What recording needs to know of ``op``, once: traceable, its scalar forms, whether torch tags it random."""
-    t_form, f_form = _scalar_form(op)
-    info = _OPS[op] = (trace.can_replay(op), t_form, f_form, _SEEDED in op.tags)
-    return info
-
-
-def _record(q: _Queue, index: int, op, name: str, flat: list, spec, info) -> Any:
-    traceable, t_form, f_form, _ = info
-    if not traceable:
-        raise _NotRecordable("an op the tracer cannot replay")
-    w = q.window
-    by_ptr = w.by_ptr
-    leaves: list = []
-    meta_key: list = [op]
-    slot_key: list = []
-    new_slots: List[Tuple[Any, torch.Tensor]] = []
-    any_dev = False
-    scal: list = []           # [(leaf index, value, dtype as an input)]
-    all_fp32 = True
+def _check_plain(flat: list, index: int) -> None:
     for a in flat:
         if isinstance(a, torch.Tensor):
             if a.is_cpu:
                 if a.dim() or a.requires_grad:
+                    raise _Decline()
+            elif a.get_device() != index or a.is_conj() or a.is_neg():
+                raise _Decline()
+
+
+#: id(op) -> (op, traceable, t_form, f_form, random, number): keyed by id, as OpOverload hashes in Python
+_OPS: Dict[int, Tuple[Any, bool, bool, Optional[str], bool, int]] = {}
+
+
+def _op_info(op) -> Tuple[Any, bool, bool, Optional[str], bool, int]:
+    """What recording needs to know of ``op``, once: traceable, its scalar forms, whether torch tags it random,
+    and the number that stands for it in signatures (never reused, unlike an id)."""
+    t_form, f_form = _scalar_form(op)
+    info = _OPS[id(op)] = (op, trace.can_replay(op), t_form, f_form, _SEEDED in op.tags, len(_OP_NUMBERS))
+    _OP_NUMBERS.append(op)
+    return info
+
+
+_OP_NUMBERS: List[Any] = []    # number -> op (keeps every numbered op alive, so its id is not reused)
+
+
+def _record(q: _Queue, index: int, op, name: str, flat: list, spec, info, check: bool = False,
+            exact: bool = False) -> Any:
+    """Append ``op`` to ``q``'s window (the caller holds the lock). ``check``: a call :func:`record_plain`
+    must leave to the general path raises :class:`_Decline` (before anything changed); so does, with
+    ``exact``, an op whose results torch would not make contiguous."""
+    _, traceable, t_form, f_form, _, number = info
+    if not traceable:
+        if check:
+            _check_plain(flat, index)
+        raise _NotRecordable("an op the tracer cannot replay")
+    w = q.window
+    by_ptr = w.by_ptr
+    leaves: list = []
+    meta_key: list = [number]
+    slot_key: list = []
+    new_slots: Optional[list] = None
+    any_dev = False
+    scal: Optional[list] = None     # [(leaf index, value, dtype as an input)]
+    all_fp32 = True
+    Tensor = torch.Tensor
+    for a in flat:
+        if isinstance(a, Tensor):
+            if a.is_cpu:
+                if a.dim() or a.requires_grad:
+                    if check:
+                        raise _Decline()
                     raise _NotRecordable("a host tensor argument")
                 if t_form and a.dtype in _SCALAR_DTYPES:
+                    if scal is None:
+                        scal = []
                     scal.append((len(leaves), a.item(), a.dtype))
                     meta_key.append(("t?", a.dtype))
                 else:
                     meta_key.append(_leaf_key(a))
                 leaves.append(a)
                 continue
+            if check and (a.get_device() != index or a.is_conj() or a.is_neg()):
+                raise _Decline()
             any_dev = True
             dtype = a.dtype
-            if dtype is not torch.float32:
+            if dtype is not _F32:
                 all_fp32 = False
             st = a.untyped_storage()
-            s = by_ptr.get(st.data_ptr())
-            if s is not None and s.storage() is not st:
+            ptr = st.data_ptr()
+            s = by_ptr.get(ptr)
+            if s is not None and (s.strong if s.external else s.ref()) is not st:
                 s = None
             if s is None:
-                for st2, t2 in new_slots:
-                    if st2 is st:
-                        s = t2
-                        break
+                if new_slots is not None:
+                    for st2, t2 in new_slots:
+                        if st2 is st:
+                            s = t2
+                            break
+                else:
+                    new_slots = []
                 if s is None:
                     nb = st.nbytes()
-                    blank = w.blanks.get(st.data_ptr())
+                    blank = w.blanks.get(ptr)
                     blank = blank is not None and blank() is st
-                    s = _Slot(len(w.slots) + len(new_slots), st, not blank, dtype, _base_shape(a, nb), blank)
+                    s = _Slot(len(w.slots) + len(new_slots), st, not blank, dtype, _base_shape(a, nb), blank, nb)
                     new_slots.append((st, s))
                     slot_key.append(("blank" if blank else "ext", s.index, s.shape, dtype))
             if s.dtype is not dtype:
+                if check:
+                    _check_plain(flat, index)
                 raise _NotRecordable("a dtype view of pending memory")
             m = (tuple(a.shape), a.stride(), a.storage_offset(), dtype)
             leaves.append(_Ref(s.index, *m))
@@ -560,12 +644,16 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec, info) -> Any
             slot_key.append(s.index)
         else:
             if f_form is not None and type(a) is float:
+                if scal is None:
+                    scal = []
                 scal.append((len(leaves), a, None))
                 meta_key.append(_F_KEY)
             else:
                 meta_key.append(_leaf_key(a))
             leaves.append(a)
     if not any_dev:
+        if check:
+            raise _Decline()
         raise _NotRecordable("no device tensor argument")
     if f_form is not None and scal:
         fs = [x for x in scal if x[2] is None]
@@ -584,46 +672,68 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec, info) -> Any
         except Exception as e:   # no meta kernel, or a bad call: eager runs it (and raises at the user's line)
             raise _NotRecordable(f"its meta kernel failed ({type(e).__name__})") from None
         _META[mk] = plan
-    tree, items, single = plan
+    tree, items, single, exact_plan = plan
+    if exact and not exact_plan:
+        raise _Decline()
     # commit: the op belongs to the window from here on
-    for st, s in new_slots:
-        w.slots.append(s)
-        w.by_ptr[st.data_ptr()] = s
-        if s.blank:
-            del w.blanks[st.data_ptr()]
-    out = []
-    fresh = []
-    for j, it in enumerate(items):
-        kind = it[0]
-        if kind == "fresh":
-            shape, dtype = it[1], it[2]
-            t = allocator.new_tensor(shape, it[3], dtype, index)
-            st = t.untyped_storage()
-            s = _Slot(len(w.slots), st, False, dtype, shape)
-            w.slots.append(s)
+    slots = w.slots
+    if new_slots:
+        for st, s in new_slots:
+            slots.append(s)
             by_ptr[st.data_ptr()] = s
-            fresh.append((j, s.index))
-            out.append(t)
-        elif kind == "alias":
-            out.append(flat[it[1]])
-        else:
-            out.append(it[1])
+            if s.blank:
+                del w.blanks[st.data_ptr()]
+    fresh = []
+    if single and items[0][0] == "fresh":     # the common case: one new tensor, from the plan's metadata
+        _, shape, dtype, strides, nbytes = items[0]
+        result = _new_result(index, shape, strides, dtype, nbytes, slots, by_ptr, fresh, 0)
+    else:
+        out = []
+        for j, it in enumerate(items):
+            kind = it[0]
+            if kind == "fresh":
+                out.append(_new_result(index, it[1], it[3], it[2], it[4], slots, by_ptr, fresh, j))
+            elif kind == "alias":
+                out.append(flat[it[1]])
+            else:
+                out.append(it[1])
+        result = out[0] if single else tree_unflatten(out, tree)
     sc = ()
     if scal:
         n = len(w.svals)
         sc = tuple((li, n + k) for k, (li, _, _) in enumerate(scal))
         w.svals.extend(v for _, v, _ in scal)
-        w.sdtypes.extend(torch.float32 if d is None else d for _, _, d in scal)
+        w.sdtypes.extend(_F32 if d is None else d for _, _, d in scal)
     recs = w.recs
     if not recs:
         w.limit = config.get("window_ops")
-    recs.append(_Rec(op, leaves, spec, plan, fresh, _user_src(3), sc))
+    recs.append(_Rec(op, leaves, spec, plan, fresh, _user_src(4), sc))
     w.keys.append(rec_key)
-    tracking.count(name)
-    result = out[0] if single else tree_unflatten(out, tree)
+    _count(name)
     if len(recs) >= w.limit:
         flush("buffer limit")
     return result
+
+
+_F32 = torch.float32
+_count = tracking.count
+_alloc_storage = allocator.alloc_storage
+_blank = allocator.blank
+_set_handle = allocator._set_handle
+_CPU_KEYS = allocator._CPU_KEYS
+
+
+def _new_result(index: int, shape: tuple, strides: tuple, dtype: torch.dtype, nbytes: int, slots: list,
+                by_ptr: dict, fresh: list, j: int) -> torch.Tensor:
+    """A new neuron tensor for result ``j`` of the op being recorded (its memory a new slot of the window)."""
+    st = _alloc_storage(nbytes, index)
+    t = _blank(dtype, index)
+    _set_handle(_CPU_KEYS, t, st, 0, shape, strides)
+    s = _Slot(len(slots), st, False, dtype, shape, False, nbytes)
+    slots.append(s)
+    by_ptr[st.data_ptr()] = s
+    fresh.append((j, s.index))
+    return t
 
 
 # --------------------------------------------------------------------------- flushing
@@ -797,8 +907,8 @@ def _run_compiled(w: _Window, entry: _Compiled) -> None:
     for j, i in enumerate(entry.outputs):
         s = slots[i]
         st = s.storage()
-        if st is not None:
-            _alias(st, s.dtype, s.shape).copy_(outs[j].reshape(s.shape))
+        if st is not None:    # (a result's memory is reused by later windows: its alias is kept too)
+            _cached_alias(st, s.dtype, s.shape).copy_(outs[j].reshape(s.shape))
     for i, j in entry.mutations:
         ins[i].copy_(outs[j].reshape(ins[i].shape))
 
