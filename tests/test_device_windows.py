@@ -442,3 +442,53 @@ def test_a_window_of_another_device_is_timed_on_that_devices_core(adaptive):
     assert torch.neuron.current_device() == 0
     torch.testing.assert_close(y.cpu(), x @ x)
     assert torch.neuron.device_time_ns(1) > 0 and torch.neuron.device_time_ns(0) == 0
+
+
+# ---------------------------------------------------------------- the host cost of recording (tn.device.fastpath)
+
+
+def test_a_structured_op_is_queued_whole_and_counted_as_op_mode_counts_it(adaptive):
+    # tanh/addmm/gt reach the device as torch's empty + out= composite in op mode; adaptive mode queues the functional
+    # op itself (one recorded op, no blank memory), counted under the out= name op mode counts
+    from tn.device import fastpath
+
+    assert torch.ops.aten.tanh.default in fastpath.STRUCTURED and torch.ops.aten.addmm.default in fastpath.STRUCTURED
+    x, w, b = torch.randn(4, 8), torch.randn(8, 8), torch.randn(8)
+    xd, wd, bd = _dev(x, w, b)
+    torch.neuron.reset_op_counts()
+    y = torch.tanh(torch.addmm(bd, xd, wd))
+    m = y > 0.1
+    assert windows.pending_ops() == 3 and not any(s.blank for s in windows._QUEUES[0].window.slots)
+    assert set(torch.neuron.executed_ops()) == {"aten::addmm.out", "aten::tanh.out", "aten::gt.Scalar_out"}
+    torch.testing.assert_close(y.cpu(), torch.tanh(torch.addmm(b, x, w)))
+    assert torch.equal(m.cpu(), torch.tanh(torch.addmm(b, x, w)) > 0.1)
+
+
+def test_a_structured_op_keeps_eager_strides_and_wrapped_numbers():
+    # results torch lays out like a transposed input are not queued as contiguous tensors (the window declines and
+    # torch's composite runs, in both modes); a Python number keeps its wrapped-number promotion (bf16 / 1.1 is bf16)
+    x = torch.randn(6, 4)
+    h = torch.randn(5, 3).bfloat16()
+    xd, hd = _dev(x, h)
+    for m in ("op", "adaptive"):
+        with windows.eager_mode(m):
+            y = torch.tanh(xd.t())
+            z = torch.div(hd, 1.1)
+            c = torch.where(hd > 0, hd, 0.0)
+            assert y.stride() == torch.tanh(x.t()).stride() and z.dtype == torch.bfloat16 == c.dtype
+            torch.testing.assert_close(y.cpu(), torch.tanh(x.t()))
+            torch.testing.assert_close(z.cpu(), torch.div(h, 1.1))
+            torch.testing.assert_close(c.cpu(), torch.where(h > 0, h, 0.0))
+
+
+def test_the_one_pass_recording_leaves_unusual_calls_to_the_checked_path(adaptive):
+    # a host tensor with dimensions and tensors of two devices raise PyTorch's errors (nothing queued, no flush);
+    # an op of the queued kind after them still queues
+    xd = torch.randn(3, 4).to("neuron")
+    y = xd * 3
+    with pytest.raises(RuntimeError, match="neuron"):
+        torch.tanh(xd) + torch.randn(3, 4)
+    assert windows.stats()["windows"] == 0
+    z = torch.sigmoid(y)
+    assert windows.pending_ops() >= 3
+    torch.testing.assert_close(z.cpu(), torch.sigmoid(xd.cpu() * 3))

@@ -12,9 +12,10 @@ def flatten_args(args: tuple, kwargs: dict) -> Tuple[list, tuple]:
     and the structure to rebuild it with :func:`unflatten_args` (cheaper than torch's pytree for these shapes)."""
     flat: list = []
     shape = []
-    for a in list(args) + list(kwargs.values()):
-        if isinstance(a, (list, tuple)):
-            shape.append((type(a), len(a)))
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        t = type(a)
+        if t is list or t is tuple or isinstance(a, (list, tuple)):
+            shape.append((t, len(a)))
             flat.extend(a)
         else:
             shape.append(None)
