@@ -492,3 +492,14 @@ def test_the_one_pass_recording_leaves_unusual_calls_to_the_checked_path(adaptiv
     z = torch.sigmoid(y)
     assert windows.pending_ops() >= 3
     torch.testing.assert_close(z.cpu(), torch.sigmoid(xd.cpu() * 3))
+
+
+@pytest.mark.parametrize("m", ["op", "adaptive"])
+def test_empty_out_tensors_are_sized_per_call(m):
+    # the shapes an empty out= tensor is given are kept per signature: arguments of other values size it anew
+    with windows.eager_mode(m):
+        for end, want in ((3, 3), (5, 5), (3, 3), (2.5, 3)):
+            o = torch.empty(0, device="neuron", dtype=torch.float32)
+            torch.arange(0, end, out=o)
+            assert o.shape == (want,)
+            torch.testing.assert_close(o.cpu(), torch.arange(0, end, dtype=torch.float32))

@@ -761,20 +761,33 @@ def _presize_outs(op, flat: list, spec) -> None:
     if not any(isinstance(kwargs.get(n), torch.Tensor) for n in outs):
         return
 
-    def meta(x):
-        if isinstance(x, torch.Tensor):
-            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-        return x
+    # the shapes the meta kernel gives, kept per signature (arange's meta kernel is Python: ~0.4 ms a call, and HF's
+    # generate sizes an empty out= tensor with it at every decode step)
+    key = (op, spec, tuple(_leaf_key(a) if not (isinstance(a, torch.Tensor) and a.is_cpu and a.dim() == 0)
+                           else ("v", a.dtype, a.item()) for a in flat))
+    shapes = _PRESIZED.get(key, _PRESIZED)
+    if shapes is _PRESIZED:
+        def meta(x):
+            if isinstance(x, torch.Tensor):
+                return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+            return x
 
-    margs, mkwargs = unflatten_args([meta(a) for a in flat], spec)
-    try:
-        op(*margs, **mkwargs)
-    except Exception:
-        return  # the CPU kernel reports the problem itself
-    for n in outs:
-        d, m = kwargs.get(n), mkwargs.get(n)
-        if isinstance(d, torch.Tensor) and isinstance(m, torch.Tensor) and d.shape != m.shape:
-            resize_tensor(d, m.shape)
+        margs, mkwargs = unflatten_args([meta(a) for a in flat], spec)
+        try:
+            op(*margs, **mkwargs)
+            shapes = tuple((n, tuple(m.shape)) for n in outs if isinstance(m := mkwargs.get(n), torch.Tensor))
+        except Exception:
+            shapes = None   # the CPU kernel reports the problem itself
+        if len(_PRESIZED) > 4096:
+            _PRESIZED.clear()
+        _PRESIZED[key] = shapes
+    for n, shape in shapes or ():
+        d = kwargs.get(n)
+        if isinstance(d, torch.Tensor) and tuple(d.shape) != shape:
+            resize_tensor(d, shape)
+
+
+_PRESIZED: Dict[Any, Any] = {}
 
 
 def _run_view(op, flat: list, spec):
