@@ -121,3 +121,35 @@ def test_tutorial_shape_timing_reads_each_operand_the_planned_times():
     assert run.hbm_write_bytes == M * N * 2
     assert run.counts["TensorE"] == (M // 128) * (N // 512) * (K // 128)
     assert run.busy_ns["TensorE"] / run.total_ns > 0.8
+
+
+def test_streamed_loads_fall_back_to_one_dma_per_chunk(monkeypatch):
+    """An HBM view that refuses to split its K axis into [chunks, 128]: the streamed plan loads B and A^T one
+    K chunk per DMA instead, with the same result and the same bytes."""
+    from tn.errors import NeuronError
+    from tn.neuron.program import HbmView
+
+    M, K, N = 600, 700, 1100
+    prog = Program("mm_streamed_split")
+    _small_budget(monkeypatch, prog, 26 * 1024)
+    rng = np.random.default_rng(11)
+    A = rng.standard_normal((1, M, K)).astype(np.float32)
+    B = rng.standard_normal((1, K, N)).astype(np.float32)
+    ah = prog.hbm("a", (1, K, M))
+    bh = prog.hbm("b", (1, K, N))
+    c = prog.hbm("c", (1, M, N), kind="output")
+    plain = HbmView.reshape
+
+    def no_split(self, *shape):
+        if len(shape) == 3 and shape[1] == 128 and len(self.shape) == 2:
+            raise NeuronError("this view cannot split its rows")
+        return plain(self, *shape)
+
+    monkeypatch.setattr(HbmView, "reshape", no_split)
+    mm.emit_matmul(LowerCtx(prog), None, bh.view(), c.view(), a_t=ah.view())
+    monkeypatch.setattr(HbmView, "reshape", plain)
+    res = prog.run({"a": np.ascontiguousarray(A.transpose(0, 2, 1)), "b": B})
+    np.testing.assert_allclose(res.outputs["c"], A @ B, rtol=1e-4, atol=1e-3)
+    assert res.hbm_read_bytes == (M * K + K * N * 2) * 4
+    dmas = sum(v for k, v in res.counts.items() if k.startswith("DMA"))
+    assert dmas == 2 * 3 * 6 + 2 * 6 + 5 * 3     # B: one per chunk; A^T: one per chunk; stores

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from ..errors import NeuronError
 from ..neuron import HbmTensor, isa
 from .base import CannotLower, Copier, Ring, TileScope, lowering
 
@@ -451,14 +452,27 @@ class _Matmul:
         kb1 = min(self.KC, kb0 + self.s_kb)
         nw = min(_NB, self.N - n0)
         src = self.b[bi]
-        full = kb1 if kb1 * _P <= self.K else kb1 - 1
-        if full > kb0:
-            rows = src[kb0 * _P:full * _P, n0:n0 + nw].reshape(full - kb0, _P, nw).permute(1, 0, 2)
-            self.prog.dma_copy(t[:, :full - kb0, :nw], rows)
-        if full < kb1:
-            kp = self._kp(full)
-            self.prog.dma_copy(t[:kp, full - kb0, :nw], src[full * _P:full * _P + kp, n0:n0 + nw])
+        self._kmajor_in(lambda c0, c1: t[:, c0 - kb0:c1 - kb0, :nw], src, kb0, kb1, n0, n0 + nw)
         return t
+
+    def _kmajor_in(self, dst, src, kc0, kc1, c0, c1) -> None:
+        """DMA the K-major HBM rows of K chunks ``kc0 .. kc1-1``, columns ``c0 .. c1-1`` of ``src`` into
+        ``dst(kca, kcb)`` (``[128, kcb - kca, c1 - c0]``): one DMA for the whole chunks, one for a partial last
+        chunk (and one per chunk should a view refuse the split of its K axis)."""
+        full = kc1 if kc1 * _P <= self.K else kc1 - 1
+        if full > kc0:
+            try:
+                rows = src[kc0 * _P:full * _P, c0:c1].reshape(full - kc0, _P, c1 - c0).permute(1, 0, 2)
+            except NeuronError:
+                rows = None
+            if rows is not None:
+                self.prog.dma_copy(dst(kc0, full), rows)
+            else:
+                for kc in range(kc0, full):
+                    self.prog.dma_copy(dst(kc, kc + 1)[:, 0, :], src[kc * _P:(kc + 1) * _P, c0:c1])
+        if full < kc1:
+            kp = self._kp(full)
+            self.prog.dma_copy(dst(full, full + 1)[:kp, 0, :], src[full * _P:full * _P + kp, c0:c1])
 
     def _load_stripe(self, bi, at, tiles, kc0, kc1) -> None:
         """A^T of row tiles ``tiles``, K chunks ``kc0 .. kc1-1``, into the stripe ``at`` ``[128, KC, len(tiles) *
@@ -471,14 +485,7 @@ class _Matmul:
             src = self.a_t[bi]
             step = max(1, _cdiv(_BLOCK_BYTES, w * self.isz))
             for c0 in range(kc0, KC, step):
-                c1 = min(KC, c0 + step)
-                full = c1 if c1 * _P <= self.K else c1 - 1
-                if full > c0:
-                    rows = src[c0 * _P:full * _P, m0:m1].reshape(full - c0, _P, w).permute(1, 0, 2)
-                    self.prog.dma_copy(at[:, c0:full, :w], rows)
-                if full < c1:
-                    kp = self._kp(full)
-                    self.prog.dma_copy(at[:kp, full, :w], src[full * _P:full * _P + kp, m0:m1])
+                self._kmajor_in(lambda a, b: at[:, a:b, :w], src, c0, min(KC, c0 + step), m0, m1)
             return
         KS = self.s_ks
         for mt in tiles:
@@ -824,8 +831,6 @@ class _BatchView:
 
 def _as3(t, lead: int, r: int, cdim: int):
     """HBM tensor or view ``t`` of shape ``[..., r, cdim]`` as a ``[lead, r, cdim]`` batch of 2-D views."""
-    from ..errors import NeuronError
-
     try:
         return t.reshape(lead, r, cdim)
     except NeuronError:
