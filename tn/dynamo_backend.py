@@ -44,7 +44,7 @@ import torch
 
 from .errors import ArgumentTypeError, ArgumentValueError, UnsupportedOpError
 
-__all__ = ["neuron_backend", "register", "graphs_compiled", "host_ops", "host_ops_of",
+__all__ = ["neuron_backend", "register", "allow_rnn_in_dynamo", "graphs_compiled", "host_ops", "host_ops_of",
            "executables_of", "compiled_graphs", "BACKEND_NAME"]
 
 #: The name torch.compile knows the backend by.
@@ -395,6 +395,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: List[Any], options:
     from torch._decomp import core_aten_decompositions
 
     skip_device_rng_in_dynamo()
+    allow_rnn_in_dynamo()
     options = dict(options or {})
     tn_backend = options.pop("tn_backend", BACKEND_NAME)
     if options:
@@ -476,6 +477,19 @@ def skip_device_rng_in_dynamo() -> None:
     mod._tn_dynamo_skips_rng = True
 
 
+def allow_rnn_in_dynamo() -> None:
+    """Let Dynamo put ``nn.RNN``/``nn.GRU``/``nn.LSTM`` modules into graphs (``torch._dynamo.config.allow_rnn``).
+
+    Dynamo's default graph-breaks on every one of them ("Attempted to wrap RNN, GRU, or LSTM"), so they never
+    reached a backend: they ran eagerly on the CPU (or op by op on the device) outside the compiled graph. tn's
+    backend takes them (AOTAutograd hands it the cells' matmuls and gates, forward and backward). The setting is
+    process-wide in torch, so it is turned on when the neuron backend is looked up or registered, for every
+    backend of the process alike."""
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.allow_rnn = True
+
+
 def register() -> None:
     """Make ``torch.compile(backend="neuron")`` find :func:`neuron_backend` (idempotent)."""
     global _registered
@@ -486,8 +500,10 @@ def register() -> None:
     if BACKEND_NAME not in registry._COMPILER_FNS:
         registry.register_backend(neuron_backend, name=BACKEND_NAME)
     skip_device_rng_in_dynamo()
+    allow_rnn_in_dynamo()
     _registered = True
 
 
 if "torch._dynamo" in __import__("sys").modules:   # imported by torch.compile's backend lookup: before tracing
     skip_device_rng_in_dynamo()
+    allow_rnn_in_dynamo()

@@ -1338,8 +1338,13 @@ class _TracingGlobals:
       traced. The math composite (matmul, softmax, matmul; grouped-query
       attention included) differentiates into core ops and traces to the same
       forward IR.
+    * oneDNN (mkldnn) is off, so ``nn.LSTM`` on CPU takes its composite path
+      (the cell's matmuls and gates, which trace) instead of
+      ``aten.mkldnn_rnn_layer``, an op with no decomposition (tn.jit refused
+      every LSTM). Convolutions are traced as ``aten.convolution``, above the
+      choice of a oneDNN kernel, so they do not change.
 
-    Both are process-wide in torch, not per thread, so concurrent traces share
+    All are process-wide in torch, not per thread, so concurrent traces share
     one depth count under a lock: saving and restoring per trace would let two
     overlapping traces leave the flags set for good. While any thread traces,
     other threads see these settings too.
@@ -1349,6 +1354,7 @@ class _TracingGlobals:
     _depth = 0
     _saved_flag: Any = None
     _sdpa: Any = None
+    _saved_mkldnn = True
 
     def __enter__(self) -> None:
         cls = _TracingGlobals
@@ -1362,6 +1368,8 @@ class _TracingGlobals:
                     tc._is_compiling_flag = True
                 cls._sdpa = sdpa_kernel([SDPBackend.MATH])
                 cls._sdpa.__enter__()
+                cls._saved_mkldnn = torch._C._get_mkldnn_enabled()
+                torch._C._set_mkldnn_enabled(False)
             cls._depth += 1
 
     def __exit__(self, *exc: Any) -> None:
@@ -1375,6 +1383,7 @@ class _TracingGlobals:
                     tc._is_compiling_flag = cls._saved_flag
                 sdpa, cls._sdpa = cls._sdpa, None
                 sdpa.__exit__(None, None, None)
+                torch._C._set_mkldnn_enabled(cls._saved_mkldnn)
 
 
 def trace_flat(fn: Callable[..., Any], flat_tensors: Sequence[Tensor]) -> Traced:

@@ -1,4 +1,4 @@
-# Decompositions of neural-network layer ops: 3-d (and transposed 3-d) convolutions and their gradients, 3-d and adaptive pooling, antialiased resampling, embedding_bag and embedding_renorm, distances, bilinear forms, the multi-label margin loss.
+# Decompositions of neural-network layer ops: 3-d (and transposed 3-d) convolutions and their gradients, 3-d and adaptive pooling, antialiased resampling, embedding_bag and embedding_renorm, distances, bilinear forms, the multi-label and multi-class margin losses' gradients, replication padding's gradient.
 """Decompositions of layer ops into core ops (see :mod:`tn.ops.decompositions` for the general ones)."""
 from __future__ import annotations
 
@@ -308,6 +308,100 @@ def _multilabel_margin_loss_backward(grad_output, x, target, reduction, is_targe
     return aten.view.default(g, list(x.shape))
 
 
+@decomposition(aten.multi_margin_loss.default,
+               instead_of_torch="torch's gives a 1-d input's unreduced loss shape (1,) instead of () (a wrong shape)")
+def _multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
+    """``multi_margin_loss``: per row, ``sum_{j != y} max(0, margin - x[y] + x[j])^p w[y] / C``, reduced."""
+    c = x.shape[-1] if x.dim() else 1
+    x2 = aten.view.default(x, [-1, c])
+    t2 = aten.view.default(target, [-1, 1])
+    pos = aten.arange.start_step(0, c, 1, dtype=torch.int64, device=x.device)
+    z = aten.clamp_min.default(aten.add.Tensor(aten.rsub.Scalar(aten.gather.default(x2, 1, t2), margin), x2), 0)
+    if p == 2:
+        z = aten.mul.Tensor(z, z)
+    if weight is not None:
+        z = aten.mul.Tensor(z, aten.view.default(aten.index_select.default(weight, 0, aten.view.default(t2, [-1])),
+                                                 [-1, 1]))
+    z = aten.where.self(aten.eq.Tensor(pos, t2), aten.zeros_like.default(z), z)
+    loss = aten.div.Scalar(aten.sum.dim_IntList(z, [1]), c)
+    if reduction == 1:
+        return aten.mean.default(loss)
+    if reduction == 2:
+        return aten.sum.default(loss)
+    return aten.view.default(loss, list(target.shape))
+
+
+@decomposition(aten.multi_margin_loss_backward.default)
+def _multi_margin_loss_backward(grad_output, x, target, p, margin, weight=None, reduction=1):
+    """Gradient of ``multi_margin_loss`` with respect to ``x``: every class ``j != y`` whose hinge
+    ``z = margin - x[y] + x[j]`` is positive gets ``w[y] / C`` (``p=1``) or ``2 z w[y] / C`` (``p=2``),
+    and the target class ``y`` minus their sum."""
+    c = x.shape[-1] if x.dim() else 1
+    x2 = aten.view.default(x, [-1, c])
+    t2 = aten.view.default(target, [-1, 1])
+    pos = aten.arange.start_step(0, c, 1, dtype=torch.int64, device=x.device)
+    is_y = aten.eq.Tensor(pos, t2)
+    z = aten.add.Tensor(aten.rsub.Scalar(aten.gather.default(x2, 1, t2), margin), x2)
+    active = aten.logical_and.default(aten.gt.Scalar(z, 0), aten.logical_not.default(is_y))
+    d = aten.mul.Scalar(z, 2) if p == 2 else aten.full_like.default(z, 1)
+    d = aten.where.self(active, d, aten.zeros_like.default(d))
+    if weight is not None:
+        d = aten.mul.Tensor(d, aten.view.default(aten.index_select.default(weight, 0, aten.view.default(t2, [-1])),
+                                                 [-1, 1]))
+    d = aten.div.Scalar(d, c)
+    g = aten.sub.Tensor(d, aten.where.self(is_y, aten.sum.dim_IntList(d, [1], True), aten.zeros_like.default(d)))
+    if reduction == 0:
+        g = aten.mul.Tensor(g, aten.view.default(grad_output, [-1, 1]))
+    else:
+        scale = aten.div.Scalar(grad_output, x2.shape[0]) if reduction == 1 else grad_output
+        g = aten.mul.Tensor(g, scale)
+    return aten.view.default(g, list(x.shape))
+
+
+# --------------------------------------------------------------------------- replication padding gradient
+# Replication padding repeats each edge element into the pad; its gradient is the pad's gradient summed
+# into that edge element, one axis after the other (the padding is separable).
+
+
+def _replication_pad_backward(grad, x, padding):
+    """Gradient of ``replication_pad{1,2,3}d``: per padded axis (``padding`` in ``F.pad`` order, last axis
+    first), the first element takes the sum of the left pad and itself, the last the sum of itself and
+    the right pad. An axis with negative padding (cropping) scatters its gradient to the source index of
+    each output position, ``clamp(j - left, 0, n - 1)``."""
+    g = grad
+    for k in range(len(padding) // 2):
+        dim = grad.dim() - 1 - k
+        lo, hi = int(padding[2 * k]), int(padding[2 * k + 1])
+        n = x.shape[dim]
+        if lo == 0 and hi == 0:
+            continue
+        if lo < 0 or hi < 0:
+            gt = aten.transpose.int(g, dim, -1)
+            m = gt.shape[-1]
+            src = aten.clamp.default(aten.arange.start_step(-lo, m - lo, 1, dtype=torch.int64, device=g.device),
+                                     0, n - 1)
+            src = aten.expand.default(src, list(gt.shape))
+            out = aten.scatter_add.default(aten.full.default(list(gt.shape[:-1]) + [n], 0, dtype=g.dtype), -1, src,
+                                           gt)
+            g = aten.transpose.int(out, dim, -1)
+            continue
+        if n == 1:
+            g = aten.sum.dim_IntList(g, [dim], True)
+            continue
+        first = aten.sum.dim_IntList(aten.slice.Tensor(g, dim, 0, lo + 1), [dim], True)
+        last = aten.sum.dim_IntList(aten.slice.Tensor(g, dim, lo + n - 1, lo + n + hi), [dim], True)
+        mid = aten.slice.Tensor(g, dim, lo + 1, lo + n - 1)
+        g = aten.cat.default([first, mid, last], dim)
+    return g if g is not grad else aten.clone.default(grad)
+
+
+@decomposition(aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,
+               aten.replication_pad3d_backward.default)
+def _replication_pad_nd_backward(grad, x, padding):
+    """Gradient of replication_pad1d/2d/3d."""
+    return _replication_pad_backward(grad, x, padding)
+
+
 # --------------------------------------------------------------------------- 3-d and adaptive pooling
 # 3-d average pooling is two 2-d average poolings: over (H, W), then over D with a (kd, 1) window
 # (a box's divisor is the product of its per-axis counts, so the two divisions make torch's).
@@ -509,6 +603,13 @@ def _adaptive_max_pool2d_backward(grad, x, indices):
 @decomposition(aten.adaptive_max_pool3d_backward.default)
 def _adaptive_max_pool3d_backward(grad, x, indices):
     """Gradient of adaptive_max_pool3d."""
+    return _adaptive_max_backward(grad, x, indices, 3)
+
+
+@decomposition(aten.max_pool3d_with_indices_backward.default)
+def _max_pool3d_with_indices_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    """Gradient of max_pool3d: ``grad`` added at each window's winning flat index (the window geometry is in
+    ``indices`` already; overlapping windows add up, as torch's kernel does)."""
     return _adaptive_max_backward(grad, x, indices, 3)
 
 
