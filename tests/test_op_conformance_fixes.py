@@ -262,3 +262,25 @@ def test_shrink_gradients_trace(monkeypatch, fn):
     (y * torch.arange(8.0, device="neuron")).sum().backward()
     torch.testing.assert_close(xd.grad.cpu(), want[1])
     _no_new_fallbacks(before)
+
+
+# --------------------------------------------------------------------------- bf16 layer norm statistics
+
+
+@pytest.mark.parametrize("door", ["jit", "device"])
+def test_bf16_native_layer_norm_statistics_have_the_input_dtype(door):
+    """torch's CPU kernel returns a bf16 input's mean and rstd in bf16 (CUDA keeps fp32); tn gave fp32."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 3, 8, generator=g).to(torch.bfloat16)
+    w, b = torch.randn(8, generator=g).to(torch.bfloat16), torch.randn(8, generator=g).to(torch.bfloat16)
+
+    def f(x, w, b):
+        return torch.ops.aten.native_layer_norm(x, [3, 8], w.expand(3, 8), b.expand(3, 8), 1e-5)
+
+    want = f(x, w, b)
+    got = tn.jit(f)(x, w, b) if door == "jit" else [t.cpu() for t in f(x.to("neuron"), w.to("neuron"),
+                                                                       b.to("neuron"))]
+    assert [t.dtype for t in got] == [t.dtype for t in want] == [torch.bfloat16] * 3
+    assert [t.shape for t in got] == [t.shape for t in want]
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a.float(), e.float(), rtol=1.6e-2, atol=1e-2)

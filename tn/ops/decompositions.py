@@ -280,7 +280,8 @@ def _var_core(x, dims, correction, keepdim):
                instead_of_torch="four equations fewer than torch's ref (no as_strided of the statistics; fp32 for "
                                 "16-bit inputs)")
 def _layer_norm(x, normalized_shape, weight, bias, eps):
-    """(out, mean, rstd): ``(x - mean) * rsqrt(var + eps) * weight + bias``, in fp32 for fp16/bf16."""
+    """(out, mean, rstd): ``(x - mean) * rsqrt(var + eps) * weight + bias``, in fp32 for fp16/bf16; mean and rstd
+    come back in the input's dtype, as torch's CPU kernel gives them."""
     axis = x.dim() - len(normalized_shape)
     dims = tuple(range(axis, x.dim()))
     var, mean = _moments(x, dims, 0)
@@ -293,6 +294,9 @@ def _layer_norm(x, normalized_shape, weight, bias, eps):
         out = aten.add.Tensor(out, bias)
     if out.dtype != x.dtype:
         out = aten._to_copy.default(out, dtype=x.dtype)
+    if mean.dtype != x.dtype:   # torch's CPU contract: the statistics in the input's dtype (CUDA keeps fp32)
+        mean = aten._to_copy.default(mean, dtype=x.dtype)
+        rstd = aten._to_copy.default(rstd, dtype=x.dtype)
     return out, mean, rstd
 
 
