@@ -359,7 +359,12 @@ def record_copy(src: torch.Tensor, dst: torch.Tensor) -> Any:
     as ``dst.copy_(src)`` in the window; ``NotImplemented`` when it must run now."""
     if not active():
         return NotImplemented
-    return record(_COPY, "aten::_copy_from", [dst, src, False], (3, (), (None, None, None)))
+    flat = [dst, src, False]
+    r = record_plain(_COPY, "aten::_copy_from", flat, _COPY_SPEC)
+    return record(_COPY, "aten::_copy_from", flat, _COPY_SPEC) if r is GENERAL else r
+
+
+_COPY_SPEC = (3, (), (None, None, None))
 
 
 def _leaf_key(x: Any) -> Any:
@@ -570,12 +575,17 @@ def _op_info(op) -> Tuple[Any, bool, bool, Optional[str], bool, int]:
     """What recording needs to know of ``op``, once: traceable, its scalar forms, whether torch tags it random,
     and the number that stands for it in signatures (never reused, unlike an id)."""
     t_form, f_form = _scalar_form(op)
-    info = _OPS[id(op)] = (op, trace.can_replay(op), t_form, f_form, _SEEDED in op.tags, len(_OP_NUMBERS))
-    _OP_NUMBERS.append(op)
+    replay = trace.can_replay(op)
+    with _OP_LOCK:     # (autograd's device thread records too: two ops must never share a number)
+        info = _OPS.get(id(op))
+        if info is None or info[0] is not op:
+            info = _OPS[id(op)] = (op, replay, t_form, f_form, _SEEDED in op.tags, len(_OP_NUMBERS))
+            _OP_NUMBERS.append(op)
     return info
 
 
 _OP_NUMBERS: List[Any] = []    # number -> op (keeps every numbered op alive, so its id is not reused)
+_OP_LOCK = threading.Lock()
 
 
 def _record(q: _Queue, index: int, op, name: str, flat: list, spec, info, check: bool = False,
