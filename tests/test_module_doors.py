@@ -126,3 +126,40 @@ def test_gradients_through_the_compile_door(fn):
     got = torch.autograd.grad((torch.compile(fn, backend="neuron")(x) ** 2).sum(), x)[0]
     assert dynamo_backend.graphs_compiled() - before == 2
     torch.testing.assert_close(got, want)
+
+
+# --------------------------------------------------------------------------- fractional max pooling
+
+_FRACTIONAL = {
+    "2d": ((2, 3, 9, 11), (2, 3), (4, 5)),
+    "2d-unbatched": ((3, 10, 7), (3, 2), (5, 3)),
+    "2d-one-output": ((2, 2, 6, 6), (2, 2), (1, 3)),
+    "3d": ((2, 2, 7, 8, 9), (2, 3, 2), (3, 4, 5)),
+    "3d-unbatched": ((4, 5, 5, 5), (2, 2, 2), (2, 2, 2)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_FRACTIONAL))
+def test_fractional_max_pool_matches_torch_exactly(case):
+    """torch's windows (drawn from the samples in the input's dtype) and its flat indices, bit for bit; the
+    gradient scatters to them."""
+    shape, k, o = _FRACTIONAL[case]
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(shape, generator=g)
+    d = len(k)
+    s = torch.rand((shape[0] if len(shape) == d + 2 else 1, shape[-d - 1], d), generator=g)
+    op = torch.ops.aten.fractional_max_pool2d if d == 2 else torch.ops.aten.fractional_max_pool3d
+    want = op(x, k, o, s)
+    got = tn.jit(lambda x, s: op(x, k, o, s))(x, s)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    got, want = _grads_through_jit(lambda x: op(x, k, o, s)[0], x)
+    _assert_close(got, want, rtol=0, atol=0)
+
+
+def test_fractional_max_pool_module_with_batched_samples_on_unbatched_input():
+    """module_db's case: samples drawn for a batch of 2, the input unbatched."""
+    g = torch.Generator().manual_seed(4)
+    m = torch.nn.FractionalMaxPool3d(2, output_ratio=0.5,
+                                     _random_samples=torch.rand(2, 4, 3, generator=g))
+    x = torch.randn(4, 5, 5, 5, generator=g)
+    torch.testing.assert_close(tn.jit(m)(x), m(x), rtol=0, atol=0)

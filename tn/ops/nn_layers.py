@@ -1,4 +1,4 @@
-# Decompositions of neural-network layer ops: 3-d (and transposed 3-d) convolutions and their gradients, 3-d and adaptive pooling, antialiased resampling, embedding_bag and embedding_renorm, distances, bilinear forms, the multi-label and multi-class margin losses' gradients, replication padding's gradient.
+# Decompositions of neural-network layer ops: 3-d (and transposed 3-d) convolutions and their gradients, 3-d and adaptive pooling, antialiased resampling, embedding_bag and embedding_renorm, distances, bilinear forms, the multi-label and multi-class margin losses' gradients, replication padding's gradient, fractional max pooling.
 """Decompositions of layer ops into core ops (see :mod:`tn.ops.decompositions` for the general ones)."""
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import math
 from typing import Any, Callable, List, Sequence, Tuple
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from .core import _ndim
 from .decompositions import _acc_dtype
@@ -356,6 +357,89 @@ def _multi_margin_loss_backward(grad_output, x, target, p, margin, weight=None, 
         scale = aten.div.Scalar(grad_output, x2.shape[0]) if reduction == 1 else grad_output
         g = aten.mul.Tensor(g, scale)
     return aten.view.default(g, list(x.shape))
+
+
+# --------------------------------------------------------------------------- fractional max pooling
+# Each (sample, channel) plane draws one number u in [0, 1) per axis; window i of an axis of n inputs, k
+# wide and m outputs, starts at int((i + u) * alpha) - int(u * alpha) with alpha = (n - k) / (m - 1), the
+# last at n - k (torch's generate_intervals, computed in the input's dtype). The windows are gathered and
+# reduced as adaptive max pooling's are; the gradient scatters to the winning flat index.
+
+
+def _fractional_starts(u: Tensor, n: int, k: int, m: int) -> Tensor:
+    """``[..., m]`` int64 window starts along one axis from the samples ``u`` (``[...]``)."""
+    last = aten.full.default(list(u.shape) + [1], n - k, dtype=torch.int64, device=u.device)
+    if m == 1:
+        return last
+    with _disable_current_modes():    # a constant of the trace, divided in the input's dtype as torch does
+        alpha = (torch.tensor(n - k, dtype=u.dtype) / torch.tensor(m - 1, dtype=u.dtype)).item()
+    i = aten.arange.start_step(0, m - 1, 1, dtype=u.dtype, device=u.device)
+    ua = aten.unsqueeze.default(u, -1)
+    a = aten._to_copy.default(aten.mul.Tensor(aten.add.Tensor(i, ua), alpha), dtype=torch.int64)
+    b = aten._to_copy.default(aten.mul.Tensor(ua, alpha), dtype=torch.int64)
+    return aten.cat.default([aten.sub.Tensor(a, b), last], -1)
+
+
+def _fractional_max_pool(x: Tensor, kernel_size: Sequence[int], output_size: Sequence[int],
+                         samples: Tensor) -> Tuple[Tensor, Tensor]:
+    """(values, flat indices) of ``k``-d fractional max pooling (``k = len(kernel_size)``); ``samples`` is
+    ``[N, C, k]`` with the width's number first for 2-d (torch's order), time, height, width for 3-d."""
+    k = len(kernel_size)
+    batched = x.dim() == k + 2
+    xb = x if batched else aten.unsqueeze.default(x, 0)
+    lead = list(xb.shape[:2])
+    sizes = list(xb.shape[2:])
+    order = [1, 0] if k == 2 else [0, 1, 2]     # the sample of each spatial axis
+    if samples.shape[0] != lead[0]:             # an unbatched input takes the first sample row
+        samples = aten.slice.Tensor(samples, 0, 0, lead[0])
+    if samples.dtype != x.dtype:                # the kernel reads the samples in the input's dtype
+        samples = aten._to_copy.default(samples, dtype=x.dtype)
+    flat = None
+    for ax in range(k):
+        u = aten.select.int(samples, -1, order[ax])
+        starts = _fractional_starts(u, sizes[ax], int(kernel_size[ax]), int(output_size[ax]))   # [N, C, m]
+        taps = aten.arange.start_step(0, int(kernel_size[ax]), 1, dtype=torch.int64, device=x.device)
+        idx = aten.add.Tensor(aten.unsqueeze.default(starts, -1), taps)                          # [N, C, m, kw]
+        stride = math.prod(sizes[ax + 1:])
+        if stride != 1:
+            idx = aten.mul.Tensor(idx, stride)
+        if flat is None:
+            flat = idx
+        else:   # flat: [N, C, m0.., kw0..] -> outputs first, taps last
+            nd = ax
+            a = aten.view.default(flat, lead + list(flat.shape[2:2 + nd]) + [1] + list(flat.shape[2 + nd:]) + [1])
+            bshape = lead + [1] * nd + [idx.shape[2]] + [1] * nd + [idx.shape[3]]
+            flat = aten.add.Tensor(a, aten.view.default(idx, bshape))
+    outs = [int(o) for o in output_size]
+    taps = math.prod(int(v) for v in kernel_size)
+    flat = aten.view.default(flat, lead + [math.prod(outs) * taps])
+    vals = aten.gather.default(aten.view.default(xb, lead + [-1]), 2, flat)
+    vals = aten.view.default(vals, lead + [math.prod(outs), taps])
+    win = aten.argmax.default(vals, 3, True)
+    out = aten.view.default(aten.gather.default(vals, 3, win), lead + outs)
+    ind = aten.view.default(aten.gather.default(aten.view.default(flat, lead + [math.prod(outs), taps]), 3, win),
+                            lead + outs)
+    if not batched:
+        out, ind = aten.squeeze.dim(out, 0), aten.squeeze.dim(ind, 0)
+    return out, ind
+
+
+@decomposition(aten.fractional_max_pool2d.default, aten.fractional_max_pool3d.default)
+def _fractional_max_pool_nd(x, kernel_size, output_size, random_samples):
+    """fractional_max_pool2d/3d: the windows torch's kernel draws from ``random_samples``, max-reduced."""
+    return _fractional_max_pool(x, kernel_size, output_size, random_samples)
+
+
+@decomposition(aten.fractional_max_pool2d_backward.default)
+def _fractional_max_pool2d_backward(grad, x, kernel_size, output_size, indices):
+    """Gradient of fractional_max_pool2d: ``grad`` added at each window's winning flat index."""
+    return _adaptive_max_backward(grad, x, indices, 2)
+
+
+@decomposition(aten.fractional_max_pool3d_backward.default)
+def _fractional_max_pool3d_backward(grad, x, kernel_size, output_size, indices):
+    """Gradient of fractional_max_pool3d."""
+    return _adaptive_max_backward(grad, x, indices, 3)
 
 
 # --------------------------------------------------------------------------- replication padding gradient
