@@ -30,7 +30,7 @@ from ..errors import CompileError, NeuronError, UnsupportedOpError
 from ..ir import Eqn, Literal, Var
 from ..neuron import HbmTensor, Program
 from . import chain, collective, layout, matmul, prologue
-from .base import NEURON_DTYPES, CannotLower, HandoffError, LowerCtx
+from .base import NEURON_DTYPES, CannotLower, HandoffError, LowerCtx, handoff_shape
 from .epilogue import EpilogueGroup
 from .fusion import Group
 from .schedule import ZERO_SIZE_REASON, LaidOutOperand, Schedule, Unit, UnitFailed, Veto, has_zero_size, program_name
@@ -198,7 +198,7 @@ class Emitter:
             b.free(prog)
         if ctx.weights is not None:
             ctx.weights.close()
-        for t in ctx.resident.values():
+        for t in {id(t): t for t in ctx.resident.values()}.values():
             prog.free(t)
         ctx.resident.clear()
         outs = []
@@ -273,7 +273,9 @@ class Emitter:
                 raise UnitFailed(Veto("no_handoff", k, f"equation {k} did not read {v.aval} from SBUF", v))
         for v in list(ctx.resident):
             if self.last_consumer.get(v, -1) <= k and v not in ctx.publish_vars:
-                ctx.prog.free(ctx.resident.pop(v))
+                t = ctx.resident.pop(v)
+                if not any(o is t for o in ctx.resident.values()):     # a reshape may have passed it on
+                    ctx.prog.free(t)
         ctx.publish_vars = set()
 
     def bind_prologues(self, inputs: List[Var]) -> None:
@@ -469,11 +471,30 @@ class Emitter:
         self.define(y)
         return True
 
+    def pass_reshape(self, k: int, eqn: Eqn) -> bool:
+        """A reshape planned to pass a handed-off value on (:func:`tn.lower.schedule._plan_handoff`): it takes
+        its input's SBUF tile and publishes the same tile as its result (rows are all axes but the last, which
+        a reshape of the leading axes keeps); no instruction."""
+        y = eqn.outputs[0] if eqn.op.name == "reshape" and len(eqn.outputs) == 1 else None
+        plan = self.sched.handoff.get(y) if y is not None else None
+        if plan is None or plan[0] != k:
+            return False
+        ctx = self.cur.ctx
+        self.operands(k, eqn)
+        self.begin_unit(k, (y,))
+        t = ctx.take(eqn.inputs[0])
+        if t is None or tuple(t.shape) != tuple(handoff_shape(y)):
+            raise UnitFailed(Veto("no_handoff", k, "the reshape's input is not in SBUF", y))
+        ctx.publish(y, t)
+        self.end_unit(k)
+        return True
+
     def emit_op(self, unit: Unit) -> None:
-        """One equation's own lowering (a reshape of a value in HBM: an alias, :meth:`alias_reshape`)."""
+        """One equation's own lowering (a reshape of a value in HBM: an alias, :meth:`alias_reshape`; of a value
+        handed off in SBUF: the same tile, :meth:`pass_reshape`)."""
         k, cur = unit.start, self.cur
         eqn = self.ir.eqns[k]
-        if self.alias_reshape(k, eqn):
+        if self.alias_reshape(k, eqn) or self.pass_reshape(k, eqn):
             cur.eqns.append(k)
             return
         ins, outs = self.operands(k, eqn)

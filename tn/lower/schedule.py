@@ -509,7 +509,9 @@ def _plan_handoff(ir: IR, host: Dict[int, str], groups: Any, elide: set, trans: 
     A value qualifies when its producer is a fused group, an attention group or a matmul epilogue
     (lowerings that can publish a whole value), every consumer is a lowering that can read it from SBUF
     (a fused group reading it as an input, a Linear chain's input, an attention group's q/k/v source, a
-    matmul's row-major A operand) in the same program, it is not a program result, and it fits in one
+    matmul's row-major A operand, or a reshape lowered on its own that only regroups the leading axes and
+    whose result is handed off in turn: it passes the tile on, e.g. a Linear's ``[1, S, F]`` output
+    reshaped to the next Linear's ``[S, F]`` rows) in the same program, it is not a program result, and it fits in one
     SBUF tile (rows = all axes but the last <= 128, <= 16 KiB per partition). Returns
     ``{var: (producer unit, consumer units)}``; units are equation indices where a lowering starts.
     """
@@ -523,6 +525,57 @@ def _plan_handoff(ir: IR, host: Dict[int, str], groups: Any, elide: set, trans: 
         for j in p.eqns:
             pro_unit[j] = c
     host_idx = sorted(host)
+    pending: Dict[Var, Tuple[int, set]] = {}    # values whose consumers include a pass-through reshape
+
+    def reshape_unit(u: int) -> bool:
+        # a reshape lowered on its own that only regroups the leading axes: it can pass an SBUF value through
+        e = ir.eqns[u]
+        return e.op.name == "reshape" and unit.get(u) == u and (groups or {}).get(u) is None and \
+            u not in host and u not in elide and isinstance(e.inputs[0], Var) and len(e.outputs) == 1 and \
+            e.outputs[0] not in outset and handoff_shape(e.outputs[0]) == handoff_shape(e.inputs[0])
+
+    def consumers(v: Var, k: int) -> Optional[set]:
+        """The consumer units of ``v`` made by the unit at ``k`` when every one can read it from SBUF."""
+        if v in outset or v in no_handoff or v.dtype not in NEURON_DTYPES or v.dtype == torch.int64:
+            return None
+        rows, cols = handoff_shape(v)
+        isz = torch.empty((), dtype=v.dtype).element_size()
+        if rows > 128 or cols * isz > 16 * 1024 or not users.get(v):
+            return None
+        cons = set()
+        for u in users[v]:
+            if u in pro_unit:
+                if pro_unit[u] == k:
+                    return None
+                cons.add(pro_unit[u])
+                continue
+            c = unit.get(u)
+            if c is None or c == k or u in elide:
+                return None
+            cg = (groups or {}).get(c)
+            e = ir.eqns[c]
+            if isinstance(cg, chain.LinearChain):
+                ok = cg.layers[0].a is v and u == ir.eqns.index(cg.layers[0].mm, c)
+            elif isinstance(cg, attention.AttentionGroup):
+                ok = v in cg.bases
+            elif isinstance(cg, EpilogueGroup) or (cg is None and e.op.name == "matmul"):
+                ok = u == c and e.op.name == "matmul" and e.inputs[0] is v and e.inputs[1] is not v and \
+                    v.ndim == 2 and (c not in trans or trans[c][0] is None) and \
+                    not (isinstance(cg, EpilogueGroup) and v in cg.inputs)
+            elif type(cg) is Group:
+                ok = v in cg.inputs
+            else:
+                ok = reshape_unit(c)
+            if not ok:
+                return None
+            cons.add(c)
+        if not cons:
+            return None
+        last = max(max(users[v]), max(cons))
+        if any(k < h <= last for h in host_idx):
+            return None
+        return cons
+
     plan: Dict[Var, Any] = {}
     for k, g in (groups or {}).items():
         if isinstance(g, chain.LinearChain):
@@ -534,48 +587,27 @@ def _plan_handoff(ir: IR, host: Dict[int, str], groups: Any, elide: set, trans: 
         else:
             continue
         for v in produced:
-            if v in outset or v in no_handoff or v.dtype not in NEURON_DTYPES or v.dtype == torch.int64:
+            cons = consumers(v, k)
+            if cons is None:
                 continue
-            rows, cols = handoff_shape(v)
-            isz = torch.empty((), dtype=v.dtype).element_size()
-            if rows > 128 or cols * isz > 16 * 1024 or not users.get(v):
-                continue
-            cons = set()
-            ok = True
-            for u in users[v]:
-                if u in pro_unit:
-                    ok = pro_unit[u] != k
-                    if not ok:
-                        break
-                    cons.add(pro_unit[u])
-                    continue
-                c = unit.get(u)
-                if c is None or c == k or u in elide:
-                    ok = False
+            if any(reshape_unit(c) for c in cons):
+                pending[v] = (k, cons)
+            else:
+                plan[v] = (k, cons)
+    # a value read by a pass-through reshape is handed off only when the reshape's result is too (the reshape
+    # then moves nothing: it publishes the same tile, as it would alias the HBM buffer)
+    for v, (k, cons) in pending.items():
+        passed = {}
+        for c in cons:
+            if reshape_unit(c):
+                w = ir.eqns[c].outputs[0]
+                wc = consumers(w, c)
+                if wc is None or any(reshape_unit(x) for x in wc):
                     break
-                cg = (groups or {}).get(c)
-                e = ir.eqns[c]
-                if isinstance(cg, chain.LinearChain):
-                    ok = cg.layers[0].a is v and u == ir.eqns.index(cg.layers[0].mm, c)
-                elif isinstance(cg, attention.AttentionGroup):
-                    ok = v in cg.bases
-                elif isinstance(cg, EpilogueGroup) or (cg is None and e.op.name == "matmul"):
-                    ok = u == c and e.op.name == "matmul" and e.inputs[0] is v and e.inputs[1] is not v and \
-                        v.ndim == 2 and (c not in trans or trans[c][0] is None) and \
-                        not (isinstance(cg, EpilogueGroup) and v in cg.inputs)
-                elif type(cg) is Group:
-                    ok = v in cg.inputs
-                else:
-                    ok = False
-                if not ok:
-                    break
-                cons.add(c)
-            if not ok or not cons:
-                continue
-            last = max(max(users[v]), max(cons))
-            if any(k < h <= last for h in host_idx):
-                continue
+                passed[w] = (c, wc)
+        else:
             plan[v] = (k, cons)
+            plan.update(passed)
     return plan
 
 
