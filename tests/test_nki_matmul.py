@@ -35,6 +35,57 @@ def test_tutorial_kernels_compute_the_product(version, blocks):
     assert res.matmul_flops == 2 * K * M * N
 
 
+@pytest.mark.parametrize("version,blocks", [("tiled", {}), ("hoist_load", {}), ("block_free", {}),
+                                            ("block_k", {"bm": 2, "bn": 2, "bk": 2})])
+@pytest.mark.parametrize("io_queues", [1, 2])
+def test_trn2_guide_kernels_compute_the_fp32_product(version, blocks, io_queues):
+    K, M, N = 512, 256, 2048
+    g = torch.Generator().manual_seed(11)
+    lhsT = torch.randn(K, M, generator=g)
+    rhs = torch.randn(K, N, generator=g)
+    p = nki_matmul.build_trn2(version, K, M, N, io_queues=io_queues, **blocks)
+    res = p.run({"lhsT": lhsT.numpy(), "rhs": rhs.numpy()})
+    out = torch.as_tensor(np.asarray(res.outputs["result"]))
+    assert out.dtype == torch.float32 and res.arch.name == "trn2"
+    torch.testing.assert_close(out, lhsT.T @ rhs, rtol=1e-4, atol=1e-3)
+    assert res.matmul_flops == 2 * K * M * N
+    queues = {res.arch.queue_name(q) for q in np.unique(res.queues) if q >= 4}
+    assert queues == ({"DMA0"} if io_queues == 1 else {"DMA0", "DMA1"})
+
+
+def test_trn2_guide_kernels_fit_sbuf_and_follow_the_published_shapes():
+    # the published shape: block_k's single-buffered fp32 tile set fills trn2's SBUF exactly (module docstring)
+    e = nki_matmul.build_trn2("block_k").build(check=False)
+    assert e.sbuf_peak_bytes == e.arch.sbuf_partition_bytes == 224 * 1024
+    counts = e.opcode_counts() if callable(e.opcode_counts) else e.opcode_counts
+    nbn, nbk, nbm = 8192 // 1024, 8192 // 1024, 4096 // 2048
+    assert counts["matmul"] == 64 * 32 * 16 and counts["tensor_tensor"] == nbn * nbk * nbm * 16 * 2
+    # per (n, k): 8 rhs [128, 1024] loads + 8 lhsT [128, 2048] loads per M-block; 32 packed stores per n
+    assert counts["dma_copy"] == nbn * nbk * 8 * (1 + nbm) + nbn * 32
+    assert counts["memset"] == counts["tensor_copy"] == nbn * 32 * 2
+    with pytest.raises(tn.NeuronError, match="unknown trn2 version"):
+        nki_matmul.build_trn2("fully_optimized")
+    with pytest.raises(tn.NeuronError, match="io_queues"):
+        nki_matmul.build_trn2("tiled", 256, 128, 512, io_queues=3)
+
+
+def test_trn2_block_k_busy_shares_are_pinned():
+    # modelled cycles are deterministic: the fidelity rows' shares at the published shape (one DMA queue)
+    import fidelity
+
+    s = fidelity.trn2_busy_shares("block_k")
+    assert s["TensorE"] == pytest.approx(89.28, abs=0.01)
+    assert s["VectorE"] == pytest.approx(6.98, abs=0.01)
+    assert s["DMA"] == pytest.approx(13.18, abs=0.01)
+    assert s["ms"] == pytest.approx(31.32, abs=0.01)
+    rows = {r["anchor"]: r for r in fidelity.run(only=["trn2 matmul block_k"])}
+    assert set(rows) == {f"trn2 matmul block_k {e} busy" for e in ("DMA", "TensorE", "VectorE")}
+    assert rows["trn2 matmul block_k TensorE busy"]["verdict"] == "within"
+    for r in rows.values():
+        assert r["unit"] == "%" and r["band"] == 0.15 and r["arch"] == "trn2"
+        assert r["verdict"] == ("within" if abs(r["modelled"] / r["published"] - 1) <= 0.15 else "OUT")
+
+
 def test_tutorial_kernels_keep_the_published_order():
     # at a shape where every version runs its loops more than once, each optimisation is faster than the last
     K, M, N = 2048, 2048, 2048
