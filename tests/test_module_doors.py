@@ -163,3 +163,23 @@ def test_fractional_max_pool_module_with_batched_samples_on_unbatched_input():
                                      _random_samples=torch.rand(2, 4, 3, generator=g))
     x = torch.randn(4, 5, 5, 5, generator=g)
     torch.testing.assert_close(tn.jit(m)(x), m(x), rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------- refusals by design
+
+
+@pytest.mark.parametrize("case", ["gaussian_nll", "batchnorm_cumulative"])
+def test_value_reads_inside_torch_are_refused_naming_the_library_line(case):
+    """GaussianNLLLoss checks ``torch.any(var < 0)`` and BatchNorm(momentum=None) divides by
+    ``float(num_batches_tracked)``: Python reading a tensor's value, refused by design under tn.jit; the error
+    says so and names torch's line, not only the user's call."""
+    if case == "gaussian_nll":
+        fn, args, where = torch.nn.GaussianNLLLoss(), (torch.randn(3), torch.randn(3), torch.rand(3)), \
+            "torch/nn/functional.py"
+    else:
+        fn, args, where = torch.nn.BatchNorm1d(3, momentum=None), (torch.randn(4, 3),), \
+            "torch/nn/modules/batchnorm.py"
+    with pytest.raises(tn.TracingError) as err:
+        tn.jit(fn)(*args)
+    msg = str(err.value)
+    assert "test_module_doors.py:" in msg and f"read in {where}:" in msg and "refuses it by design" in msg

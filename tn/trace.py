@@ -910,10 +910,35 @@ def _h_index(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]
     return _h_core(tr, func, args, kwargs)
 
 
+#: torch's own plumbing between Python code and an op (never the line that reads a value).
+_TORCH_PLUMBING = tuple(os.path.join(_TORCH_DIR, p) for p in (
+    "_ops.py", "_tensor.py", "overrides.py", "utils" + os.sep + "_python_dispatch.py", "_compile.py",
+    "_dynamo" + os.sep, "_jit_internal.py", "nn" + os.sep + "modules" + os.sep + "module.py"))
+
+
+def _library_reader() -> str:
+    """`` (read in file:line: `code`)`` for the innermost library frame (torch's or a package's, not tn's
+    and not torch's dispatch plumbing) below the user's line, or ``""`` when the user's own line reads it."""
+    import linecache
+
+    user = user_frame()
+    f = sys._getframe(1)
+    while f is not None and f is not user:
+        fn = os.path.abspath(f.f_code.co_filename)
+        if not (fn.startswith(_TN_DIR) or fn.startswith(_TORCH_PLUMBING) or fn.startswith("<")
+                or (fn.startswith(_STDLIB_DIR) and "-packages" not in fn)):
+            line = linecache.getline(fn, f.f_lineno).strip()
+            short = fn[len(_TORCH_DIR) - len("torch") - 1:] if fn.startswith(_TORCH_DIR) else fn
+            return f" (read in {short}:{f.f_lineno} {f.f_code.co_name}: `{line}`)"
+        f = f.f_back
+    return ""
+
+
 def _h_data_dependent(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
     raise TracingError(
-        f"{_where()}: this line {_DATA_DEPENDENT[func]}, but while tn traces a function tensors have "
-        f"shapes and dtypes only (Python control flow on tensor values cannot be recorded). {_ADVICE}")
+        f"{_where()}: this line {_DATA_DEPENDENT[func]}{_library_reader()}, but while tn traces a function "
+        f"tensors have shapes and dtypes only: Python control flow on tensor values cannot be recorded, so "
+        f"tn.jit refuses it by design. {_ADVICE}")
 
 
 def _h_meta_only(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
