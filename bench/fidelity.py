@@ -133,9 +133,10 @@ KNOWN_GAPS = {
     "trn2 matmul block_free DMA busy": (
         "the published live set of this version at fp32 (2 lhsT + 2 rhs K-columns: 320 KiB per partition) does "
         "not fit SBUF (224 KiB in tn's trn2), so tn loads each rhs column just before the bn iteration reading it "
-        "and moves half of hoist_load's rhs bytes in the same [128, 512] transfers; hoist_load's published shares "
-        "imply ~0.85 us per such transfer (tn: 0.85 us), this version's 95.70 % ~1.6 us: the real kernel moves "
-        "about twice what tn's does (spills or reloads from the SBUF overflow, not published)"),
+        "and issues half of hoist_load's [128, 512] rhs transfers (18944 transfers in all); hoist_load's published "
+        "shares (a ~28.0 ms kernel, DMA active 99.73 %) imply ~0.79 us of DMA activity per transfer (tn: 0.84 us), "
+        "this version's 95.70 % of ~28.1 ms ~1.42 us: the real kernel's DMA is active ~1.8x as long per transfer "
+        "on the same tiles, e.g. spills or reloads from the SBUF overflow, which the guide does not publish"),
     "trn2 matmul block_k DMA busy": (
         "1.4 GiB of loads and stores (lhsT reloaded per N-block); the published 21.54 % of a ~28.1 ms kernel (TensorE 99.5 % at tn's fp32 "
         "matmul cost) is ~6.1 ms of DMA activity; tn's 0.5-1 MiB transfers are active 4.1 ms in all: tn moves "
