@@ -284,3 +284,26 @@ def test_bf16_native_layer_norm_statistics_have_the_input_dtype(door):
     assert [t.shape for t in got] == [t.shape for t in want]
     for a, e in zip(got, want):
         torch.testing.assert_close(a.float(), e.float(), rtol=1.6e-2, atol=1e-2)
+
+
+# --------------------------------------------------------------------------- value-shaped ops on static masks
+
+
+@pytest.mark.parametrize("r,with_replacement", [(1, False), (2, False), (3, True)])
+def test_combinations_through_jit(r, with_replacement):
+    """torch.combinations masks a meshgrid with a triangular mask built from arange and masked_selects it: the
+    mask depends on no input, so the result's shape is known while tracing (it was refused as data-dependent)."""
+    x = torch.randn(5, requires_grad=True)
+
+    def f(x):
+        out = torch.combinations(x, r, with_replacement=with_replacement)
+        return out, torch.autograd.grad((out * torch.arange(out.numel()).view(out.shape)).sum(), x)[0]
+
+    got, want = tn.jit(f)(x), f(x)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+
+
+def test_masked_select_on_an_input_mask_is_still_refused():
+    with pytest.raises(tn.TracingError, match="depends on tensor values"):
+        tn.jit(lambda x: torch.masked_select(x, x > 0))(torch.randn(5))

@@ -57,7 +57,7 @@ import threading
 
 import torch
 import torch.utils._pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from . import config
 from . import ops as _ops
@@ -941,6 +941,58 @@ def _h_data_dependent(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[
         f"tn.jit refuses it by design. {_ADVICE}")
 
 
+#: Largest static value (elements) and equation count :func:`_static_value` computes while tracing.
+_STATIC_LIMIT = (1 << 20, 256)
+
+
+def _static_value(tr: _Tracer, v: Var) -> Optional[Tensor]:
+    """The value of ``v`` when it depends on no input of the trace (only on constants, iota/full and the like,
+    e.g. the mask ``torch.combinations`` builds from ``arange``), computed now with the ops' reference
+    implementations; ``None`` when it depends on an input, on a random or effectful op, or is too large."""
+    known: Dict[Var, Any] = {c: t for c, t in tr.consts}
+    made = {o: e for e in tr.eqns for o in e.outputs}
+    need: List[Eqn] = []
+    seen = set()
+    stack = [v]
+    while stack:
+        u = stack.pop()
+        if not isinstance(u, Var) or u in known or u in seen:
+            continue
+        e = made.get(u)
+        if e is None or e.op.impure or len(need) >= _STATIC_LIMIT[1] or u.numel > _STATIC_LIMIT[0]:
+            return None          # an input of the trace, a random draw, or too much work
+        seen.update(e.outputs)
+        need.append(e)
+        stack.extend(e.inputs)
+    order = {id(e): k for k, e in enumerate(tr.eqns)}
+    with _disable_current_modes():
+        for e in sorted(need, key=lambda e: order[id(e)]):
+            out = e.op.impl(*[known[a] if isinstance(a, Var) else a.value for a in e.inputs], **e.attrs)
+            outs = [out] if isinstance(out, Tensor) else list(out)
+            known.update(zip(e.outputs, outs))
+    return known.get(v)
+
+
+def _h_value_shaped(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    """``masked_select`` / ``nonzero`` whose mask depends on no input (a static value): the result's shape is
+    known while tracing, so it is a gather at constant indices (``torch.combinations``'s triangular mask);
+    otherwise the data-dependent refusal."""
+    x = args[0]
+    mask = args[1] if func is aten.masked_select.default else x
+    st = _static_value(tr, tr.var_of(mask)) if type(mask) is TracerTensor else None
+    if st is None:
+        return _h_data_dependent(tr, func, args, kwargs)
+    with _disable_current_modes():
+        st = st.to(torch.bool) if st.dtype != torch.bool else st
+        if func is aten.nonzero.default:
+            return tr.lift(torch.nonzero(st))
+        shape = torch.broadcast_shapes(tuple(x.shape), tuple(mask.shape))
+        idx = torch.nonzero(st.expand(shape).reshape(-1)).reshape(-1)
+    with tr:
+        flat = aten.reshape.default(aten.expand.default(x, list(shape)), [-1])
+        return aten.index.Tensor(flat, [idx])
+
+
 def _h_meta_only(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
     return func(*_metas(args), **meta_kwargs(kwargs, func))  # non-tensor results (sizes, flags)
 
@@ -1313,6 +1365,8 @@ _SPECIAL: Dict[Any, Callable[..., Any]] = {
     aten.lift_fresh_copy.default: _h_clone,
     aten.index.Tensor: _h_index,
     aten._linalg_check_errors.default: _h_linalg_check,
+    aten.masked_select.default: _h_value_shaped,
+    aten.nonzero.default: _h_value_shaped,
     aten._unsafe_index.Tensor: _h_index,
     aten.view.dtype: lambda tr, func, args, kwargs: (_ for _ in ()).throw(
         _unsupported(func, args, kwargs, "reinterpreting bits as another dtype is not in tn's op set")),
