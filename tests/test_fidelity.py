@@ -133,3 +133,23 @@ def test_profile_table_names_the_modelled_arch(arch, generation):
     assert prof.runs and all(r.arch.name == arch for r in prof.runs)
     assert f"modelled on {arch} ({generation})" in prof.table(print_it=False)
     assert f"modelled on {arch} ({generation})" in prof.table(print_it=False, by="opcode")
+
+
+def test_trn2_busy_share_anchors_are_carried_with_their_source():
+    """Every busy share the trn2 kernel-optimization guide publishes is a row (+-15 % of the share), and every
+    known-gap note belongs to an anchor the bench runs."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+    import fidelity
+    from tn.neuron import nki_matmul
+
+    assert set(fidelity.TRN2_SHARES) == set(nki_matmul.TRN2_VERSIONS)
+    for version, shares in fidelity.TRN2_SHARES.items():
+        for eng, pct in shares:
+            what, shape, dtype, arch, value, unit, band, source = fidelity.ANCHORS[f"trn2 matmul {version} {eng} busy"]
+            assert (shape, dtype, arch, value, unit, band) == ("K,M,N=8192,4096,8192", "fp32", "trn2", pct, "%", 0.15)
+            assert "kernel-optimization.rst" in source
+    assert not any("trn2" in k for k in fidelity.NOT_RUN)
+    assert set(fidelity.KNOWN_GAPS) <= set(fidelity.ANCHORS) | {"matmul speed-up v1/v2"}
