@@ -509,8 +509,9 @@ GENERAL = object()
 
 def record_plain(op, name: str, flat: list, spec, exact: bool = False) -> Any:
     """:func:`record` for the common call, checked on the way: tensors of one neuron device (0-dim host
-    tensors mix in) without lazy conjugate/negative bits. Returns :data:`GENERAL`, having changed nothing,
-    for any other call (the caller then checks it as op mode would and calls :func:`record`); otherwise what
+    tensors mix in) without lazy conjugate/negative bits. Returns :data:`GENERAL`, having recorded nothing (a
+    change of stream may have flushed the open window, as :func:`record` would), for any other call (the caller
+    then checks it as op mode would and calls :func:`record`); otherwise what
     :func:`record` returns. One pass over the arguments instead of the eager path's checks plus :func:`record`'s.
     ``exact``: also decline an op whose results torch would not make contiguous (a functional op queued in
     place of torch's ``empty`` + ``out=`` composite, :mod:`tn.device.fastpath`, must not change strides)."""
@@ -531,6 +532,7 @@ def record_plain(op, name: str, flat: list, spec, exact: bool = False) -> Any:
 
 
 def _record_locked(index: int, op, name: str, flat: list, spec, info, check: bool, exact: bool = False) -> Any:
+    """:func:`_record` into device ``index``'s queue under its lock, after flushing a window of another stream."""
     q = _QUEUES.get(index) or _queue(index)
     stream = _tl.current_queue(index)
     with q.lock:
