@@ -500,10 +500,13 @@ class Emitter:
         ins, outs = self.operands(k, eqn)
         cur.ctx.eqn = eqn
         cur.ctx.store_hook = None
-        self.begin_unit(k, ())
+        self.begin_unit(k, eqn.outputs)
         with self.unit_failures(unit):
             self.lower_one(k, eqn, ins, outs)
         self.prologues_done(k)
+        for v in cur.ctx.publish_vars:      # (a row gather planned to hand its rows off: tn.lower.index)
+            if v not in cur.ctx.resident:
+                raise UnitFailed(Veto("no_handoff", k, "the lowering stored its result to HBM", v))
         self.end_unit(k)
         cur.eqns.append(k)
 

@@ -91,12 +91,15 @@ def _row_index_tile(ctx, pc, tshape, cm, base, wpat, idxs, idx_offs, pstr, tstr)
 
 
 def row_gather(ctx: Any, x_t: Any, x_dt: str, x_numel: int, rin: int, out_t: Any, grid: List[Tuple[int, tuple]],
-               idxs: List[tuple]) -> None:
+               idxs: List[tuple], publish: Any = None) -> None:
     """Gather rows of ``rin`` elements from ``x_t`` into ``out_t`` (the grid's rows, row-major).
 
     ``grid``: output axes ``(n, (out_row_stride, base_weight, idx_stride_0, ...))``; ``idxs``: ``(tensor,
     dtype, weight, axis_size, wrap_negative)`` per index tensor. Row of grid point g:
     ``sum_k g_k * base_weight_k + sum_j wrap(idx_j[g]) * weight_j``.
+    ``publish``: the output Var the compiler asked to leave in SBUF (``ctx.wants``): when every output row
+    is one partition of a single tile (<= 128 rows, one grid point per partition, whole rows in the free
+    budget) the rows are gathered into that tile and handed off (``ctx.publish``), not stored.
     """
     prog = ctx.prog
     nrows = x_numel // rin
@@ -117,6 +120,12 @@ def row_gather(ctx: Any, x_t: Any, x_dt: str, x_numel: int, rin: int, out_t: Any
         # whole-axis partition splits reach too far: 128 consecutive grid points per part instead
         n0, s0 = axes[0]
         parts = [(tuple(p0 * st for st in s0), (min(128, n0 - p0), s0), axes[1:]) for p0 in range(0, n0, 128)]
+    if publish is not None and len(parts) == 1 and rch == rin:
+        _, (pc, ps), free = parts[0]
+        if not (pc == numel([n for n, _ in grid]) and ps[0] == 1 and not free and pc <= 128):
+            publish = None
+    else:
+        publish = None
     for poff, (pc, ps), free in parts:
         for toff, tax in _tiles(free, fb, nstr):
             off = tuple(a + b for a, b in zip(poff, toff))
@@ -137,6 +146,9 @@ def row_gather(ctx: Any, x_t: Any, x_dt: str, x_numel: int, rin: int, out_t: Any
                 table = hview(x_t, b0 * rin + r0, [(min(nrows - b0, span), rin), (rc, 1)])
                 for f in range(F):
                     prog.dma_gather(ot[:, f, :], table, flat2[:, f:f + 1])
+                if publish is not None:       # the one tile holds every row: hand it off, no store
+                    ctx.publish(publish, ot.reshape(pc, rc))
+                    continue
                 dst = hview(out_t, off[0] * rin + r0, [(pc, ps[0] * rin)] + [(n, s[0] * rin) for n, s in tax]
                             + [(rc, 1)])
                 prog.dma_copy(dst, ot.reshape(pc, *tshape, rc))
@@ -233,7 +245,8 @@ def _index(ctx, eqn, ins, outs):
         return
     grid, weights, rin, _ = _index_grid(X, dims, [tuple(v.shape) for v in ivs])
     idxs = [(t, dt, w, X[d], True) for t, dt, w, d in zip(ins[1:], idts, weights, dims)]
-    row_gather(ctx, ins[0], x_dt, numel(X), rin, outs[0], grid, idxs)
+    out = eqn.outputs[0]
+    row_gather(ctx, ins[0], x_dt, numel(X), rin, outs[0], grid, idxs, publish=out if ctx.wants(out) else None)
 
 
 # --------------------------------------------------------------------------- index_put (one-hot matmul)

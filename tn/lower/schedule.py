@@ -41,6 +41,7 @@ from .fusion import Group
 from .matmul import transposed_source as find_transposed_source
 
 __all__ = ["Schedule", "Unit", "Veto", "Vetoes", "UnitFailed", "LaidOutOperand", "plan", "plan_transposed",
+           "hoist_gathers",
            "host_reason", "has_zero_size", "unit_label", "unit_kind", "program_name", "ZERO_SIZE_REASON"]
 
 
@@ -596,6 +597,16 @@ def _plan_handoff(ir: IR, host: Dict[int, str], groups: Any, elide: set, trans: 
                 plan[v] = (k, cons)
     # a value read by a pass-through reshape is handed off only when the reshape's result is too (the reshape
     # then moves nothing: it publishes the same tile, as it would alias the HBM buffer)
+    # a row gather lowered on its own (``index``: an embedding lookup) whose rows fill one tile gathers them
+    # straight into the tile it hands off (tn.lower.index.row_gather), for fused groups to read
+    for k, e in enumerate(ir.eqns):
+        if e.op.name != "index" or unit.get(k) != k or (groups or {}).get(k) is not None or k in host or \
+                k in elide or len(e.outputs) != 1:
+            continue
+        v = e.outputs[0]
+        cons = consumers(v, k)
+        if cons is not None and all(type((groups or {}).get(c)) is Group for c in cons):
+            plan[v] = (k, cons)
     for v, (k, cons) in pending.items():
         passed = {}
         for c in cons:
@@ -609,6 +620,34 @@ def _plan_handoff(ir: IR, host: Dict[int, str], groups: Any, elide: set, trans: 
             plan[v] = (k, cons)
             plan.update(passed)
     return plan
+
+
+def hoist_gathers(ir: IR) -> IR:
+    """``ir`` with every row gather (``index``: embedding lookups) moved up before the elementwise equations
+    right before it that it does not read (a new IR; ``ir`` itself when nothing moves).
+
+    Tracing keeps the user's order, e.g. BERT's embeddings ``word + token_type`` then the position lookup,
+    then ``+ position`` and LayerNorm: the lookup between the two adds splits them into separate units, each
+    storing its result to HBM. Hoisted, the adds and the norm form one row group whose inputs are the gathers,
+    which can hand their rows over in SBUF (:func:`_plan_handoff`). A gather has no side effect and reads only
+    values made before the equations it passes, so the result is unchanged."""
+    eqns = list(ir.eqns)
+    moved = False
+    for j in range(len(eqns)):
+        e = eqns[j]
+        if e.op.name != "index":
+            continue
+        reads = {a for a in e.inputs if isinstance(a, Var)}
+        i = j
+        while i > 0 and fusion._is_map(eqns[i - 1]) and not reads.intersection(eqns[i - 1].outputs):
+            i -= 1
+        if i < j:
+            eqns[i + 1:j + 1] = eqns[i:j]
+            eqns[i] = e
+            moved = True
+    if not moved:
+        return ir
+    return IR(ir.inputs, eqns, ir.outputs, ir.consts, ir.mutations, ir.name)
 
 
 def _plan_groups(ir: IR, vetoes: Vetoes, laid_out: Dict[Var, Any], sched: Schedule) -> None:
