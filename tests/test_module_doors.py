@@ -183,3 +183,42 @@ def test_value_reads_inside_torch_are_refused_naming_the_library_line(case):
         tn.jit(fn)(*args)
     msg = str(err.value)
     assert "test_module_doors.py:" in msg and f"read in {where}:" in msg and "refuses it by design" in msg
+
+
+# --------------------------------------------------------------------------- CTC loss
+
+_CTC = {   # targets, input lengths, target lengths
+    "padded": (torch.tensor([[1, 2, 2, 3, 1], [3, 1, 0, 0, 0], [4, 4, 4, 0, 0]]), [8, 6, 7], [5, 2, 0]),
+    "concatenated": (torch.tensor([1, 2, 3, 4, 1, 2]), [8, 6, 5], [3, 2, 1]),
+    "concatenated-empty-last": (torch.tensor([1, 2, 3, 4, 1]), [8, 6, 5], [3, 2, 0]),
+    "infinite": (torch.tensor([[1, 2, 1, 2, 1, 2], [1, 1, 1, 1, 1, 1], [2, 3, 0, 0, 0, 0]]), [8, 8, 8], [6, 6, 2]),
+    "no-targets": (torch.zeros(3, 0, dtype=torch.int64), [8, 5, 2], [0, 0, 0]),
+}
+
+
+@pytest.mark.parametrize("zero_infinity", [False, True])
+@pytest.mark.parametrize("reduction", ["none", "sum"])
+@pytest.mark.parametrize("case", sorted(_CTC))
+def test_ctc_loss_and_gradient_through_jit(case, reduction, zero_infinity):
+    """aten._ctc_loss and its backward had no decomposition (CTCLoss was refused); an infinite loss gives
+    torch's NaN gradient, or zero with zero_infinity."""
+    targets, il, tl = _CTC[case]
+    lp = torch.randn(8, 3, 5, generator=torch.Generator().manual_seed(6)).log_softmax(2)
+
+    def f(x):
+        out = F.ctc_loss(x, targets, il, tl, reduction=reduction, zero_infinity=zero_infinity)
+        return out, torch.autograd.grad(out.sum(), x)[0]
+
+    x = lp.clone().requires_grad_()
+    torch.testing.assert_close(tn.jit(f)(x), f(x), rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_ctc_loss_of_an_unbatched_input_through_jit():
+    lp = torch.randn(8, 5, generator=torch.Generator().manual_seed(7)).log_softmax(1)
+
+    def f(x):
+        out = F.ctc_loss(x, torch.tensor([1, 2, 2]), [8], [3], reduction="sum")
+        return out, torch.autograd.grad(out, x)[0]
+
+    x = lp.clone().requires_grad_()
+    torch.testing.assert_close(tn.jit(f)(x), f(x), rtol=1e-5, atol=1e-5)

@@ -1,4 +1,4 @@
-# Decompositions of neural-network layer ops: 3-d (and transposed 3-d) convolutions and their gradients, 3-d and adaptive pooling, antialiased resampling, embedding_bag and embedding_renorm, distances, bilinear forms, the multi-label and multi-class margin losses' gradients, replication padding's gradient, fractional max pooling.
+# Decompositions of neural-network layer ops: 3-d (and transposed 3-d) convolutions and their gradients, 3-d and adaptive pooling, antialiased resampling, embedding_bag and embedding_renorm, distances, bilinear forms, the multi-label and multi-class margin losses' gradients, replication padding's gradient, fractional max pooling, the CTC loss.
 """Decompositions of layer ops into core ops (see :mod:`tn.ops.decompositions` for the general ones)."""
 from __future__ import annotations
 
@@ -440,6 +440,149 @@ def _fractional_max_pool2d_backward(grad, x, kernel_size, output_size, indices):
 def _fractional_max_pool3d_backward(grad, x, kernel_size, output_size, indices):
     """Gradient of fractional_max_pool3d."""
     return _adaptive_max_backward(grad, x, indices, 3)
+
+
+# --------------------------------------------------------------------------- CTC loss
+NEG = float("-inf")
+
+
+def _lse3(a, b, c):
+    m = aten.maximum.default(aten.maximum.default(a, b), c)
+    m = aten.where.self(aten.eq.Scalar(m, NEG), aten.zeros_like.default(m), m)
+    s = aten.add.Tensor(aten.add.Tensor(aten.exp.default(aten.sub.Tensor(a, m)), aten.exp.default(aten.sub.Tensor(b, m))),
+                        aten.exp.default(aten.sub.Tensor(c, m)))
+    return aten.add.Tensor(aten.log.default(s), m)
+
+
+def _shift(x, k):
+    """``x[:, s - k]`` (``k > 0``) or ``x[:, s + |k|]`` (``k < 0``) with -inf where it falls outside."""
+    n, e = x.shape
+    if abs(k) >= e:
+        return aten.full.default([n, e], NEG, dtype=x.dtype, device=x.device)
+    pad = aten.full.default([n, abs(k)], NEG, dtype=x.dtype, device=x.device)
+    if k > 0:
+        return aten.cat.default([pad, aten.slice.Tensor(x, 1, 0, e - k)], 1)
+    return aten.cat.default([aten.slice.Tensor(x, 1, -k, e), pad], 1)
+
+
+def _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank):
+    """(lp [T, N, C], ext [N, E] int64, lpe [T, N, E], allow3 [N, E], valid [N, E], batched)."""
+    batched = log_probs.dim() == 3
+    lp = log_probs if batched else aten.unsqueeze.default(log_probs, 1)
+    t_max, n, c = lp.shape
+    lens = [int(v) for v in target_lengths]
+    smax = max(lens) if lens else 0
+    e = 2 * smax + 1
+    with _disable_current_modes():
+        if targets.dim() == 2 or not batched:
+            rows = None
+        else:
+            offs = [sum(lens[:i]) for i in range(len(lens))]
+            top = max(sum(lens) - 1, 0)     # slots past a target's length read any valid element (masked)
+            rows = torch.tensor([[min(offs[i] + j, top) for j in range(smax)] for i in range(n)], dtype=torch.int64)
+        svalid = torch.tensor([[s < 2 * lens[i] + 1 for s in range(e)] for i in range(n)], dtype=torch.bool)
+        tvalid = torch.tensor([[j < lens[i] for j in range(smax)] for i in range(n)], dtype=torch.bool)
+        ge2 = torch.arange(e) >= 2
+    tg = targets if batched else aten.unsqueeze.default(targets, 0)
+    if rows is not None:
+        tg = aten.index.Tensor(tg, [rows])
+    tg = aten._to_copy.default(aten.slice.Tensor(tg, 1, 0, smax), dtype=torch.int64)
+    tg = aten.where.self(tvalid, tg, aten.full_like.default(tg, blank))
+    blanks = aten.full.default([n, smax], blank, dtype=torch.int64, device=lp.device)
+    ext = aten.view.default(aten.stack.default([blanks, tg], 2), [n, 2 * smax])
+    ext = aten.cat.default([ext, aten.full.default([n, 1], blank, dtype=torch.int64, device=lp.device)], 1)
+    lpe = aten.gather.default(lp, 2, aten.expand.default(aten.unsqueeze.default(ext, 0), [t_max, n, e]))
+    prev2 = aten.full.default([n, e], -1, dtype=torch.int64, device=lp.device) if e < 3 else aten.cat.default(
+        [aten.full.default([n, 2], -1, dtype=torch.int64, device=lp.device), aten.slice.Tensor(ext, 1, 0, e - 2)], 1)
+    allow3 = aten.logical_and.default(aten.logical_and.default(aten.ne.Scalar(ext, blank), aten.ne.Tensor(ext, prev2)),
+                                      ge2)
+    return lp, ext, lpe, allow3, svalid, batched
+
+
+@decomposition(aten._ctc_loss.default)
+def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    """(neg_log_likelihood [N], log_alpha [N, T, E]) of the CTC loss: torch's alpha recursion over the
+    blank-extended targets (length E = 2 max(target_lengths) + 1), unrolled over time; each sample's
+    recursion stops at its input length."""
+    lp, ext, lpe, allow3, svalid, batched = _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank)
+    t_max, n, _ = lp.shape
+    e = ext.shape[1]
+    tl = [int(v) for v in input_lengths]
+    lens = [int(v) for v in target_lengths]
+    with _disable_current_modes():
+        first = torch.tensor([[s < 2 for s in range(e)]] * n) & svalid
+    neg = aten.full.default([n, e], NEG, dtype=lp.dtype, device=lp.device)
+    alpha = aten.where.self(first, aten.select.int(lpe, 0, 0), neg)
+    alphas = [alpha]
+    for t in range(1, t_max):
+        new = _lse3(alpha, _shift(alpha, 1), aten.where.self(allow3, _shift(alpha, 2), neg))
+        new = aten.where.self(svalid, aten.add.Tensor(new, aten.select.int(lpe, 0, t)), neg)
+        with _disable_current_modes():
+            live = torch.tensor([[t < tl[i]] for i in range(n)])
+        alpha = aten.where.self(live, new, alpha)
+        alphas.append(alpha)
+    with _disable_current_modes():
+        last = torch.tensor([[2 * lens[i]] for i in range(n)])
+        prev = torch.tensor([[max(2 * lens[i] - 1, 0)] for i in range(n)])
+        has_prev = torch.tensor([[lens[i] > 0] for i in range(n)])
+    l1 = aten.gather.default(alpha, 1, last)
+    l2 = aten.where.self(has_prev, aten.gather.default(alpha, 1, prev), aten.full_like.default(l1, NEG))
+    nll = aten.neg.default(aten.view.default(_lse3(l1, l2, aten.full_like.default(l1, NEG)), [n]))
+    log_alpha = aten.stack.default(alphas, 1)
+    if not batched:
+        return aten.squeeze.dim(nll, 0), aten.squeeze.dim(log_alpha, 0)
+    return nll, log_alpha
+
+
+@decomposition(aten._ctc_loss_backward.default)
+def _ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, nll, log_alpha, blank,
+                       zero_infinity=False):
+    """Gradient of :func:`_ctc_loss` with respect to ``log_probs``, as torch's kernel computes it:
+    ``exp(lp) - exp(log(sum_{s: ext(s)=c} alpha_t(s) beta_t(s)) + nll - lp)``, times the incoming gradient,
+    zero past each input length (and for infinite losses with ``zero_infinity``)."""
+    lp, ext, lpe, allow3, svalid, batched = _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank)
+    t_max, n, c = lp.shape
+    e = ext.shape[1]
+    tl = [int(v) for v in input_lengths]
+    lens = [int(v) for v in target_lengths]
+    la = log_alpha if batched else aten.unsqueeze.default(log_alpha, 0)
+    nl = aten.view.default(nll, [n, 1])
+    g = aten.view.default(grad, [n, 1])
+    with _disable_current_modes():
+        end = torch.tensor([[s == 2 * lens[i] or (lens[i] > 0 and s == 2 * lens[i] - 1) for s in range(e)]
+                            for i in range(n)])
+    neg = aten.full.default([n, e], NEG, dtype=lp.dtype, device=lp.device)
+    # position s may take beta from s + 2 when s + 2 may take alpha from s
+    allow3n = aten.full.default([n, e], False, dtype=torch.bool, device=lp.device) if e < 3 else aten.cat.default(
+        [aten.slice.Tensor(allow3, 1, 2, e), aten.full.default([n, 2], False, dtype=torch.bool, device=lp.device)], 1)
+    beta = neg
+    rows = [None] * t_max
+    for t in range(t_max - 1, -1, -1):
+        lpt = aten.select.int(lpe, 0, t)
+        rec = _lse3(beta, _shift(beta, -1), aten.where.self(allow3n, _shift(beta, -2), neg))
+        rec = aten.where.self(svalid, aten.add.Tensor(rec, lpt), neg)
+        with _disable_current_modes():
+            is_end = torch.tensor([[t == tl[i] - 1] for i in range(n)])
+            inside = torch.tensor([[t < tl[i] - 1] for i in range(n)])
+            live = torch.tensor([[t < tl[i]] for i in range(n)])
+        beta = aten.where.self(is_end, aten.where.self(end, lpt, neg), aten.where.self(inside, rec, neg))
+        ab = aten.add.Tensor(aten.select.int(la, 1, t), beta)
+        lpt_full = aten.select.int(lp, 0, t)
+        # lcab[c] = logsumexp of ab over the positions s of class c (-inf for a class the targets lack)
+        m = aten.scatter_reduce.two(aten.full_like.default(lpt_full, NEG), 1, ext, ab, "amax", include_self=False)
+        m = aten.where.self(aten.eq.Scalar(m, NEG), aten.zeros_like.default(m), m)
+        ssum = aten.scatter_add.default(aten.zeros_like.default(lpt_full), 1, ext,
+                                        aten.exp.default(aten.sub.Tensor(ab, aten.gather.default(m, 1, ext))))
+        lcab = aten.add.Tensor(aten.log.default(ssum), m)
+        gt = aten.sub.Tensor(aten.exp.default(lpt_full),
+                             aten.exp.default(aten.sub.Tensor(aten.add.Tensor(lcab, nl), lpt_full)))
+        gt = aten.mul.Tensor(gt, g)
+        keep = live
+        if zero_infinity:
+            keep = aten.logical_and.default(live, aten.ne.Scalar(nl, float("inf")))
+        rows[t] = aten.where.self(keep, gt, aten.zeros_like.default(gt))
+    out = aten.stack.default(rows, 0)
+    return out if batched else aten.squeeze.dim(out, 1)
 
 
 # --------------------------------------------------------------------------- replication padding gradient
