@@ -11,9 +11,10 @@ from tn.lower.compiler import compile_ir  # noqa: E402
 
 def _ffn(x, w1, b1, w2):
     """BERT's FFN pattern: the first Linear's output is [1, S, F] (gelu), the second reads it as [S, F] rows
-    after its own weight's cast (which ends the first matmul's epilogue before the reshape)."""
+    after its own weight's scaled cast (which ends the first matmul's epilogue before the reshape; a plain cast of
+    a program input would not: tn.lower.schedule.hoist_past_weight_casts moves the reshape before it)."""
     h = torch.nn.functional.gelu((x.reshape(64, 96) @ w1 + b1).reshape(1, 64, 384))
-    w2b = w2.to(torch.bfloat16)
+    w2b = (w2 * 2).to(torch.bfloat16)
     return h.reshape(64, 384) @ w2b
 
 

@@ -37,8 +37,8 @@ from ..reference import run_ir
 from . import collective, layout, matmul
 from .base import NEURON_DTYPES, dataflow
 from .emit import Emitted, _HostStep, _ProgStep, emit, unsupported_error
-from .schedule import (LaidOutOperand, Schedule, UnitFailed, Vetoes, hoist_gathers, host_reason, plan,
-                       plan_transposed)
+from .schedule import (LaidOutOperand, Schedule, UnitFailed, Vetoes, hoist_gathers, hoist_past_weight_casts,
+                       host_reason, plan, plan_transposed)
 
 __all__ = ["compile_ir", "NeuronExecutable", "ExecProfile", "StepTiming", "strict_default"]
 
@@ -258,6 +258,7 @@ class NeuronExecutable:
                  fuse: bool = True, _laid_out: Optional[Dict[Var, Any]] = None, name: Optional[str] = None):
         ir = _collective().sink_waits(ir)   # programs between a collective and its wait overlap it
         ir = hoist_gathers(ir)              # embedding lookups before the adds that sum them (one row group)
+        ir = hoist_past_weight_casts(ir)    # an activation's cast next to its producer's group, not after casts
         self.ir = ir
         self.name = name
         self.arch = get_arch(arch)

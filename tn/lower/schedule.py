@@ -41,7 +41,7 @@ from .fusion import Group
 from .matmul import transposed_source as find_transposed_source
 
 __all__ = ["Schedule", "Unit", "Veto", "Vetoes", "UnitFailed", "LaidOutOperand", "plan", "plan_transposed",
-           "hoist_gathers",
+           "hoist_gathers", "hoist_past_weight_casts",
            "host_reason", "has_zero_size", "unit_label", "unit_kind", "program_name", "ZERO_SIZE_REASON"]
 
 
@@ -640,6 +640,40 @@ def hoist_gathers(ir: IR) -> IR:
         reads = {a for a in e.inputs if isinstance(a, Var)}
         i = j
         while i > 0 and fusion._is_map(eqns[i - 1]) and not reads.intersection(eqns[i - 1].outputs):
+            i -= 1
+        if i < j:
+            eqns[i + 1:j + 1] = eqns[i:j]
+            eqns[i] = e
+            moved = True
+    if not moved:
+        return ir
+    return IR(ir.inputs, eqns, ir.outputs, ir.consts, ir.mutations, ir.name)
+
+
+def _weight_cast(e: Eqn, inputs: Set[Var]) -> bool:
+    """Whether ``e`` casts a program input or constant (a weight's bf16 copy under autocast)."""
+    return e.op.name == "convert" and isinstance(e.inputs[0], Var) and e.inputs[0] in inputs
+
+
+def hoist_past_weight_casts(ir: IR) -> IR:
+    """``ir`` with every elementwise equation (a fusion map op) moved up before the casts of program inputs
+    right before it that it does not read (a new IR; ``ir`` itself when nothing moves).
+
+    Under autocast each Linear casts its weight and bias where it is called, so in BERT the casts of the FFN's
+    weights sit between LayerNorm and the cast of its output to bf16: the cast was a map group of its own that
+    read the fp32 norm back from HBM. Hoisted, it joins the norm's row group, which hands the bf16 rows to the
+    matmul in SBUF. The casts read only program inputs, so moving other equations before them changes no
+    value."""
+    inputs = set(ir.inputs) | {v for v, _ in ir.consts}
+    eqns = list(ir.eqns)
+    moved = False
+    for j in range(len(eqns)):
+        e = eqns[j]
+        if not fusion._is_map(e) or _weight_cast(e, inputs):
+            continue
+        reads = {a for a in e.inputs if isinstance(a, Var)}
+        i = j
+        while i > 0 and _weight_cast(eqns[i - 1], inputs) and not reads.intersection(eqns[i - 1].outputs):
             i -= 1
         if i < j:
             eqns[i + 1:j + 1] = eqns[i:j]

@@ -1,0 +1,71 @@
+# Tests of tn/lower/schedule.py hoist_past_weight_casts (issue 16): an activation's cast to bf16 traced after
+# the casts of a Linear's weight and bias (autocast's order) joins its producer's LayerNorm row group, which hands
+# the bf16 rows to the matmul in SBUF instead of a map group reading the fp32 norm back from HBM.
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("tn.lower.schedule")
+import tn  # noqa: E402
+import tn.lower  # noqa: E402,F401
+import tn.lower.compiler as compiler  # noqa: E402
+from tn.lower.schedule import hoist_past_weight_casts  # noqa: E402
+
+S, H, O = 64, 96, 128
+
+
+def _f(x, gamma, beta, w, bias):
+    """LayerNorm, then a bf16 Linear whose weight and bias are cast where it is called (as under autocast); the
+    fp32 norm is also a result (BERT's residual reads it)."""
+    n = F.layer_norm(x, (H,), gamma, beta, 1e-12)
+    wb, bb = w.to(torch.bfloat16), bias.to(torch.bfloat16)
+    return F.linear(n.to(torch.bfloat16), wb, bb), n
+
+
+def _args():
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(S, H, generator=g), torch.randn(H, generator=g), torch.randn(H, generator=g),
+            torch.randn(O, H, generator=g) / 10, torch.randn(O, generator=g))
+
+
+def _compile(monkeypatch, hoist):
+    if not hoist:
+        monkeypatch.setattr(compiler, "hoist_past_weight_casts", lambda ir: ir)
+    args = _args()
+    exe = compiler.compile_ir(tn.make_ir(_f)(*args), strict=True, arch="trn1")
+    monkeypatch.undo()
+    return exe, args
+
+
+def test_hoist_moves_the_cast_before_the_weight_casts():
+    """The activation's cast moves before the two weight casts; the casts keep their order; an IR with nothing
+    left to move comes back as is."""
+    ir = tn.make_ir(_f)(*_args())
+    before = [(e.op.name, e.inputs[0] in ir.inputs) for e in ir.eqns if e.op.name == "convert"]
+    assert before == [("convert", True), ("convert", True), ("convert", False)]
+    out = hoist_past_weight_casts(ir)
+    after = [(e.op.name, e.inputs[0] in ir.inputs) for e in out.eqns if e.op.name == "convert"]
+    assert after == [("convert", False), ("convert", True), ("convert", True)]
+    assert sorted(map(id, out.eqns)) == sorted(map(id, ir.eqns))
+    assert hoist_past_weight_casts(out) is out
+
+
+def test_norm_hands_bf16_rows_to_the_matmul(monkeypatch):
+    """With the hoist the row group ends with the cast and keeps its bf16 result in SBUF for the matmul: one
+    unit fewer; the fp32 norm is no longer read back from HBM (S x H x 4 bytes) nor its bf16 cast written and
+    read (S x H x 2 each way). Both agree with torch."""
+    old, args = _compile(monkeypatch, hoist=False)
+    new, _ = _compile(monkeypatch, hoist=True)
+    rows = [u for u in new.schedule.units if u.kind == "row"]
+    assert len(rows) == 1 and [v.dtype for v in rows[0].keeps] == [torch.bfloat16]
+    assert not any(u.kind == "row" and u.keeps for u in old.schedule.units)
+    assert len(new.schedule.units) == len(old.schedule.units) - 1
+    want = _f(*args)
+    for exe in (old, new):
+        got = exe(list(args))
+        torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[0].float(), want[0].float(), rtol=2e-2, atol=2e-2)
+    (r_old,), (r_new,) = old.last_profile.runs, new.last_profile.runs
+    assert r_old.hbm_read_bytes - r_new.hbm_read_bytes == S * H * (4 + 2)
+    assert r_old.hbm_write_bytes - r_new.hbm_write_bytes == S * H * 2
+    assert r_new.total_ns < r_old.total_ns
