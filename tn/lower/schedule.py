@@ -656,20 +656,22 @@ def _weight_cast(e: Eqn, inputs: Set[Var]) -> bool:
 
 
 def hoist_past_weight_casts(ir: IR) -> IR:
-    """``ir`` with every elementwise equation (a fusion map op) moved up before the casts of program inputs
-    right before it that it does not read (a new IR; ``ir`` itself when nothing moves).
+    """``ir`` with every elementwise equation (a fusion map op) and every reshape moved up before the casts of
+    program inputs right before it that it does not read (a new IR; ``ir`` itself when nothing moves).
 
     Under autocast each Linear casts its weight and bias where it is called, so in BERT the casts of the FFN's
     weights sit between LayerNorm and the cast of its output to bf16: the cast was a map group of its own that
     read the fp32 norm back from HBM. Hoisted, it joins the norm's row group, which hands the bf16 rows to the
-    matmul in SBUF. The casts read only program inputs, so moving other equations before them changes no
-    value."""
+    matmul in SBUF. Likewise the reshape merging attention's head axes, traced after the o-projection's weight
+    casts, follows the attention group, which then absorbs it and hands its output to the o-projection in SBUF.
+    The casts read only program inputs, so moving other equations before them changes no value."""
     inputs = set(ir.inputs) | {v for v, _ in ir.consts}
     eqns = list(ir.eqns)
     moved = False
     for j in range(len(eqns)):
         e = eqns[j]
-        if not fusion._is_map(e) or _weight_cast(e, inputs):
+        if not (fusion._is_map(e) or (e.op.name == "reshape" and isinstance(e.inputs[0], Var))) or \
+                _weight_cast(e, inputs):
             continue
         reads = {a for a in e.inputs if isinstance(a, Var)}
         i = j
