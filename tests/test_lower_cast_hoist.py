@@ -119,3 +119,70 @@ def test_attention_hands_its_merged_heads_to_the_o_projection(monkeypatch):
     # before: the attention output stored, copied by the reshape (read and written) and read back by the
     # o-projection: 4 tiles read and 2 written more
     assert rb["old"][0] - rb["new"][0] == 4 * tile and rb["old"][1] - rb["new"][1] == 2 * tile
+
+
+def test_head_splits_sink_into_the_attention_group(monkeypatch):
+    """BertLayer under bf16 autocast: each of q, k, v is split into heads (reshape, permute) right after its
+    projection, before the next projection's weight casts. schedule.sink_head_splits moves the splits next to the
+    scores' matmul, where the attention group reads them as views of the projections' outputs, which the
+    projections keep in SBUF: no permute copies, no q/k/v through HBM. Same answer; GPT-2's split of its fused
+    qkv (views of slices) is left alone."""
+    pytest.importorskip("transformers")
+    from tn.lower.schedule import sink_head_splits
+
+    layer, x = _bert_layer()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ir = tn.make_ir(layer)(x)
+        want = layer(x)
+    want = want[0] if isinstance(want, tuple) else want
+    args = [p.detach() for p in layer.parameters()] + [x]     # make_ir of a module: parameters, then inputs
+
+    def build(sink):
+        if not sink:
+            monkeypatch.setattr(compiler, "sink_head_splits", lambda ir: ir)
+        exe = compiler.compile_ir(ir, strict=True, arch="trn1")
+        monkeypatch.undo()
+        return exe
+
+    old, new = build(False), build(True)
+    (att,) = [u for u in new.schedule.units if u.kind == "attention"]
+    assert len(att.takes) == 3 and all(tuple(v.shape) == (64, 256) for v in att.takes)
+    assert not any(u.kind == "op" and new.ir.eqns[u.start].op.name == "permute" for u in new.schedule.units)
+    assert any(u.kind == "op" and old.ir.eqns[u.start].op.name == "permute" for u in old.schedule.units)
+    rb = {}
+    for name, exe in (("old", old), ("new", new)):
+        got = exe(args)[0]
+        torch.testing.assert_close(got.float(), want.float(), rtol=5e-2, atol=5e-2)
+        rb[name] = (sum(r.hbm_read_bytes for r in exe.last_profile.runs),
+                    sum(r.hbm_write_bytes for r in exe.last_profile.runs))
+    tile = 64 * 256 * 2
+    # before: the projections' stores, the permute copies and the attention's reads of them
+    assert rb["old"][0] - rb["new"][0] == 5 * tile and rb["old"][1] - rb["new"][1] == 5 * tile
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    block = GPT2Block(GPT2Config(n_embd=64, n_head=4, n_positions=32, attn_implementation="sdpa")).eval()
+    with torch.no_grad():
+        gir = tn.make_ir(block)(torch.randn(1, 16, 64))
+    assert sink_head_splits(gir) is gir
+
+
+
+def test_two_head_splits_read_by_one_matmul_sink_once():
+    """Two splits whose first reader is the same matmul each move once (no ping-pong), in their order, and the
+    program still agrees with torch."""
+    from tn.lower.schedule import sink_head_splits
+
+    def f(x, w1, w2, w3):
+        q = (x @ w1).reshape(8, 2, 16).permute(1, 0, 2)
+        k = (x @ w2).reshape(8, 2, 16).permute(1, 2, 0)
+        return q @ k, x @ w3
+
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(8, 32, generator=g)] + [torch.randn(32, 32, generator=g) for _ in range(3)]
+    ir = tn.make_ir(f)(*args)
+    assert [e.op.name for e in ir.eqns] == ["matmul", "reshape", "permute"] * 2 + ["matmul", "matmul"]
+    assert [e.op.name for e in sink_head_splits(ir).eqns] == \
+        ["matmul"] * 2 + ["reshape", "permute"] * 2 + ["matmul"] * 2
+    for got, want in zip(compiler.compile_ir(ir, strict=True)(args), f(*args)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

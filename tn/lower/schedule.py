@@ -41,7 +41,7 @@ from .fusion import Group
 from .matmul import transposed_source as find_transposed_source
 
 __all__ = ["Schedule", "Unit", "Veto", "Vetoes", "UnitFailed", "LaidOutOperand", "plan", "plan_transposed",
-           "hoist_gathers", "hoist_past_weight_casts",
+           "hoist_gathers", "hoist_past_weight_casts", "sink_head_splits",
            "host_reason", "has_zero_size", "unit_label", "unit_kind", "program_name", "ZERO_SIZE_REASON"]
 
 
@@ -681,6 +681,65 @@ def hoist_past_weight_casts(ir: IR) -> IR:
             eqns[i + 1:j + 1] = eqns[i:j]
             eqns[i] = e
             moved = True
+    if not moved:
+        return ir
+    return IR(ir.inputs, eqns, ir.outputs, ir.consts, ir.mutations, ir.name)
+
+
+#: how far (in equations) :func:`sink_head_splits` moves a permute down to its first reader
+SINK_REACH = 64
+
+
+def sink_head_splits(ir: IR) -> IR:
+    """``ir`` with every head split (a ``permute`` of a ``reshape`` right before it that only it reads, of a
+    computed value, not a view) moved down to just before the permute's first reader, when that is at most
+    :data:`SINK_REACH` equations on (a new IR; ``ir`` itself when nothing moves).
+
+    BERT splits the heads of q, k and v right after each projection (``reshape`` to ``[1, S, 12, 64]``,
+    ``permute`` to ``[1, 12, S, 64]``), before the next projection: the attention planner
+    (:mod:`tn.lower.attention`) takes only view chains inside its run of consecutive equations, so each split
+    stayed a permute copy through HBM and the projections could not hand their rows over. Sunk next to the
+    scores' matmul, the splits become the attention group's views of the projections' outputs, which the
+    projections leave in SBUF. A view has no side effect and its inputs are made before the equations it
+    passes, which do not read it, so no value changes."""
+    eqns = list(ir.eqns)
+    outs = {id(v) for v in ir.outputs if isinstance(v, Var)}
+    made_by = {id(v): q.op.name for q in eqns for v in q.outputs}
+
+    def first_reader(v: Var, start: int) -> Optional[int]:
+        for k in range(start, min(len(eqns), start + SINK_REACH + 1)):
+            if any(a is v for a in eqns[k].inputs):
+                return k
+        return None
+
+    moved = False
+    done: Set[int] = set()
+    j = 0
+    while j < len(eqns):
+        e = eqns[j]
+        if e.op.name != "permute" or not isinstance(e.inputs[0], Var) or len(e.outputs) != 1 or \
+                id(e.outputs[0]) in outs or id(e) in done:      # (each moves once: two splits read together)
+            j += 1
+            continue
+        dest = first_reader(e.outputs[0], j + 1)
+        if dest is None or dest == j + 1:
+            j += 1
+            continue
+        # only a head split: the reshape right before it, read by it alone, of a value computed (a projection),
+        # not a view (GPT-2's split of the fused qkv: its views of slices are planned otherwise)
+        r = eqns[j - 1] if j > 0 else None
+        if r is None or r.op.name != "reshape" or len(r.outputs) != 1 or r.outputs[0] is not e.inputs[0] or \
+                id(r.outputs[0]) in outs or not isinstance(r.inputs[0], Var) or \
+                made_by.get(id(r.inputs[0]), "") in ("reshape", "permute", "slice", "") or \
+                any(a is r.outputs[0] for q in eqns[j + 1:] for a in q.inputs):
+            j += 1
+            continue
+        lo = j - 1
+        block = eqns[lo:j + 1]
+        eqns[lo:dest] = eqns[j + 1:dest] + block
+        done.add(id(e))
+        moved = True
+        j = lo
     if not moved:
         return ir
     return IR(ir.inputs, eqns, ir.outputs, ir.consts, ir.mutations, ir.name)
