@@ -49,12 +49,26 @@ Limits (else equations are lowered one by one): head size <= 128, keys per row
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 
 from ..ir import IR, Eqn, Literal, Var
-from .base import NEURON_DTYPES, CannotLower, Copier, Ring, TileScope, dataflow
+from ..neuron import isa
+from ..neuron.program import HbmTensor, HbmView
+from .base import (
+    NEURON_DTYPES,
+    CannotLower,
+    Copier,
+    HandoffError,
+    Ring,
+    TileScope,
+    dataflow,
+    handoff_shape,
+    resident_view,
+)
+from .elementwise import ACT_FUNC_OF
 from .fusion import Group, _broadcastable, _is_map, _row_reduce_r, _space_strides
 
 __all__ = ["AttentionGroup", "plan"]
@@ -152,8 +166,6 @@ def _prologue_ops(chain: List[Eqn]) -> List[Eqn]:
 
 
 def _dummy(var: Var) -> Any:
-    from ..neuron.program import HbmTensor
-
     return HbmTensor(0, "_plan", tuple(var.shape) or (1,), NEURON_DTYPES[var.dtype], "scratch")
 
 
@@ -422,8 +434,6 @@ def _match(ir, ks, producer, users, outset, host, nofuse):
 
 class _Emitter:
     def __init__(self, ctx, g: AttentionGroup, env_in, env_out):
-        from ..neuron import isa
-
         self.ctx, self.prog, self.g = ctx, ctx.prog, g
         self.env_in, self.env_out = env_in, env_out
         q, kt = g.s_eqn.inputs
@@ -511,8 +521,6 @@ class _Emitter:
                 for shape, dt, view in zip(((_P, bg, d), (_P, KB, bg, d), (_P, KB, bg, dv)), raw_dt, (qv, kv, vv)))
             pub = None
             if self.ctx.wants(out_var) if hasattr(self.ctx, "wants") else False:
-                from .base import HandoffError, handoff_shape, resident_view
-
                 rows, cols = handoff_shape(out_var)
                 pub = (prog.sbuf((rows, cols), NEURON_DTYPES[out_var.dtype], name="at_out"), cols)
             # software pipelining across blocks of heads and across head groups: the scores and softmax of
@@ -590,8 +598,6 @@ class _Emitter:
     def _resident_views(self, qv, kv, vv, bg):
         """``{id(view): fn(hbm region) -> SBUF view}`` when q, k and v's sources are all left in SBUF and every
         region read is a row block of them (then they are taken), else None (loaded from HBM)."""
-        from .base import handoff_shape, resident_view
-
         ctx, g = self.ctx, self.g
         res = getattr(ctx, "resident", {})
         bases = dict(zip((id(qv), id(kv), id(vv)), g.bases))
@@ -772,10 +778,6 @@ class _Emitter:
         GpSimd ``affine_select``. Row reductions, the negated row max and the division by a row value go to
         VectorE or GpSimd, whichever is less loaded (:meth:`_pick`).
         """
-        import math
-
-        from .elementwise import ACT_FUNC_OF
-
         g, prog = self.g, self.prog
         sv = g.s_eqn.outputs[0]
         canon = _c3(sv.shape)
@@ -1017,8 +1019,6 @@ class _Emitter:
 
     def _store_fills(self) -> None:
         """Write the constants made inside the group and read after it (their outputs) with their value."""
-        from .base import handoff_shape
-
         for var in self.g.outputs[1:]:
             rows, cols = handoff_shape(var)
             if self.ctx.wants(var) if hasattr(self.ctx, "wants") else False:
@@ -1034,8 +1034,6 @@ class _Emitter:
 
     def _external(self, a: Var, b: int, t0: int, tq: int, shape, space):
         """An outside operand (mask, scalar, bias) for batch ``b``, loaded once per distinct region."""
-        from ..neuron.program import HbmView
-
         space = tuple(int(x) for x in space)
         st = _space_strides(a.shape, space)
         bst = st[:-2]

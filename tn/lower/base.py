@@ -72,8 +72,10 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 
+from .. import ops
 from ..errors import ArgumentValueError
 from ..ir import Var
+from ..neuron import isa
 
 __all__ = ["CannotLower", "HandoffError", "LowerCtx", "lowering", "NEURON_DTYPES", "neuron_dtype", "TileScope", "resident_view",
            "handoff_shape", "Ring", "Copier", "dataflow"]
@@ -330,8 +332,6 @@ def resident_view(tile: Any, cols: int, view: Any) -> Any:
 
 def store_tile(prog: Any, dst: Any, tile: Any) -> None:
     """Plain store: PSUM or dtype-mismatched tiles go through an SBUF copy (cast), then a DMA to ``dst``."""
-    from ..neuron import isa
-
     if tile.mem == isa.MEM_PSUM or tile.dtype != dst.dtype:
         tmp = prog.sbuf(tile.shape, dst.dtype)
         prog.tensor_copy(tmp, tile, engine="scalar" if tile.mem == isa.MEM_PSUM else "vector")
@@ -356,8 +356,6 @@ def stage_vector_rows(prog: Any, st: Any, flat: Any, n: int, part: int = 128) ->
 
 def lowering(*op_names: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Decorator: register the function as the lowering of the ops ``op_names`` (sets ``OPS[name].lowering``)."""
-    from .. import ops
-
     for name in op_names:
         if name not in ops.OPS:
             raise ArgumentValueError(f"@lowering({name!r}): tn.ops has no op named {name!r}; the core ops are listed in "

@@ -51,8 +51,23 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import torch
 
 from ..ir import IR, Eqn, Literal, Var
-from .base import NEURON_DTYPES, CannotLower, Copier, Ring, TileScope, dataflow, stage_vector_rows
+from ..neuron import isa
+from ..neuron.program import HbmView
+from .base import (
+    NEURON_DTYPES,
+    CannotLower,
+    Copier,
+    HandoffError,
+    Ring,
+    TileScope,
+    dataflow,
+    stage_vector_rows,
+    store_tile,
+)
 from .fusion import EpilogueGroup, Group, _broadcastable, _is_map, _lstrip1, is_alias_reshape
+from .layout import b_layout
+from .matmul import _sbuf_free
+from .prologue import bank_view
 
 __all__ = ["LinearChain", "plan"]
 
@@ -284,8 +299,6 @@ class _Emitter:
     """Emission of one :class:`LinearChain`."""
 
     def __init__(self, ctx, chain: LinearChain, env_in: Dict[Var, Any], env_out: Dict[Var, Any]):
-        from ..neuron import isa
-
         self.ctx = ctx
         self.prog = ctx.prog
         self.chain = chain
@@ -306,8 +319,6 @@ class _Emitter:
 
     # ---------------------------------------------------------------- helpers
     def _wsrc(self, L: _Layer):
-        from .layout import b_layout
-
         laid = self.chain.laid_out.get(L.w)
         if laid is not None:
             var, lay = laid
@@ -336,8 +347,6 @@ class _Emitter:
     def _transpose_pro(self, stage, rows, K, dst) -> None:
         """The prologue's source rows ``stage[:rows, :K]`` (its dtype) transposed block by block into PSUM banks
         seen in that dtype; each block evacuated into ``dst(kc, kp)`` with ``* scale + shift`` per partition."""
-        from .prologue import bank_view
-
         prog = self.prog
         KC = _cdiv(K, _P)
         gs = max(1, prog.arch.psum_bank_bytes // (_P * self.ssz))
@@ -411,8 +420,6 @@ class _Emitter:
         vdt = NEURON_DTYPES[v.dtype]
         flat = h.view().reshape(v.numel)
         if v.numel == 1:
-            from ..neuron.program import HbmView
-
             t = self.scope.sbuf((_P, 1), vdt, "lc_scalar")
             prog.dma_copy(t, HbmView(h, 0, [(_P, 0), (1, 1)]))
             return t, True
@@ -431,8 +438,6 @@ class _Emitter:
 
     # ---------------------------------------------------------------- budget
     def _check_budget(self, wbytes: int, fm_back: bool, need_rows: bool) -> int:
-        from .matmul import _sbuf_free
-
         M, isz = self.M, self.isz
         hmax = 0
         for i, L in enumerate(self.layers):
@@ -496,8 +501,6 @@ class _Emitter:
                 res = self.pro.take(self.ctx)
                 x = x.reshape(M, L0.K)
                 if res is not None and (M > _P or tuple(res.shape) != (M, L0.K)):
-                    from .base import HandoffError
-
                     raise HandoffError(self.pro.pro.src, "linear chain prologue: the source's SBUF tile is not x's rows")
                 if res is None:
                     xring = Ring(scope.sbuf((_P, L0.K), self.sdt, f"lc_xstage{i}") for i in range(3))
@@ -668,7 +671,6 @@ class _Emitter:
         else:
             def hook(dst, tile):
                 return False
-        from .base import store_tile
 
         def store(dst, tile):
             if not hook(dst, tile):

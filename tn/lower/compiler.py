@@ -29,10 +29,10 @@ import torch
 
 from .. import config
 from ..errors import ArgumentValueError, CompileError, ExecutionError, TnError
-from ..ops.collective import COLLECTIVE_OPS
 from ..ir import IR, Var
 from ..neuron import get_arch, isa, simulate_timing
-from ..profile import note_host_op
+from ..ops.collective import COLLECTIVE_OPS
+from ..profile import Profile, note_host_op
 from ..reference import run_ir
 from . import collective, layout, matmul
 from .base import NEURON_DTYPES, dataflow
@@ -171,9 +171,7 @@ class ExecProfile:
 
     def table(self, print_it: bool = True) -> str:
         """The per-program table of :meth:`tn.profile.Profile.table` for these runs, plus host fallbacks."""
-        import importlib
-
-        prof = importlib.import_module("tn.profile").Profile()
+        prof = Profile()
         prof.runs = list(self.runs)
         text = prof.table(print_it=False)
         if self.host_ops:

@@ -21,10 +21,10 @@ import torch
 
 from ..ir import IR, Eqn, Var
 from ..neuron import get_arch
+from . import elementwise  # noqa: F401  (registers the ops' tile rules)
 from .base import NEURON_DTYPES, CannotLower, dataflow
 from .epilogue import EpilogueGroup
-from .tile import (_broadcastable, _lstrip1, row_fits, _row_reduce_r, _space_strides, is_alias_reshape,
-                   lower_map)
+from .tile import _broadcastable, _lstrip1, _row_reduce_r, _space_strides, is_alias_reshape, lower_map, row_fits
 
 __all__ = ["plan", "Group", "EpilogueGroup", "EPILOGUE_HEADS"]
 
@@ -147,8 +147,6 @@ def plan(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()) -> Dict[i
     :class:`EpilogueGroup`. Equations forced to the host and indices in
     ``nofuse`` never start a group.
     """
-    from . import elementwise  # noqa: F401  (registers the ops' tile rules)
-
     n = len(ir.eqns)
     _, users, outset = dataflow(ir)
     host = dict(host)

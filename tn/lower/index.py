@@ -34,8 +34,9 @@ from __future__ import annotations
 from typing import Any, List, Tuple
 
 from .. import ops
-from .base import CannotLower, lowering
+from ..neuron import isa
 from ..shapes import contiguous_strides, numel
+from .base import CannotLower, lowering
 from .shape import FREE_BUDGET_BYTES, _merge, _parts, _tiles, copy_view, hview, split_rows
 
 __all__ = ["row_gather"]
@@ -656,8 +657,6 @@ def _index_put_scatter(ctx, ins, outs, X, x_dt, rin, nrows, chunks, idxs, v_in_s
 
 def isa_size(dt: str) -> int:
     """Bytes per element of a NeuronCore dtype name."""
-    from ..neuron import isa
-
     return isa.DTYPE_SIZES[isa.dtype_code(dt)]
 
 

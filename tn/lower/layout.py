@@ -45,8 +45,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..errors import ArgumentValueError
-from ..neuron import isa
+from ..neuron import Program, get_arch, isa
 from ..neuron.arch import NUM_ENGINES
+from ..neuron.runtime import run
+from .base import NEURON_DTYPES
 
 __all__ = ["BLayout", "b_layout", "layout_program", "lookup", "make", "clear", "cache_info", "LayoutPolicy"]
 
@@ -119,8 +121,6 @@ def layout_program(lay: BLayout, arch: Any = None, src_dtype: Optional[str] = No
     ``src_dtype``: the dtype of ``w`` when it is not the layout's (an fp32 weight a program converts to bf16
     before its matmul, as under autocast): each staged block is converted on VectorE (rounded as the program's
     ``convert`` rounds) before the transposes, so the layout holds exactly what the program would transpose."""
-    from ..neuron import Program, get_arch
-
     arch = get_arch(arch)
     src_dtype = src_dtype or lay.dtype
     key = (lay.key, src_dtype, arch.name)
@@ -269,9 +269,6 @@ def lookup(t: torch.Tensor, lay: BLayout) -> Optional[torch.Tensor]:
 
 def make(t: torch.Tensor, lay: BLayout, arch: Any = None) -> Tuple[torch.Tensor, Any]:
     """Run the layout program on ``t`` and cache the result: ``(laid-out tensor, RunResult)``."""
-    from ..neuron.runtime import run
-    from .base import NEURON_DTYPES
-
     src_dtype = NEURON_DTYPES.get(t.dtype)
     if tuple(t.shape) != (lay.N, lay.K) or not (src_dtype == lay.dtype or (src_dtype, lay.dtype) in CAST_LAYOUTS):
         raise ArgumentValueError(f"layout {lay} does not match tensor {tuple(t.shape)} {t.dtype}")

@@ -67,7 +67,8 @@ from typing import Any, Callable, Optional
 
 from ..errors import NeuronError
 from ..neuron import HbmTensor, isa
-from .base import CannotLower, Copier, Ring, TileScope, lowering
+from .base import CannotLower, Copier, HandoffError, Ring, TileScope, lowering
+from .prologue import bank_view
 
 __all__ = ["emit_matmul", "lower_matmul", "lower_matmul_transposed", "transposed_source", "MATMUL_DTYPES"]
 
@@ -686,8 +687,6 @@ class _Matmul:
         """A's K chunks ``kc0 .. kc1-1`` from staged source rows ``st`` (``[mp, ..]``, the prologue's dtype):
         TensorE transposes into PSUM banks seen in that dtype, each block evacuated into ``dst(t, kp)`` by the
         prologue (``* scale + shift`` per partition, rounded to A's dtype)."""
-        from .prologue import bank_view
-
         prog = self.prog
         gs = max(1, prog.arch.psum_bank_bytes // (_P * self.ssz))
         for g0 in range(kc0, kc1, gs):
@@ -882,8 +881,6 @@ def _prologue_a(ctx, eqn, lead: int, M: int, K: int):
         raise CannotLower("a matmul prologue needs a 2-D operand")
     res = pro.take(ctx)
     if res is not None and (M > _P or tuple(res.shape) != (M, K)):
-        from .base import HandoffError
-
         raise HandoffError(pro.pro.src, "matmul prologue: the source's SBUF tile is not A's rows")
     return pro, res
 

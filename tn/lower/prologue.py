@@ -42,6 +42,7 @@ from typing import Any, Dict, List, Optional, Set
 import torch
 
 from ..ir import IR, Literal, Var
+from ..neuron import isa
 from .base import NEURON_DTYPES, dataflow, stage_vector_rows
 from .fusion import _lstrip1
 
@@ -161,8 +162,6 @@ def _match(ir: IR, k: int, a: Var, producer, users, outset, host) -> Optional[Pr
 
 def bank_view(tile: Any, dtype: str) -> Any:
     """PSUM tile ``tile`` (one bank ``[P, G, 128]``) seen as ``[P, G', 128]`` of ``dtype`` (same bytes)."""
-    from ..neuron import isa
-
     isz = isa.DTYPE_SIZES[isa.dtype_code(dtype)]
     nbytes = tile.itemsize * _free_elems(tile)
     g = nbytes // (_P * isz)

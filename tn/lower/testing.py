@@ -16,6 +16,7 @@ import torch
 
 from .. import ops
 from ..ir import IR, Eqn, Literal, Var
+from .compiler import compile_ir
 
 __all__ = ["check_lowering", "build_eqn_ir", "TOLERANCES", "assert_close"]
 
@@ -75,8 +76,6 @@ def check_lowering(op_name: str, *inputs: Any, rtol: Optional[float] = None, ato
     :class:`tn.neuron.RunResult` of the program (or the merged
     :class:`tn.lower.ExecProfile` if the equation needed several programs).
     """
-    from .compiler import compile_ir
-
     ir = build_eqn_ir(op_name, *inputs, **attrs)
     exe = compile_ir(ir, arch=arch, strict=True, debug=True)
     tensors = [x for x in inputs if isinstance(x, torch.Tensor)]

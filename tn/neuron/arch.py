@@ -74,6 +74,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .. import config
 from ..errors import NeuronError
 
@@ -195,8 +197,6 @@ class Arch:
 
     def timing_vector(self):
         """Float64 numpy vector of the timing constants the native engine reads (see ``engine.pyx``)."""
-        import numpy as np
-
         return np.array(
             [self.clock_hz["pe"], self.clock_hz["act"], self.clock_hz["dve"], self.clock_hz["pool"],
              self.hbm_bytes_per_s, self.dma_fixed_ns, float(self.dma_chunk_overhead_bytes),
@@ -208,8 +208,6 @@ class Arch:
 
     def limits_vector(self):
         """Int64 numpy vector of the memory geometry and limits the native engine checks."""
-        import numpy as np
-
         return np.array(
             [self.partitions, self.sbuf_partition_bytes, self.psum_partition_bytes, self.psum_bank_bytes,
              self.num_queues, self.matmul_max_k, self.matmul_max_m, self.matmul_max_n,

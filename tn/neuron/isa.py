@@ -78,6 +78,10 @@ dep_start+dep_count]`` are indices of earlier instructions this one waits for
 """
 from __future__ import annotations
 
+import numpy as np
+
+from ..errors import NeuronError
+
 __all__ = [
     "DTYPES", "DTYPE_CODES", "DTYPE_SIZES", "OPCODES", "OPCODE_NAMES", "ALU_OPS", "INT_ALU_OPS", "ACT_FUNCS",
     "REDUCE_OPS", "CMP_OPS", "MEM_NONE", "MEM_HBM", "MEM_SBUF", "MEM_PSUM", "REC_WIDTH",
@@ -112,15 +116,12 @@ def dtype_code(dtype) -> int:
         name = _ALIASES.get(name, name)
         if name in DTYPE_CODES:
             return DTYPE_CODES[name]
-    from ..errors import NeuronError
 
     raise NeuronError(f"unsupported NeuronCore dtype {dtype!r}: use one of {', '.join(DTYPE_CODES)}")
 
 
 def numpy_dtype(code: int):
     """The numpy dtype storing a NeuronCore dtype (bfloat16 is stored as raw ``uint16`` bits)."""
-    import numpy as np
-
     return {0: np.float32, 1: np.uint16, 2: np.float16, 3: np.int32, 4: np.int64, 5: np.uint8, 6: np.bool_}[code]
 
 
@@ -233,8 +234,6 @@ def cost_cycles(opcode: str, n: int, *, m: int = 0, fp32: bool = False, func: st
     * partition_shuffle ``150 + N`` and partition_reduce ``150 + N * ceil(log2 P)`` (*model*: GpSimd
       cross-partition work, no published cost).
     """
-    from ..errors import NeuronError
-
     if opcode == "matmul":
         return int(max(min(64, m), n) * (4 if fp32 else 1)) + access_cycles
     if opcode == "transpose":  # a matmul against the identity: stationary = in (F columns), moving N = P

@@ -63,6 +63,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import config
 from ..config import ConfigError
+from .arch import get_arch
 
 __all__ = ["Instance", "Machine", "Link", "INSTANCES", "machine", "instance_names", "MAX_DEVICES"]
 
@@ -230,8 +231,6 @@ class Machine:
     def core_arch(self):
         """The :class:`tn.neuron.arch.Arch` each device's programs are timed on (one physical core, see the
         module docstring for LNC)."""
-        from .arch import get_arch
-
         return get_arch(self.instance.arch)
 
     @property

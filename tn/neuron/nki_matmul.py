@@ -61,6 +61,7 @@ them per iteration; PSUM -> SBUF copies run on :data:`TRN2_COPY_ENGINE`.
 """
 from __future__ import annotations
 
+from ..errors import NeuronError
 from .program import Program
 
 __all__ = ["VERSIONS", "RING_DEPTH", "IO_QUEUE", "build", "TRN2_VERSIONS", "TRN2_COPY_ENGINE", "build_trn2"]
@@ -107,8 +108,6 @@ class _Ring:
 def _check(K, M, N, bm=1, bn=1, bk=1):
     for name, v, t in (("K", K, TILE_K * bk), ("M", M, TILE_M * bm), ("N", N, TILE_N * bn)):
         if v % t:
-            from ..errors import NeuronError
-
             raise NeuronError(f"nki_matmul: {name}={v} must be a multiple of {t} for this version")
 
 
@@ -405,8 +404,6 @@ def build(version: str, K: int = 8192, M: int = 4096, N: int = 8192, *, arch="tr
     meta-parameters, tiles per block (``bm``, ``bn`` for ``block_free``, default 2, 2; ``bm``, ``bn``, ``bk``
     for ``fully_optimized``, default 16, 2, 8), e.g. to check the numerics at a small shape."""
     if version not in _BUILDERS:
-        from ..errors import NeuronError
-
         raise NeuronError(f"nki_matmul: unknown version {version!r}; use one of {', '.join(VERSIONS)}")
     p = Program(f"nki_matmul_{version}", arch=arch, record_sources=False)
     lhsT = p.hbm("lhsT", (K, M), dtype)

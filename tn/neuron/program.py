@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._native import engine
 from ..errors import NeuronError, OnChipMemoryError
 from . import isa
 from .arch import NUM_ENGINES, Arch, get_arch
@@ -661,8 +662,6 @@ _ENGINE = []
 
 def _engine():
     if not _ENGINE:
-        from .._native import engine
-
         _ENGINE.append(engine)
     return _ENGINE[0]
 

@@ -21,13 +21,16 @@ bfloat16 on the host: numpy has no bf16, so bf16 HBM tensors bind to torch
 """
 from __future__ import annotations
 
+import re
 import threading
 import time
 import weakref
 
 import numpy as np
+import torch
 
 from .. import config
+from .._native import _kernels, engine
 from ..errors import NeuronError
 from . import isa
 from . import timeline as _timeline
@@ -75,8 +78,6 @@ def active_listeners() -> tuple:
 
 def to_bf16(a) -> np.ndarray:
     """float array -> uint16 array of bfloat16 bits (round to nearest even, NaN kept)."""
-    from .._native import _kernels
-
     src = np.ascontiguousarray(a, dtype=np.float32)
     out = np.empty(src.shape, dtype=np.uint16)
     ffi = _kernels.ffi
@@ -319,7 +320,6 @@ def _bind(t, value, want, np_dtype):
 
 def _with_source(e, enc):
     msg = str(e)
-    import re
 
     m = re.match(r"instruction #(\d+)", msg)
     if m and enc.sources:
@@ -371,8 +371,6 @@ _ENGINE = []
 def _engine():
     """The native engine, imported on first use."""
     if not _ENGINE:
-        from .._native import engine
-
         _ENGINE.append(engine)
     return _ENGINE[0]
 
@@ -428,8 +426,6 @@ class PreparedCall:
                  "_engine_run", "_mem_shapes", "_times_shape")
 
     def __init__(self, enc):
-        import torch
-
         _TENSOR[0] = torch.Tensor
         prep = enc.prepared()
         self._enc = weakref.ref(enc)  # the program caches this object: no reference cycle back to it

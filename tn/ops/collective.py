@@ -40,6 +40,8 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
+import torch.distributed._functional_collectives  # noqa: F401  (registers the Meta kernels)
+from torch.distributed import distributed_c10d as c10d
 
 from ..errors import ArgumentTypeError, ArgumentValueError
 from .table import Op, decomposition, from_aten, register
@@ -59,8 +61,6 @@ _ACCESS: List[Optional[Callable[[str], Any]]] = [None]
 def functional_ops() -> Any:
     """``torch.ops._c10d_functional`` with torch's meta kernels of the functional collectives registered (they
     live in ``torch.distributed._functional_collectives``)."""
-    import torch.distributed._functional_collectives  # noqa: F401  (registers the Meta kernels)
-
     return torch.ops._c10d_functional
 
 
@@ -77,8 +77,6 @@ def group_name_of(group: Any) -> str:
 
 def _group_size(group: str) -> int:
     """Ranks of process group ``group``."""
-    from torch.distributed import distributed_c10d as c10d
-
     return c10d._resolve_process_group(group).size()
 
 

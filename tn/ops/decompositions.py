@@ -446,7 +446,6 @@ def _copysign(x, y):
     a = aten.abs.default(x)
     if isinstance(y, Tensor):
         return aten.where.self(_signbit(y), aten.neg.default(a), a)
-    import math
 
     return aten.neg.default(a) if math.copysign(1.0, y) < 0 else a
 

@@ -707,8 +707,6 @@ def _max_pool3d_with_indices_backward(grad, x, kernel_size, stride, padding, dil
 
 def _aa_weights(op: Any, in_hw: Sequence[int], out_hw: Sequence[int], align_corners: bool, scales_h: Any,
                 scales_w: Any) -> Tuple[Tensor, Tensor]:
-    from torch.utils._python_dispatch import _disable_current_modes
-
     (ih, iw), (oh, ow) = in_hw, out_hw
     with _disable_current_modes():   # real computation, outside the trace
         eh = torch.eye(ih).reshape(ih, 1, ih, 1).expand(ih, 1, ih, iw).contiguous()
