@@ -26,10 +26,11 @@ calls with ``pin_memory=True`` raise (``.pin_memory()`` works).
 from __future__ import annotations
 
 import torch
+import torch.utils.backend_registration as br
 
-from ..errors import DeviceError
-
-from . import tracking
+from .. import neuron as _chip
+from . import aten, attention, autocast, backend, fastpath, guards, pinned, rnn, streams, tracking
+from .name import rename
 from .tracking import executed_ops, fallback_ops
 
 __all__ = ["register", "registered", "backend", "executed_ops", "fallback_ops"]
@@ -46,48 +47,22 @@ def register() -> None:
     """Register PrivateUse1 as ``neuron`` with its kernels (idempotent; ``import tn`` does it)."""
     if _DONE:
         return
-    import torch.utils.backend_registration as br
-
-    name = torch._C._get_privateuse1_backend_name()
-    if name not in ("privateuseone", "neuron"):
-        raise DeviceError(f"tn: PrivateUse1 is already registered as {name!r} by another package; tn needs it "
-                          f"as 'neuron'")
-    if name != "neuron":
-        # the steps of br._setup_privateuseone_for_python_backend, with the rename first so that
-        # the backend module (which names torch.device("neuron")) can be imported in between
-        torch.utils.rename_privateuse1_backend("neuron")
-        torch.utils.generate_methods_for_privateuse1_backend()
-    from . import backend
-
+    rename()   # done when tn.device.name loaded (idempotent)
     if not hasattr(torch, "neuron"):
         torch._register_device_module("neuron", backend)
         torch._C._acc.register_python_privateuseone_hook(br._DummyPrivateUse1Hook())
         torch._C._acc.register_python_privateuseone_device_guard(br._DummyDeviceGuard())
-    from . import aten, guards
 
+    # the kernel groups, installed in this order
     aten.register()
-    from . import fastpath
-
     fastpath.register()
-    from . import autocast
-
     autocast.register()
-    from . import pinned
-
     pinned.register()
-    from . import rnn
-
     rnn.register()
-    from . import attention
-
     attention.register()
-    from . import streams
-
     streams.register()
     guards.install()
     # op tracking, also reachable as tn.neuron.fallback_ops() / executed_ops()
-    from .. import neuron as _chip
-
     for fn in (tracking.executed_ops, tracking.fallback_ops, tracking.fallback_reasons, tracking.fastpath_ops,
                tracking.reset_op_counts):
         setattr(_chip, fn.__name__, fn)

@@ -21,17 +21,20 @@ exactly when the storage dies (the last tensor or view using it).
 """
 from __future__ import annotations
 
+import ctypes
 import os as _os
 import weakref
 
 import torch
 
 from .. import config
+from .._native import _kernels
 from ..errors import ArgumentValueError, DeviceError, MissingDependencyError, OutOfMemoryError
 from ..neuron.machine import MAX_DEVICES, machine
 from ..neuron.timeline import current_core as _current_core
 from ..neuron.timeline import set_current_core as _set_current_core
 from ..shapes import contiguous_strides  # noqa: F401  (re-exported: the device's ops use allocator.contiguous_strides)
+from . import name as _name  # noqa: F401  (PrivateUse1 is named "neuron" before DEVICES below is built)
 
 __all__ = ["DEVICE", "DEVICES", "DeviceMemoryError", "DeviceIndexError", "alloc_storage", "new_tensor", "cpu_alias",
            "stats", "memory_allocated", "max_memory_allocated", "memory_reserved", "reset_peak_memory_stats",
@@ -162,8 +165,6 @@ class on_device:
 
 
 def _native():
-    from .._native import _kernels
-
     lib = _kernels.lib
     if not hasattr(lib, "tn_dev_alloc"):
         raise MissingDependencyError("the native module tn._native._kernels has no device allocator (tn_dev_alloc): it was built "
@@ -332,8 +333,6 @@ def _template(index: int, dtype: torch.dtype) -> torch.Tensor:
     TensorImpl, not an autograd view: torch's CPU kernel, reached below ADInplaceOrView) given its own storage."""
     t = _TEMPLATES.get((index, dtype))
     if t is None:
-        import ctypes
-
         cap = torch.utils.dlpack.to_dlpack(torch.empty(0, dtype=torch.uint8))
         get = ctypes.pythonapi.PyCapsule_GetPointer
         get.restype = ctypes.c_void_p

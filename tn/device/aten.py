@@ -42,8 +42,16 @@ import torch
 
 from ..errors import DeviceError
 from . import allocator, tracking, windows
-from .allocator import (DEVICE, alloc_storage, check_index, contiguous_strides, cpu_alias, current_index, new_tensor,
-                        resize_tensor)
+from .allocator import (
+    DEVICE,
+    alloc_storage,
+    check_index,
+    contiguous_strides,
+    cpu_alias,
+    current_index,
+    new_tensor,
+    resize_tensor,
+)
 from .eager import fallback, run_op
 from .registry import install_kernels
 from .streams import device_to_device

@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..ir import IR, Eqn, Literal, Var
 from ..ops import OPS
+from ..trace import Traced, user_source
 from . import eager
 
 __all__ = ["register", "build_ir", "fusable"]
@@ -88,8 +89,6 @@ def build_ir(metas: List[torch.Tensor], flat: list, spec: Any):
     mask of the query's dtype that broadcasts to the scores, ``dropout_p == 0``,
     not causal, no GQA; returns None otherwise (the caller traces instead).
     """
-    from ..trace import Traced, user_source
-
     if len(flat) != 8:
         return None
     attn_mask, dropout_p, is_causal, scale, gqa = flat[3:8]

@@ -20,16 +20,31 @@ import os
 
 import torch
 
-from .allocator import (empty_cache, max_memory_allocated, memory_allocated, memory_reserved,  # noqa: F401
-                        reset_peak_memory_stats, set_memory_limit, stats)
-from .streams import (Event, Stream, StreamContext, current_stream, default_stream, set_stream,  # noqa: F401
-                      stream, transfer_stats, reset_transfer_stats)
-from .streams import synchronize as _synchronize
-from .tracking import (device_time_ns, executed_ops, fallback_ops, fallback_reasons, fastpath_ops,  # noqa: F401
-                       reset_op_counts)
+from ..neuron.machine import machine as _machine
 from . import allocator as _alloc
 from . import windows
-from ..neuron.machine import machine as _machine
+from .allocator import (  # noqa: F401
+    empty_cache,
+    max_memory_allocated,
+    memory_allocated,
+    memory_reserved,
+    reset_peak_memory_stats,
+    set_memory_limit,
+    stats,
+)
+from .streams import (  # noqa: F401
+    Event,
+    Stream,
+    StreamContext,
+    current_stream,
+    default_stream,
+    reset_transfer_stats,
+    set_stream,
+    stream,
+    transfer_stats,
+)
+from .streams import synchronize as _synchronize
+from .tracking import device_time_ns, executed_ops, fallback_ops, fallback_reasons, fastpath_ops, reset_op_counts  # noqa: F401
 
 __all__ = ["is_available", "is_initialized", "device_count", "current_device", "set_device", "synchronize",
            "manual_seed", "manual_seed_all", "seed", "initial_seed", "get_rng_state", "set_rng_state",

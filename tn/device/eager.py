@@ -44,13 +44,13 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from .. import config
 from .. import ops as _ops
 from .. import trace as _trace
+from ..errors import ArgumentValueError, DeviceError, UnsupportedOpError
 from ..ir import IR, Eqn, Literal, Var
 from ..passes import optimize
 from ..trace import trace_flat
-from ..errors import ArgumentValueError, DeviceError, UnsupportedOpError
 from . import tracking, windows
-from .opargs import flatten_args, unflatten_args
 from .allocator import contiguous_strides, cpu_alias, current_index, new_tensor, on_device, resize_tensor
+from .opargs import flatten_args, unflatten_args
 
 _create_empty = torch._C._acc.create_empty_tensor
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
@@ -437,7 +437,7 @@ def _run_fused(op, args: tuple, kwargs: dict, build=None):
 
 
 def _compile(op, name: str, flat: list, spec, build=None, quiet: bool = False) -> _Entry:
-    from .. import lower   # the compiler loads on the first op (import tn does not pay for it)
+    from .. import lower  # lazy: the compiler loads on the first op (import tn does not pay for it)
 
     t0 = time.perf_counter()
     tensor_pos = tuple(i for i, a in enumerate(flat) if isinstance(a, torch.Tensor))

@@ -26,9 +26,9 @@ from typing import Any, List
 
 import torch
 
+from .. import config
 from ..neuron import runtime as _runtime
 from ..neuron import timeline as _timeline
-from .. import config
 from . import eager, tracking, windows
 from .allocator import _lib, alloc_storage, contiguous_strides
 from .allocator import blank as _blank

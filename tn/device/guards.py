@@ -40,6 +40,7 @@ from collections import OrderedDict
 
 import torch
 import torch._tensor_str as ts
+from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
 
 from ..errors import ArgumentTypeError, UnsupportedOpError
 from . import backend
@@ -159,8 +160,6 @@ def _accelerator_impls() -> dict:
 
 def _skip_frame(code) -> None:
     """Tell Dynamo never to compile frames running ``code`` nor the frames it calls (tn's own device code)."""
-    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
-
     set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
 
 

@@ -26,6 +26,8 @@ import weakref
 import torch
 
 from ..errors import DeviceError
+from .allocator import storage_nbytes
+from .registry import install_kernels
 
 __all__ = ["register", "pinned_bytes"]
 
@@ -65,7 +67,6 @@ def _check(device) -> None:
 
 def _pin_memory(self, device=None):
     _check(device)
-    from .allocator import storage_nbytes
 
     if self.untyped_storage().data_ptr() in _PTRS:
         return self
@@ -90,6 +91,5 @@ def register() -> None:
     """Install the CPU kernels of ``_pin_memory`` and ``is_pinned`` (idempotent)."""
     if _LIBS:
         return
-    from .registry import install_kernels
 
     install_kernels(_LIBS, {"_pin_memory": _pin_memory, "is_pinned": _is_pinned}, "CPU")

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from .registry import install_kernels
+
 __all__ = ["register"]
 
 _LIBS: list = []
@@ -90,7 +92,6 @@ def register() -> None:
     """Install the fused cell kernels for the neuron device (idempotent)."""
     if _LIBS:
         return
-    from .registry import install_kernels
 
     install_kernels(_LIBS, {"_thnn_fused_lstm_cell": _lstm_cell,
                             "_thnn_fused_lstm_cell_backward_impl": _lstm_cell_backward_impl,

@@ -81,8 +81,8 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import config, trace
-from ..neuron import timeline as _tl
 from ..errors import ArgumentValueError
+from ..neuron import timeline as _tl
 from ..passes import optimize
 from ..trace import source_hint, trace_flat
 from . import allocator, tracking
@@ -933,7 +933,7 @@ def _run_compiled(w: _Window, entry: _Compiled) -> None:
 
 def _compile_ir(ir: Any, name: str) -> Any:
     """A window's executable (strict mode: a host equation raises, and the window runs op by op)."""
-    from .. import lower   # the compiler loads on the first window (import tn does not pay for it)
+    from .. import lower  # lazy: the compiler loads on the first window (import tn does not pay for it)
 
     exe = lower.compile_ir(ir, name=name)
     # No laid-out weight variant (tn.lower.layout): the executable would compile itself a second time on its
