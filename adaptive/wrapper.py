@@ -17,8 +17,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..jit import default_backend
 from ..errors import ArgumentTypeError, ArgumentValueError
+from ..jit import default_backend
 from .policy import Policy, make_policy
 from .region import Group, Region, fingerprint, gc_seconds, install_gc_clock
 
@@ -181,7 +181,7 @@ class _Controller:
 def _default_backend() -> str:
     """tn.jit's default backend (``TN_BACKEND``, else ``"neuron"``), with the compiler imported so that the
     ``"neuron"`` backend is registered."""
-    importlib.import_module("tn.lower")  # registers the "neuron" backend
+    importlib.import_module("tn.lower")  # lazy: registers the "neuron" backend (the compiler loads on first use)
     return default_backend()
 
 

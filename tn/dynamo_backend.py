@@ -36,13 +36,26 @@ entry-point loader, which imports tn, register the name twice).
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+import torch._dynamo.config as dynamo_config
+from torch._decomp import core_aten_decompositions
+from torch._dynamo import disable
+from torch._dynamo.backends import registry
+from torch._dynamo.backends.common import aot_autograd
+from torch._library.fake_class_registry import FakeScriptObject
+from torch._library.opaque_object import is_opaque_value
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .device.allocator import cpu_alias
+from .device.eager import to_device
 from .errors import ArgumentTypeError, ArgumentValueError, UnsupportedOpError
+from .jit import jit
+from .ops.table import DECOMPOSITIONS
 
 __all__ = ["neuron_backend", "register", "allow_rnn_in_dynamo", "graphs_compiled", "host_ops", "host_ops_of",
            "executables_of", "compiled_graphs", "BACKEND_NAME"]
@@ -119,9 +132,6 @@ def _run_on_device(jitted: Callable, flat: List[Any]) -> Any:
     inputs (copy every input to the host, every result back) costs one more
     copy of every input, parameters included, per call.
     """
-    from .device.allocator import cpu_alias
-    from .device.eager import to_device
-
     back: Dict[int, torch.Tensor] = {}
     args = []
     for a in flat:
@@ -213,9 +223,6 @@ def _with_layouts(gm: Callable, perms: Dict[int, Tuple[int, ...]]) -> Callable:
 def _is_opaque(x: Any) -> bool:
     """Whether graph input ``x`` is an opaque object (a DTensor's device mesh, a process group: AOTAutograd passes
     them as ``FakeScriptObject`` / ``ScriptObject`` or registered opaque types)."""
-    from torch._library.fake_class_registry import FakeScriptObject
-    from torch._library.opaque_object import is_opaque_value
-
     return isinstance(x, (FakeScriptObject, torch.ScriptObject)) or is_opaque_value(x)
 
 
@@ -277,7 +284,6 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], tn_b
     """Wrap one aten-level FX graph as a tn.jit function; ints become static (compile per value). ``mutated``:
     the inputs the graph writes in place (default: read from ``gm``'s nodes)."""
     global _graphs_compiled
-    from .jit import jit
 
     opaque = [i for i, x in enumerate(example_inputs) if _is_opaque(x)]
     if opaque:
@@ -326,8 +332,6 @@ def _sdpa_math(*args: Any, **kwargs: Any) -> torch.Tensor:
     trace; AOTAutograd traces this wrapper instead, so the backward graph is
     made of ordinary ops. Same arguments and mask handling as SDPA itself.
     """
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     with sdpa_kernel([SDPBackend.MATH]):
         return torch._C._nn.scaled_dot_product_attention(*args, **kwargs)
 
@@ -352,8 +356,6 @@ def _inline_effects(gm: torch.fx.GraphModule) -> int:
     returns how many. AOTAutograd threads effectful ops (``_linalg_check_errors`` of every ``torch.linalg``
     call) through a token input/output; tn's tracer orders effectful ops itself and keeps the token as a
     pass-through: result 0 (the new token) becomes the token given, result ``i`` the op's result ``i - 1``."""
-    import operator
-
     effects = torch.ops.higher_order.with_effects
     n = 0
     for node in list(gm.graph.nodes):
@@ -391,9 +393,6 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: List[Any], options:
     ``options`` (``torch.compile(..., options={...})``) may hold
     ``"tn_backend"``: the :func:`tn.jit` backend to use (default ``"neuron"``).
     """
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._decomp import core_aten_decompositions
-
     skip_device_rng_in_dynamo()
     allow_rnn_in_dynamo()
     options = dict(options or {})
@@ -418,8 +417,6 @@ def aot_decompositions(table: Dict[Any, Callable]) -> Dict[Any, Callable]:
     tn.jit traces them, as on the other doors. Taking torch's instead gave wrong answers
     (``multilabel_margin_loss_forward``: the target slots after the first -1 counted, a 1-d input's
     unreduced loss shaped ``(1,)``); the reason tn's wins for each is in :data:`tn.ops.table.OVERRIDE_REASONS`."""
-    from .ops.table import DECOMPOSITIONS
-
     return {k: v for k, v in table.items() if k not in DECOMPOSITIONS}
 
 
@@ -434,8 +431,6 @@ def _torch_python_kernels_off():
     decomposes itself, so the op reaches the graph (and its C++ autograd formula gives the backward op, which tn
     also decomposes). torch registers its ``multilabel_margin_loss_forward`` decomposition as the op's Autograd
     kernel, so leaving it out of the table alone does not keep it out of the graph."""
-    from .ops.table import DECOMPOSITIONS
-
     taken = []
     for ov in DECOMPOSITIONS:
         kernels = getattr(ov, "py_kernels", None)
@@ -468,7 +463,6 @@ def skip_device_rng_in_dynamo() -> None:
     mod = getattr(torch, "neuron", None)
     if mod is None or getattr(mod, "_tn_dynamo_skips_rng", False):
         return
-    from torch._dynamo import disable
 
     for name in _DEVICE_RNG_FUNCTIONS:
         fn = getattr(mod, name, None)
@@ -485,8 +479,6 @@ def allow_rnn_in_dynamo() -> None:
     backend takes them (AOTAutograd hands it the cells' matmuls and gates, forward and backward). The setting is
     process-wide in torch, so it is turned on when the neuron backend is looked up or registered, for every
     backend of the process alike."""
-    import torch._dynamo.config as dynamo_config
-
     dynamo_config.allow_rnn = True
 
 
@@ -495,7 +487,6 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    from torch._dynamo.backends import registry
 
     if BACKEND_NAME not in registry._COMPILER_FNS:
         registry.register_backend(neuron_backend, name=BACKEND_NAME)
@@ -504,6 +495,5 @@ def register() -> None:
     _registered = True
 
 
-if "torch._dynamo" in __import__("sys").modules:   # imported by torch.compile's backend lookup: before tracing
-    skip_device_rng_in_dynamo()
-    allow_rnn_in_dynamo()
+skip_device_rng_in_dynamo()   # imported by torch.compile's backend lookup: before it traces
+allow_rnn_in_dynamo()

@@ -55,6 +55,7 @@ import collections
 import contextlib
 import copy
 import functools
+import importlib
 import inspect
 import logging
 import os
@@ -65,9 +66,11 @@ from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Se
 
 import torch
 import torch.utils._pytree as _pytree
+from torch.nn.utils.stateless import _reparametrize_module
 
-from . import config
+from . import config, passes, reference
 from . import pytree as _pt
+from . import trace as _trace
 from .errors import ArgumentTypeError, ArgumentValueError, DeviceError, ExecutionError
 from .ir import IR
 
@@ -128,11 +131,7 @@ def default_backend() -> str:
 
 def _reference_compile(ir: IR) -> Callable[[List[Tensor]], List[Tensor]]:
     """The ``"reference"`` backend: run the IR with each op's torch implementation."""
-    from . import reference
-    compile_ir = getattr(reference, "compile_ir", None)
-    if compile_ir is not None:
-        return compile_ir(ir)
-    return functools.partial(reference.run_ir, ir)
+    return reference.compile_ir(ir)
 
 
 register_backend("reference", _reference_compile)
@@ -157,8 +156,8 @@ def _resolve_backend(backend: Union[str, Callable, None], where: str) -> Tuple[s
         raise ArgumentTypeError(f"{where}: backend must be a registered name or a compile function, got {backend!r}")
     b = _BACKENDS.get(backend)
     if b is None and backend in _BACKEND_PROVIDERS:  # a lower layer's compiler, registered on first use
-        import importlib
         module, attr, host_only = _BACKEND_PROVIDERS[backend]
+        # lazy: the provider's module (the compiler) loads when its backend is first asked for, not with import tn
         register_backend(backend, getattr(importlib.import_module(module), attr), host_only=host_only)
         b = _BACKENDS.get(backend)
     if b is None:
@@ -167,15 +166,11 @@ def _resolve_backend(backend: Union[str, Callable, None], where: str) -> Tuple[s
     return backend, b
 
 
-# ---------------------------------------------------------------- passes (looked up lazily)
+# ---------------------------------------------------------------- passes
 
 def _optimize(ir: IR) -> IR:
-    try:
-        from . import passes
-    except ImportError:
-        return ir
-    opt = getattr(passes, "optimize", None)
-    return opt(ir) if opt is not None else ir
+    """``ir`` through :func:`tn.passes.optimize`."""
+    return passes.optimize(ir)
 
 
 # ---------------------------------------------------------------- cache bits
@@ -538,7 +533,6 @@ class _Core:
 
     def trace(self, spec: Any, tensors: List[Tensor]) -> Tuple[IR, Any, Any]:
         """Trace the function for this call's spec; returns ``(optimised IR, out_tree, out_leaves)``."""
-        from . import trace as _trace
         fn = self.fn
 
         def flat_fn(*flat_tensors: Tensor) -> Any:
@@ -835,7 +829,6 @@ def _caller() -> str:
 
 def _reparametrize(module: torch.nn.Module, named: Dict[str, Tensor]) -> Any:
     """Context manager: ``module``'s parameters and buffers replaced by ``named`` (tied weights kept tied)."""
-    from torch.nn.utils.stateless import _reparametrize_module
     return _reparametrize_module(module, named, tie_weights=True, strict=False)
 
 

@@ -35,8 +35,12 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from .errors import ArgumentValueError, MissingDependencyError
 from .neuron.arch import NUM_ENGINES
+from .neuron.isa import OPCODE_NAMES
+from .neuron.machine import machine
 from .neuron.runtime import HOST_TIMES, RunResult, add_listener, remove_listener
 
 __all__ = ["profile", "Profile", "note_host_op", "add_record", "Record", "merge_traces", "set_html_renderer"]
@@ -189,10 +193,6 @@ class Profile:
 
     def opcode_rows(self) -> list[dict]:
         """One dict per (engine/queue kind, opcode): instruction count and busy time over all runs."""
-        import numpy as np
-
-        from .neuron.isa import OPCODE_NAMES
-
         agg = {}
         for r in self.runs:
             dur = (r.times[:, 1] - r.times[:, 0]) if len(r.times) else np.zeros(0)
@@ -230,7 +230,7 @@ class Profile:
         time per engine and opcode over all runs; ``by="host"``: the simulator's
         own host time per opcode (runs recorded with ``host_times=True``).
         """
-        from tabulate import tabulate
+        from tabulate import tabulate  # lazy: tabulate loads only when a table is printed (keeps import tn fast)
 
         if by == "core":
             rows = self.core_rows()
@@ -279,8 +279,6 @@ class Profile:
         slice per program, a track per engine/DMA queue with the instructions, and a track per record kind
         (collectives, transfers). Runs are placed at their modelled start on their core's timeline (runs without
         one, e.g. :func:`tn.neuron.runtime.simulate_timing` results, follow the core's previous run)."""
-        from .neuron.isa import OPCODE_NAMES
-
         events = []
         seen_threads = set()
 
@@ -290,8 +288,6 @@ class Profile:
                 events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
                 events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
                                "args": {"sort_index": sort}})
-
-        from .neuron.machine import machine
 
         devices = machine().devices
         for core in self.cores():

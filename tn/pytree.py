@@ -38,9 +38,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import torch
 import torch.utils._pytree as _pytree
+from torch.nn.modules import module as _m
 
 from .errors import ArgumentTypeError, CompileError
-from .ir import CONSTANT_TYPES
+from .ir import CONSTANT_TYPES, aval_str
 
 __all__ = [
     "TENSOR", "SEQ", "DICT", "LEAF", "STATIC", "MODULE", "NODE",
@@ -122,7 +123,6 @@ def _install_hooks() -> None:
     global _hooks_installed
     if _hooks_installed:
         return
-    from torch.nn.modules import module as _m
     _m.register_module_parameter_registration_hook(_bump)
     _m.register_module_buffer_registration_hook(_bump)
     _m.register_module_module_registration_hook(_bump)
@@ -488,7 +488,6 @@ def tensor_sig(t: Tensor) -> Tuple[Any, ...]:
 
 def sig_str(sig: Tuple[Any, ...]) -> str:
     """``f32[4,8] cpu`` (plus ``requires_grad``) for a tensor signature."""
-    from .ir import aval_str
     shape, dtype, device, rg = sig
     return f"{aval_str(tuple(shape), dtype)} {device}" + (" requires_grad" if rg else "")
 

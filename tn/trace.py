@@ -48,15 +48,18 @@ sympy and torch._dynamo on first use); ``import tn`` ends by calling
 """
 from __future__ import annotations
 
+import linecache
 import os
 import sys
 import sysconfig
+import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-import threading
-
 import torch
+import torch.compiler as tc
 import torch.utils._pytree as pytree
+from torch._decomp import decomposition_table
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from . import config
@@ -210,7 +213,6 @@ def _where() -> str:
     f = user_frame()
     if f is None:
         return "<unknown location>"
-    import linecache
 
     line = linecache.getline(f.f_code.co_filename, f.f_lineno).strip()
     where = f"{f.f_code.co_filename}:{f.f_lineno}"
@@ -219,8 +221,6 @@ def _where() -> str:
 
 def _where_in_traceback(e: BaseException) -> str:
     """``file:line: `code``` of the innermost user frame in ``e``'s traceback."""
-    import linecache
-
     best = None
     tb = e.__traceback__
     while tb is not None:
@@ -482,7 +482,6 @@ def _decomposition_for(func: Any) -> Optional[Callable[..., Any]]:
         d = _ops.DECOMPOSITIONS_BY_NAME.get(func.name())
     if d is not None:
         return d
-    from torch._decomp import decomposition_table
 
     return decomposition_table.get(func)
 
@@ -1439,9 +1438,6 @@ class _TracingGlobals:
         cls = _TracingGlobals
         with cls._lock:
             if cls._depth == 0:
-                import torch.compiler as tc
-                from torch.nn.attention import SDPBackend, sdpa_kernel
-
                 cls._saved_flag = getattr(tc, "_is_compiling_flag", None)
                 if cls._saved_flag is not None:
                     tc._is_compiling_flag = True
@@ -1456,8 +1452,6 @@ class _TracingGlobals:
         with cls._lock:
             cls._depth -= 1
             if cls._depth == 0:
-                import torch.compiler as tc
-
                 if cls._saved_flag is not None:
                     tc._is_compiling_flag = cls._saved_flag
                 sdpa, cls._sdpa = cls._sdpa, None
@@ -1562,8 +1556,8 @@ def warm_up() -> None:
         return torch.softmax(y @ w, -1).sum()
 
     try:
-        import torch._dynamo  # noqa: F401  (what torch's meta kernels import on first use)
-        import torch.fx.experimental.symbolic_shapes  # noqa: F401
+        import torch._dynamo  # lazy: heavy; what torch's meta kernels import on first use (TN_NO_WARMUP skips it)
+        import torch.fx.experimental.symbolic_shapes  # lazy: heavy; only the warm-up trace needs it here
 
         trace_flat(f, [torch.empty(2, 4), torch.empty(4, 4)])
     except Exception:  # best effort: `import tn` must not fail here; a real problem shows in the first trace

@@ -51,14 +51,28 @@ from typing import List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import (AllgatherOptions, AllreduceCoalescedOptions, AllreduceOptions,
-                                        AllToAllOptions, BarrierOptions, BroadcastOptions, GatherOptions,
-                                        PrefixStore, ProcessGroupGloo, ReduceOp, ReduceOptions,
-                                        ReduceScatterOptions, ScatterOptions)
+from torch._C._distributed_c10d import (
+    AllgatherOptions,
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    GatherOptions,
+    PrefixStore,
+    ProcessGroupGloo,
+    ReduceOp,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
+)
 
 from .. import config
 from ..config import ConfigError
+from ..device import allocator
+from ..device.allocator import cpu_alias
 from ..errors import TnError
+from ..neuron.machine import machine
 from . import timing
 
 __all__ = ["ProcessGroupNeuron", "NeuronWork", "CollectiveError", "CollectiveMismatchError", "WrongDeviceError",
@@ -168,8 +182,6 @@ class _Staged:
         self.orig = t
         self.neuron = t.device.type == "neuron"
         if self.neuron:
-            from ..device.allocator import cpu_alias
-
             self.alias = cpu_alias(t)
         else:
             self.alias = t
@@ -230,7 +242,6 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         global_ranks = list(global_ranks) if global_ranks else list(range(size))
         self._device_index = _pick_device(rank, size, global_ranks)
         self._device = torch.device("neuron", self._device_index)
-        from ..neuron.machine import machine
 
         m = machine()
         mine = torch.tensor([_global_core(m, global_ranks[rank], self._device_index)], dtype=torch.int64)
@@ -768,9 +779,6 @@ def _pick_device(rank: int, size: int, global_ranks: Sequence[int]) -> int:
     """This rank's neuron device index. The first multi-rank group of a process whose TN_VISIBLE_CORES is unset
     makes the rank's local core its only device (as TorchNeuron's launcher does: one process per core, the core
     is ``neuron:0``); then the group's device is neuron:0, else the current device."""
-    from ..device import allocator
-    from ..neuron.machine import machine
-
     m = machine()
     if size > 1 and not config.get("visible_cores"):
         world = dist.get_world_size() if dist.is_initialized() else size

@@ -28,12 +28,21 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import (AllreduceOptions, AllToAllOptions, BroadcastOptions, ReduceOp,
-                                        ReduceScatterOptions)
+from torch._C._distributed_c10d import (
+    AllreduceOptions,
+    AllToAllOptions,
+    BroadcastOptions,
+    ReduceOp,
+    ReduceScatterOptions,
+)
+from torch.distributed import distributed_c10d as c10d
 
+from ..device.allocator import cpu_alias
+from ..errors import ArgumentValueError
+from ..neuron import timeline
+from ..neuron.machine import machine
 from ..ops import collective as collective_ops
 from ..ops.collective import CollectiveRun, Pending, call_functional, collective_nbytes
-from ..errors import ArgumentValueError
 from . import timing
 from .backend import ProcessGroupNeuron
 
@@ -78,8 +87,6 @@ class NeuronGroupAccess:
 
     def issue(self, name: str, x: torch.Tensor, attrs: Dict[str, Any], timed: bool = True) -> Pending:
         """Run op ``name`` on CPU tensor ``x`` over the group (the neuron backend always times it)."""
-        from ..device.allocator import cpu_alias
-
         pg = self.pg
         dev = torch.empty(tuple(x.shape), dtype=x.dtype, device=pg.device)
         cpu_alias(dev).copy_(x)
@@ -132,9 +139,6 @@ class FunctionalGroupAccess:
 
     def clock(self) -> timing.CollectiveClock:
         """The group's clock on the current core (made on first use)."""
-        from ..neuron import timeline
-        from ..neuron.machine import machine
-
         core = timeline.current_core()
         key = (self.group_name, core)
         with _LOCK:
@@ -159,8 +163,6 @@ class FunctionalGroupAccess:
 
 def resolve(group_name: str) -> Any:
     """The access of process group ``group_name`` (:class:`NeuronGroupAccess` or :class:`FunctionalGroupAccess`)."""
-    from torch.distributed import distributed_c10d as c10d
-
     pg = c10d._resolve_process_group(group_name)
     neuron = _neuron_group(pg)
     if neuron is not None:

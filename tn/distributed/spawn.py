@@ -15,6 +15,7 @@ True
 """
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import pickle
 import queue as _queue
@@ -22,6 +23,8 @@ import socket
 import time
 import traceback
 from typing import Callable, Dict, List, Sequence, Tuple
+
+import torch
 
 from ..errors import TnError
 
@@ -50,8 +53,6 @@ def _entry(job, rank, world, port, results, env):
                        "WORLD_SIZE": str(world)})
     os.environ.update(env[rank] if isinstance(env, (list, tuple)) else (env or {}))
     try:
-        import torch
-
         torch.set_num_threads(1)
         out = job(rank, world)
         results.put((rank, "ok", pickle.dumps(out)))   # plain pickle: no shared-memory tensors outliving the rank
@@ -69,8 +70,6 @@ def run_ranks(job: Callable, world: int = 2, timeout: float = 120.0, env=None,
     from the ranks' first import on, such as tn's warm-up switch, goes into this process's environment). Ranks in ``expect_exit`` may end without reporting (a job that
     kills a rank). Raises :class:`RanksTimeout` naming the ranks that neither reported nor ended within
     ``timeout`` s."""
-    import multiprocessing as mp
-
     base = {"OMP_NUM_THREADS": "1"}
     ctx = mp.get_context("spawn")
     results = ctx.Queue()

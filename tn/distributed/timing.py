@@ -36,6 +36,7 @@ import threading
 import time
 from typing import Dict, Optional, Sequence, Tuple
 
+from .. import profile as _profile
 from ..neuron import collectives as _model
 from ..neuron import timeline as _tl
 
@@ -110,7 +111,6 @@ class CollectiveClock:
         _tl.wait_until(self.queue, issuing.ready_ns)
         start, end = _tl.advance(ns, queue=self.queue, resource="collectives")
         self.last_span = (start, end)
-        from .. import profile as _profile
 
         args = {"ranks": len(self.cores), "algorithm": "ring" if MODEL_OF[op] != "send_recv" else "p2p",
                 "model": MODEL_OF[op], "group": self.group_name}
