@@ -336,6 +336,6 @@ def adaptive_report(m: Any, print_table: bool = True) -> List[Dict[str, Any]]:
         raise ArgumentTypeError(f"tn.adaptive_report: expected a model returned by tn.adaptive, got {type(m).__name__}")
     rows = [r.row() for r in m._tn_ctl.regions.values()]
     if print_table:
-        from tabulate import tabulate
+        from tabulate import tabulate  # lazy: tabulate loads only when a table is printed (keeps import tn fast)
         print(tabulate(rows, headers="keys"))
     return rows

@@ -135,3 +135,65 @@ def test_no_private_attributes_read_across_packages():
                     and not _is_submodule(aliases[node.value.id], node.attr)):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {aliases[node.value.id]}.{node.attr}")
     assert found == [], "private attributes read across packages:\n" + "\n".join(sorted(set(found)))
+
+
+def _function_level_imports(tree: ast.AST):
+    """``(node, line)`` of every import made inside a function: ``import``/``from`` statements and
+    ``importlib.import_module(...)`` / ``__import__(...)`` calls."""
+    def walk(node, in_function):
+        for child in ast.iter_child_nodes(node):
+            inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if in_function and isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield child
+            elif in_function and isinstance(child, ast.Call) and (
+                    (isinstance(child.func, ast.Attribute) and child.func.attr == "import_module")
+                    or (isinstance(child.func, ast.Name) and child.func.id == "__import__")):
+                yield child
+            yield from walk(child, inner)
+    yield from walk(tree, False)
+
+
+def _lazy_reason(lines, node) -> bool:
+    """Whether the import at ``node`` says why it is lazy: ``# lazy: <reason>`` on one of its lines or on the line
+    just above it."""
+    span = lines[node.lineno - 2:node.end_lineno] if node.lineno > 1 else lines[:node.end_lineno]
+    for line in span:
+        _, hash_, comment = line.partition("#")
+        reason = comment.partition("lazy:")[2].strip() if hash_ and "lazy:" in comment else ""
+        if reason:
+            return True
+    return False
+
+
+def test_function_level_imports_say_why_they_are_lazy():
+    """An import inside a function hides a dependency from the module's header and from the layer contracts'
+    reader; in tn/, adaptive/ and _native/ it is allowed only for a lazy load with a reason on its line
+    (``# lazy: <reason>``: a heavy optional dependency, a module ``import tn`` must not pay for). An import cycle
+    is not a reason: break it with a seam (a small shared module, registration from above)."""
+    found = []
+    for path, _module, _is_pkg in _sources():
+        text = path.read_text()
+        lines = text.splitlines()
+        for node in _function_level_imports(ast.parse(text, str(path))):
+            if not _lazy_reason(lines, node):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    assert found == [], "function-level imports without a '# lazy: <reason>' comment:\n" + "\n".join(found)
+
+
+def test_lazy_import_check_fails_on_an_unexplained_import():
+    """The check above flags a function-level import without a reason and passes one that gives it."""
+    bare = "def f():\n    import json\n    return json\n"
+    said = "def f():\n    import json  # lazy: only f needs it\n    return json\n"
+    above = "def f():\n    # lazy: the provider loads on first use\n    return importlib.import_module('m')\n"
+    empty = "def f():\n    import json  # lazy:\n    return json\n"
+    top = "import json\n\n\ndef f():\n    return json\n"
+
+    def flagged(src):
+        lines = src.splitlines()
+        return [n.lineno for n in _function_level_imports(ast.parse(src)) if not _lazy_reason(lines, n)]
+
+    assert flagged(bare) == [2]
+    assert flagged(said) == []
+    assert flagged(above) == []
+    assert flagged(empty) == [2]
+    assert flagged(top) == []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from .assess.cli import main as assess_main
+
 
 def main(argv=None) -> int:
     """Dispatch ``argv[0]`` to its command; returns the exit code."""
@@ -13,8 +15,6 @@ def main(argv=None) -> int:
               "  assess   will my model run on Trainium, how fast, what breaks (a report per door)")
         return 0 if argv else 2
     if argv[0] == "assess":
-        from .assess.cli import main as assess_main
-
         return assess_main(argv[1:])
     print(f"python -m tn: unknown command {argv[0]!r}; commands: assess", file=sys.stderr)
     return 2

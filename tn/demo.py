@@ -30,6 +30,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import tn
+from tn.ir import aval_str
+
 __all__ = ["MLP", "CausalSelfAttention", "GPT2Block", "Case", "cases", "run_case", "main",
            "TOLERANCES", "EXTRA_COLUMNS"]
 
@@ -138,7 +141,6 @@ def _fmt_time(s: float) -> str:
 
 def run_case(case: Case, backend: str) -> Dict[str, Any]:
     """Run ``case`` eagerly and with ``tn.jit`` on ``backend``; returns outputs, errors and timings."""
-    import tn
     with torch.no_grad():
         want = case.module(*case.inputs)
         jitted = tn.jit(case.module, backend=backend)
@@ -180,10 +182,7 @@ EXTRA_COLUMNS += [("modelled device time", _device_time), ("TensorE busy", _tens
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print IRs and the comparison table; return 0 if every output matched eager PyTorch, else 1."""
-    from tabulate import tabulate
-
-    import tn
-    from tn.ir import aval_str
+    from tabulate import tabulate  # lazy: tabulate loads only when a table is printed (keeps import tn fast)
 
     p = argparse.ArgumentParser(prog="python -m tn.demo", description=__doc__.splitlines()[0])
     p.add_argument("--backend", action="append", help="jit backend(s) to run (default: tn's default backend)")

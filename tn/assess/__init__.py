@@ -24,14 +24,19 @@ import math
 import statistics
 import sys
 import time
+import traceback
 import types
 from typing import Any, Optional, Sequence
 
 import torch
 
-from .doors import DOORS, DOOR_TITLES, Options, reference, run_door
+from .. import config
+from ..neuron.machine import machine
+from . import scaling
+from .doors import DOOR_TITLES, DOORS, Options, reference, run_door
 from .report import AssessResult
 from .runner import run_in_child
+from .scaling import SIMULATE_MAX_RANKS
 from .target import AssessError, Target, check_inputs, user_frame
 
 __all__ = ["assess", "assess_target", "AssessResult", "AssessError", "DOORS"]
@@ -51,8 +56,6 @@ def _doors(doors: Optional[Sequence[str]]) -> list:
 def _door_entry(progress, door, target, opts, ref, overrides):
     """A door process's work: :func:`run_door` under the chip settings of the assessment (a spawned process
     does not inherit the parent's ``tn.config`` overrides)."""
-    from .. import config
-
     with config.override(**overrides) if overrides else contextlib.nullcontext():
         return run_door(door, target, opts, ref, progress)
 
@@ -60,8 +63,6 @@ def _door_entry(progress, door, target, opts, ref, overrides):
 def _simulated_ranks(cores: int, requested: Optional[int], mach) -> int:
     """Ranks to simulate for ``--cores``: ``requested`` checked (0, or 2 up to the cores of one instance), else
     ``min(cores, SIMULATE_MAX_RANKS, cores of one instance)``."""
-    from .scaling import SIMULATE_MAX_RANKS
-
     top = min(cores, mach.device_count)
     if requested is None:
         return min(top, SIMULATE_MAX_RANKS)
@@ -75,8 +76,6 @@ def _simulated_ranks(cores: int, requested: Optional[int], mach) -> int:
 def _scaling(target, opts, ref, cores, simulate_ranks: int, timeout, over, mach, result, progress, stream):
     """The ``--cores`` section of a training assessment: DDP simulated on real ranks and modelled per core
     count (see :mod:`tn.assess.scaling`)."""
-    from . import scaling
-
     k = simulate_ranks
     out = {"mode": "DDP (weak scaling: every core runs the example batch; gradients all-reduced in buckets)",
            "cores": cores, "rows": [], "simulated": None, "notes": []}
@@ -128,9 +127,6 @@ def assess_target(target: Target, *, doors: Optional[Sequence[str]] = None, dtyp
                   instance: Optional[str] = None, lnc: Optional[int] = None, cores: int = 1,
                   simulate_ranks: Optional[int] = None, progress: bool = True, stream: Any = None) -> AssessResult:
     """Assess a loaded :class:`tn.assess.target.Target` (see :func:`assess` for the options)."""
-    from .. import config
-    from ..neuron.machine import machine
-
     t_start = time.perf_counter()
     if dtype not in ("fp32", "bf16"):
         raise AssessError(f"dtype {dtype!r}: use fp32 or bf16 (bf16 runs under torch.autocast)")
@@ -157,7 +153,7 @@ def assess_target(target: Target, *, doors: Optional[Sequence[str]] = None, dtyp
         try:
             ref, cpu_times = reference(target, opts)
         except Exception as e:  # noqa: BLE001  (the model's own failure)
-            where = user_frame(__import__("traceback").extract_tb(e.__traceback__))
+            where = user_frame(traceback.extract_tb(e.__traceback__))
             raise AssessError(f"the model does not run on the CPU: {type(e).__name__}: {e}"
                               + (f" (at {where})" if where else "") + "; fix it there first") from None
         if not ref:

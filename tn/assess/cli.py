@@ -11,6 +11,10 @@ import argparse
 import sys
 from typing import List, Optional
 
+from ..errors import TnError
+from . import assess_target
+from .target import load_target
+
 __all__ = ["main", "parser"]
 
 
@@ -45,10 +49,6 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the command; returns the exit code (see the module docstring)."""
-    from ..errors import TnError
-    from . import assess_target
-    from .target import load_target
-
     args = parser().parse_args(argv)
     if args.batch < 1 or args.seq < 1:
         print("tn assess: error: --batch and --seq must be positive", file=sys.stderr)

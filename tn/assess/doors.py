@@ -14,7 +14,9 @@ and reports its stages through ``progress(stage, fraction)``.
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -22,8 +24,12 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
-from ..errors import ArgumentTypeError
+import tn
 
+from ..device import tracking
+from ..errors import ArgumentTypeError
+from ..neuron.arch import NUM_ENGINES
+from ..neuron.runtime import add_listener, remove_listener
 from .html import runs_data
 from .target import Target, user_frame
 
@@ -77,8 +83,6 @@ def _loss_of(out: Any) -> torch.Tensor:
 
 
 def _autocast(opts: Options, device_type: str):
-    import contextlib
-
     if opts.dtype == "bf16":
         return torch.autocast(device_type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
@@ -111,8 +115,6 @@ def _make_step(door: str, model: torch.nn.Module, target: Target, opts: Options)
         args, kwargs = _to(args, "neuron"), _to(kwargs, "neuron")
         dev = "neuron"
     if door == "jit" and opts.train:
-        import tn
-
         names = [n for n, p in model.named_parameters() if p.requires_grad]
 
         def loss_and_grads(m, a, k):
@@ -129,16 +131,12 @@ def _make_step(door: str, model: torch.nn.Module, target: Target, opts: Options)
         jit_train_step.jitted = jitted
         return jit_train_step
     if door == "jit":
-        import tn
-
         fn = tn.jit(model)
     elif door == "compile":
-        import tn.dynamo_backend  # noqa: F401  (registers the backend)
+        from .. import dynamo_backend  # noqa: F401  # lazy: registers the backend; loads with torch.compile, not import tn
 
         fn = torch.compile(model, backend="neuron")
     elif door == "adaptive":
-        import tn
-
         fn = tn.adaptive(model)
     else:
         fn = model
@@ -258,7 +256,6 @@ class _ModuleClock:
         self.ns: Dict[str, float] = {}
         self.outside = "(backward)" if train else "(outside any module)"
         self.handles = []
-        import threading
 
         self.thread = threading.get_ident()
         for name, m in model.named_modules():
@@ -271,8 +268,6 @@ class _ModuleClock:
             self.stack.pop()
 
     def run(self, r) -> None:
-        import threading
-
         labels = self.stack if threading.get_ident() == self.thread and self.stack else [self.outside]
         for lab in set(labels):
             self.ns[lab] = self.ns.get(lab, 0.0) + r.total_ns
@@ -284,7 +279,7 @@ class _ModuleClock:
 
 def _compiled_host_sources(door: str, step: Callable) -> Tuple[Dict[str, Dict[str, int]], Dict[str, str]]:
     """For tn.jit / torch.compile: ``{op: {user file:line: equations}}`` and reasons, from the compiled IRs."""
-    from .. import dynamo_backend
+    from .. import dynamo_backend  # lazy: loads with torch.compile (its entry point), not with import tn
 
     jitted = []
     if door == "jit" and getattr(step, "jitted", None) is not None:
@@ -313,8 +308,6 @@ def _compiled_host_sources(door: str, step: Callable) -> Tuple[Dict[str, Dict[st
 
 
 def _profile_summary(prof: Any) -> Dict[str, Any]:
-    from ..neuron.arch import NUM_ENGINES
-
     total = sum(r.total_ns for r in prof.runs)
     busy: Dict[str, float] = {}
     for r in prof.runs:
@@ -358,9 +351,6 @@ def run_door(door: str, target: Target, opts: Options, ref: list,
              progress: Callable[[str, float], None] = lambda s, f: None) -> Dict[str, Any]:
     """Run ``target`` through ``door`` and measure it (see the module docstring); never raises for the model's
     own failures: they come back as ``status="error"`` with the user's file:line."""
-    import tn
-    from ..device import tracking
-
     res: Dict[str, Any] = {"door": door, "title": DOOR_TITLES[door], "status": "error", "error": None,
                            "outputs": [], "host_ops": [], "notes": []}
     stage = "prepare"
@@ -408,7 +398,6 @@ def run_door(door: str, target: Target, opts: Options, ref: list,
         stage = "profiled call"
         tick(stage)
         clock = _ModuleClock(model, opts.train) if door in ("eager", "adaptive") else None
-        from ..neuron.runtime import add_listener, remove_listener
 
         token = add_listener(clock.run) if clock else None
         try:

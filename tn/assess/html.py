@@ -26,6 +26,10 @@ import datetime
 import os
 from typing import Any, Dict, List, Optional, Sequence
 
+import numpy as np
+
+from ..errors import MissingDependencyError
+from ..neuron.isa import OPCODE_NAMES
 from ..profile import set_html_renderer
 
 __all__ = ["runs_data", "timeline_boxes", "timeline_figure", "modules_figure", "scaling_figure", "assessment_page",
@@ -43,11 +47,9 @@ OPCODE_COLOURS = {
 
 def _need_libs():
     try:
-        import jinja2
-        import plotly
+        import jinja2  # lazy: optional dependency (the report extra)
+        import plotly  # lazy: optional dependency (the report extra)
     except ImportError as e:
-        from ..errors import MissingDependencyError
-
         raise MissingDependencyError(f"HTML reports need plotly and jinja2 ({e.name} is missing): pip install 'tn[report]' "
                                      f"(or pip install plotly jinja2)") from None
     return jinja2, plotly
@@ -70,10 +72,6 @@ def timeline_boxes(runs: Sequence[Dict[str, Any]], resolution: int = 2500, max_b
     Returns ``{"lanes": [...], "boxes": [(lane, start_ns, end_ns, opcode, n, detail)], "instructions": n,
     "min_ns": merge width, "span_ns": total}``; instructions on a lane closer together than ``min_ns`` are
     merged (``n`` > 1, ``detail`` lists the opcodes merged)."""
-    import numpy as np
-
-    from ..neuron.isa import OPCODE_NAMES
-
     several = len({r["core"] for r in runs}) > 1
     # one core: runs back to back (what the step's modelled time sums); several: where the machine's clock put them
     placed = several and all(r.get("start_ns") is not None for r in runs)
@@ -152,7 +150,7 @@ def timeline_boxes(runs: Sequence[Dict[str, Any]], resolution: int = 2500, max_b
 
 def timeline_figure(tl: Dict[str, Any], title: str = ""):
     """A plotly figure of :func:`timeline_boxes` (horizontal bars: one trace per opcode colour)."""
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # lazy: optional dependency (the report extra)
 
     by_kind: Dict[str, list] = {}
     for b in tl["boxes"]:
@@ -177,7 +175,7 @@ def timeline_figure(tl: Dict[str, Any], title: str = ""):
 
 def modules_figure(rows: List[Dict[str, Any]], title: str = ""):
     """Horizontal bars of modelled time per module (``rows`` of :meth:`AssessResult.module_rows`)."""
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # lazy: optional dependency (the report extra)
 
     rows = list(reversed(rows))
     fig = go.Figure(go.Bar(orientation="h", y=[r["module"] for r in rows], x=[r["device_us"] for r in rows],
@@ -191,7 +189,7 @@ def modules_figure(rows: List[Dict[str, Any]], title: str = ""):
 def scaling_figure(rows: List[Dict[str, Any]]):
     """Stacked bars per core count (``rows`` of :meth:`AssessResult.scaling_rows`' source, the ``--cores``
     section): compute and all-reduce time not hidden by the backward, with the efficiency printed on each bar."""
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # lazy: optional dependency (the report extra)
 
     labels = [f"{r['cores']} ({r['kind']})" for r in rows]
     compute = [r["compute_ns"] / 1e3 for r in rows]
@@ -215,7 +213,7 @@ def _fig_html(fig, div_id: str) -> str:
 
 def _render(template: str, path: str, **ctx) -> str:
     jinja2, plotly = _need_libs()
-    from plotly.offline import get_plotlyjs
+    from plotly.offline import get_plotlyjs  # lazy: optional dependency (the report extra)
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.dirname(os.path.abspath(__file__))),
                              autoescape=jinja2.select_autoescape(["j2", "html"]))

@@ -20,6 +20,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from .html import assessment_page
+
 __all__ = ["AssessResult", "fmt_bytes"]
 
 _GIB = 1 << 30
@@ -257,7 +259,7 @@ class AssessResult:
 
     def summary(self) -> str:
         """The terminal summary: doors table, host ops, errors, top modules, verdict lines."""
-        from tabulate import tabulate
+        from tabulate import tabulate  # lazy: tabulate loads only when a table is printed (keeps import tn fast)
 
         o = self.options
         parts = [f"tn assess: {self.label}  ({'training step' if o.get('train') else 'inference'}, {o.get('dtype')}, "
@@ -318,8 +320,6 @@ class AssessResult:
 
     def save_html(self, path: str) -> str:
         """Write the self-contained HTML report (see :mod:`tn.assess.html`)."""
-        from .html import assessment_page
-
         return assessment_page(self, path)
 
     def __str__(self) -> str:

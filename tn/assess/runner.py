@@ -16,11 +16,20 @@ never looks hung).
 """
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import os
 import sys
 import time
 from typing import Any, Callable, Dict, Optional, TextIO
+
+import torch
+
+import tn  # noqa: F401  (the device and backends)
+
+from ..device import allocator
+from .doors import error_info
+from .target import import_file as _import
 
 __all__ = ["run_in_child", "ProgressBar"]
 
@@ -81,7 +90,6 @@ def _serve(conn: Any, fn: Callable[..., Dict[str, Any]], args: tuple) -> None:
         res = fn(lambda stage, frac: conn.send(("progress", stage, frac)), *args)
         conn.send(("result", res))
     except BaseException as e:  # noqa: BLE001  (report, the parent decides)
-        from .doors import error_info
 
         try:
             conn.send(("result", {"status": "error", "error": error_info(e, "door process")}))
@@ -92,10 +100,7 @@ def _serve(conn: Any, fn: Callable[..., Dict[str, Any]], args: tuple) -> None:
 
 
 def _fork_child(conn: Any, fn: Callable[..., Dict[str, Any]], args: tuple) -> None:
-    import torch
-
     torch.set_num_threads(1)   # a forked child must not reuse the parent's OpenMP thread team
-    from ..device import allocator
 
     allocator.reinit_after_fork()   # the child owns its copy of the (host-memory) device, used on purpose
     _serve(conn, fn, args)
@@ -103,23 +108,15 @@ def _fork_child(conn: Any, fn: Callable[..., Dict[str, Any]], args: tuple) -> No
 
 
 def _spawn_child(conn: Any, import_file: Optional[str], blob: bytes) -> None:
-    import io
-
-    import torch
-
     try:
         if import_file:
-            from .target import import_file as _import
-
             _import(import_file)
         fn, args = torch.load(io.BytesIO(blob), weights_only=False)
     except BaseException as e:  # noqa: BLE001
-        from .doors import error_info
 
         conn.send(("result", {"status": "error", "error": error_info(e, "loading the model in the door process")}))
         conn.close()
         return
-    import tn  # noqa: F401  (the device and backends)
 
     _serve(conn, fn, args)
 
@@ -134,10 +131,6 @@ def run_in_child(label: str, fn: Callable[..., Dict[str, Any]], timeout_s: float
     parent, child = ctx.Pipe(duplex=False)
     bar = ProgressBar(label, stream, show)
     if spawn:
-        import io
-
-        import torch
-
         bar.update("serialising the model for a fresh process", 0.0)
         buf = io.BytesIO()
         try:

@@ -28,6 +28,7 @@ optimizer step is not part of the step (as in the doors).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import io
 import math
@@ -39,6 +40,19 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import tn
+
+from .. import config
+from ..distributed.spawn import RanksTimeout, run_ranks
+from ..neuron import collectives as C
+from ..neuron.machine import machine
+from .doors import _autocast, _cpu_leaves, _disable_dropout, _grads, _loss_of, _to, compare, error_info
+from .html import runs_data
+from .runner import ProgressBar
+from .target import import_file as _import
 
 __all__ = ["simulate", "modelled_rows", "ddp_buckets", "bucket_schedule", "SIMULATE_MAX_RANKS",
            "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES"]
@@ -98,9 +112,6 @@ def modelled_rows(cores: int, forward_ns: float, backward_ns: float, grad_bytes:
                   instance: Optional[str] = None, lnc: Optional[int] = None) -> List[Dict[str, Any]]:
     """One row per core count 1, 2, 4, ... ``cores`` of the modelled DDP step (see the module docstring); core
     counts past one instance span several (EFA between them)."""
-    from ..neuron import collectives as C
-    from ..neuron.machine import machine
-
     base = machine(instance=instance, lnc=lnc)
     buckets = ddp_buckets(grad_bytes)
     one = bucket_schedule(buckets, forward_ns, backward_ns, lambda b: 0.0)["step_ns"]
@@ -126,21 +137,10 @@ def modelled_rows(cores: int, forward_ns: float, backward_ns: float, grad_bytes:
 def _rank_job(blob_path: str, import_file: Optional[str], overrides: Dict[str, Any], rank: int,
               world: int) -> Dict[str, Any]:
     """One rank of the simulated run (module level: the spawned ranks import it by name)."""
-    import datetime
-
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from .. import config
-    from .target import import_file as _import
-
     if import_file:
         _import(import_file)
     with open(blob_path, "rb") as f:
         target, opts, ref, timeout = torch.load(io.BytesIO(f.read()), weights_only=False)
-    import tn
-
-    from .doors import _autocast, _cpu_leaves, _disable_dropout, _grads, _loss_of, _to, compare
 
     with config.override(**overrides) if overrides else contextlib.nullcontext():
         dist.init_process_group("neuron", rank=rank, world_size=world,
@@ -194,8 +194,6 @@ def _rank_job(blob_path: str, import_file: Optional[str], overrides: Dict[str, A
                    "collectives": sorted({x.name for x in coll}), "host_s": walls,
                    "hbm_peak_bytes": int(torch.neuron.max_memory_allocated())}
             if rank == 0:
-                from .html import runs_data
-
                 out["timeline_runs"] = runs_data(runs)
             return out
         finally:
@@ -207,10 +205,6 @@ def simulate(target: Any, opts: Any, ref: list, ranks: int, timeout: float, over
     """Run the training step under DDP on ``ranks`` spawned ranks (see the module docstring); a dict with
     ``status`` (ok / mismatch / error / timeout), per-rank results (``ranks``) and rank 0's breakdown. Never
     raises for the model's failure."""
-    from ..distributed.spawn import RanksTimeout, run_ranks
-    from .doors import error_info
-    from .runner import ProgressBar
-
     bar = ProgressBar(f"ddp x{ranks}", stream, show)
     bar.update(f"{ranks} ranks: serialising the model", 0.0)
     res: Dict[str, Any] = {"status": "error", "ranks_simulated": ranks, "error": None}

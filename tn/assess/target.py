@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import sys
 import traceback
@@ -190,7 +191,7 @@ def load_hf(class_name: Optional[str], config_path: str, batch: int = 1, seq: in
     """A HF model of ``class_name`` (``None``: the config's ``architectures[0]``) from a local config, random
     weights (seeded), dropout off, and inputs for its head."""
     try:
-        import transformers
+        import transformers  # lazy: heavy optional dependency, only for a Hugging Face model id target
     except ImportError:
         raise AssessError("--hf-config needs the transformers package (pip install transformers)") from None
     if not os.path.isfile(config_path):
@@ -212,7 +213,6 @@ def load_hf(class_name: Optional[str], config_path: str, batch: int = 1, seq: in
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
         raise AssessError(f"TARGET {class_name!r} is not a model class of transformers "
                           f"(e.g. GPT2LMHeadModel, LlamaForCausalLM, ResNetForImageClassification)")
-    import logging
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     try:
