@@ -7,6 +7,7 @@ import torch
 os.environ.setdefault("TN_VERIFY", "1")
 
 import tn.passes  # noqa: E402  (after TN_VERIFY is set)
+from tn import config  # noqa: E402
 
 tn.passes.VERIFY = True
 torch.set_num_threads(1)
@@ -15,8 +16,8 @@ torch.set_num_threads(1)
 #: compiler adds "neuron" here (one line) once it is ready for the suite.
 #: TN_TEST_BACKENDS=reference,neuron overrides the list for one run.
 BACKENDS = ["reference", "neuron"]
-if os.environ.get("TN_TEST_BACKENDS"):
-    BACKENDS = [b.strip() for b in os.environ["TN_TEST_BACKENDS"].split(",") if b.strip()]
+if config.get("test_backends"):
+    BACKENDS = [b.strip() for b in config.get("test_backends").split(",") if b.strip()]
 
 
 #: Test modules of the neuron device whose tests run twice, in both eager modes of the device: "op" (every op

@@ -17,8 +17,12 @@ if not (ROOT / "pyproject.toml").is_file():
 
 
 def _need(module: str) -> None:
+    """Skip without ``module`` (a lint tool of the test extra), except in CI (``CI`` set), where it must run."""
     if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} is not installed (pip install -e '.[test]' installs it)")
+        why = f"{module} is not installed (pip install -e '.[test]' installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI: {why}; the lint and layer checks must run in CI")
+        pytest.skip(why)
 
 
 def test_ruff_pyflakes_rules_pass():

@@ -194,6 +194,9 @@ SETTINGS: Dict[str, Setting] = _settings(
             "the TensorE matmul kernels' code path: auto (the widest this CPU has), generic (portable C), avx2, "
             "avx512 or amx; a path the CPU lacks is a ConfigError naming the ones it has (read when tn._native "
             "loads; tn._native.set_matmul_isa changes it)", ("auto", "generic", "avx2", "avx512", "amx")),
+    Setting("test_backends", "TN_TEST_BACKENDS", "str", None,
+            "tn's test suite only: the tn.jit backends the backend-parametrized tests run on, comma-separated "
+            "(unset: reference,neuron; read by tests/conftest.py)"),
 )
 
 _OVERRIDES: Dict[str, Any] = {}

@@ -71,7 +71,7 @@ from .. import config
 from ..config import ConfigError
 from ..device import allocator
 from ..device.allocator import cpu_alias
-from ..errors import TnError
+from ..errors import ArgumentTypeError, TnError
 from ..neuron.machine import machine
 from . import timing
 
@@ -355,7 +355,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         """Check every tensor's device and stage it for gloo."""
         for t in tensors:
             if not isinstance(t, torch.Tensor):
-                raise TypeError(f"tn: {what} takes tensors, got {type(t).__name__}")
+                raise ArgumentTypeError(f"tn: {what} takes tensors, got {type(t).__name__}")
             dev = t.device
             if dev.type == "neuron":
                 if dev.index != self._device_index:

@@ -36,6 +36,7 @@ from typing import Any, Optional
 
 import torch
 
+from ..errors import ArgumentValueError
 from .table import decomposition, decomposition_by_name
 
 aten = torch.ops.aten
@@ -57,7 +58,7 @@ def grouped_mm_dense(a: Any, b: Any, offs: Optional[Any] = None, out_dtype: Opti
     if a.dim() == 3 and b.dim() == 3:
         out = torch.bmm(a, b)
     elif offs is None:
-        raise ValueError("grouped_mm: offs is required unless both operands are 3-d")
+        raise ArgumentValueError("grouped_mm: offs is required unless both operands are 3-d")
     elif a.dim() == 2 and b.dim() == 3:           # groups of rows of a, one [K, N] matrix each
         m, k = a.shape
         g, _, n = b.shape
@@ -71,7 +72,7 @@ def grouped_mm_dense(a: Any, b: Any, offs: Optional[Any] = None, out_dtype: Opti
         hot = group_one_hot(offs, b.shape[1], dtype)                            # [N, G]
         out = (torch.matmul(a, b) * hot.t()[:, None, :]).sum(0)                 # [M, N]
     else:
-        raise ValueError(f"grouped_mm: operands must be 2-d or 3-d, got {a.dim()}-d and {b.dim()}-d")
+        raise ArgumentValueError(f"grouped_mm: operands must be 2-d or 3-d, got {a.dim()}-d and {b.dim()}-d")
     return out.to(out_dtype) if out_dtype is not None else out
 
 
