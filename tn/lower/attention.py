@@ -477,7 +477,7 @@ class _Emitter:
         # heads per 128-partition chunk of Q^T / K^T (transposed together when the head size divides 128)
         # (operands of an instruction start at partition 0/32/64/96: head sizes that are multiples of 32)
         self.hpc = _P // d if _P % d == 0 and d % 32 == 0 else 1
-        res = getattr(self.ctx, "resident", {})
+        res = self.ctx.resident
         if not all(b in res for b in g.bases) and B >= 4 and bg * 4 > B:
             # Q, K and V come from HBM: about four head groups, so that the loads of the next group and the store
             # of the previous one overlap a group's compute (the loop below is software-pipelined across groups)
@@ -520,7 +520,7 @@ class _Emitter:
                 Ring(scope.sbuf(shape, dt, f"at_raw{i}") for i in range(nbuf)) if self.ops[id(view)] else None
                 for shape, dt, view in zip(((_P, bg, d), (_P, KB, bg, d), (_P, KB, bg, dv)), raw_dt, (qv, kv, vv)))
             pub = None
-            if self.ctx.wants(out_var) if hasattr(self.ctx, "wants") else False:
+            if self.ctx.wants(out_var):
                 rows, cols = handoff_shape(out_var)
                 pub = (prog.sbuf((rows, cols), NEURON_DTYPES[out_var.dtype], name="at_out"), cols)
             # software pipelining across blocks of heads and across head groups: the scores and softmax of
@@ -599,7 +599,7 @@ class _Emitter:
         """``{id(view): fn(hbm region) -> SBUF view}`` when q, k and v's sources are all left in SBUF and every
         region read is a row block of them (then they are taken), else None (loaded from HBM)."""
         ctx, g = self.ctx, self.g
-        res = getattr(ctx, "resident", {})
+        res = ctx.resident
         bases = dict(zip((id(qv), id(kv), id(vv)), g.bases))
         if not all(b in res for b in g.bases):
             return None
@@ -1021,7 +1021,7 @@ class _Emitter:
         """Write the constants made inside the group and read after it (their outputs) with their value."""
         for var in self.g.outputs[1:]:
             rows, cols = handoff_shape(var)
-            if self.ctx.wants(var) if hasattr(self.ctx, "wants") else False:
+            if self.ctx.wants(var):
                 t = self.prog.sbuf((rows, cols), NEURON_DTYPES[var.dtype], name="at_fill_out")
                 self.prog.memset(t, self.g.fills[var], engine="gpsimd")
                 self.ctx.publish(var, t)

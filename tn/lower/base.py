@@ -119,6 +119,38 @@ def neuron_dtype(dtype: torch.dtype) -> str:
                           f"int32/uint8/bool); cast it first or let it run on the host") from None
 
 
+class UnitOrders:
+    """What the emitter asks of the lowering of the current schedule unit, and what the lowering answers.
+
+    The emitter (:mod:`tn.lower.emit`) fills one from the unit of the
+    :class:`tn.lower.schedule.Schedule` it emits (the planned SBUF hand-offs,
+    the prologues bound to their HBM sources, a fused epilogue's store hook
+    and bias) and checks the answers after the lowering; lowerings read and
+    answer it through :attr:`LowerCtx.unit` and never plan anything
+    themselves.
+
+    Attributes:
+        publish: outputs the lowering should leave in SBUF (:meth:`LowerCtx.wants`; the schedule's hand-offs).
+        prologues: prologues offered to the lowering (matmul operand Var -> ``tn.lower.prologue.Bound``); it
+            applies them while it transposes the operand's source and marks them taken.
+        store_hook: the fused epilogue's hook (see :meth:`LowerCtx.store`), or None.
+        matmul_bias: a row-vector HbmTensor the matmul may add to its result in PSUM (its fused epilogue starts
+            with ``+ bias``), or None.
+        taken: answer: the resident Vars the lowering read from SBUF (:meth:`LowerCtx.take`).
+        bias_added: answer: the matmul added ``matmul_bias``.
+    """
+
+    __slots__ = ("publish", "prologues", "store_hook", "matmul_bias", "taken", "bias_added")
+
+    def __init__(self) -> None:
+        self.publish: set = set()
+        self.prologues: Dict[Any, Any] = {}
+        self.store_hook: Optional[Callable[[Any, Any], bool]] = None
+        self.matmul_bias: Any = None
+        self.taken: set = set()
+        self.bias_added = False
+
+
 class LowerCtx:
     """State shared by the lowerings of one program.
 
@@ -126,6 +158,7 @@ class LowerCtx:
         prog: the :class:`tn.neuron.Program` being built.
         arch: its :class:`tn.neuron.Arch`.
         eqn: the equation being lowered (set by the compiler before each call).
+        unit: the :class:`UnitOrders` of the schedule unit being lowered (set by the emitter).
     """
 
     def __init__(self, prog: Any):
@@ -133,31 +166,21 @@ class LowerCtx:
         self.arch = prog.arch
         self.eqn = None
         self._nscratch = 0
-        #: epilogue hook installed by the compiler for the current equation (see :meth:`store`).
-        self.store_hook: Optional[Callable[[Any, Any], bool]] = None
+        #: what the emitter asks of the current lowering (the schedule's plan for its unit) and its answers.
+        self.unit = UnitOrders()
         #: ``[P, 1]`` fp32 accumulator of range-check failures (see :meth:`range_check`), or None.
         self.flag_tile = None
         #: the program's :class:`tn.lower.layout.WeightStream` of laid-out weight groups, or None.
         self.weights = None
-        #: SBUF hand-off (see :meth:`publish`): Vars the current lowering should leave in SBUF,
-        self.publish_vars: set = set()
-        #: ... Vars whose whole value sits in an SBUF tile ``[rows, cols]`` (row-major), by Var,
+        #: SBUF hand-off (see :meth:`publish`): Vars whose whole value sits in an SBUF tile ``[rows, cols]``
+        #: (row-major), by Var, across the program's units until their last consumer.
         self.resident: Dict[Any, Any] = {}
-        #: ... and the resident Vars the current lowering read from SBUF.
-        self.taken: set = set()
-        #: a row-vector HbmTensor the matmul being lowered may add to its result in PSUM (its fused epilogue
-        #: starts with ``+ bias``); the matmul sets ``bias_added`` when it does.
-        self.matmul_bias = None
-        self.bias_added = False
-        #: prologues offered to the current lowering (matmul operand Var -> ``tn.lower.prologue.Bound``): it
-        #: applies them while it transposes the operand's source and marks them taken (see the schedule).
-        self.prologues: Dict[Any, Any] = {}
 
     # ------------------------------------------------------------------ SBUF hand-off
     def wants(self, var: Any) -> bool:
         """Whether the compiler asks the current lowering to leave output ``var`` in SBUF (its consumers,
         the next lowerings of the program, read it there; the HBM copy is then not written)."""
-        return var in self.publish_vars
+        return var in self.unit.publish
 
     def publish(self, var: Any, tile: Any) -> None:
         """Hand over ``tile`` (SBUF ``[rows, cols]``: ``var`` row-major, rows = all axes but the last) as the
@@ -170,7 +193,7 @@ class LowerCtx:
         None. A lowering that gets a tile must read ``var`` from it: its HBM copy may not have been written."""
         t = self.resident.get(var)
         if t is not None:
-            self.taken.add(var)
+            self.unit.taken.add(var)
         return t
 
     def range_check(self, bad: Any) -> None:
@@ -215,7 +238,7 @@ class LowerCtx:
         Applies a fused epilogue when the compiler installed one (see the
         module docstring); otherwise casts/evacuates as needed and DMAs.
         """
-        hook = self.store_hook
+        hook = self.unit.store_hook
         if hook is not None and hook(dst, tile):
             return
         store_tile(self.prog, dst, tile)

@@ -313,7 +313,7 @@ class _Emitter:
         self.G = max(1, min(arch.psum_bank_bytes // (_P * self.isz), 8))
         self.copy = Copier(self.prog)   # PSUM/SBUF copies, VectorE and ScalarE in turn
         # the input's prologue (tn.lower.prologue.Bound): x = src * scale + shift, src staged in its own dtype
-        self.pro = getattr(ctx, "prologues", {}).get(L0.a)
+        self.pro = ctx.unit.prologues.get(L0.a)
         self.sdt = self.dt if self.pro is None else self.pro.dtype
         self.ssz = isa.DTYPE_SIZES[isa.dtype_code(self.sdt)]
 
@@ -505,7 +505,7 @@ class _Emitter:
                 if res is None:
                     xring = Ring(scope.sbuf((_P, L0.K), self.sdt, f"lc_xstage{i}") for i in range(3))
             else:
-                res = self.ctx.resident.get(L0.a) if hasattr(self.ctx, "resident") else None
+                res = self.ctx.resident.get(L0.a)
                 if res is not None and M <= _P and tuple(res.shape) == (M, L0.K):
                     # the input left in SBUF by the previous lowering: its rows are the staging tile
                     res = self.ctx.take(L0.a)
@@ -667,7 +667,7 @@ class _Emitter:
         lb = getattr(self, "last_bias", None)
         if group is not None:
             hook = group.make_hook(ctx, head_out, lambda v: self.env_in[v], lambda v: self.env_out[v])
-            ctx.bias_added = lb is not None
+            ctx.unit.bias_added = lb is not None
         else:
             def hook(dst, tile):
                 return False
@@ -733,7 +733,7 @@ class _Emitter:
                             self.copy(ot[:mt, c0:c0 + cw], acc[:mt, :cw])
                         store(head_out[m0:m0 + mt, n0:n0 + nw], ot[:mt, :nw])
         finally:
-            ctx.bias_added = False
+            ctx.unit.bias_added = False
             if group is not None:
                 group.finish(prog)
         if group is not None and group.covered != M * N:

@@ -11,10 +11,13 @@ step running ``op.impl``, a collective a :class:`tn.lower.collective.CollectiveS
 a folded unit a constant. Every value gets a *slot* of the executable's value
 list; a slot is freed after the last step reading it.
 
-Before a unit's lowering runs, the emitter installs what the schedule planned
-on the program's :class:`~tn.lower.base.LowerCtx`: the values to publish in
-SBUF (``publish_vars``), the prologues offered (``prologues``), an epilogue's
-store hook and PSUM bias. When the unit cannot be emitted so, the emitter
+Before a unit's lowering runs, the emitter fills the
+:class:`~tn.lower.base.UnitOrders` of the program's
+:class:`~tn.lower.base.LowerCtx` (``ctx.unit``) with what the schedule planned
+for the unit: the values to publish in SBUF (``publish``), the prologues
+offered (``prologues``), an epilogue's store hook and PSUM bias; after it, the
+emitter checks the lowering's answers (``taken``, ``bias_added``). When the
+unit cannot be emitted so, the emitter
 raises :class:`~tn.lower.schedule.UnitFailed` with the veto the next plan obeys
 (:meth:`Emitter.unit_failures` is the one place that maps errors to vetoes).
 """
@@ -261,27 +264,27 @@ class Emitter:
         """Tell the unit at ``k`` which of its outputs to leave in SBUF (the planned hand-offs)."""
         handoff = self.sched.handoff
         ctx = self.cur.ctx
-        ctx.publish_vars = {v for v in outputs if v in handoff and handoff[v][0] == k}
-        ctx.taken = set()
+        ctx.unit.publish = {v for v in outputs if v in handoff and handoff[v][0] == k}
+        ctx.unit.taken = set()
 
     def end_unit(self, k: int) -> None:
         """After the unit at ``k``: it must have read every value handed to it in SBUF; free the SBUF values
         whose last consumer it was."""
         ctx = self.cur.ctx
         for v in self.consumers_of.get(k, ()):
-            if v in ctx.resident and v not in ctx.taken:
+            if v in ctx.resident and v not in ctx.unit.taken:
                 raise UnitFailed(Veto("no_handoff", k, f"equation {k} did not read {v.aval} from SBUF", v))
         for v in list(ctx.resident):
-            if self.last_consumer.get(v, -1) <= k and v not in ctx.publish_vars:
+            if self.last_consumer.get(v, -1) <= k and v not in ctx.unit.publish:
                 t = ctx.resident.pop(v)
                 if not any(o is t for o in ctx.resident.values()):     # a reshape may have passed it on
                     ctx.prog.free(t)
-        ctx.publish_vars = set()
+        ctx.unit.publish = set()
 
     def bind_prologues(self, inputs: List[Var]) -> None:
-        """Offer the current unit the prologues of its inputs (``ctx.prologues``: operand -> ``prologue.Bound``)."""
+        """Offer the current unit the prologues of its inputs (``ctx.unit.prologues``: operand -> ``prologue.Bound``)."""
         cur, pros = self.cur, self.sched.prologues
-        cur.ctx.prologues = {}
+        cur.ctx.unit.prologues = {}
         for a in inputs:
             p = pros.get(a)
             if p is None:
@@ -290,7 +293,7 @@ class Emitter:
             if b is None:
                 b = cur.pro[a] = prologue.Bound(p, None, {v: self.hbm_in(v) for v in p.vectors()})
             b.src_hbm = self.hbm_in(p.src)
-            cur.ctx.prologues[a] = b
+            cur.ctx.unit.prologues[a] = b
 
     def preload_prologues(self, unit: Unit) -> None:
         """Load the per-feature vectors of the prologues the schedule loads at ``unit`` (before the producer
@@ -302,16 +305,16 @@ class Emitter:
     @staticmethod
     def prologue_failed(ctx: LowerCtx, k: int, err: Exception) -> None:
         """A unit offered a prologue failed: plan again without the prologue (its equations lowered as usual)."""
-        for a, b in ctx.prologues.items():
-            ctx.prologues = {}
+        for a, b in ctx.unit.prologues.items():
+            ctx.unit.prologues = {}
             raise UnitFailed(Veto("no_prologue", k, f"with a prologue: {err}", a)) from None
 
     def prologues_done(self, k: int) -> None:
         """After a unit: every prologue offered must have been applied (else plan again without it); free its
         columns."""
         ctx = self.cur.ctx
-        pros = ctx.prologues
-        ctx.prologues = {}
+        pros = ctx.unit.prologues
+        ctx.unit.prologues = {}
         for a, b in pros.items():
             if not b.taken:
                 raise UnitFailed(Veto("no_prologue", k, "the consumer did not apply the prologue", a))
@@ -374,7 +377,7 @@ class Emitter:
                 if v not in self.slot_of:
                     self.define(v)
         ctx.eqn = group.eqns[0]
-        ctx.store_hook = None
+        ctx.unit.store_hook = None
         self.begin_unit(k, group.outputs)
         with self.unit_failures(unit):
             group.lower(ctx, ins, outs)
@@ -409,25 +412,25 @@ class Emitter:
             return ep_out[v]
 
         self.begin_unit(k, group.outputs)
-        ctx.store_hook = group.make_hook(ctx, outs[0], self.hbm_in, get_out)
-        ctx.bias_added = False
-        ctx.matmul_bias = self.hbm_in(group.bias[0]) if group.bias is not None else None
+        ctx.unit.store_hook = group.make_hook(ctx, outs[0], self.hbm_in, get_out)
+        ctx.unit.bias_added = False
+        ctx.unit.matmul_bias = self.hbm_in(group.bias[0]) if group.bias is not None else None
         group.absorbed = False
         group.preload(ctx, self.hbm_in)
         try:
             with self.unit_failures(unit):
                 self.lower_one(k, eqn, ins, outs)
         finally:
-            ctx.store_hook = None
-            ctx.matmul_bias = None
+            ctx.unit.store_hook = None
+            ctx.unit.matmul_bias = None
             group.finish(prog, ctx)
-            ctx.bias_added = False
+            ctx.unit.bias_added = False
         self.prologues_done(k)
         numel = max(1, eqn.outputs[0].numel)
         cur.eqns.append(k)
         if group.covered == 0:
-            if ctx.publish_vars & set(ctx.resident):
-                raise UnitFailed(Veto("no_handoff", k, "epilogue not applied", next(iter(ctx.publish_vars))))
+            if ctx.unit.publish & set(ctx.resident):
+                raise UnitFailed(Veto("no_handoff", k, "epilogue not applied", next(iter(ctx.unit.publish))))
             self.end_unit(k)
             # the lowering never called ctx.store: the chain's equations are lowered one by one
             self.sched.split_epilogue(unit)
@@ -462,7 +465,7 @@ class Emitter:
             return False
         x, y = eqn.inputs[0], eqn.outputs[0]
         cur = self.cur
-        if (x in self.pro_src or x in cur.ctx.prologues or x in cur.ctx.resident or y in self.sched.handoff
+        if (x in self.pro_src or x in cur.ctx.unit.prologues or x in cur.ctx.resident or y in self.sched.handoff
                 or k in self.sched.transposed or x.dtype != y.dtype or max(1, x.numel) != max(1, y.numel)
                 or self.sched.last_use.get(y, len(self.ir.eqns)) >= self.program_end(k)):
             return False
@@ -499,12 +502,12 @@ class Emitter:
             return
         ins, outs = self.operands(k, eqn)
         cur.ctx.eqn = eqn
-        cur.ctx.store_hook = None
+        cur.ctx.unit.store_hook = None
         self.begin_unit(k, eqn.outputs)
         with self.unit_failures(unit):
             self.lower_one(k, eqn, ins, outs)
         self.prologues_done(k)
-        for v in cur.ctx.publish_vars:      # (a row gather planned to hand its rows off: tn.lower.index)
+        for v in cur.ctx.unit.publish:      # (a row gather planned to hand its rows off: tn.lower.index)
             if v not in cur.ctx.resident:
                 raise UnitFailed(Veto("no_handoff", k, "the lowering stored its result to HBM", v))
         self.end_unit(k)

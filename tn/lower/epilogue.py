@@ -180,7 +180,7 @@ class EpilogueGroup:
                 self._load_row(ctx, v, in_hbm)
 
     def make_hook(self, ctx: Any, head_out: Any, in_hbm: Any, out_hbm: Any):
-        """The ``ctx.store_hook`` applying this chain to tiles written into ``head_out``.
+        """The ``ctx.unit.store_hook`` applying this chain to tiles written into ``head_out``.
 
         ``in_hbm(v)`` / ``out_hbm(v)`` return the HbmTensor of a chain input /
         stored output (declared on first use).
@@ -195,7 +195,7 @@ class EpilogueGroup:
         for e in self.eqns:
             if is_alias_reshape(e):
                 root[e.outputs[0]] = root.get(e.inputs[0], e.inputs[0])
-        wants = getattr(ctx, "wants", lambda _v: False)
+        wants = ctx.wants
         pub: Dict[Var, Any] = {}          # computed Var -> (published Var, whole tile, cols)
         for v in self.outputs:
             if wants(v) and handoff_shape(v) == (handoff_shape(hv)[0], shape[-1]):
@@ -215,7 +215,7 @@ class EpilogueGroup:
             return None if ent is None else resident_view(ent[1], ent[2], dst)
 
         def hook(dst: Any, tile: Any) -> bool:
-            self.absorbed = self.bias is not None and bool(getattr(ctx, "bias_added", False))
+            self.absorbed = self.bias is not None and ctx.unit.bias_added
             if isinstance(dst, HbmTensor):
                 dst = dst.view()
             if not isinstance(dst, HbmView) or dst.tensor is not head_out:

@@ -78,7 +78,7 @@ MATMUL_DTYPES = ("float32", "bfloat16", "float16")
 _P = 128            # partitions, max K and M per instruction
 _NB = 512           # fp32 columns of one PSUM bank, max N per instruction
 _RESERVE = 8 * 1024          # SBUF bytes per partition left free for others
-_RESERVE_FUSED = 48 * 1024    # ... when a fused epilogue (ctx.store_hook) allocates its operand/chain tiles per store
+_RESERVE_FUSED = 48 * 1024    # ... when a fused epilogue (ctx.unit.store_hook) allocates its operand/chain tiles per store
 _RUN_BYTES = 2048   # B panels are at least this many bytes wide per partition (DMA efficiency) ...
 _RUN_BYTES_FEW_ROWS = 4096  # ... and this many when A has <= 2 row tiles (B streams once: longer runs win)
 _BLOCK_BYTES = 4096  # streamed plan: bytes per partition of one B block DMA (DMAs reach full rate from 2-4 KiB)
@@ -95,7 +95,7 @@ def _sbuf_free(prog, ctx=None) -> int:
     """SBUF bytes per partition a lowering may allocate now (leaving room for a fused epilogue's tiles)."""
     alloc = getattr(prog, "_sbuf", None)
     used = alloc.in_use if alloc is not None else 0
-    fused = ctx is not None and getattr(ctx, "store_hook", None) is not None
+    fused = ctx is not None and ctx.unit.store_hook is not None
     return prog.arch.sbuf_partition_bytes - used - (_RESERVE_FUSED if fused else _RESERVE)
 
 
@@ -145,20 +145,20 @@ def emit_matmul(ctx: Any, a, b, c, *, a_t=None, b_t=None, b_tiled=None,
         raise CannotLower(f"TensorE multiplies fp32/bf16/fp16 operands of one dtype, not {asrc.dtype} @ "
                           f"{bsrc.dtype}")
     store = ctx.store if store is None else store
-    stream = getattr(ctx, "weights", None)
+    stream = ctx.weights
     if b_tiled is None or _cdiv(M, _P) != 1 or stream is None:
         stream = None
     mm = _Matmul(prog, a, a_t, b, b_t, c, Bt, M, K, N, store, psum_banks, _sbuf_free(prog, ctx), b_tiled, stream,
                  prologue)
     mm.a_res = a_resident if a is not None and Bt == 1 else None
     bg = mm._slab_size()
-    bias = getattr(ctx, "matmul_bias", None)
+    bias = ctx.unit.matmul_bias
     if bias is not None and not bg and Bt == 1 and dt != "float32" and bias.dtype == dt and \
             bias.nbytes == N * mm.isz and store == ctx.store:
         # the fused epilogue starts with + bias: one K=1 matmul (ones x bias row) adds it in PSUM, in fp32
         # before the result's rounding (as a fused-bias GEMM does), instead of a VectorE pass per tile
         mm.bias = bias
-        ctx.bias_added = True
+        ctx.unit.bias_added = True
     if bg:
         mm.emit_slabs(bg)
     elif mm.streamed:
@@ -874,7 +874,7 @@ def lower_matmul(ctx, eqn, ins, outs) -> None:
 def _prologue_a(ctx, eqn, lead: int, M: int, K: int):
     """``(prologue, resident A)``: the :class:`tn.lower.prologue.Bound` offered for operand A (taken here; its
     source is then what ``ins[0]`` holds) with the source's SBUF hand-off tile, or ``(None, resident A)``."""
-    pro = getattr(ctx, "prologues", {}).get(eqn.inputs[0])
+    pro = ctx.unit.prologues.get(eqn.inputs[0])
     if pro is None:
         return None, _resident_a(ctx, eqn, lead, M, K)
     if lead != 1:
@@ -887,7 +887,7 @@ def _prologue_a(ctx, eqn, lead: int, M: int, K: int):
 
 def _resident_a(ctx, eqn, lead: int, M: int, K: int):
     """A left in SBUF (``[M, K]``) by the previous lowering (LowerCtx.take), when this matmul can read it."""
-    res = getattr(ctx, "resident", {}).get(eqn.inputs[0])
+    res = ctx.resident.get(eqn.inputs[0])
     if res is None or lead != 1 or M > _P or tuple(res.shape) != (M, K):
         return None
     return ctx.take(eqn.inputs[0])

@@ -238,7 +238,7 @@ class Bound:
         self.taken = True
         if self.cols is None:
             self.preload(ctx.prog)
-        return ctx.take(self.pro.src) if self.pro.src in getattr(ctx, "resident", {}) else None
+        return ctx.take(self.pro.src) if self.pro.src in ctx.resident else None
 
     def _operand(self, name: str, kc: int, kp: int) -> Any:
         v = getattr(self.pro, name)

@@ -442,7 +442,7 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
                 act_red[j] = (ACT_FUNC_OF[e.op.name], xs[0])
     max_free = _max_free(vals.per_elem, len(eqns), in_vars, out_vars, space, ctx.arch.partitions,
                          dims[-1] if (r and dims) else 0)
-    resident = getattr(ctx, "resident", {})
+    resident = ctx.resident
     min_parts = max([resident[v].shape[0] for v in in_vars if v in resident] or [1])
     lay = _Layout(dims, sts, max_free, ctx.arch.partitions, whole_c=bool(r), min_parts=min_parts)
     in_index = [index[v] for v in in_vars]
@@ -483,7 +483,7 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
         return k_ == 1 and st_[nout_t + 1] == 1 and (p_ == 1 or st_[nout_t] == f_) and offs_[index[v]] == 0 and \
             r0_ == 0 and c0_ == 0 and v.numel == p_ * f_ and handoff_shape(v) == (p_, f_)
 
-    publish = {v for v in out_vars if getattr(ctx, "wants", lambda _v: False)(v) and whole(v)}
+    publish = {v for v in out_vars if ctx.wants(v) and whole(v)}
     # a published alias (reshape, cast) of a value computed here: that value is computed into the buffer
     pub_root: Dict[Var, Var] = {}
     for v in list(publish):
@@ -507,7 +507,7 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             st = lay.strides[i]
             sr, sc = st[nout], st[nout + 1]
             shp = tshape(i)
-            res = getattr(ctx, "resident", {}).get(v)
+            res = ctx.resident.get(v)
             if res is not None and whole(v) and tuple(res.shape) == (p, f):
                 env[v] = ctx.take(v).reshape(p, 1, f)       # left in SBUF by the previous lowering
                 continue
