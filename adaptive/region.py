@@ -48,12 +48,12 @@ import torch
 import torch.utils._pytree as _pytree
 from torch.nn.utils.stateless import _reparametrize_module
 
+from .. import config
 from ..device.allocator import cpu_alias
 from ..device.eager import to_device
-from ..jit import backend_compile_fn, is_tracing, jit, make_ir, shadow_module
 from ..ir import CONSTANT_TYPES
-from ..pytree import HashedTuple, module_state
-from .. import config
+from ..jit import backend_compile_fn, is_tracing, jit, make_ir, shadow_module
+from ..pytree import OPAQUE, SLOT, FlattenRule, HashedTuple, flatten, module_state, unflatten
 from . import independence, masked
 from . import state as _state
 from .policy import Policy, bucket_size, expected_future, should_compile
@@ -266,55 +266,58 @@ class _Unsupported(Exception):
 _LEAF_TYPES = CONSTANT_TYPES
 
 
-def _flatten(x: Any, out: list, states: Optional[list] = None) -> Any:
-    """Spec of the pytree ``x`` (hashable, cheap for tuples, lists and dicts); its leaves are appended to ``out``
-    in ``torch.utils._pytree`` order. Spec: ``0`` a tensor, ``1`` another leaf, ``(tuple|list, children)``,
-    ``(dict, keys, children)``, ``("node", treespec, children)`` for other registered pytree nodes,
-    ``("state", spec, n)`` for a mutable state object (:mod:`tn.adaptive.state`: its ``n`` tensors are leaves;
-    ``(object, first leaf, n, spec)`` is appended to ``states``)."""
-    if isinstance(x, Tensor):
+class _RegionRule(FlattenRule):
+    """How a region flattens a call (:func:`tn.pytree.flatten`'s walk with this rule): Python constants and other
+    leaves are kept as leaves (``SLOT``: the signature keys them by value and buckets sizes), and a mutable state
+    object (:mod:`tn.adaptive.state`) is opened: its ``n`` tensors are leaves, its spec ``(OPAQUE, spec, n)``, and
+    ``(object, first leaf, n, spec)`` is appended to ``states`` when given."""
+
+    __slots__ = ("states",)
+
+    def __init__(self, states: Optional[list]):
+        self.states = states
+
+    def constant(self, x: Any, t: type, out: list) -> Any:
         out.append(x)
-        return 0
-    t = type(x)
-    if t is tuple or t is list:
-        return (t, tuple([_flatten(e, out, states) for e in x]))
-    if t is dict:
-        return (dict, tuple(x), tuple([_flatten(v, out, states) for v in x.values()]))
-    if t in _LEAF_TYPES:
-        out.append(x)
-        return 1
-    if _state.is_state(x):
+        return SLOT
+
+    def before_node(self, x: Any, t: type, out: list) -> Any:
+        if not _state.is_state(x):
+            return None
         first = len(out)
         try:
             sspec = _state.flatten(x, out)
         except _state.StateError as e:
             raise _Unsupported(str(e)) from None
         n = len(out) - first
-        if states is not None:
-            states.append((x, first, n, sspec))
-        return ("state", sspec, n)
-    if _pytree.tree_is_leaf(x):
+        if self.states is not None:
+            self.states.append((x, first, n, sspec))
+        return (OPAQUE, sspec, n)
+
+    def leaf(self, x: Any, t: type, out: list) -> Any:
         out.append(x)
-        return 1
-    leaves, ts = _pytree.tree_flatten(x)
-    return ("node", ts, tuple([_flatten(e, out, states) for e in leaves]))
+        return SLOT
+
+
+_NO_STATES = _RegionRule(None)
+
+
+def _flatten(x: Any, out: list, states: Optional[list] = None) -> Any:
+    """Spec of the pytree ``x`` (hashable); its leaves (tensors, constants, other leaves and the tensors of state
+    objects) are appended to ``out`` in ``torch.utils._pytree`` order: :func:`tn.pytree.flatten` with the
+    region's rule (:class:`_RegionRule`)."""
+    return flatten(x, out, _RegionRule(states) if states is not None else _NO_STATES)
+
+
+def _state_arg(spec: Any, it) -> Any:
+    """A state object's node (``(OPAQUE, spec, n)``) as a :class:`tn.adaptive.state.StateArg` of its tensors."""
+    return _state.StateArg(spec[1], [next(it) for _ in range(spec[2])])
 
 
 def _unflatten(spec: Any, it) -> Any:
     """The pytree of ``spec`` (from :func:`_flatten`) with leaves taken from iterator ``it`` (a state object
     comes back as a :class:`tn.adaptive.state.StateArg` of its tensors, which the program turns into a proxy)."""
-    if type(spec) is int:
-        return next(it)
-    kind = spec[0]
-    if kind is tuple:
-        return tuple([_unflatten(c, it) for c in spec[1]])
-    if kind is list:
-        return [_unflatten(c, it) for c in spec[1]]
-    if kind is dict:
-        return dict(zip(spec[1], [_unflatten(c, it) for c in spec[2]]))
-    if kind == "state":
-        return _state.StateArg(spec[1], [next(it) for _ in range(spec[2])])
-    return _pytree.tree_unflatten([_unflatten(c, it) for c in spec[2]], spec[1])
+    return unflatten(spec, it, [], opaque=_state_arg)
 
 
 def _args_of(leaves: list, spec: Any) -> Tuple[tuple, dict]:

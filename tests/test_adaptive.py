@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 import tn
 import tn.adaptive
-from tn.adaptive import independence
+from tn import pytree as pt
+from tn.adaptive import independence, region
 from tn.adaptive.policy import bucket_size, expected_future, make_policy, should_compile
 
 FAST = dict(costs={"eager": 0.01, "compiled": 0.001, "compile": 0.02}, compile_time_prior=0.02,
@@ -738,3 +739,22 @@ def test_results_holding_none_compile():
         close(z, x * 2, 1e-6)
     r = a.regions["<root>"]
     assert r.hits > 0 and r.dead is None, r.dead
+
+
+def test_region_flattens_with_the_one_pytree_walk():
+    """A region's call flattening is tn.pytree.flatten with the region's rule (issue 14: one flattener): the same
+    container specs as tn.jit's, Python constants kept as leaves in order (jit bakes them into the spec), and the
+    region's unflatten rebuilds the call."""
+    x, y = torch.randn(2), torch.randn(3)
+    call = ((x, 2.5, [y, "gelu"]), {"k": None, "n": 4})
+    leaves, tensors = [], []
+    spec = region._flatten(call, leaves)
+    assert leaves[0] is x and leaves[2] is y and [leaves[i] for i in (1, 3, 4, 5)] == [2.5, "gelu", None, 4]
+    jit_spec = pt.flatten(call, tensors)
+    assert len(tensors) == 2 and tensors[0] is x and tensors[1] is y
+    # the containers are described alike; only the constants differ (leaf slots vs values in the spec)
+    assert spec[0] == jit_spec[0] == pt.SEQ and spec[2][1][0] == pt.DICT
+    assert spec[2][0][2][1] == pt.SLOT and jit_spec[2][0][2][1] == (pt.LEAF, float, 2.5)
+    back = region._unflatten(spec, iter(leaves))
+    assert back[0][0] is x and back[0][1] == 2.5 and back[0][2][0] is y and back[1] == {"k": None, "n": 4}
+    hash(spec)

@@ -24,7 +24,10 @@ Spec nodes (a spec is made of these, nested):
 * ``(STATIC, type, value)``: a whole argument declared static;
 * ``(MODULE, module, names, training)``: an ``nn.Module`` whose parameters and
   buffers (``names``) follow as tensors;
-* ``(NODE, treespec, children)``: any other registered pytree node.
+* ``(NODE, treespec, children)``: any other registered pytree node;
+* ``SLOT`` (the int 7) and ``(OPAQUE, ...)``: what another :class:`FlattenRule`
+  makes (tn.adaptive's regions: a leaf taken from the list in order like a
+  tensor; a state object, rebuilt by :func:`unflatten`'s ``opaque``).
 """
 from __future__ import annotations
 
@@ -44,13 +47,13 @@ from .errors import ArgumentTypeError, CompileError
 from .ir import CONSTANT_TYPES, aval_str
 
 __all__ = [
-    "TENSOR", "SEQ", "DICT", "LEAF", "STATIC", "MODULE", "NODE",
+    "TENSOR", "SEQ", "DICT", "LEAF", "STATIC", "MODULE", "NODE", "SLOT", "OPAQUE", "FlattenRule",
     "flatten", "unflatten", "describe", "register_dataclasses_in",
     "module_state", "tensor_sig", "sig_str", "find_unhashable", "register_dataclass_type",
     "HashedTuple", "ModuleState", "make_gather", "SIG", "register_state_predicate",
 ]
 
-TENSOR, SEQ, DICT, LEAF, STATIC, MODULE, NODE = 0, 1, 2, 3, 4, 5, 6
+TENSOR, SEQ, DICT, LEAF, STATIC, MODULE, NODE, SLOT, OPAQUE = 0, 1, 2, 3, 4, 5, 6, 7, 8
 
 Tensor = torch.Tensor
 
@@ -200,43 +203,72 @@ def module_state(module: torch.nn.Module) -> ModuleState:
 
 # ---------------------------------------------------------------- flatten
 
-def flatten(x: Any, tensors: List[Tensor]) -> Any:
-    """Spec of pytree ``x``; its tensors (and module parameters/buffers) are appended to ``tensors``."""
+class FlattenRule:
+    """How :func:`flatten` treats what is not a tensor or a container (tuple, list, dict, registered pytree node):
+    each hook returns the value's spec. The default rule is tn.jit's: Python constants go into the spec, a
+    module's parameters and buffers become tensors, dataclasses are registered as pytree nodes, mutable state
+    objects are refused. tn.adaptive's regions use their own rule (constants kept as leaves, state opened)."""
+
+    def constant(self, x: Any, t: type, tensors: List[Any]) -> Any:
+        """Spec of ``x``, a Python constant (a :data:`tn.ir.CONSTANT_TYPES` type)."""
+        return (LEAF, t, x)
+
+    def before_node(self, x: Any, t: type, tensors: List[Any]) -> Any:
+        """Spec of any other ``x`` before registered pytree nodes are opened, or None to go on."""
+        if isinstance(x, torch.nn.Module):
+            st = module_state(x)
+            for d, k in st.refs:
+                tensors.append(d[k])
+            return (MODULE, x, st.names, tuple([m.training for m in st.mods]))
+        if t not in _pytree.SUPPORTED_NODES and dataclasses.is_dataclass(x) and not isinstance(x, type):
+            register_dataclass_type(t)
+        return None
+
+    def leaf(self, x: Any, t: type, tensors: List[Any]) -> Any:
+        """Spec of ``x``, a leaf of torch's pytrees that is neither a tensor nor a constant."""
+        if getattr(x, "__dict__", None):
+            if _is_state(x):  # even while empty: the call would store traced tensors into it
+                raise ArgumentTypeError(
+                    f"tn.jit: an argument of type {t.__qualname__} is a mutable state object (a KV cache the call "
+                    f"updates in place), which tn.jit does not take. Use tn.adaptive(model), which carries caches "
+                    f"through compiled regions (written back after each call) and buckets their length, or call "
+                    f"without a cache (HF: use_cache=False)")
+            where = _tensor_inside(x.__dict__, 0)
+            if where is not None:
+                raise ArgumentTypeError(
+                    f"tn.jit: an argument of type {t.__qualname__} holds a tensor (at {where}), but tn.jit only "
+                    f"sees tensors inside pytrees: this one would be baked into the program as a constant and go "
+                    f"stale. Make the type a dataclass, register it with torch.utils._pytree.register_pytree_node, "
+                    f"or pass the tensors as arguments")
+        return (LEAF, t, x)
+
+
+_JIT_RULE = FlattenRule()
+
+
+def flatten(x: Any, tensors: List[Any], rule: FlattenRule = _JIT_RULE) -> Any:
+    """Spec of pytree ``x``; its tensors (and module parameters/buffers) are appended to ``tensors``.
+
+    ``rule`` says what becomes of values that are not tensors or containers (default: tn.jit's,
+    :class:`FlattenRule`); a rule may append them to ``tensors`` too and return :data:`SLOT`, or return an
+    ``(OPAQUE, ...)`` node that :func:`unflatten` hands back to its ``opaque`` function."""
     if isinstance(x, Tensor):
         tensors.append(x)
         return TENSOR
     t = type(x)
     if t in _SCALAR_TYPES:
-        return (LEAF, t, x)
+        return rule.constant(x, t, tensors)
     if t is tuple or t is list:
-        return (SEQ, t, tuple([flatten(e, tensors) for e in x]))
+        return (SEQ, t, tuple([flatten(e, tensors, rule) for e in x]))
     if t is dict:
-        return (DICT, tuple(x), tuple([flatten(v, tensors) for v in x.values()]))
-    if isinstance(x, torch.nn.Module):
-        st = module_state(x)
-        for d, k in st.refs:
-            tensors.append(d[k])
-        return (MODULE, x, st.names, tuple([m.training for m in st.mods]))
-    if t not in _pytree.SUPPORTED_NODES and dataclasses.is_dataclass(x) and not isinstance(x, type):
-        register_dataclass_type(t)
+        return (DICT, tuple(x), tuple([flatten(v, tensors, rule) for v in x.values()]))
+    spec = rule.before_node(x, t, tensors)
+    if spec is not None:
+        return spec
     if not _pytree.tree_is_leaf(x):  # registered nodes, NamedTuples, torch.return_types
-        leaves, spec = _pytree.tree_flatten(x)
-        return (NODE, spec, tuple([flatten(e, tensors) for e in leaves]))
-    if getattr(x, "__dict__", None):
-        if _is_state(x):  # even while empty: the call would store traced tensors into it
-            raise ArgumentTypeError(
-                f"tn.jit: an argument of type {t.__qualname__} is a mutable state object (a KV cache the call "
-                f"updates in place), which tn.jit does not take. Use tn.adaptive(model), which carries caches "
-                f"through compiled regions (written back after each call) and buckets their length, or call "
-                f"without a cache (HF: use_cache=False)")
-        where = _tensor_inside(x.__dict__, 0)
-        if where is not None:
-            raise ArgumentTypeError(
-                f"tn.jit: an argument of type {t.__qualname__} holds a tensor (at {where}), but tn.jit only sees "
-                f"tensors inside pytrees: this one would be baked into the program as a constant and go stale. "
-                f"Make the type a dataclass, register it with torch.utils._pytree.register_pytree_node, or pass "
-                f"the tensors as arguments")
-    return (LEAF, t, x)
+        leaves, ts = _pytree.tree_flatten(x)
+        return (NODE, ts, tuple([flatten(e, tensors, rule) for e in leaves]))
+    return rule.leaf(x, t, tensors)
 
 
 #: Predicates ``fn(obj) -> bool`` marking mutable state objects (KV caches) that a door above carries and tn.jit
@@ -286,20 +318,22 @@ def _tensor_inside(d: Any, depth: int, attrs: bool = True) -> Optional[str]:
 
 
 def unflatten(spec: Any, it: Iterator[Tensor], modules: List[Tuple[torch.nn.Module, Dict[str, Tensor]]],
-              wrap: Optional[Callable[[torch.nn.Module], torch.nn.Module]] = None) -> Any:
-    """Rebuild the value described by ``spec``, taking tensors from ``it``.
+              wrap: Optional[Callable[[torch.nn.Module], torch.nn.Module]] = None,
+              opaque: Optional[Callable[[Any, Iterator[Any]], Any]] = None) -> Any:
+    """Rebuild the value described by ``spec``, taking tensors (and a rule's :data:`SLOT` leaves) from ``it``.
 
     A module is returned as ``wrap(module)`` (itself without ``wrap``), and
     ``(that module, {name: tensor})`` is appended to ``modules`` so the caller
-    can reparametrize it.
+    can reparametrize it. An ``(OPAQUE, ...)`` node (made by a
+    :class:`FlattenRule`) is rebuilt by ``opaque(node, it)``.
     """
     if type(spec) is int:
         return next(it)
     tag = spec[0]
     if tag == SEQ:
-        return spec[1]([unflatten(c, it, modules, wrap) for c in spec[2]])
+        return spec[1]([unflatten(c, it, modules, wrap, opaque) for c in spec[2]])
     if tag == DICT:
-        return {k: unflatten(c, it, modules, wrap) for k, c in zip(spec[1], spec[2])}
+        return {k: unflatten(c, it, modules, wrap, opaque) for k, c in zip(spec[1], spec[2])}
     if tag == LEAF or tag == STATIC:
         return spec[2]
     if tag == MODULE:
@@ -309,7 +343,9 @@ def unflatten(spec: Any, it: Iterator[Tensor], modules: List[Tuple[torch.nn.Modu
         modules.append((m, {n: next(it) for n in names}))
         return m
     if tag == NODE:
-        return _pytree.tree_unflatten([unflatten(c, it, modules, wrap) for c in spec[2]], spec[1])
+        return _pytree.tree_unflatten([unflatten(c, it, modules, wrap, opaque) for c in spec[2]], spec[1])
+    if tag == OPAQUE and opaque is not None:
+        return opaque(spec, it)
     raise CompileError(f"tn.jit internal: unknown argument spec node {spec!r}")
 
 
