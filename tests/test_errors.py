@@ -137,3 +137,19 @@ def test_bad_arguments_are_type_and_value_errors():
         torch.neuron.set_eager_mode("no such mode")
     with pytest.raises(ValueError):
         tn.profile().table(by="nothing")
+
+
+def test_no_source_raises_a_bare_builtin_error():
+    """tn's errors keep ``tn.TnError`` as their common base: tn code raises ``ArgumentTypeError`` /
+    ``ArgumentValueError`` / a ``RuntimeError``-derived tn error, never a bare ``TypeError``, ``ValueError``,
+    ``RuntimeError`` or ``NotImplementedError`` that ``except tn.TnError`` would miss (tn.lower.testing's
+    ``AssertionError`` is a test helper's assertion, and a re-raise of a caught object is not a construction)."""
+    bare = {"TypeError", "ValueError", "RuntimeError", "NotImplementedError", "KeyError", "IndexError"}
+    found = []
+    for path in [*(ROOT / "tn").rglob("*.py"), *(ROOT / "adaptive").rglob("*.py")]:
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and isinstance(node.exc.func, ast.Name):
+                if node.exc.func.id in bare:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.exc.func.id}")
+    assert found == [], f"bare builtin errors raised at {found}"
