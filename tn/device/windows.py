@@ -84,6 +84,7 @@ from .. import config, trace
 from ..errors import ArgumentValueError
 from ..neuron import timeline as _tl
 from ..passes import optimize
+from ..shapes import numel
 from ..trace import source_hint, trace_flat
 from . import allocator, tracking
 from .opargs import unflatten_args
@@ -1038,7 +1039,7 @@ def _view_of(b: torch.Tensor, shape: tuple, stride: tuple, offset: int) -> torch
     if any(s == 0 and d != 1 for d, s in zip(shape, stride)):      # broadcast dims: view without them, expand
         core = tuple(1 if s == 0 else d for d, s in zip(shape, stride))
         return _view_of(b, core, stride, offset).expand(shape)
-    n, bn = _numel(shape), b.numel()
+    n, bn = numel(shape), b.numel()
     contiguous = all(s == c or d == 1 for s, c, d in zip(stride, allocator.contiguous_strides(shape), shape))
     if contiguous:
         if offset == 0 and n == bn:
@@ -1064,13 +1065,6 @@ def _view_of(b: torch.Tensor, shape: tuple, stride: tuple, offset: int) -> torch
                     t = t.narrow(i, st, d)
             return t
     return torch.as_strided(b, shape, stride, offset)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _tensor_on(st: Any, r: _Ref) -> torch.Tensor:
