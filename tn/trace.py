@@ -918,8 +918,6 @@ _TORCH_PLUMBING = tuple(os.path.join(_TORCH_DIR, p) for p in (
 def _library_reader() -> str:
     """`` (read in file:line: `code`)`` for the innermost library frame (torch's or a package's, not tn's
     and not torch's dispatch plumbing) below the user's line, or ``""`` when the user's own line reads it."""
-    import linecache
-
     user = user_frame()
     f = sys._getframe(1)
     while f is not None and f is not user:

@@ -238,8 +238,6 @@ class _Queues:
 
     def __init__(self, io_queues):
         if io_queues not in (1, 2):
-            from ..errors import NeuronError
-
             raise NeuronError(f"nki_matmul: io_queues must be 1 or 2, not {io_queues!r}")
         self.lhs = self.out = IO_QUEUE
         self.rhs = IO_QUEUE + io_queues - 1
@@ -385,8 +383,6 @@ def build_trn2(version: str, K: int = 8192, M: int = 4096, N: int = 8192, *, io_
     second queue, for comparison). ``blocks``: tiles per block (``bm``, ``bn`` for ``block_free``, default
     2, 2; ``bm``, ``bn``, ``bk`` for ``block_k``, default 16, 2, 8), e.g. for a small numerics check."""
     if version not in _TRN2_BUILDERS:
-        from ..errors import NeuronError
-
         raise NeuronError(f"nki_matmul: unknown trn2 version {version!r}; use one of {', '.join(TRN2_VERSIONS)}")
     p = Program(f"nki_matmul_trn2_{version}", arch="trn2", record_sources=False)
     lhsT = p.hbm("lhsT", (K, M), "float32")
