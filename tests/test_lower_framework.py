@@ -427,3 +427,27 @@ def test_model_timing_matches_a_run_and_orders_gradients():
     assert len(reads) == 5 and all(len(r) for r in reads)
     assert reads[0][0] == 0.0 and reads[3][0] < loss_t     # x at once; w2 by the forward
     assert all((r[:-1] <= r[1:]).all() for r in reads)
+
+
+def test_model_timing_of_steady_weights_matches_the_laid_out_run():
+    """A repeated call with the same Linear weights runs the laid-out variant (weights read from a cached layout);
+    ``model_timing(steady_weights=True)`` times that variant and equals such a run, the default times the plain
+    program (weights laid out on chip every call), which is slower."""
+    torch.manual_seed(0)
+    lin1, lin2 = torch.nn.Linear(256, 512), torch.nn.Linear(512, 256)
+    x = torch.randn(128, 256)
+
+    def f(x, w1, b1, w2, b2):
+        return torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(x, w1, b1)), w2, b2)
+
+    args = [x] + [p.detach() for p in (lin1.weight, lin1.bias, lin2.weight, lin2.bias)]
+    exe = compile_ir(tn.make_ir(f)(*args))
+    for _ in range(3):                           # the policy lays the weights out once they prove steady
+        exe(args)
+    with tn.profile() as prof:
+        out = exe(args)
+    torch.testing.assert_close(out[0], f(*args), rtol=1e-4, atol=1e-4)
+    ran = sum(r.total_ns for r in prof.runs)
+    steady = exe.model_timing(steady_weights=True).total_ns
+    assert steady == pytest.approx(ran, rel=1e-9)
+    assert exe.model_timing().total_ns > steady
