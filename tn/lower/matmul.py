@@ -353,15 +353,19 @@ class _Matmul:
                 self.tp_ring = Ring(ps((_P, self.G, _P), self.dt, f"mm_tp{i}") for i in range(self.tbanks))
             self.acc_ring = Ring(ps((_P, _NB), "float32", f"mm_acc{i}") for i in range(self.abanks))
             self.copy = Copier(prog)
-            if self.bias is not None:
-                self.brow = sb((1, self.N), self.dt, "mm_bias")
-                self.ones = sb((1, _P), self.dt, "mm_ones")
-                prog.dma_copy(self.brow, self.bias.view().reshape(1, self.N))
-                prog.memset(self.ones, 1.0, engine="gpsimd")
+            self._load_bias_row(sb)
             for bi in range(self.Bt):
                 self._emit_batch(bi)
             if getattr(self, "_own_b", None) is not None:
                 prog.free(self._own_b)
+
+    def _load_bias_row(self, sb) -> None:
+        """With a bias: its row (``[1, N]``) and a row of ones in SBUF, added into PSUM by a rank-1 matmul."""
+        if self.bias is not None:
+            self.brow = sb((1, self.N), self.dt, "mm_bias")
+            self.ones = sb((1, _P), self.dt, "mm_ones")
+            self.prog.dma_copy(self.brow, self.bias.view().reshape(1, self.N))
+            self.prog.memset(self.ones, 1.0, engine="gpsimd")
 
     def emit_streamed(self) -> None:
         """Large matmuls (B too big to stay in SBUF): A^T of ``s_sg`` row tiles (every K chunk) stays in SBUF
@@ -384,11 +388,7 @@ class _Matmul:
                 self.tp_ring = Ring(ps((_P, self.G, _P), self.dt, f"mm_tp{i}") for i in range(self.tbanks))
             self.acc_ring = Ring(ps((_P, _NB), "float32", f"mm_acc{i}") for i in range(self.abanks))
             self.copy = Copier(prog)
-            if self.bias is not None:
-                self.brow = sb((1, self.N), self.dt, "mm_bias")
-                self.ones = sb((1, _P), self.dt, "mm_ones")
-                prog.dma_copy(self.brow, self.bias.view().reshape(1, self.N))
-                prog.memset(self.ones, 1.0, engine="gpsimd")
+            self._load_bias_row(sb)
             for bi in range(self.Bt):
                 self._emit_streamed_batch(bi, at_ring)
 
