@@ -622,6 +622,28 @@ def _plan_handoff(ir: IR, host: Dict[int, str], groups: Any, elide: set, trans: 
     return plan
 
 
+def _hoist_each(ir: IR, movable, passable) -> IR:
+    """``ir`` with every equation ``movable(e)`` moved up, in order, before the run of equations right before
+    it that are ``passable`` and make nothing it reads (a new IR; ``ir`` itself when nothing moves)."""
+    eqns = list(ir.eqns)
+    moved = False
+    for j in range(len(eqns)):
+        e = eqns[j]
+        if not movable(e):
+            continue
+        reads = {a for a in e.inputs if isinstance(a, Var)}
+        i = j
+        while i > 0 and passable(eqns[i - 1]) and not reads.intersection(eqns[i - 1].outputs):
+            i -= 1
+        if i < j:
+            eqns[i + 1:j + 1] = eqns[i:j]
+            eqns[i] = e
+            moved = True
+    if not moved:
+        return ir
+    return IR(ir.inputs, eqns, ir.outputs, ir.consts, ir.mutations, ir.name)
+
+
 def hoist_gathers(ir: IR) -> IR:
     """``ir`` with every row gather (``index``: embedding lookups) moved up before the elementwise equations
     right before it that it does not read (a new IR; ``ir`` itself when nothing moves).
@@ -631,23 +653,7 @@ def hoist_gathers(ir: IR) -> IR:
     storing its result to HBM. Hoisted, the adds and the norm form one row group whose inputs are the gathers,
     which can hand their rows over in SBUF (:func:`_plan_handoff`). A gather has no side effect and reads only
     values made before the equations it passes, so the result is unchanged."""
-    eqns = list(ir.eqns)
-    moved = False
-    for j in range(len(eqns)):
-        e = eqns[j]
-        if e.op.name != "index":
-            continue
-        reads = {a for a in e.inputs if isinstance(a, Var)}
-        i = j
-        while i > 0 and fusion._is_map(eqns[i - 1]) and not reads.intersection(eqns[i - 1].outputs):
-            i -= 1
-        if i < j:
-            eqns[i + 1:j + 1] = eqns[i:j]
-            eqns[i] = e
-            moved = True
-    if not moved:
-        return ir
-    return IR(ir.inputs, eqns, ir.outputs, ir.consts, ir.mutations, ir.name)
+    return _hoist_each(ir, lambda e: e.op.name == "index", fusion._is_map)
 
 
 def _weight_cast(e: Eqn, inputs: Set[Var]) -> bool:
@@ -666,24 +672,13 @@ def hoist_past_weight_casts(ir: IR) -> IR:
     casts, follows the attention group, which then absorbs it and hands its output to the o-projection in SBUF.
     The casts read only program inputs, so moving other equations before them changes no value."""
     inputs = set(ir.inputs) | {v for v, _ in ir.consts}
-    eqns = list(ir.eqns)
-    moved = False
-    for j in range(len(eqns)):
-        e = eqns[j]
-        if not (fusion._is_map(e) or (e.op.name == "reshape" and isinstance(e.inputs[0], Var))) or \
-                _weight_cast(e, inputs):
-            continue
-        reads = {a for a in e.inputs if isinstance(a, Var)}
-        i = j
-        while i > 0 and _weight_cast(eqns[i - 1], inputs) and not reads.intersection(eqns[i - 1].outputs):
-            i -= 1
-        if i < j:
-            eqns[i + 1:j + 1] = eqns[i:j]
-            eqns[i] = e
-            moved = True
-    if not moved:
-        return ir
-    return IR(ir.inputs, eqns, ir.outputs, ir.consts, ir.mutations, ir.name)
+
+    def movable(e: Eqn) -> bool:
+        """An elementwise equation or a reshape of a value, not itself a weight cast."""
+        return (fusion._is_map(e) or (e.op.name == "reshape" and isinstance(e.inputs[0], Var))) and \
+            not _weight_cast(e, inputs)
+
+    return _hoist_each(ir, movable, lambda e: _weight_cast(e, inputs))
 
 
 #: how far (in equations) :func:`sink_head_splits` moves a permute down to its first reader
