@@ -290,6 +290,26 @@ def _multilabel_margin_loss_forward(x, target, reduction):
     return loss, aten.view.default(aten._to_copy.default(is_target, dtype=x.dtype), list(target.shape))
 
 
+def _row_loss_grad(g, grad_output, reduction, rows):
+    """A per-row loss's input gradient ``g`` (``[rows, C]``) times the gradient of its reduction: per row
+    (``reduction`` 0: none), ``grad_output / rows`` (1: mean) or ``grad_output`` (2: sum)."""
+    if reduction == 0:
+        return aten.mul.Tensor(g, aten.view.default(grad_output, [-1, 1]))
+    return aten.mul.Tensor(g, aten.div.Scalar(grad_output, rows) if reduction == 1 else grad_output)
+
+
+def _class_rows(x, target):
+    """``(C, x as [rows, C], target as [rows, 1], the class positions 0..C-1)`` of a multi-class margin loss."""
+    c = x.shape[-1] if x.dim() else 1
+    return (c, aten.view.default(x, [-1, c]), aten.view.default(target, [-1, 1]),
+            aten.arange.start_step(0, c, 1, dtype=torch.int64, device=x.device))
+
+
+def _target_weight(weight, t2):
+    """The class weight of each row's target (``t2`` ``[rows, 1]``), as ``[rows, 1]``."""
+    return aten.view.default(aten.index_select.default(weight, 0, aten.view.default(t2, [-1])), [-1, 1])
+
+
 @decomposition(aten.multilabel_margin_loss_backward.default)
 def _multilabel_margin_loss_backward(grad_output, x, target, reduction, is_target):
     """Gradient of :func:`_multilabel_margin_loss_forward` with respect to ``x``: each positive hinge adds
@@ -301,28 +321,19 @@ def _multilabel_margin_loss_backward(grad_output, x, target, reduction, is_targe
                         aten.scatter_add.default(aten.zeros_like.default(x2), 1, tidx,
                                                  aten.sum.dim_IntList(active, [2])))
     g = aten.div.Scalar(g, c)
-    if reduction == 0:
-        g = aten.mul.Tensor(g, aten.view.default(grad_output, [-1, 1]))
-    else:
-        scale = aten.div.Scalar(grad_output, x2.shape[0]) if reduction == 1 else grad_output
-        g = aten.mul.Tensor(g, scale)
-    return aten.view.default(g, list(x.shape))
+    return aten.view.default(_row_loss_grad(g, grad_output, reduction, x2.shape[0]), list(x.shape))
 
 
 @decomposition(aten.multi_margin_loss.default,
                instead_of_torch="torch's gives a 1-d input's unreduced loss shape (1,) instead of () (a wrong shape)")
 def _multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
     """``multi_margin_loss``: per row, ``sum_{j != y} max(0, margin - x[y] + x[j])^p w[y] / C``, reduced."""
-    c = x.shape[-1] if x.dim() else 1
-    x2 = aten.view.default(x, [-1, c])
-    t2 = aten.view.default(target, [-1, 1])
-    pos = aten.arange.start_step(0, c, 1, dtype=torch.int64, device=x.device)
+    c, x2, t2, pos = _class_rows(x, target)
     z = aten.clamp_min.default(aten.add.Tensor(aten.rsub.Scalar(aten.gather.default(x2, 1, t2), margin), x2), 0)
     if p == 2:
         z = aten.mul.Tensor(z, z)
     if weight is not None:
-        z = aten.mul.Tensor(z, aten.view.default(aten.index_select.default(weight, 0, aten.view.default(t2, [-1])),
-                                                 [-1, 1]))
+        z = aten.mul.Tensor(z, _target_weight(weight, t2))
     z = aten.where.self(aten.eq.Tensor(pos, t2), aten.zeros_like.default(z), z)
     loss = aten.div.Scalar(aten.sum.dim_IntList(z, [1]), c)
     if reduction == 1:
@@ -337,26 +348,17 @@ def _multi_margin_loss_backward(grad_output, x, target, p, margin, weight=None, 
     """Gradient of ``multi_margin_loss`` with respect to ``x``: every class ``j != y`` whose hinge
     ``z = margin - x[y] + x[j]`` is positive gets ``w[y] / C`` (``p=1``) or ``2 z w[y] / C`` (``p=2``),
     and the target class ``y`` minus their sum."""
-    c = x.shape[-1] if x.dim() else 1
-    x2 = aten.view.default(x, [-1, c])
-    t2 = aten.view.default(target, [-1, 1])
-    pos = aten.arange.start_step(0, c, 1, dtype=torch.int64, device=x.device)
+    c, x2, t2, pos = _class_rows(x, target)
     is_y = aten.eq.Tensor(pos, t2)
     z = aten.add.Tensor(aten.rsub.Scalar(aten.gather.default(x2, 1, t2), margin), x2)
     active = aten.logical_and.default(aten.gt.Scalar(z, 0), aten.logical_not.default(is_y))
     d = aten.mul.Scalar(z, 2) if p == 2 else aten.full_like.default(z, 1)
     d = aten.where.self(active, d, aten.zeros_like.default(d))
     if weight is not None:
-        d = aten.mul.Tensor(d, aten.view.default(aten.index_select.default(weight, 0, aten.view.default(t2, [-1])),
-                                                 [-1, 1]))
+        d = aten.mul.Tensor(d, _target_weight(weight, t2))
     d = aten.div.Scalar(d, c)
     g = aten.sub.Tensor(d, aten.where.self(is_y, aten.sum.dim_IntList(d, [1], True), aten.zeros_like.default(d)))
-    if reduction == 0:
-        g = aten.mul.Tensor(g, aten.view.default(grad_output, [-1, 1]))
-    else:
-        scale = aten.div.Scalar(grad_output, x2.shape[0]) if reduction == 1 else grad_output
-        g = aten.mul.Tensor(g, scale)
-    return aten.view.default(g, list(x.shape))
+    return aten.view.default(_row_loss_grad(g, grad_output, reduction, x2.shape[0]), list(x.shape))
 
 
 # --------------------------------------------------------------------------- fractional max pooling
