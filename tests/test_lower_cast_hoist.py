@@ -28,13 +28,27 @@ def _args():
             torch.randn(O, H, generator=g) / 10, torch.randn(O, generator=g))
 
 
-def _compile(monkeypatch, hoist):
-    if not hoist:
-        monkeypatch.setattr(compiler, "hoist_past_weight_casts", lambda ir: ir)
-    args = _args()
-    exe = compiler.compile_ir(tn.make_ir(_f)(*args), strict=True, arch="trn1")
+def _compile_ir(monkeypatch, ir, without=None):
+    """``ir`` compiled for trn1 (strict), with the schedule pass named ``without`` (if any) switched off."""
+    if without is not None:
+        monkeypatch.setattr(compiler, without, lambda ir: ir)
+    exe = compiler.compile_ir(ir, strict=True, arch="trn1")
     monkeypatch.undo()
-    return exe, args
+    return exe
+
+
+def _compile(monkeypatch, hoist):
+    args = _args()
+    ir = tn.make_ir(_f)(*args)
+    return _compile_ir(monkeypatch, ir, without=None if hoist else "hoist_past_weight_casts"), args
+
+
+def _hbm_bytes_of_a_checked_run(exe, args, want):
+    """``(HBM bytes read, written)`` of one run of ``exe``, whose first output must match ``want`` (bf16)."""
+    got = exe(args)[0]
+    torch.testing.assert_close(got.float(), want.float(), rtol=5e-2, atol=5e-2)
+    return (sum(r.hbm_read_bytes for r in exe.last_profile.runs),
+            sum(r.hbm_write_bytes for r in exe.last_profile.runs))
 
 
 def test_hoist_moves_the_cast_before_the_weight_casts():
@@ -94,14 +108,7 @@ def test_attention_hands_its_merged_heads_to_the_o_projection(monkeypatch):
     args = [p.detach() for p in layer.parameters()] + [x]     # make_ir of a module: parameters, then inputs
     assert len(args) == len(ir.inputs)
 
-    def build(hoist):
-        if not hoist:
-            monkeypatch.setattr(compiler, "hoist_past_weight_casts", lambda ir: ir)
-        exe = compiler.compile_ir(ir, strict=True, arch="trn1")
-        monkeypatch.undo()
-        return exe
-
-    old, new = build(False), build(True)
+    old, new = _compile_ir(monkeypatch, ir, without="hoist_past_weight_casts"), _compile_ir(monkeypatch, ir)
     att_new = [u for u in new.schedule.units if u.kind == "attention"]
     att_old = [u for u in old.schedule.units if u.kind == "attention"]
     assert len(att_new) == 1 and len(att_old) == 1
@@ -109,12 +116,7 @@ def test_attention_hands_its_merged_heads_to_the_o_projection(monkeypatch):
     kept = att_new[0].keeps[0]
     assert tuple(kept.shape) == (64, 256) and kept.dtype == torch.bfloat16
     assert any(kept in u.takes and u.kind == "epilogue" for u in new.schedule.units)
-    rb = {}
-    for name, exe in (("old", old), ("new", new)):
-        got = exe(args)[0]
-        torch.testing.assert_close(got.float(), want.float(), rtol=5e-2, atol=5e-2)
-        rb[name] = (sum(r.hbm_read_bytes for r in exe.last_profile.runs),
-                    sum(r.hbm_write_bytes for r in exe.last_profile.runs))
+    rb = {name: _hbm_bytes_of_a_checked_run(exe, args, want) for name, exe in (("old", old), ("new", new))}
     tile = 64 * 256 * 2
     # before: the attention output stored, copied by the reshape (read and written) and read back by the
     # o-projection: 4 tiles read and 2 written more
@@ -137,24 +139,12 @@ def test_head_splits_sink_into_the_attention_group(monkeypatch):
     want = want[0] if isinstance(want, tuple) else want
     args = [p.detach() for p in layer.parameters()] + [x]     # make_ir of a module: parameters, then inputs
 
-    def build(sink):
-        if not sink:
-            monkeypatch.setattr(compiler, "sink_head_splits", lambda ir: ir)
-        exe = compiler.compile_ir(ir, strict=True, arch="trn1")
-        monkeypatch.undo()
-        return exe
-
-    old, new = build(False), build(True)
+    old, new = _compile_ir(monkeypatch, ir, without="sink_head_splits"), _compile_ir(monkeypatch, ir)
     (att,) = [u for u in new.schedule.units if u.kind == "attention"]
     assert len(att.takes) == 3 and all(tuple(v.shape) == (64, 256) for v in att.takes)
     assert not any(u.kind == "op" and new.ir.eqns[u.start].op.name == "permute" for u in new.schedule.units)
     assert any(u.kind == "op" and old.ir.eqns[u.start].op.name == "permute" for u in old.schedule.units)
-    rb = {}
-    for name, exe in (("old", old), ("new", new)):
-        got = exe(args)[0]
-        torch.testing.assert_close(got.float(), want.float(), rtol=5e-2, atol=5e-2)
-        rb[name] = (sum(r.hbm_read_bytes for r in exe.last_profile.runs),
-                    sum(r.hbm_write_bytes for r in exe.last_profile.runs))
+    rb = {name: _hbm_bytes_of_a_checked_run(exe, args, want) for name, exe in (("old", old), ("new", new))}
     tile = 64 * 256 * 2
     # before: the projections' stores, the permute copies and the attention's reads of them
     assert rb["old"][0] - rb["new"][0] == 5 * tile and rb["old"][1] - rb["new"][1] == 5 * tile
