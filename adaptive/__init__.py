@@ -4,9 +4,9 @@
 ``tn.adaptive(model, **policy)`` (this module is callable) returns an
 :class:`AdaptiveModel`; ``tn.adaptive_report(m)`` prints the per-region
 table. Layout: :mod:`.policy` (knobs and cost model), :mod:`.region` (one
-region: signatures, eager/compiled/padded calls, autograd),
-:mod:`.independence` (IR proof that a dimension may be padded at its end),
-:mod:`.masked` (front padding with masks for a dimension grown by ``cat``),
+region: signatures, eager/compiled/padded calls, autograd; the padding
+proofs and the bucket rule are :mod:`tn.bucketing`, shared with the
+device's adaptive eager windows),
 :mod:`.state` (KV caches and other mutable state objects as arguments),
 :mod:`.wrapper` (finding regions, the wrapper, the report).
 """

@@ -50,6 +50,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Dict, Optional, Sequence, Union
 
+from .. import bucketing
 from ..errors import ArgumentTypeError, ArgumentValueError
 
 __all__ = ["Policy", "make_policy", "should_compile", "expected_future", "bucket_size"]
@@ -76,7 +77,7 @@ class Policy:
             sizes (round up to the next listed size; larger sizes are not bucketed); ``None`` disables.
         max_bucket: largest bucket size for ``"pow2"`` (4096); larger sizes run unbucketed.
         masked_min_bucket: smallest bucket of a dimension padded at the front with masks (a KV cache's
-            length, :mod:`tn.adaptive.masked`) (128: one SBUF partition's worth of keys costs about what a
+            length, :mod:`tn.bucketing`) (128: one SBUF partition's worth of keys costs about what a
             few do on the NeuronCore, and a generation then compiles once until its cache passes 128).
         cache_size: compiled programs kept per group of identical regions (LRU, 16).
         max_signatures: signature statistics kept per region and per group (LRU, 256): memory stays flat.
@@ -142,22 +143,9 @@ def make_policy(**kw: Any) -> Policy:
 
 
 def bucket_size(policy: Policy, n: int, masked: bool = False) -> Optional[int]:
-    """The bucket a size ``n`` is padded to, or None when ``n`` is not bucketed (``masked``: a dimension
-    padded at the front, whose buckets start at ``masked_min_bucket``)."""
-    b = policy.bucket
-    if b is None or n < 1:
-        return None
-    if masked and b == "pow2" and n <= policy.masked_min_bucket:
-        return policy.masked_min_bucket if policy.masked_min_bucket <= policy.max_bucket else None
-    if b == "pow2":
-        s = 1
-        while s < n:
-            s *= 2
-        return s if s <= policy.max_bucket else None
-    for s in b:
-        if s >= n:
-            return s
-    return None
+    """The bucket a size ``n`` is padded to under ``policy``, or None when ``n`` is not bucketed (``masked``: a
+    dimension padded at the front, whose buckets start at ``masked_min_bucket``): :func:`tn.bucketing.bucket_size`."""
+    return bucketing.bucket_size(n, policy.bucket, policy.max_bucket, masked, policy.masked_min_bucket)
 
 
 def expected_future(policy: Policy, seen: int, recurrence: float, share: float = 1.0) -> float:

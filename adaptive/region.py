@@ -22,7 +22,7 @@ module's training flag), then either
 * runs the group's program of the signature (or of its bucket, with inputs
   padded at the end of the bucketed dimensions and results sliced back; or,
   for a dimension the program grows by ``cat``, padded at the front, masked
-  inside the program and narrowed back: :mod:`tn.adaptive.masked`), or
+  inside the program and narrowed back: :mod:`tn.bucketing`), or
 * compiles it because the cost model of :mod:`tn.adaptive.policy` says it
   pays back.
 
@@ -52,9 +52,9 @@ from .. import config
 from ..device.allocator import cpu_alias
 from ..device.eager import to_device
 from ..ir import CONSTANT_TYPES
+from ..bucketing import Mixed, independent_axes, masked_axes, masked_program, same_program
 from ..jit import backend_compile_fn, is_tracing, jit, make_ir, shadow_module
 from ..pytree import OPAQUE, SLOT, FlattenRule, HashedTuple, flatten, module_state, unflatten
-from . import independence, masked
 from . import state as _state
 from .policy import Policy, bucket_size, expected_future, should_compile
 
@@ -401,7 +401,7 @@ class SigStats:
 
 class _Bucketing:
     """How a group pads: the independent groups of (leaf, axis), the output axes carrying each, and which
-    groups are padded at the front with masks (:mod:`tn.adaptive.masked`) instead of at the end (all of them
+    groups are padded at the front with masks (:mod:`tn.bucketing`) instead of at the end (all of them
     by one pad count, so their positions stay aligned)."""
 
     def __init__(self, pattern: Any, groups: List[Tuple[Tuple[int, int], ...]],
@@ -453,8 +453,8 @@ def _structure(key: Any) -> Any:
 
 
 def _masked_out_axes(ir, ins: Dict[int, int]) -> List[Optional[Tuple[Tuple[int, int], ...]]]:
-    """:func:`tn.adaptive.masked.masked_axes` in the ``[(axis, inner)]`` form of the prefix analysis."""
-    return [None if a is None else ((a, 1),) for a in masked.masked_axes(ir, ins)]
+    """:func:`tn.adaptive.masked_axes` in the ``[(axis, inner)]`` form of the prefix analysis."""
+    return [None if a is None else ((a, 1),) for a in masked_axes(ir, ins)]
 
 
 def _mean(s: float, n: int) -> Optional[float]:
@@ -539,12 +539,12 @@ class Group:
         (None), else raises :class:`_BucketRefused` with its answer."""
         if self._jf_masked is None:
             def masked_neuron(ir):
-                """compile_fn: check the bucket's program, mask its padded positions (tn.adaptive.masked), then
+                """compile_fn: check the bucket's program, mask its padded positions (tn.bucketing), then
                 the group's backend."""
                 why = self._mask_check(ir.replace(inputs=ir.inputs[:-1]))
                 if why is not None:
                     raise _BucketRefused(why)
-                mir, _ = masked.masked_program(ir, self._mask_axes, len(ir.inputs) - 1)
+                mir, _ = masked_program(ir, self._mask_axes, len(ir.inputs) - 1)
                 return self._backend_compile(mir)
 
             self.template()
@@ -1163,7 +1163,7 @@ class Region:
         b = self.group.bucketing
         tix = self.ctl.tensor_index(leaves)
         sized = [(offset + tix[i], d) for grp in b.groups for (i, d) in grp]
-        why = independence.same_program(b.ir, big, sized)
+        why = same_program(b.ir, big, sized)
         if why is not None:
             return why
         joint = None
@@ -1177,8 +1177,8 @@ class Region:
                         joint = _masked_out_axes(big, {offset + tix[i]: d for (i, d) in b.masked_at})
                     axes = joint
                 else:
-                    axes = independence.independent_axes(big, {offset + tix[i]: d for (i, d) in grp})
-            except independence.Mixed as e:
+                    axes = independent_axes(big, {offset + tix[i]: d for (i, d) in grp})
+            except Mixed as e:
                 return f"dims {list(grp)} at the bucket size: {e}"
             if axes != b.out_axes[gi]:
                 return f"dims {list(grp)}: the outputs carry them differently at the bucket size"
@@ -1279,8 +1279,8 @@ class Region:
         for members in varying.values():
             ins = {offset + tix[i]: d for (i, d) in members}
             try:
-                res = independence.independent_axes(ir, ins)
-            except (independence.Mixed, KeyError) as e:
+                res = independent_axes(ir, ins)
+            except (Mixed, KeyError) as e:
                 mixed.append((tuple(members), f"dims {members}: {e}"))
                 continue
             groups.append(tuple(members))
@@ -1292,7 +1292,7 @@ class Region:
         for cand in tries if mixed else ():
             try:
                 res = _masked_out_axes(ir, {offset + tix[i]: d for mem in cand for (i, d) in mem})
-            except (independence.Mixed, KeyError) as e:
+            except (Mixed, KeyError) as e:
                 last = str(e)
                 continue
             for mem in cand:

@@ -271,7 +271,7 @@ def adaptive(model: torch.nn.Module, **policy: Any) -> AdaptiveModel:
     bucket or, when a new shape's first eager call is dear, run eager at the
     bucket's shape. A dimension the program grows by ``cat`` (a KV cache) is
     bucketed by padding it at the *front* and masking the padded positions in
-    every reduction and contraction along it (:mod:`tn.adaptive.masked`); such
+    every reduction and contraction along it (:mod:`tn.bucketing`); such
     buckets never run eager padded. Otherwise it stays eager and hands over to
     its children. Arguments that are mutable state objects (HF ``Cache`` and
     its layers, or types given to :func:`tn.adaptive.register_state_type`) are

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 import tn
 import tn.adaptive
 from tn import pytree as pt
-from tn.adaptive import independence, region
+from tn import bucketing
+from tn.adaptive import region
 from tn.adaptive.policy import bucket_size, expected_future, make_policy, should_compile
 
 FAST = dict(costs={"eager": 0.01, "compiled": 0.001, "compile": 0.02}, compile_time_prior=0.02,
@@ -297,26 +298,26 @@ def test_bucketing_refused_when_the_dim_is_mixed():
 
 
 def _axes(fn, *xs, axes):
-    return independence.independent_axes(tn.make_ir(fn)(*xs), axes)
+    return bucketing.independent_axes(tn.make_ir(fn)(*xs), axes)
 
 
 def test_independence_analysis_on_ir():
     x = torch.randn(4, 8)
     assert _axes(lambda t: torch.softmax(t, dim=-1) * 2, x, axes={0: 0}) == [((0, 1),)]
-    with pytest.raises(independence.Mixed, match="along it"):
+    with pytest.raises(bucketing.Mixed, match="along it"):
         _axes(lambda t: torch.softmax(t, dim=-1) * 2, x, axes={0: 1})
     assert _axes(lambda t: t.reshape(4, 2, 4).sum(-1), x, axes={0: 0}) == [((0, 1),)]
     assert _axes(lambda t: t.reshape(32) * 2, x, axes={0: 0}) == [((0, 8),)]
-    with pytest.raises(independence.Mixed, match="merged"):
+    with pytest.raises(bucketing.Mixed, match="merged"):
         _axes(lambda t: t.t().reshape(32) * 2, x, axes={0: 0})
     assert _axes(lambda t: t.cumsum(0), x, axes={0: 0}) == [((0, 1),)]  # a prefix scan keeps prefixes
-    with pytest.raises(independence.Mixed, match="along it"):
+    with pytest.raises(bucketing.Mixed, match="along it"):
         _axes(lambda t: t.flip(0), x, axes={0: 0})
-    with pytest.raises(independence.Mixed, match="along it"):
+    with pytest.raises(bucketing.Mixed, match="along it"):
         _axes(lambda t: t.mean(0), x, axes={0: 0})
     # the positions themselves (arange) are the same at every size
     assert _axes(lambda t: t + torch.arange(4.0)[:, None], x, axes={0: 0}) == [((0, 1),)]
-    with pytest.raises(independence.Mixed, match="fixed tensor"):
+    with pytest.raises(bucketing.Mixed, match="fixed tensor"):
         _axes(lambda t: t + torch.linspace(0, 1, 4)[:, None] ** 2, x, axes={0: 0})
 
 
@@ -341,30 +342,30 @@ def test_independence_of_causal_attention():
     for kind in ("causal", "additive", "finfo"):
         assert _axes(_attn(kind), q, k, v, axes={0: 1, 1: 1, 2: 1}) == [((1, 1),)], kind
     for kind in (None, "anticausal"):
-        with pytest.raises(independence.Mixed):
+        with pytest.raises(bucketing.Mixed):
             _axes(_attn(kind), q, k, v, axes={0: 1, 1: 1, 2: 1})
     assert _axes(_attn(None), q, k, v, axes={0: 0, 1: 0, 2: 0}) == [((0, 1),)]  # the batch never mixes
     # the weights themselves are returned: sliced along both axes
     f = lambda q, k: torch.softmax(q @ k.transpose(-1, -2), -1)  # noqa: E731
-    with pytest.raises(independence.Mixed, match="reduces along it"):
+    with pytest.raises(bucketing.Mixed, match="reduces along it"):
         _axes(f, q, k, axes={0: 1, 1: 1})
     h = lambda q, k: _attn("causal")(q, k, k).sum(-1) + torch.softmax(q @ k.transpose(-1, -2), -1).mean(-1)  # noqa
-    with pytest.raises(independence.Mixed):
+    with pytest.raises(bucketing.Mixed):
         _axes(h, q, k, axes={0: 1, 1: 1})
     g = lambda q, k: _attn("causal")(q, k, torch.eye(6).expand(2, 6, 6).contiguous())  # noqa: E731
-    with pytest.raises(independence.Mixed):
+    with pytest.raises(bucketing.Mixed):
         _axes(g, q, k, axes={0: 1, 1: 1})  # contracts against a fixed tensor
 
 
 def test_same_program_catches_sizes_baked_in():
     f = lambda x: x * 2 + x.sum(-1, keepdim=True) / x.shape[0]  # noqa: E731
     small, big = tn.make_ir(f)(torch.randn(3, 4)), tn.make_ir(f)(torch.randn(4, 4))
-    why = independence.same_program(small, big, [(0, 0)])
+    why = bucketing.same_program(small, big, [(0, 0)])
     assert why is not None and "literal" in why
     g = lambda x: torch.softmax(x, -1)  # noqa: E731
-    assert independence.same_program(tn.make_ir(g)(torch.randn(3, 4)), tn.make_ir(g)(torch.randn(4, 4)), [(0, 0)]) \
+    assert bucketing.same_program(tn.make_ir(g)(torch.randn(3, 4)), tn.make_ir(g)(torch.randn(4, 4)), [(0, 0)]) \
         is None
-    assert independence.same_program(tn.make_ir(g)(torch.randn(3, 4)), tn.make_ir(g)(torch.randn(3, 5)),
+    assert bucketing.same_program(tn.make_ir(g)(torch.randn(3, 4)), tn.make_ir(g)(torch.randn(3, 5)),
                                      [(0, 0)]) is not None  # another axis changed
 
 

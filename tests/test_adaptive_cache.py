@@ -7,8 +7,9 @@ import torch.nn as nn
 
 import tn
 from tn import passes
-from tn.adaptive import masked, state
-from tn.adaptive.independence import Mixed
+from tn import bucketing
+from tn.adaptive import state
+from tn.bucketing import Mixed
 from tn.jit import backend_compile_fn, make_ir
 
 FAST = dict(costs={"eager": 0.01, "compiled": 0.001, "compile": 0.02}, compile_time_prior=0.02,
@@ -191,8 +192,8 @@ def test_masked_program_equals_unpadded(backend, n, bucket):
     pad = lambda x: torch.cat([x[:, :, :1].expand(1, 2, front, 16) * 1e3, x], 2)  # noqa: E731  (large: must vanish)
     p = torch.tensor(float(front))
     ir = passes.optimize(make_ir(_attn)(pad(pk), pad(pv), q, kn, vn, p))
-    assert masked.masked_axes(ir, {0: 2, 1: 2}) == [None, 2, 2]
-    mir, axes = masked.masked_program(ir, {0: 2, 1: 2}, 5)
+    assert bucketing.masked_axes(ir, {0: 2, 1: 2}) == [None, 2, 2]
+    mir, axes = bucketing.masked_program(ir, {0: 2, 1: 2}, 5)
     passes.verify(mir)
     outs = backend_compile_fn(backend, "test")(mir)([pad(pk), pad(pv), q, kn, vn, p])
     outs = [o if a is None else o.narrow(a, front, o.shape[a] - front) for o, a in zip(outs, axes)]
@@ -211,13 +212,13 @@ def test_masked_program_equals_unpadded(backend, n, bucket):
 def test_masked_refuses_what_padding_would_change(fn, why):
     ir = passes.optimize(make_ir(fn)(torch.randn(2, 6, 4), torch.randn(2, 1, 4)))
     with pytest.raises(Mixed, match=why):
-        masked.masked_axes(ir, {0: 1})
+        bucketing.masked_axes(ir, {0: 1})
 
 
 def test_masked_allows_constants_uniform_along_the_dimension():
     fn = lambda k: (k * torch.full((1, k.shape[1], 1), 2.0)).amax(1)  # noqa: E731
     ir = passes.optimize(make_ir(fn)(torch.randn(2, 6, 4)))
-    assert masked.masked_axes(ir, {0: 1}) == [None]
+    assert bucketing.masked_axes(ir, {0: 1}) == [None]
 
 
 def test_runtime_refuses_tensor_without_memory():
@@ -265,7 +266,7 @@ def test_masked_decode_attention_compiles_its_fused_epilogue(caplog):
     q, kn, vn = torch.randn(1, 4, 1, 16), torch.randn(1, 4, 1, 16), torch.randn(1, 4, 1, 16)
     p = torch.tensor(3.0)
     ir = passes.optimize(make_ir(_attn)(pk, pv, q, kn, vn, p))
-    mir, axes = masked.masked_program(ir, {0: 2, 1: 2}, 5)
+    mir, axes = bucketing.masked_program(ir, {0: 2, 1: 2}, 5)
     with caplog.at_level(logging.DEBUG, logger="tn"):
         run = compile_ir(mir)
     retries = [r for r in caplog.records if "fused group" in r.getMessage() or "hand-off" in r.getMessage()]
