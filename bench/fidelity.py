@@ -34,13 +34,17 @@ Rows:
   published P50 includes host and runtime overhead; tn reports modelled device
   time only (no sourced overhead number exists to add), so a ratio below 1 is
   expected by that overhead.
-* ``trn2 matmul <version> <engine> busy``: the trn2 kernel-optimization
-  guide's four matmul versions (:func:`tn.neuron.nki_matmul.build_trn2`, fp32,
-  one DMA queue) at the published shape, timing only: each published
-  neuron-profile busy share (engine active time / kernel time, %) against
-  tn's (:func:`trn2_busy_shares`), band +-15 % of the share (relative: 87.28 %
-  +-13.1 points). Each row's note also gives tn's share with the rhs loads on
-  a second DMA queue, to show what the queue assignment changes.
+* ``trn2 matmul <version> kernel`` / ``<engine> busy``: the trn2
+  kernel-optimization guide's four matmul versions
+  (:func:`tn.neuron.nki_matmul.build_trn2`, fp32, all IO on one DMA queue by
+  :data:`tn.neuron.nki_matmul.IO_QUEUE_RULE`) at the published shape, timing
+  only: the kernel time (the span of the published profile's timeline,
+  :data:`TRN2_KERNEL_MS`) and each published neuron-profile busy share
+  (engine active time / kernel time, %) against tn's
+  (:func:`trn2_busy_shares`), band +-15 % (of the share: 87.28 % +-13.1
+  points). Each row's note also gives tn's number with the rhs loads on a
+  second DMA queue, to show what the queue assignment changes (no source puts
+  them there).
 * Anchors tn cannot run yet are rows marked ``n/a`` with the reason.
 
 ``--quick`` skips the slow rows (matmul v1-v3, the trn2 versions but
@@ -105,11 +109,25 @@ TRN2_SHARES = {
     "block_free": (("TensorE", 99.52), ("DMA", 95.70)),
     "block_k": (("DMA", 21.54), ("TensorE", 99.50), ("VectorE", 10.55)),
 }
+#: The same profiles' kernel times (ms): the span of each version's timeline, read off the figures v2-full ...
+#: v5-full (39,894,938 / 28,197,982 / 28,414,015 / 28,301,971 ns). Each agrees within 0.3 % with its summary's
+#: engine active time / active share (:data:`TRN2_ACTIVE_MS`), e.g. tiled: TensorE 34.82 ms / 87.28 % = 39.89 ms.
+TRN2_KERNEL_MS = {"tiled": 39.89, "hoist_load": 28.20, "block_free": 28.41, "block_k": 28.30}
+#: Engine active times (ms) the profile summaries publish beside the shares of :data:`TRN2_SHARES`.
+TRN2_ACTIVE_MS = {
+    "tiled": (("DMA", 39.87), ("TensorE", 34.82)),
+    "hoist_load": (("DMA", 28.12), ("TensorE", 28.16)),
+    "block_free": (("TensorE", 28.28), ("DMA", 27.19)),
+    "block_k": (("DMA", 6.10), ("TensorE", 28.16), ("VectorE", 2.99)),
+}
 for _v, _shares in TRN2_SHARES.items():
     for _eng, _pct in _shares:
         ANCHORS[f"trn2 matmul {_v} {_eng} busy"] = (
             f"kernel-optimization guide, {_v} version: {_eng} active share", "K,M,N=8192,4096,8192", "fp32",
             "trn2", _pct, "%", 0.15, _TRN2_SRC)
+    ANCHORS[f"trn2 matmul {_v} kernel"] = (
+        f"kernel-optimization guide, {_v} version: kernel time (profile timeline span)", "K,M,N=8192,4096,8192",
+        "fp32", "trn2", TRN2_KERNEL_MS[_v], "ms", 0.15, _TRN2_SRC)
 #: Published anchors tn cannot hold itself against yet, with the reason.
 NOT_RUN = {
     "LayerNorm tutorial v1 -> v2": (
@@ -122,34 +140,48 @@ NOT_RUN = {
 #: What is known about an anchor that is OUT of its band (shown in the row's note when it is).
 KNOWN_GAPS = {
     "nki matmul v1 tiled": (
-        "v1 issues 32768 [128,128] lhsT loads (256 B per partition) besides v2's rhs loads; on one IO queue "
-        "the published DMA curve gives each ~1.14 us (10.5 % of peak), the published (v1 - v2) / 30720 extra "
-        "loads only ~0.29 us: the compiler must overlap or hoist the n-invariant lhsT load in a way the "
-        "tutorial does not publish"),
+        "no sourced DMA queue rule fits v1. The docs tie a transfer's queue to its trigger engine and descriptor "
+        "mode, so all of a kernel's nl.load/nl.store go on one queue (tn.neuron.nki_matmul.IO_QUEUE_RULE: "
+        "qSyncIO0 on trn1); there v1's 32768 [128,128] lhsT loads (256 B per partition) besides v2's rhs loads "
+        "each take the per-transfer minimum read off the published DMA curve, ~1.14 us. The published "
+        "(v1 - v2) / 30720 extra loads cost ~0.29 us each, about their bandwidth time (0.21 us). rhs loads on a "
+        "2nd queue (no source; see each version's note) take v1 to ~0.75 of the published (OUT the other way) "
+        "and v2, v3 to ~0.86, v1/v2 to ~1.03x; and [arch-v2] 'Each DMA engine can process one DMA transfer at a "
+        "time' keeps the per-transfer "
+        "minimum per engine, so a 2nd queue would not lift it at all. The published v1-v3 times are instead near "
+        "proportional to the bytes each moves per partition (40.5 / 33.0 / 17.0 MiB at 0.82 / 0.81 / 0.81 B/ns, "
+        "6.5 B/ns per engine, 38 % of its 17 B/ns), which the published curve's fixed time per transfer does not "
+        "explain: unresolved"),
     "matmul speed-up v1/v2": "follows v1's gap (see its row)",
+    "trn2 matmul tiled kernel": (
+        "the published 39.89 ms is 1.217 us per matmul step and its two loads (lhsT [128,128] 512 B and rhs "
+        "[128,512] 2 KiB per partition). All IO is on one queue (IO_QUEUE_RULE: the profile shows only "
+        "software-DGE packets, GpSimd-triggered, qGpSimdDynamic), where tn's per-transfer minimum "
+        "(Arch.dma_transfer_min_ns, 843 ns) makes a step 2 x 843 ns; the engines' bandwidth alone needs "
+        "(512 + 2048 + 2 x 185) x 8 / 23 = 1.02 us. rhs loads on a 2nd queue (no source; [arch-v2]'s one transfer "
+        "at a time per engine says it would not help) give 34.56 ms (0.87). As in trn1 v1, the small transfer "
+        "interleaved with the large one costs about its bandwidth time, not the curve's minimum: unresolved"),
     "trn2 matmul tiled TensorE busy": (
-        "tn's 32768 fp32 matmuls keep TensorE busy 27.96 ms (853 ns each: 4 x 512 cycles); the published 87.28 % then implies a "
-        "~32.0 ms kernel, ~977 ns per matmul step and its two loads, i.e. <= ~490 ns per transfer on one in-order "
-        "queue, but tn's trn2 per-transfer minimum (Arch.dma_transfer_min_ns, 843 ns) makes one queue 2 x 843 ns "
-        "per step; with the rhs loads on a second queue tn is within (see the note), so the compiler likely "
-        "spreads these loads over more than one queue (the guide speaks of 'the DMA queues'). The guide's text "
-        "also says 'about 69.83 %' for the same run"),
+        "the published TensorE active time is 34.82 ms of 39.89 ms, 1.063 us per matmul: fp32 LoadStationary "
+        "(4 x 128 cycles) + MultiplyMoving (4 x 512) = 2560 cycles at 2.4 GHz = 1.067 us, i.e. each matmul's "
+        "weight load is exposed because it waits for its own loads (hoist_load: 28.16 ms, 859 ns per matmul, "
+        "the MultiplyMoving alone). tn charges 853 ns per matmul (27.96 ms) and no exposed LoadStationary, over "
+        "its 57.09 ms kernel (see the kernel row): both lower tn's share"),
     "trn2 matmul block_free DMA busy": (
         "the published live set of this version at fp32 (2 lhsT + 2 rhs K-columns: 320 KiB per partition) does "
-        "not fit SBUF (224 KiB in tn's trn2), so tn loads each rhs column just before the bn iteration reading it "
-        "and issues half of hoist_load's [128, 512] rhs transfers (18944 transfers in all); hoist_load's published "
-        "shares (a ~28.0 ms kernel, DMA active 99.73 %) imply ~0.79 us of DMA activity per transfer (tn: 0.84 us), "
-        "this version's 95.70 % of ~28.1 ms ~1.42 us: the real kernel's DMA is active ~1.8x as long per transfer "
-        "on the same tiles, e.g. spills or reloads from the SBUF overflow, which the guide does not publish"),
+        "not fit SBUF (224 KiB in tn's trn2), so tn loads each rhs column just before the bn iteration reading it; "
+        "both issue 18944 transfers. hoist_load's published DMA active time (28.12 ms over 35328 transfers) is "
+        "~0.80 us per transfer (tn: 0.84 us), this version's (27.19 ms) ~1.44 us: the real kernel's DMA is "
+        "active ~1.8x as long per transfer on the same tiles, e.g. spills or reloads from the SBUF overflow, "
+        "which the guide does not publish"),
     "trn2 matmul block_k DMA busy": (
-        "1.4 GiB of loads and stores (lhsT reloaded per N-block); the published 21.54 % of a ~28.1 ms kernel (TensorE 99.5 % at tn's fp32 "
-        "matmul cost) is ~6.1 ms of DMA activity; tn's 0.5-1 MiB transfers are active 4.1 ms in all: tn moves "
-        "these big transfers ~1.5x faster than the published profile implies"),
+        "1.4 GiB of loads and stores (lhsT reloaded per N-block); the published DMA active time is 6.10 ms (of "
+        "28.30 ms); tn's 0.5-1 MiB transfers are active 4.1 ms in all: tn moves these big transfers ~1.5x faster "
+        "than the published profile shows"),
     "trn2 matmul block_k VectorE busy": (
         "4096 fp32 [128, 512] tensor_tensor adds (PSUM + SBUF -> SBUF): tn charges 533 ns each (2.18 ms); the "
-        "published 10.55 % of a ~28.1 ms kernel is ~2.96 ms, ~720 ns each (if the compiler put the 256 "
-        "result_packed copies on VectorE too, ~680 ns): a possible cost-model gap for fp32 PSUM-source "
-        "tensor_tensor on trn2 (reported, not changed here)"),
+        "published VectorE active time is 2.99 ms (5403 instructions), ~730 ns per add if the adds are all of "
+        "it: a possible cost-model gap for fp32 PSUM-source tensor_tensor on trn2 (reported, not changed here)"),
 }
 #: Published speed-ups between consecutive matmul versions (from the table above), band +-20 %.
 VERSION_RATIOS = (("v1/v2", "tiled", "hoist_load"), ("v2/v3", "hoist_load", "block_free"),
@@ -161,12 +193,13 @@ _VERSION_KEY = {"tiled": "nki matmul v1 tiled", "hoist_load": "nki matmul v2 hoi
 # --------------------------------------------------------------------------- modelled numbers
 
 
-def matmul_version_ms(version: str) -> float:
-    """Modelled ms of the tutorial's kernel ``version`` at the published shape on trn1 (timing only)."""
+def matmul_version_ms(version: str, io_queues: int = 1) -> float:
+    """Modelled ms of the tutorial's kernel ``version`` at the published shape on trn1 (timing only).
+    ``io_queues``: see :func:`tn.neuron.nki_matmul.build`."""
     from tn.neuron import nki_matmul
     from tn.neuron.runtime import simulate_timing
 
-    enc = nki_matmul.build(version).build(check=False)
+    enc = nki_matmul.build(version, io_queues=io_queues).build(check=False)
     return simulate_timing(enc).total_ns / 1e6
 
 
@@ -308,7 +341,11 @@ def run(only=None, quick=False):
             print(f"... {key}", file=sys.stderr, flush=True)
             t0 = time.time()
             versions[version] = matmul_version_ms(version)
-            rows.append(_row(key, versions[version], f"timing only; {time.time() - t0:.0f} s to build + model"))
+            secs = time.time() - t0
+            two = matmul_version_ms(version, io_queues=2)
+            rows.append(_row(key, versions[version], f"timing only; {secs:.0f} s to build + model; all IO on one DMA "
+                             f"queue (IO_QUEUE_RULE); to compare, rhs loads on a 2nd queue (no source): "
+                             f"{two:.4g} ms"))
     for name, a, b in VERSION_RATIOS:
         if a in versions and b in versions:
             pub = ANCHORS[_VERSION_KEY[a]][4] / ANCHORS[_VERSION_KEY[b]][4]
@@ -318,15 +355,17 @@ def run(only=None, quick=False):
                          "published": pub, "unit": "x", "modelled": mod, "ratio": r, "band": 0.20,
                          "verdict": "within" if abs(r - 1) <= 0.20 else "OUT", "note": "", "source": _MM_SRC})
     for version, shares in TRN2_SHARES.items():
-        keys = [f"trn2 matmul {version} {eng} busy" for eng, _ in shares]
+        keys = [f"trn2 matmul {version} kernel"] + [f"trn2 matmul {version} {eng} busy" for eng, _ in shares]
         if not any(wanted(k, slow=version != "block_k") for k in keys):
             continue
         print(f"... trn2 matmul {version}", file=sys.stderr, flush=True)
         one, two = trn2_busy_shares(version), trn2_busy_shares(version, io_queues=2)
-        for (eng, _), key in zip(shares, keys):
+        for eng, key in zip(["ms"] + [e for e, _ in shares], keys):
             if wanted(key, slow=version != "block_k"):
-                rows.append(_row(key, one[eng], f"timing only; one DMA queue: kernel {one['ms']:.2f} ms; with rhs "
-                                 f"loads on a 2nd queue: {eng} {two[eng]:.1f} %, kernel {two['ms']:.2f} ms"))
+                what = "kernel" if eng == "ms" else eng
+                unit = "ms" if eng == "ms" else "%"
+                rows.append(_row(key, one[eng], f"timing only; all IO on one DMA queue (IO_QUEUE_RULE); to "
+                                 f"compare, rhs loads on a 2nd queue (no source): {what} {two[eng]:.4g} {unit}"))
     if wanted("tn.jit torch.matmul", slow=True):
         print("... tn.jit torch.matmul", file=sys.stderr, flush=True)
         ms = jit_matmul_ms()

@@ -9,6 +9,7 @@ import torch
 import tn
 import tn.lower  # noqa: F401
 from tn.neuron import nki_matmul, simulate_timing
+from tn.neuron.arch import get_arch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 
@@ -79,11 +80,66 @@ def test_trn2_block_k_busy_shares_are_pinned():
     assert s["DMA"] == pytest.approx(13.18, abs=0.01)
     assert s["ms"] == pytest.approx(31.32, abs=0.01)
     rows = {r["anchor"]: r for r in fidelity.run(only=["trn2 matmul block_k"])}
+    kernel = rows.pop("trn2 matmul block_k kernel")
     assert set(rows) == {f"trn2 matmul block_k {e} busy" for e in ("DMA", "TensorE", "VectorE")}
     assert rows["trn2 matmul block_k TensorE busy"]["verdict"] == "within"
+    assert kernel["unit"] == "ms" and kernel["published"] == 28.30
+    assert kernel["modelled"] == pytest.approx(s["ms"]) and kernel["verdict"] == "within"
     for r in rows.values():
         assert r["unit"] == "%" and r["band"] == 0.15 and r["arch"] == "trn2"
         assert r["verdict"] == ("within" if abs(r["modelled"] / r["published"] - 1) <= 0.15 else "OUT")
+
+
+def test_trn2_published_kernel_times_agree_with_active_time_over_share():
+    """The trn2 kernel anchors are the spans of the published profile timelines; each profile summary's engine
+    active time / active share gives the same kernel time (figures v2-* ... v5-* of the kernel-optimization
+    guide), so a mistyped anchor fails here."""
+    import fidelity
+
+    for version, actives in fidelity.TRN2_ACTIVE_MS.items():
+        shares = dict(fidelity.TRN2_SHARES[version])
+        assert set(shares) == {e for e, _ in actives}
+        for eng, ms in actives:
+            assert ms / (shares[eng] / 100) == pytest.approx(fidelity.TRN2_KERNEL_MS[version], rel=3e-3), (version, eng)
+
+
+@pytest.mark.parametrize("arch", ["trn1", "trn2"])
+def test_queue_rule_puts_every_transfer_of_a_kernel_on_one_queue(arch):
+    """[dma]: "The queue ID is typically tied to the trigger engine and the method of descriptor generation";
+    the tutorials' kernels trigger all their IO one way (IO_QUEUE_RULE: trn1 qSyncIO0, trn2 qGpSimdDynamic),
+    so every load and store of every version is on IO_QUEUE; io_queues=2 (no source) moves only the rhs loads."""
+    trigger, descriptors, name, source = nki_matmul.IO_QUEUE_RULE[arch]
+    assert name in source
+    versions = nki_matmul.VERSIONS if arch == "trn1" else nki_matmul.TRN2_VERSIONS
+    small = {"fully_optimized": {"bm": 2, "bn": 2, "bk": 2}, "block_k": {"bm": 2, "bn": 2, "bk": 2}}
+    for version in versions:
+        for io_queues in (1, 2):
+            if arch == "trn1":
+                p = nki_matmul.build(version, 512, 256, 2048, io_queues=io_queues, **small.get(version, {}))
+            else:
+                p = nki_matmul.build_trn2(version, 512, 256, 2048, io_queues=io_queues, **small.get(version, {}))
+            e = p.build(check=False)
+            dq = sorted({int(q) for q in np.asarray(simulate_timing(e).queues) if q >= 4})
+            assert [e.arch.queue_name(q) for q in dq] == [f"DMA{nki_matmul.IO_QUEUE + i}" for i in range(io_queues)]
+    with pytest.raises(tn.NeuronError, match="io_queues"):
+        nki_matmul.build("tiled", 256, 128, 512, io_queues=0)
+
+
+def test_v1_step_on_one_queue_is_two_per_transfer_minimums():
+    """What the queue rule costs v1 on trn1: each matmul step loads a [128, 128] lhsT tile (256 B per partition)
+    and a [128, 512] rhs tile (1 KiB) on the one IO queue; both are below the per-transfer minimum
+    (Arch.dma_transfer_min_ns, ~1141 ns on trn1, from the published DMA curve), so a steady step costs two of them
+    (the published v1 - v2 difference is ~0.29 us per lhsT load: the row's note). With the rhs loads on a second
+    queue (no source) the step is one minimum."""
+    a = get_arch("trn1")
+
+    def m_tile_ns(io_queues):
+        """Modelled ns of one more M-tile at K = 8192, N = 512: 64 steps and one store."""
+        t = [simulate_timing(nki_matmul.build("tiled", 8192, 128 * m, 512, io_queues=io_queues)
+                             .build(check=False)).total_ns for m in (2, 3)]
+        return t[1] - t[0]
+    assert m_tile_ns(1) == pytest.approx((2 * 64 + 1) * a.dma_transfer_min_ns, rel=0.02)
+    assert m_tile_ns(2) == pytest.approx((64 + 1) * a.dma_transfer_min_ns, rel=0.02)
 
 
 def test_tutorial_kernels_keep_the_published_order():

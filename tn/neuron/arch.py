@@ -52,7 +52,10 @@ Sources (aws-neuron/aws-neuron-sdk, cited by short name below and next to each f
   is spread over all engines (*assumption*: no partition side to split by).
   tn's DMA queue ``q`` is queue ``q`` of every engine; an engine serves the
   transfers of one queue in order and shares its bandwidth between queues (the
-  hardware's round robin, modelled by filling idle time in time order). A
+  hardware's round robin, modelled by filling idle time in time order). Which
+  queue a transfer uses is the program's choice; [dma] ties it to the trigger
+  engine and the descriptor generation, which the hand-written kernels follow
+  (:data:`tn.neuron.nki_matmul.IO_QUEUE_RULE`). A
   transfer starts moving data ``dma_fixed_ns`` after its trigger (descriptor
   setup and semaphore-to-start latency, [dma-bw] ~1300 ns); that latency
   overlaps the transfers ahead of it on the queue (a queue holds several
@@ -124,7 +127,11 @@ class Arch:
     #: no sooner than :attr:`dma_transfer_min_ns` (the time the engine moves this many bytes on each of its
     #: partitions) after its previous one there. *Assumption*: the limit is per queue (the curve is one
     #: stream of DMAs; "DMA transfers within a queue on the same DMA engine are executed in order", [dma]), so
-    #: transfers of other queues use the engine's bandwidth meanwhile.
+    #: transfers of other queues use the engine's bandwidth meanwhile. [arch-v2] reads against it: "Each DMA
+    #: engine can process one DMA transfer at a time", which would make the minimum hold the engine for every
+    #: queue. Kept per queue here: the compiler spreads its DMAs over all 16 queues, so the engine reading would
+    #: change every compiled program's time (left to a decision, issue 16); the hand-written kernels put all
+    #: their IO on one queue (:data:`tn.neuron.nki_matmul.IO_QUEUE_RULE`), where the two readings agree.
     dma_transfer_min_partition_bytes: int = 2424
     #: [arch-v2] "Tensor access overhead": ~60 cycles to start an SBUF/PSUM access (NC-v2; kept for v3).
     access_cycles: int = 60

@@ -30,11 +30,28 @@ because it changes the timing): how many SBUF/PSUM buffers back a tile
 allocated inside an ``affine_range`` loop. tn gives every such tile a ring of
 ``bufs`` buffers (default 4; the big v2/v3/v4 tile sets get as many as
 fit SBUF, see :data:`RING_DEPTH`), so loads of later iterations overlap the
-compute of earlier ones as far as the ring allows. Every load and store goes
-on one DMA queue (:data:`IO_QUEUE`), as the compiler's ``qSyncIO0`` in the
-published profiles: one in-order stream, so the DMA engines' per-transfer
+compute of earlier ones as far as the ring allows.
+
+DMA queues (one rule for every version, trn1 and trn2: :data:`IO_QUEUE_RULE`).
+The NKI docs tie a transfer's queue to who triggers it and how its
+descriptors are made, not to the statement that issues it ([dma]
+``nki/get-started/about/nki-dma-overview.rst``: "There are 16 DMA queues per
+DMA engine ... A given DMA transfer can be submitted to a single queue ID
+across all 16x DMA engines ... The queue ID is typically tied to the trigger
+engine and the method of descriptor generation. DMA transfers within a queue
+on the same DMA engine are executed in order"). The tutorials' kernels issue
+all their IO one way, so all of it is on one queue: on trn1 ``nl.load`` /
+``nl.store`` run on static descriptors triggered by the Sync engine, the
+queue ``qSyncIO0`` of the published trn1 profiles (``nki_perf_guide.rst``
+"Opt #4", ``fused_mamba.rst``); on trn2 the guide's own profile summaries
+show every packet as a software-DGE one ("Hardware Dynamic Dma Packet Count
+0", "Dynamic Dma Packet Percent 100.00 %", figures ``v2-dma`` ... ``v5-dma``):
+descriptors made by GpSimd, whose queue [dma] example 2 shows as
+``qGpSimdDynamic``. tn therefore puts every load and store of every version
+on :data:`IO_QUEUE`: one in-order stream, so the DMA engines' per-transfer
 minimum (:attr:`tn.neuron.arch.Arch.dma_transfer_min_ns`) bounds the rate of
-the small transfers of v1-v3.
+the small transfers of v1-v3. ``io_queues=2`` moves the rhs loads to a
+second queue, to compare only: no source puts them there.
 
 trn2: :func:`build_trn2` writes the four kernels of the NKI guide "Introduction
 to NKI kernel optimization" (aws-neuron-sdk
@@ -47,8 +64,8 @@ m, rhs K-column per n), ``block_free`` (2 x 2 tiles per block, K unblocked)
 and ``block_k`` (16 x 2 x 8 tiles per block: ``[128, 1024]`` rhs and
 ``[128, 2048]`` lhsT loads, fp32 SBUF accumulators zeroed with ``memset``,
 ``tensor_tensor`` adds from PSUM, ``[128, 1024]`` packed stores). All DMAs
-are ``nisa.dma_copy`` on :data:`IO_QUEUE` (``io_queues=2`` moves the rhs loads
-to a second queue, to compare). What the guide leaves to the compiler, and
+are ``nisa.dma_copy`` on :data:`IO_QUEUE` (the queue rule above). What the
+guide leaves to the compiler, and
 tn assumes (*assumptions*): loop-local tiles get a ring of
 :data:`RING_DEPTH` buffers where they fit; at fp32 the big tile sets do not
 all fit trn2's SBUF (224 KiB per partition in :mod:`tn.neuron.arch`), so
@@ -64,7 +81,8 @@ from __future__ import annotations
 from ..errors import NeuronError
 from .program import Program
 
-__all__ = ["VERSIONS", "RING_DEPTH", "IO_QUEUE", "build", "TRN2_VERSIONS", "TRN2_COPY_ENGINE", "build_trn2"]
+__all__ = ["VERSIONS", "RING_DEPTH", "IO_QUEUE", "IO_QUEUE_RULE", "build", "TRN2_VERSIONS", "TRN2_COPY_ENGINE",
+           "build_trn2"]
 
 #: Tutorial versions in published order.
 VERSIONS = ("tiled", "hoist_load", "block_free", "fully_optimized")
@@ -72,10 +90,20 @@ VERSIONS = ("tiled", "hoist_load", "block_free", "fully_optimized")
 RING_DEPTH = {"tile": 4, "psum": 4, "k_column": 2}
 
 TILE_K, TILE_M, TILE_N = 128, 128, 512
-#: DMA queue of every load and store: the NKI compiler puts a kernel's ``nl.load``/``nl.store`` transfers on one
-#: queue triggered by the Sync engine (``qSyncIO0`` in the profiles of nki/deep-dives/nki_perf_guide.rst, "Opt
-#: #4" and nki/guides/tutorials/fused_mamba.rst), so they run in order, one stream.
+#: DMA queue of every load and store of every version (see :data:`IO_QUEUE_RULE` and the module docstring).
 IO_QUEUE = 0
+#: The queue rule, per arch: how the published kernels trigger their IO and make its descriptors, the queue the
+#: published profiles show for it, and where that is read. [dma]: "The queue ID is typically tied to the trigger
+#: engine and the method of descriptor generation", so one (trigger engine, descriptor mode) pair is one queue.
+IO_QUEUE_RULE = {
+    "trn1": ("Sync engine", "static descriptors", "qSyncIO0",
+             "nki/deep-dives/nki_perf_guide.rst Opt #4 and nki/guides/tutorials/fused_mamba.rst profiles: the "
+             "nl.load transfers on qSyncIO0"),
+    "trn2": ("GpSimd", "software DGE", "qGpSimdDynamic",
+             "nki/guides/tutorials/kernel-optimization.rst profile summaries (figures v2-dma ... v5-dma): hardware "
+             "DGE packets 0, dynamic packets 100 %; nki-dma-overview.rst example 2: dma_copy triggered from "
+             "qGpSimdDynamic"),
+}
 #: The trn2 guide's versions in published order (its profile figures v2-full ... v5-full).
 TRN2_VERSIONS = ("tiled", "hoist_load", "block_free", "block_k")
 #: Engine of the trn2 versions' PSUM -> SBUF copies (``nisa.tensor_copy`` leaves the choice to the compiler):
@@ -84,9 +112,15 @@ TRN2_VERSIONS = ("tiled", "hoist_load", "block_free", "block_k")
 TRN2_COPY_ENGINE = "scalar"
 
 
-def _io(p, dst, src):
-    """One kernel IO transfer (``nl.load`` / ``nl.store``) on the IO queue."""
-    return p.dma_copy(dst, src, queue=IO_QUEUE)
+class _Queues:
+    """DMA queue of each kind of transfer of a version (trn1 and trn2 alike): every transfer on :data:`IO_QUEUE`
+    (``io_queues=1``, :data:`IO_QUEUE_RULE`), or, to compare only (``io_queues=2``), rhs loads on a second one."""
+
+    def __init__(self, io_queues):
+        if io_queues not in (1, 2):
+            raise NeuronError(f"nki_matmul: io_queues must be 1 or 2, not {io_queues!r}")
+        self.lhs = self.out = IO_QUEUE
+        self.rhs = IO_QUEUE + io_queues - 1
 
 
 class _Ring:
@@ -111,14 +145,14 @@ def _check(K, M, N, bm=1, bn=1, bk=1):
             raise NeuronError(f"nki_matmul: {name}={v} must be a multiple of {t} for this version")
 
 
-def _evacuate_store(p, ring_out, psum_tile, result_view):
+def _evacuate_store(p, q, ring_out, psum_tile, result_view):
     """PSUM -> SBUF in the result dtype on VectorE (``nl.copy``), then SBUF -> HBM (``nl.store``)."""
     sb = ring_out.next()
     p.tensor_copy(sb, psum_tile)
-    _io(p, result_view, sb)
+    p.dma_copy(result_view, sb, queue=q.out)
 
 
-def _tiled(p, lhsT, rhs, res, K, M, N, dt):
+def _tiled(p, lhsT, rhs, res, K, M, N, dt, q):
     _check(K, M, N)
     lt, rt = _Ring(p, (TILE_K, TILE_M), dt, RING_DEPTH["tile"]), _Ring(p, (TILE_K, TILE_N), dt, RING_DEPTH["tile"])
     ps = _Ring(p, (TILE_M, TILE_N), "float32", RING_DEPTH["psum"], "psum")
@@ -129,13 +163,13 @@ def _tiled(p, lhsT, rhs, res, K, M, N, dt):
             acc = ps.next()
             for k in range(nk):
                 a, b = lt.next(), rt.next()
-                _io(p, a, lhsT[k * TILE_K:(k + 1) * TILE_K, m * TILE_M:(m + 1) * TILE_M])
-                _io(p, b, rhs[k * TILE_K:(k + 1) * TILE_K, n * TILE_N:(n + 1) * TILE_N])
+                p.dma_copy(a, lhsT[k * TILE_K:(k + 1) * TILE_K, m * TILE_M:(m + 1) * TILE_M], queue=q.lhs)
+                p.dma_copy(b, rhs[k * TILE_K:(k + 1) * TILE_K, n * TILE_N:(n + 1) * TILE_N], queue=q.rhs)
                 p.matmul(acc, a, b, accumulate=k > 0, stop=k == nk - 1)
-            _evacuate_store(p, out, acc, res[m * TILE_M:(m + 1) * TILE_M, n * TILE_N:(n + 1) * TILE_N])
+            _evacuate_store(p, q, out, acc, res[m * TILE_M:(m + 1) * TILE_M, n * TILE_N:(n + 1) * TILE_N])
 
 
-def _hoist_load(p, lhsT, rhs, res, K, M, N, dt):
+def _hoist_load(p, lhsT, rhs, res, K, M, N, dt, q):
     _check(K, M, N)
     nk = K // TILE_K
     depth = RING_DEPTH["k_column"]
@@ -146,18 +180,18 @@ def _hoist_load(p, lhsT, rhs, res, K, M, N, dt):
     for m in range(M // TILE_M):
         a = [lcols[k].next() for k in range(nk)]
         for k in range(nk):
-            _io(p, a[k], lhsT[k * TILE_K:(k + 1) * TILE_K, m * TILE_M:(m + 1) * TILE_M])
+            p.dma_copy(a[k], lhsT[k * TILE_K:(k + 1) * TILE_K, m * TILE_M:(m + 1) * TILE_M], queue=q.lhs)
         for n in range(N // TILE_N):
             b = [rcols[k].next() for k in range(nk)]
             for k in range(nk):
-                _io(p, b[k], rhs[k * TILE_K:(k + 1) * TILE_K, n * TILE_N:(n + 1) * TILE_N])
+                p.dma_copy(b[k], rhs[k * TILE_K:(k + 1) * TILE_K, n * TILE_N:(n + 1) * TILE_N], queue=q.rhs)
             acc = ps.next()
             for k in range(nk):
                 p.matmul(acc, a[k], b[k], accumulate=k > 0, stop=k == nk - 1)
-            _evacuate_store(p, out, acc, res[m * TILE_M:(m + 1) * TILE_M, n * TILE_N:(n + 1) * TILE_N])
+            _evacuate_store(p, q, out, acc, res[m * TILE_M:(m + 1) * TILE_M, n * TILE_N:(n + 1) * TILE_N])
 
 
-def _block_free(p, lhsT, rhs, res, K, M, N, dt, bm=2, bn=2):
+def _block_free(p, lhsT, rhs, res, K, M, N, dt, q, bm=2, bn=2):
     _check(K, M, N, bm, bn)
     nk = K // TILE_K
     # one buffer per (block tile, K-tile): 2 x 64 x (256 B + 1 KiB) per partition at K = 8192 already fills
@@ -170,22 +204,22 @@ def _block_free(p, lhsT, rhs, res, K, M, N, dt, bm=2, bn=2):
         for i in range(bm):
             mt = m * bm + i
             for k in range(nk):
-                _io(p, lts[i][k], lhsT[k * TILE_K:(k + 1) * TILE_K, mt * TILE_M:(mt + 1) * TILE_M])
+                p.dma_copy(lts[i][k], lhsT[k * TILE_K:(k + 1) * TILE_K, mt * TILE_M:(mt + 1) * TILE_M], queue=q.lhs)
         for n in range(N // (TILE_N * bn)):
             for j in range(bn):
                 nt = n * bn + j
                 for k in range(nk):
-                    _io(p, rts[j][k], rhs[k * TILE_K:(k + 1) * TILE_K, nt * TILE_N:(nt + 1) * TILE_N])
+                    p.dma_copy(rts[j][k], rhs[k * TILE_K:(k + 1) * TILE_K, nt * TILE_N:(nt + 1) * TILE_N], queue=q.rhs)
             for i in range(bm):
                 for j in range(bn):
                     acc = ps.next()
                     for k in range(nk):
                         p.matmul(acc, lts[i][k], rts[j][k], accumulate=k > 0, stop=k == nk - 1)
                     mt, nt = m * bm + i, n * bn + j
-                    _evacuate_store(p, out, acc, res[mt * TILE_M:(mt + 1) * TILE_M, nt * TILE_N:(nt + 1) * TILE_N])
+                    _evacuate_store(p, q, out, acc, res[mt * TILE_M:(mt + 1) * TILE_M, nt * TILE_N:(nt + 1) * TILE_N])
 
 
-def _fully_optimized(p, lhsT, rhs, res, K, M, N, dt, bm=16, bn=2, bk=8):
+def _fully_optimized(p, lhsT, rhs, res, K, M, N, dt, q, bm=16, bn=2, bk=8):
     _check(K, M, N, bm, bn, bk)
     BM, BN, BK = TILE_M * bm, TILE_N * bn, TILE_K * bk
     nbm, nbn, nbk = M // BM, N // BN, K // BK
@@ -202,12 +236,12 @@ def _fully_optimized(p, lhsT, rhs, res, K, M, N, dt, bm=16, bn=2, bk=8):
             rt = rring.next()
             for j in range(bk):
                 k0 = (k * bk + j) * TILE_K
-                _io(p, rt[:, j, :], rhs[k0:k0 + TILE_K, n * BN:(n + 1) * BN])
+                p.dma_copy(rt[:, j, :], rhs[k0:k0 + TILE_K, n * BN:(n + 1) * BN], queue=q.rhs)
             for m in range(nbm):
                 lt = lring.next()
                 for j in range(bk):
                     k0 = (k * bk + j) * TILE_K
-                    _io(p, lt[:, j, :], lhsT[k0:k0 + TILE_K, m * BM:(m + 1) * BM])
+                    p.dma_copy(lt[:, j, :], lhsT[k0:k0 + TILE_K, m * BM:(m + 1) * BM], queue=q.lhs)
                 for jn in range(bn):
                     for im in range(bm):
                         acc = ps.next()
@@ -222,7 +256,7 @@ def _fully_optimized(p, lhsT, rhs, res, K, M, N, dt, bm=16, bn=2, bk=8):
                 for jn in range(bn):          # coalesce the N-tiles into one row block (nl.copy), one store
                     p.tensor_copy(row[:, jn * TILE_N:(jn + 1) * TILE_N], accs[m * bm + im][:, jn, :])
                 mt = m * bm + im
-                _io(p, res[mt * TILE_M:(mt + 1) * TILE_M, n * BN:(n + 1) * BN], row)
+                p.dma_copy(res[mt * TILE_M:(mt + 1) * TILE_M, n * BN:(n + 1) * BN], row, queue=q.out)
 
 
 _BUILDERS = {"tiled": _tiled, "hoist_load": _hoist_load, "block_free": _block_free,
@@ -230,17 +264,6 @@ _BUILDERS = {"tiled": _tiled, "hoist_load": _hoist_load, "block_free": _block_fr
 
 
 # --------------------------------------------------------------------------- trn2 (kernel-optimization guide)
-
-
-class _Queues:
-    """DMA queue of each kind of transfer of a trn2 version: every transfer on :data:`IO_QUEUE` (``io_queues=1``,
-    the published profiles' one compiler queue), or, to compare (``io_queues=2``), rhs loads on a second one."""
-
-    def __init__(self, io_queues):
-        if io_queues not in (1, 2):
-            raise NeuronError(f"nki_matmul: io_queues must be 1 or 2, not {io_queues!r}")
-        self.lhs = self.out = IO_QUEUE
-        self.rhs = IO_QUEUE + io_queues - 1
 
 
 def _evacuate_store_trn2(p, q, ring_out, psum_tile, result_view):
@@ -379,8 +402,8 @@ def build_trn2(version: str, K: int = 8192, M: int = 4096, N: int = 8192, *, io_
     """The kernel-optimization guide's trn2 kernel ``version`` (one of :data:`TRN2_VERSIONS`) as a
     :class:`Program` on trn2 with fp32 HBM inputs ``lhsT [K, M]``, ``rhs [K, N]`` and fp32 output
     ``result [M, N]`` (fp32 matmuls, no casts, as published). Default shape: the guide's profiled run.
-    ``io_queues``: 1 (every transfer on :data:`IO_QUEUE`, as the published profiles) or 2 (rhs loads on a
-    second queue, for comparison). ``blocks``: tiles per block (``bm``, ``bn`` for ``block_free``, default
+    ``io_queues``: 1 (every transfer on :data:`IO_QUEUE`, :data:`IO_QUEUE_RULE`) or 2 (rhs loads on a second
+    queue, to compare only). ``blocks``: tiles per block (``bm``, ``bn`` for ``block_free``, default
     2, 2; ``bm``, ``bn``, ``bk`` for ``block_k``, default 16, 2, 8), e.g. for a small numerics check."""
     if version not in _TRN2_BUILDERS:
         raise NeuronError(f"nki_matmul: unknown trn2 version {version!r}; use one of {', '.join(TRN2_VERSIONS)}")
@@ -393,17 +416,18 @@ def build_trn2(version: str, K: int = 8192, M: int = 4096, N: int = 8192, *, io_
 
 
 def build(version: str, K: int = 8192, M: int = 4096, N: int = 8192, *, arch="trn1", dtype="bfloat16",
-          **blocks) -> Program:
+          io_queues: int = 1, **blocks) -> Program:
     """The tutorial's kernel ``version`` (one of :data:`VERSIONS`) as a :class:`Program` with HBM inputs
     ``lhsT [K, M]``, ``rhs [K, N]`` and output ``result [M, N]`` (``result = lhsT^T @ rhs``, fp32 accumulation,
-    result in ``dtype``). Default shape and arch: the tutorial's benchmark. ``blocks``: the tutorial's
-    meta-parameters, tiles per block (``bm``, ``bn`` for ``block_free``, default 2, 2; ``bm``, ``bn``, ``bk``
-    for ``fully_optimized``, default 16, 2, 8), e.g. to check the numerics at a small shape."""
+    result in ``dtype``). Default shape and arch: the tutorial's benchmark. ``io_queues``: 1 (every transfer on
+    :data:`IO_QUEUE`, :data:`IO_QUEUE_RULE`) or 2 (rhs loads on a second queue, to compare only). ``blocks``: the
+    tutorial's meta-parameters, tiles per block (``bm``, ``bn`` for ``block_free``, default 2, 2; ``bm``, ``bn``,
+    ``bk`` for ``fully_optimized``, default 16, 2, 8), e.g. to check the numerics at a small shape."""
     if version not in _BUILDERS:
         raise NeuronError(f"nki_matmul: unknown version {version!r}; use one of {', '.join(VERSIONS)}")
     p = Program(f"nki_matmul_{version}", arch=arch, record_sources=False)
     lhsT = p.hbm("lhsT", (K, M), dtype)
     rhs = p.hbm("rhs", (K, N), dtype)
     res = p.hbm("result", (M, N), dtype, kind="output")
-    _BUILDERS[version](p, lhsT, rhs, res, K, M, N, dtype, **blocks)
+    _BUILDERS[version](p, lhsT, rhs, res, K, M, N, dtype, _Queues(io_queues), **blocks)
     return p
