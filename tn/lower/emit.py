@@ -411,15 +411,26 @@ class Emitter:
                 ep_out[v] = self.hbm_out(v)
             return ep_out[v]
 
+        bias = group.bias[0] if group.bias is not None else None
+        cast = self.sched.bias_casts.get(bias)
+
+        def chain_in(v: Var) -> Any:
+            if cast is not None and v is bias:
+                # the bias's convert was not lowered (the matmul was to round the fp32 row): plan it again
+                raise UnitFailed(Veto("nofuse", cast[0], "the matmul did not add the cast bias in PSUM", v))
+            return self.hbm_in(v)
+
         self.begin_unit(k, group.outputs)
-        ctx.unit.store_hook = group.make_hook(ctx, outs[0], self.hbm_in, get_out)
+        ctx.unit.store_hook = group.make_hook(ctx, outs[0], chain_in, get_out)
         ctx.unit.bias_added = False
-        ctx.unit.matmul_bias = self.hbm_in(group.bias[0]) if group.bias is not None else None
+        ctx.unit.matmul_bias = None if bias is None else self.hbm_in(bias if cast is None else cast[1])
         group.absorbed = False
-        group.preload(ctx, self.hbm_in)
+        group.preload(ctx, chain_in)
         try:
             with self.unit_failures(unit):
                 self.lower_one(k, eqn, ins, outs)
+            if cast is not None and (not ctx.unit.bias_added or group.covered == 0):
+                raise UnitFailed(Veto("nofuse", cast[0], "the matmul did not add the cast bias in PSUM", bias))
         finally:
             ctx.unit.store_hook = None
             ctx.unit.matmul_bias = None

@@ -153,17 +153,20 @@ def emit_matmul(ctx: Any, a, b, c, *, a_t=None, b_t=None, b_tiled=None,
     mm.a_res = a_resident if a is not None and Bt == 1 else None
     bg = mm._slab_size()
     bias = ctx.unit.matmul_bias
-    if bias is not None and not bg and Bt == 1 and dt != "float32" and bias.dtype == dt and \
-            bias.nbytes == N * mm.isz and store == ctx.store:
+    if bias is not None and not bg and Bt == 1 and dt != "float32" and bias.dtype in (dt, "float32") and \
+            bias.nbytes == N * isa.DTYPE_SIZES[isa.dtype_code(bias.dtype)] and store == ctx.store:
         # the fused epilogue starts with + bias: one K=1 matmul (ones x bias row) adds it in PSUM, in fp32
-        # before the result's rounding (as a fused-bias GEMM does), instead of a VectorE pass per tile
+        # before the result's rounding (as a fused-bias GEMM does), instead of a VectorE pass per tile; an
+        # fp32 row is the source of a bias cast to the matmul's dtype (tn.lower.schedule's bias_casts),
+        # rounded on chip as it is loaded
         mm.bias = bias
         ctx.unit.bias_added = True
     if bg:
         mm.emit_slabs(bg)
     elif mm.streamed:
         if mm.bias is not None:     # the bias row and the ones column take SBUF from the stripe of A^T
-            mm.streamed = mm._plan_streamed(mm.budget - (N + _P) * mm.isz)
+            stage = 0 if mm.bias.dtype == dt else N * isa.DTYPE_SIZES[isa.dtype_code(mm.bias.dtype)]
+            mm.streamed = mm._plan_streamed(mm.budget - (N + _P) * mm.isz - stage)
         if mm.streamed and mm.a_res is None:
             mm.emit_streamed()
         else:
@@ -364,7 +367,13 @@ class _Matmul:
         if self.bias is not None:
             self.brow = sb((1, self.N), self.dt, "mm_bias")
             self.ones = sb((1, _P), self.dt, "mm_ones")
-            self.prog.dma_copy(self.brow, self.bias.view().reshape(1, self.N))
+            if self.bias.dtype == self.dt:
+                self.prog.dma_copy(self.brow, self.bias.view().reshape(1, self.N))
+            else:
+                # a cast bias: the source row loaded as it lies and rounded to the matmul's dtype on chip
+                stage = sb((1, self.N), self.bias.dtype, "mm_bias_src")
+                self.prog.dma_copy(stage, self.bias.view().reshape(1, self.N))
+                self.prog.tensor_copy(self.brow, stage)
             self.prog.memset(self.ones, 1.0, engine="gpsimd")
 
     def emit_streamed(self) -> None:

@@ -186,6 +186,9 @@ class Schedule:
             :class:`LaidOutOperand` or None; ``elided`` the permutes (and reshapes, converts) read around.
         handoff: ``{value: (producer unit start, consumer unit starts)}`` of the SBUF hand-offs.
         preload_at: ``{unit start: [Prologue]}`` where prologue vectors are loaded.
+        bias_casts: ``{bias Var: (convert equation, source Var)}``: a matmul epilogue's bias made by casting a
+            program input (``nn.Linear``'s bias under autocast), which the matmul loads and rounds on chip
+            (the convert is in ``elided``, the source is read instead).
         last_use: ``{value: index of the last equation reading it}`` (``len(ir.eqns)`` for results).
     """
 
@@ -202,6 +205,7 @@ class Schedule:
         self.elided: Set[int] = set()
         self.handoff: Dict[Var, Any] = {}
         self.preload_at: Dict[int, List[Any]] = {}
+        self.bias_casts: Dict[Var, Tuple[int, Var]] = {}
         self.last_use: Dict[Var, int] = {}
         #: equations not lowered because a unit reads around them, in order
         self.skipped: List[int] = []
@@ -282,6 +286,9 @@ class Schedule:
                 notes.append(f"{name(a)} = prologue({name(p.src)})")
             for p in u.preloads:
                 notes.append(f"loads prologue({name(p.src)}) vectors")
+            bias = getattr(u.group, "bias", None) if u.kind == "epilogue" else None
+            if bias is not None and bias[0] in self.bias_casts:
+                notes.append(f"{name(bias[0])} = cast of {name(self.bias_casts[bias[0]][1])} on chip")
             if u.takes:
                 notes.append(f"takes {names_of(u.takes)} from SBUF")
             if u.keeps:
@@ -779,6 +786,8 @@ def _plan_groups(ir: IR, vetoes: Vetoes, laid_out: Dict[Var, Any], sched: Schedu
         first = kk + 1 if isinstance(groups[kk], EpilogueGroup) else kk
         if kk not in in_chain and any(j in elide for j in range(first, first + len(groups[kk].eqns))):
             del groups[kk]
+    sched.bias_casts = _plan_bias_casts(ir, host, vetoes.nofuse, groups, elide)
+    elide.update(j for j, _ in sched.bias_casts.values())
     sched.groups = groups
     sched.prologues = pros
     sched.prologue_eqns = pro_eqns
@@ -786,6 +795,41 @@ def _plan_groups(ir: IR, vetoes: Vetoes, laid_out: Dict[Var, Any], sched: Schedu
     sched.elided = elide
     sched.handoff = _plan_handoff(ir, host, groups, elide, trans, pros, vetoes.no_handoff)
     sched.preload_at = _plan_preloads(ir, host, groups, pros)
+
+
+def _plan_bias_casts(ir: IR, host: Dict[int, str], nofuse: Set[int], groups: Dict[int, Any],
+                     elide: Set[int]) -> Dict[Var, Tuple[int, Var]]:
+    """The matmul biases cast from an fp32 program input that the matmul loads and rounds itself.
+
+    Under autocast ``nn.Linear`` casts its bias where it is called: ``b = convert(bias)`` then
+    ``matmul(x, W^T) + b``. As an equation of its own the cast loads the fp32 bias, rounds it and stores the
+    bf16 copy to HBM, and the matmul waits for that store before it reads the copy back (two DMA latencies on
+    the critical path before the first matmul instruction, once per Linear per call). A matmul that adds its
+    epilogue's bias in PSUM (:attr:`tn.lower.epilogue.EpilogueGroup.bias`) loads the fp32 row instead and
+    rounds it on chip (the same rounding as the convert), so the convert is not lowered. Taken when the cast's
+    result is read by that bias add alone, is not a result, and the convert is not fused elsewhere nor
+    vetoed (``nofuse`` at the convert: the matmul did not add the bias)."""
+    producer, users, outset = dataflow(ir)
+    inputs = set(ir.inputs)
+    covered: Set[int] = set()
+    for kk, g in groups.items():
+        covered.update(range(kk, kk + len(g.eqns) + isinstance(g, EpilogueGroup)))
+    out: Dict[Var, Tuple[int, Var]] = {}
+    for kk, g in groups.items():
+        if not isinstance(g, EpilogueGroup) or g.bias is None or ir.eqns[kk].op.name != "matmul":
+            continue
+        b = g.bias[0]
+        j = producer.get(b)
+        if j is None or j in host or j in nofuse or j in elide or j in covered or b in outset or \
+                users.get(b) != [kk + 1]:
+            continue
+        e = ir.eqns[j]
+        src = e.inputs[0] if e.op.name == "convert" and len(e.inputs) == 1 else None
+        if not isinstance(src, Var) or src not in inputs or src.dtype != torch.float32 or src.shape != b.shape or \
+                b.dtype not in (torch.bfloat16, torch.float16):
+            continue
+        out[b] = (j, src)
+    return out
 
 
 def plan(ir: IR, vetoes: Vetoes, *, fuse: bool = True, laid_out: Optional[Dict[Var, Any]] = None) -> Schedule:
