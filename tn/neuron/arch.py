@@ -130,8 +130,10 @@ class Arch:
     #: transfers of other queues use the engine's bandwidth meanwhile. [arch-v2] reads against it: "Each DMA
     #: engine can process one DMA transfer at a time", which would make the minimum hold the engine for every
     #: queue. Kept per queue here: the compiler spreads its DMAs over all 16 queues, so the engine reading would
-    #: change every compiled program's time (left to a decision, issue 16); the hand-written kernels put all
-    #: their IO on one queue (:data:`tn.neuron.nki_matmul.IO_QUEUE_RULE`), where the two readings agree.
+    #: change every compiled program's time (left to a decision, issue 16: holding each engine max(minimum,
+    #: bytes time) per transfer made the fingerprint workloads 0.5-33 % slower, the conv net 2.7x, BERT's layer
+    #: +13-16 %); the hand-written kernels put all their IO on one queue
+    #: (:data:`tn.neuron.nki_matmul.IO_QUEUE_RULE`), where the two readings agree (within 2 %).
     dma_transfer_min_partition_bytes: int = 2424
     #: [arch-v2] "Tensor access overhead": ~60 cycles to start an SBUF/PSUM access (NC-v2; kept for v3).
     access_cycles: int = 60

@@ -27,7 +27,13 @@ they are what ``bench/neuroncore.py`` runs.
       while VectorE and ScalarE (alternating) evacuate finished banks to SBUF
       (casting to the output dtype) and DMA writes them to HBM;
     * loads and stores use separate DMA queues, so a store waiting for its
-      evacuation never holds up a load behind it.
+      evacuation never holds up a load behind it. The loads are spread over
+      12 queues and the stores over 4: tn's choice for the software core.
+      An NKI kernel cannot ask for that: the docs tie a transfer's queue to
+      its trigger engine and descriptor generation (see
+      :data:`tn.neuron.nki_matmul.IO_QUEUE_RULE`), and under the per-queue
+      DMA minimum (an *assumption* in :mod:`tn.neuron.arch`) the spread lets
+      small transfers go faster than one queue would.
 
 :func:`layer_norm`
     ``y = (x - mean) / sqrt(var + eps) * gamma + beta`` over the last axis,
