@@ -350,3 +350,23 @@ def test_hf_generate_left_padded_batch(tiny_hf):
     for _ in range(2):
         assert torch.equal(a.generate(ids, **kw), ref)
     assert a.regions["transformer.h.0"].hits > 0
+
+
+def test_a_slice_keeping_the_last_positions_is_front_padding_safe_only_when_asked():
+    """tn.bucketing's ``tail_slices`` (the device's windows use it; tn.adaptive does not): ``x[:, -k:]`` of a
+    front-padded dimension keeps real positions, and the program at another size is the same one."""
+    def f(k, new):
+        kc = torch.cat([k, new], 1)
+        return kc, kc[:, -1:] * 2, kc[:, :1]
+
+    small = make_ir(f)(torch.randn(2, 3, 4), torch.randn(2, 1, 4))
+    big = make_ir(f)(torch.randn(2, 6, 4), torch.randn(2, 1, 4))
+    assert "depend on the size" in bucketing.same_program(small, big, [(0, 1)])
+    assert bucketing.same_program(small, big, [(0, 1)], tail_slices=True) is None
+    with pytest.raises(Mixed, match="along it"):
+        bucketing.masked_axes(big, {0: 1})
+    with pytest.raises(Mixed, match="along it"):                      # kc[:, :1]: the first, a padded position
+        bucketing.masked_axes(big, {0: 1}, tail_slices=True)
+    g = lambda k, new: f(k, new)[:2]                                   # noqa: E731
+    assert bucketing.masked_axes(make_ir(g)(torch.randn(2, 6, 4), torch.randn(2, 1, 4)), {0: 1},
+                                 tail_slices=True) == [1, None]

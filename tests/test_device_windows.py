@@ -503,3 +503,64 @@ def test_empty_out_tensors_are_sized_per_call(m):
             torch.arange(0, end, out=o)
             assert o.shape == (want,)
             torch.testing.assert_close(o.cpu(), torch.arange(0, end, dtype=torch.float32))
+
+
+def _kv_step(q, kc, vc, k_new, v_new, head_slice=False):
+    """One decode step of attention over a KV cache that grows by ``cat`` (the cache's length is axis 1)."""
+    kc = torch.cat([kc, k_new], 1)
+    vc = torch.cat([vc, v_new], 1)
+    keys = kc[:, :2] if head_slice else kc          # a slice at the front of the cache: padding would land in it
+    s = (q @ keys.transpose(1, 2)) * 0.25
+    out = s.softmax(-1) @ (vc[:, :2] if head_slice else vc)
+    return out, kc, vc
+
+
+def _kv_loop(steps, head_slice=False, device="neuron"):
+    g = torch.Generator().manual_seed(0)
+    kc, vc = torch.randn(2, 4, 8, generator=g), torch.randn(2, 4, 8, generator=g)
+    kc, vc = kc.to(device), vc.to(device)
+    outs = []
+    for _ in range(steps):
+        q, k_new, v_new = (torch.randn(2, 1, 8, generator=g).to(device) for _ in range(3))
+        out, kc, vc = _kv_step(q, kc, vc, k_new, v_new, head_slice)
+        outs.append(out.cpu())                     # read every step: one window per step
+    return outs, kc.cpu(), vc.cpu()
+
+
+def test_a_growing_kv_cache_runs_one_bucket_program_across_sizes(adaptive, caplog):
+    want, wk, wv = _kv_loop(8, device="cpu")
+    with windows.eager_mode("op"):
+        op_outs, _, _ = _kv_loop(8)
+    with tn.config.override(log={"windows"}), caplog.at_level(logging.INFO, logger="tn"):
+        got, gk, gv = _kv_loop(8)
+    for g, o, w in zip(got, op_outs, want):
+        torch.testing.assert_close(g, o)
+        torch.testing.assert_close(g, w)
+    torch.testing.assert_close(gk, wk, rtol=0, atol=0)   # the caches narrowed back from the padded program exactly
+    torch.testing.assert_close(gv, wv, rtol=0, atol=0)
+    s = windows.stats()
+    # cache lengths 4..11: the first window compiles for its size, the second finds the growth and compiles the
+    # bucket's program (tn.bucketing, masked front padding), the other six reuse it
+    assert (s["windows"], s["compiles"], s["bucket_compiles"], s["bucket_hits"], s["op_by_op"]) == (8, 2, 1, 6, 0)
+    lines = [r.getMessage() for r in caplog.records if "tn.device window" in r.getMessage()]
+    assert "bucket compile (size 5 of 128)" in lines[1] and all("bucket hit" in x for x in lines[2:])
+    with tn.profile() as prof:                            # the padding copies run on the NeuronCore model too
+        again, _, _ = _kv_loop(3)
+    names = [r.name for r in prof.runs] if hasattr(prof, "runs") else [str(prof)]
+    assert any("_pad" in n for n in names) and any("_narrow" in n for n in names)
+    s = windows.stats()
+    assert s["compiles"] == 2 and s["bucket_hits"] == 8     # a second loop: the same programs, exact cache hits
+    for g, w in zip(again, want):
+        torch.testing.assert_close(g, w)
+
+
+def test_a_growing_window_the_proof_refuses_compiles_per_size(adaptive, caplog):
+    want, _, _ = _kv_loop(5, head_slice=True, device="cpu")
+    with tn.config.override(log={"windows"}), caplog.at_level(logging.INFO, logger="tn"):
+        got, _, _ = _kv_loop(5, head_slice=True)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    s = windows.stats()
+    assert (s["compiles"], s["bucket_compiles"], s["bucket_hits"]) == (5, 0, 0)
+    refused = [r.getMessage() for r in caplog.records if "no bucket" in r.getMessage()]
+    assert len(refused) == 1 and "test_device_windows.py:" in refused[0]   # the refusing op's line is named

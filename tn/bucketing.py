@@ -563,7 +563,21 @@ def independent_axes(ir: IR, input_axes: Dict[int, int]) -> List[Optional[Tuple[
 _SHAPE_ATTRS = {"reshape": ("shape",), "expand": ("shape", "size"), "full": ("shape",), "iota": ("length",)}
 
 
-def same_program(small: IR, big: IR, sized: Sequence[Tuple[int, int]]) -> Optional[str]:
+def _tail_slice(eqn) -> Optional[int]:
+    """The number of last positions a ``slice`` keeps when it keeps the last ones of its axis (step 1), else None."""
+    a = eqn.attrs
+    x = eqn.inputs[0]
+    r = len(_shape(x))
+    if _opname(eqn.op) != "slice" or a.get("dim") is None or a.get("step", 1) != 1 or not r:
+        return None
+    size = _shape(x)[a["dim"] % r]
+    start, end = a.get("start", 0), a.get("end", size)
+    if start is None or start < 0 or end is None or end < size or start >= size:
+        return None
+    return size - start
+
+
+def same_program(small: IR, big: IR, sized: Sequence[Tuple[int, int]], tail_slices: bool = False) -> Optional[str]:
     """None when ``big`` is ``small`` traced at other sizes of the padded dimensions, else why not.
 
     ``sized`` lists ``(input index, axis)`` of the padded dimensions. The two
@@ -572,7 +586,8 @@ def same_program(small: IR, big: IR, sized: Sequence[Tuple[int, int]]) -> Option
     those move the dimension), the same constants up to their sizes, and
     inputs that differ only along the padded axes. A size baked into a
     literal (``x / x.shape[1]``) or an attribute (a slice to the length) is
-    refused here.
+    refused here; with ``tail_slices``, a slice keeping the same number of
+    last positions at both sizes (``x[..., -1:]``) is the same equation.
     """
     if len(small.inputs) != len(big.inputs) or len(small.outputs) != len(big.outputs):
         return "the program's inputs or outputs differ between sizes"
@@ -598,6 +613,9 @@ def same_program(small: IR, big: IR, sized: Sequence[Tuple[int, int]]) -> Option
             if isinstance(x, Literal) != isinstance(y, Literal) or (isinstance(x, Literal) and x != y):
                 return f"{_where(ev)} uses a literal that depends on the size ({_lit(x)} vs {_lit(y)})"
         skip = _SHAPE_ATTRS.get(_opname(eu.op), ())
+        if tail_slices and _tail_slice(eu) is not None and _tail_slice(eu) == _tail_slice(ev) and \
+                eu.attrs.get("dim") == ev.attrs.get("dim"):
+            skip = ("start", "end")
         if set(eu.attrs) != set(ev.attrs) or any(eu.attrs[k] != ev.attrs[k] for k in eu.attrs if k not in skip):
             return f"{_where(ev)} has attributes that depend on the size"
     return None
@@ -625,9 +643,10 @@ def _fill(op: Any, dtype: torch.dtype):
 class _Rewriter:
     """Follows D through the equations; with ``emit`` it also builds the masked program."""
 
-    def __init__(self, ir: IR, input_axes: Dict[int, int], pad: Optional[Var]):
+    def __init__(self, ir: IR, input_axes: Dict[int, int], pad: Optional[Var], tail_slices: bool = False):
         self.ir = ir
         self.pad = pad
+        self.tail_slices = tail_slices
         self.lab: Dict[int, int] = {}  # id(var) -> axis holding D
         self.consts: List[Tuple[Var, torch.Tensor]] = list(ir.consts)
         self.const_of = {id(v): t for v, t in ir.consts}
@@ -773,7 +792,9 @@ class _Rewriter:
             else:
                 dims = a.get("dims", (a.get("dim"),))
                 if first in {d % r for d in dims if d is not None}:
-                    raise Mixed(f"{_where(eqn)} cuts, reverses, sorts or scans along it")
+                    if not (self.tail_slices and _tail_slice(eqn)):
+                        raise Mixed(f"{_where(eqn)} cuts, reverses, sorts or scans along it")
+                    first = None  # the last positions: real ones (front padding), of a size that does not grow
             if any(l is not None for l in labels[1:]):
                 raise Mixed(f"{_where(eqn)} takes it as an operand it does not handle")
             res = first
@@ -826,30 +847,36 @@ def _op(name: str):
     return ops.OPS[name]
 
 
-def masked_axes(ir: IR, input_axes: Dict[int, int]) -> List[Optional[int]]:
+def masked_axes(ir: IR, input_axes: Dict[int, int], tail_slices: bool = False) -> List[Optional[int]]:
     """Per output of ``ir``, the axis carrying the front-padded dimension (None: not carried).
 
     ``input_axes`` maps input indices of ``ir`` to the axis holding the
     dimension. Raises :class:`Mixed` when padded
-    positions could reach a result position that is kept.
+    positions could reach a result position that is kept. ``tail_slices``:
+    accept a slice along the dimension that keeps its last positions
+    (``x[..., -k:]``, ``end`` at the size, step 1): front padding leaves them
+    real as long as every call is at least ``k`` long, which the caller
+    guarantees (the result no longer carries the dimension).
     """
     if ir.mutations:
         raise Mixed("the region writes back into its inputs or buffers (mutations): padded positions would be stored")
-    return _Rewriter(ir, input_axes, None).run(emit=False)
+    return _Rewriter(ir, input_axes, None, tail_slices).run(emit=False)
 
 
-def masked_program(ir: IR, input_axes: Dict[int, int], pad_input: int) -> Tuple[IR, List[Optional[int]]]:
+def masked_program(ir: IR, input_axes: Dict[int, int], pad_input: int,
+                   tail_slices: bool = False) -> Tuple[IR, List[Optional[int]]]:
     """``ir`` with its padded positions masked where they would mix, and the output axes carrying D.
 
     ``pad_input`` is the index of the program's 0-d float input holding the
     number of padded positions ``p`` at the front of each padded dimension.
+    ``tail_slices``: as in :func:`masked_axes`.
     """
     if ir.mutations:
         raise Mixed("the region writes back into its inputs or buffers (mutations): padded positions would be stored")
     pad = ir.inputs[pad_input]
     if _shape(pad) != () or not pad.dtype.is_floating_point:
         raise Mixed(f"the pad-count input {pad_input} is {pad.aval}, expected a 0-d float")
-    rw = _Rewriter(ir, input_axes, pad)
+    rw = _Rewriter(ir, input_axes, pad, tail_slices)
     out_axes = rw.run(emit=True)
     return ir.replace(consts=rw.consts, eqns=rw.eqns), out_axes
 

@@ -34,6 +34,10 @@ elementwise ops are keyed by kind only: a program bakes a scalar in as a literal
 until its value is seen to change (AdamW's bias corrections, a scheduled
 learning rate), then takes it as a 0-dim input, so such loops hit the cache too.
 
+Windows that recur with one size growing (a decode step's window over a KV cache that ``cat`` grows by one
+every step) share one program per bucket of that size instead of compiling each size: the padding proofs and the
+bucket rule are :mod:`tn.bucketing`'s, the ones :mod:`tn.adaptive` uses (see "buckets" below).
+
 A window that cannot be traced or compiled runs op by op through the eager
 path (and its signature is remembered, so a steady loop does not retry).
 Errors keep eager's debuggability: an op's shape and dtype errors surface
@@ -48,8 +52,9 @@ Windows belong to a queue; there is one queue per device and stream
 backward pass (run by the device's worker thread) lands in the same queue in
 issue order: forward, backward and optimizer step form few windows.
 
-``TN_LOG=windows`` logs every window (ops, cache hit or compile, why it was
-flushed); :func:`stats` counts windows, ops, hits and flush reasons.
+``TN_LOG=windows`` logs every window (ops, cache hit, bucket hit or compile, why it was
+flushed); :func:`stats` counts windows, ops, hits (bucket hits among them), compiles (bucket compiles among
+them) and flush reasons.
 
 Host cost of a cache hit. Recording: the device's kernels hand the common call
 (tensors of one device, no math bits, not a view) to :func:`record_plain`, which
@@ -75,14 +80,17 @@ import threading
 import time
 import weakref
 from collections import Counter, OrderedDict
+from types import SimpleNamespace
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .. import config, trace
+from .. import bucketing, config, trace
 from ..errors import ArgumentValueError
+from ..ir import Var
 from ..neuron import timeline as _tl
+from ..neuron.program import HbmView, Program
 from ..passes import optimize
 from ..shapes import numel
 from ..trace import source_hint, trace_flat
@@ -109,7 +117,8 @@ _STATS: Dict[str, Any] = {}
 def _zero_stats() -> None:
     _STATS.clear()
     _STATS.update({"windows": 0, "ops": 0, "hits": 0, "compiles": 0, "op_by_op": 0, "compile_s": 0.0,
-                   "flush_reasons": Counter(), "ops_per_window": Counter(), "device_ns": 0.0})
+                   "flush_reasons": Counter(), "ops_per_window": Counter(), "device_ns": 0.0,
+                   "bucket_hits": 0, "bucket_compiles": 0})
 
 
 _zero_stats()
@@ -802,7 +811,8 @@ class _Compiled:
     """A compiled window: the executable, which slots are its inputs and outputs, the IR's mutations, which
     scalars are inputs (``params``, after the slots) and the values of those baked in (``fixed``)."""
 
-    __slots__ = ("exe", "inputs", "outputs", "mutations", "reason", "name", "params", "fixed")
+    __slots__ = ("exe", "inputs", "outputs", "mutations", "reason", "name", "params", "fixed", "bucket",
+                 "fresh_bucket")
 
     def __init__(self, exe=None, inputs=(), outputs=(), mutations=(), reason=None, name="", params=(), fixed=()):
         self.exe = exe
@@ -813,6 +823,8 @@ class _Compiled:
         self.name = name
         self.params = tuple(params)
         self.fixed = tuple(fixed)
+        self.bucket: Optional[Tuple[Any, int]] = None    # (its bucket's program, the window's size) for a bucket
+        self.fresh_bucket = False                        # ... whose program this window compiled
 
 
 def _short(src: Optional[Tuple[str, int]]) -> Optional[str]:
@@ -852,13 +864,31 @@ def _run_window(w: _Window, reason: str, kind: str) -> None:
     hit = entry is not None
     if hit:
         _STATS["hits"] += 1
+        how = "cache hit"
+        if entry.bucket is not None:
+            _STATS["bucket_hits"] += 1
+            how = f"bucket hit (size {entry.bucket[1]} of {entry.bucket[0].size})"
     else:
-        if entries:
-            live = tuple(sorted(set(live).union(*(e.outputs for e in entries))))
-        t0 = time.perf_counter()
-        entry = _compile(w, live, _params(w, entries))
-        _STATS["compile_s"] += time.perf_counter() - t0
-        _STATS["compiles"] += 1
+        # a window that recurs with a growing size: its bucket's program (tn.bucketing), else a program of this size
+        entry = _bucket_entry(w, live, entries)
+        if entry is not None:
+            bk, n = entry.bucket
+            if entry.fresh_bucket:
+                _STATS["compiles"] += 1
+                _STATS["bucket_compiles"] += 1
+                how = f"bucket compile (size {n} of {bk.size})"
+            else:
+                _STATS["hits"] += 1
+                _STATS["bucket_hits"] += 1
+                how = f"bucket hit (size {n} of {bk.size})"
+        else:
+            if entries:
+                live = tuple(sorted(set(live).union(*(e.outputs for e in entries))))
+            t0 = time.perf_counter()
+            entry = _compile(w, live, _params(w, entries))
+            _STATS["compile_s"] += time.perf_counter() - t0
+            _STATS["compiles"] += 1
+            how = "compiled" if entry.exe is not None else f"op by op: {entry.reason}"
         if entries is None:
             entries = _CACHE[key] = []
         entries.insert(0, entry)
@@ -866,8 +896,7 @@ def _run_window(w: _Window, reason: str, kind: str) -> None:
         if len(_CACHE) > _CACHE_MAX:
             _CACHE.popitem(last=False)
     if config.log_enabled("windows"):
-        log.info("tn.device window: %s, %s, flushed by %s%s", entry.name or _window_name(w),
-                 "cache hit" if hit else ("compiled" if entry.exe is not None else f"op by op: {entry.reason}"),
+        log.info("tn.device window: %s, %s, flushed by %s%s", entry.name or _window_name(w), how,
                  reason, f"; {len(live)} results kept" if live else "")
     _TLS.executing = True
     # the window's program runs where its ops were issued: on its device's core, on their stream
@@ -877,7 +906,10 @@ def _run_window(w: _Window, reason: str, kind: str) -> None:
     try:
         if entry.exe is not None:
             try:
-                _run_compiled(w, entry)
+                if entry.bucket is not None:
+                    _run_bucket(w, entry)
+                else:
+                    _run_compiled(w, entry)
                 return
             except Exception as e:   # the op-by-op re-run below raises the error at the op that caused it
                 log.debug("tn.device window %s failed (%s: %s); re-running op by op", entry.name,
@@ -1124,12 +1156,396 @@ def _name_the_line(e: BaseException, rec: _Rec) -> None:
         e.add_note(note)
 
 
+# --------------------------------------------------------------------------- buckets: windows that grow (a KV cache)
+#
+# A decode step's window recurs with one dimension one longer each time (the KV cache's length): its signature is new
+# every step, so each step would compile. A miss therefore also computes the window's *skeleton*: its signature with
+# every integer of its metadata (shapes, strides, offsets, int arguments, input shapes) taken out, and those integers
+# as a vector. The second window of a skeleton whose integers differ fits them as ``a + b * n`` (``n`` the growing
+# size, the smallest input size that grows by one); a later window whose integers fit is the same window at another
+# ``n``. Its bucket (``tn.bucketing.bucket_size``, masked: front padding) gets one program: the window replayed at
+# the bucket's size, proved by :func:`tn.bucketing.same_program` to be the program traced at the window's own size,
+# rewritten by :func:`tn.bucketing.masked_program` (inputs padded at the front along the growing axis, the padded
+# positions masked where an equation mixes them). A call pads its inputs and narrows its results back with two
+# small DMA programs run on the NeuronCore model (their time is the window's too). A window the proofs refuse (a
+# slice along the growing axis, a size baked into a literal, ...) keeps compiling per size, as before.
+
+_SKELS: "OrderedDict[Any, _Skel]" = OrderedDict()
+_SKELS_MAX = 256
+
+
+class _Skel:
+    """What is known of one skeleton: the integers of its last window and the families of sizes fitted so far."""
+
+    __slots__ = ("last", "families")
+
+    def __init__(self, nums: List[int]):
+        self.last = nums
+        self.families: List[_Family] = []
+
+
+class _Family:
+    """Windows of one skeleton whose integers are ``a + b * n``: the fit, the buckets' programs, or why none."""
+
+    __slots__ = ("a", "b", "k0", "n_min", "buckets", "refused")
+
+    def __init__(self, fit: Tuple[List[int], List[int], int, int]):
+        self.a, self.b, self.k0, self.n_min = fit     # n is integer k0; n_min the smallest n seen
+        self.buckets: Dict[int, "_Bucket"] = {}
+        self.refused: Optional[str] = None
+
+    def size_of(self, nums: List[int]) -> Optional[int]:
+        """The ``n`` of a window with integers ``nums`` when it belongs to the family, else None (a window
+        shorter than any seen does not: a tail slice may reach into the padding)."""
+        n = nums[self.k0]
+        if n < self.n_min or any(x != y + z * n for x, y, z in zip(nums, self.a, self.b)):
+            return None
+        return n
+
+
+class _Bucket:
+    """One bucket's program: size ``size``, padded inputs ``{input position: axis}``, output axes, its shapes."""
+
+    __slots__ = ("size", "exe", "axes", "out_axes", "in_shapes", "out_shapes", "outputs", "moves", "bufs", "name",
+                 "params", "fixed", "mutations")
+
+    def __init__(self, size, exe, axes, out_axes, in_shapes, out_shapes, outputs, name, params, fixed, mutations):
+        self.size = size
+        self.exe = exe
+        self.axes = axes                # input position (in the window's external slots) -> growing axis
+        self.out_axes = out_axes        # per output: the growing axis or None
+        self.in_shapes = in_shapes      # per input position: its shape in the bucket's program
+        self.out_shapes = out_shapes
+        self.outputs = outputs          # slot indices of the program's outputs
+        self.moves: Dict[int, Any] = {}  # n -> (pad program, narrow program) (tn.neuron Encoded, or None)
+        self.bufs: Dict[int, torch.Tensor] = {}   # input position -> its padded buffer (reused every call)
+        self.name = name
+        self.params = tuple(params)     # the window's scalars the program takes as inputs (after the slots)
+        self.fixed = tuple(fixed)       # (scalar index, value) baked into the program
+        self.mutations = tuple(mutations)
+
+
+def _skeleton(w: _Window) -> Tuple[Any, List[int]]:
+    """``(skeleton, integers)`` of window ``w`` (see above)."""
+    nums: List[int] = []
+    sk: list = []
+    for s in w.slots:
+        if s.external or s.blank:
+            sk.append((s.index, s.blank, s.dtype, len(s.shape)))
+            nums.extend(s.shape)
+    for k, rec in enumerate(w.recs):
+        mk = w.keys[k][0]
+        ent = [mk[0]]
+        for li, x in enumerate(rec.leaves):
+            tx = type(x)
+            if tx is _Ref:
+                ent.append((x.slot, x.dtype, len(x.shape)))
+                nums.extend(x.shape)
+                nums.extend(x.stride)
+                nums.append(x.offset)
+            elif tx is int:
+                ent.append(0)
+                nums.append(x)
+            else:
+                ent.append(mk[li + 1])
+        sk.append(tuple(ent))
+    return tuple(sk), nums
+
+
+def _ext_size_slots(w: _Window) -> List[Tuple[int, int, int]]:
+    """``(position in the integers, external slot position, axis)`` of every input shape entry."""
+    out, at, pos = [], 0, 0
+    for s in w.slots:
+        if s.external:
+            for d in range(len(s.shape)):
+                out.append((at + d, pos, d))
+            pos += 1
+        if s.external or s.blank:
+            at += len(s.shape)
+    return out
+
+
+def _fit(w: _Window, old: List[int], new: List[int]) -> Optional[Tuple[List[int], List[int], int, int]]:
+    """Fit the integers of two windows of one skeleton as ``a + b * n``: ``(a, b, index of n, n of the older)``,
+    or None when they do not differ by one step of one growing size."""
+    diff = [y - x for x, y in zip(old, new)]
+    ins = _ext_size_slots(w)
+    steps = [diff[i] for i, _, _ in ins if diff[i] > 0]
+    if not steps:
+        return None
+    d = min(steps)
+    if any(x % d for x in diff):
+        return None
+    b = [x // d for x in diff]
+    grow = [i for i, _, _ in ins if b[i] == 1]
+    if not grow or any(b[i] not in (0, 1) for i, _, _ in ins):
+        return None
+    k0 = min(grow, key=lambda i: new[i])
+    a = [y - bb * new[k0] for y, bb in zip(new, b)]
+    if any(a[i] < 0 for i in grow):
+        return None
+    return a, b, k0, old[k0]
+
+
+def _resized(w: _Window, a: List[int], b: List[int], n: int) -> Any:
+    """Window ``w`` with its integers set to ``a + b * n`` (its ops replayed at size ``n``): an object the replay
+    (:func:`_replayer`) and :func:`_metas` read."""
+    it = iter([x + y * n for x, y in zip(a, b)])
+    slots = []
+    for s in w.slots:
+        shape = tuple(next(it) for _ in s.shape) if s.external or s.blank else s.shape
+        slots.append(SimpleNamespace(index=s.index, external=s.external, blank=s.blank, dtype=s.dtype, shape=shape))
+    recs = []
+    for rec in w.recs:
+        leaves = []
+        for x in rec.leaves:
+            tx = type(x)
+            if tx is _Ref:
+                r = len(x.shape)
+                shape = tuple(next(it) for _ in range(r))
+                stride = tuple(next(it) for _ in range(r))
+                leaves.append(_Ref(x.slot, shape, stride, next(it), x.dtype))
+            elif tx is int:
+                leaves.append(next(it))
+            else:
+                leaves.append(x)
+        recs.append(_Rec(rec.op, leaves, rec.spec, rec.plan, rec.fresh, rec.src, rec.scal))
+    v = _Window(w.index)
+    v.recs, v.slots, v.svals, v.sdtypes, v.keys = recs, slots, w.svals, w.sdtypes, w.keys
+    return v
+
+
+def _metas(w: Any, params: Tuple[int, ...]) -> List[torch.Tensor]:
+    """Meta tensors of a window's program inputs: its external slots, then the scalars ``params``."""
+    metas = [torch.empty(s.shape, dtype=s.dtype, device="meta") for s in w.slots if s.external]
+    return metas + [torch.empty((), dtype=w.sdtypes[i], device="meta") for i in params]
+
+
+def _bucket_entry(w: _Window, live: Tuple[int, ...], entries: Optional[List["_Compiled"]]) -> Optional["_Compiled"]:
+    """The bucket program serving window ``w`` (compiling it if its bucket has none), or None: compile per size."""
+    sk, nums = _skeleton(w)
+    st = _SKELS.get(sk)
+    if st is None:
+        _SKELS[sk] = _Skel(nums)
+        if len(_SKELS) > _SKELS_MAX:
+            _SKELS.popitem(last=False)
+        return None
+    _SKELS.move_to_end(sk)
+    fam, n = None, None
+    for f in st.families:
+        n = f.size_of(nums)
+        if n is not None:
+            fam = f
+            break
+    if fam is None:
+        fit = _fit(w, st.last, nums)
+        st.last = nums
+        if fit is None:
+            return None
+        fam = _Family(fit)
+        st.families.insert(0, fam)
+        del st.families[4:]
+        n = nums[fam.k0]
+    st.last = nums
+    if fam.refused is not None:
+        return None
+    size = bucketing.bucket_size(n, masked=True)
+    if size is None or size < n:
+        return None
+    params = _params(w, entries)
+    bk = fam.buckets.get(size)
+    compiled = False
+    if bk is None or not set(live).issubset(bk.outputs) or not set(params).issubset(bk.params) or (
+            bk.fixed and not _baked_match(bk, w.svals)):
+        if bk is not None:
+            live = tuple(sorted(set(live).union(bk.outputs)))
+            params = tuple(sorted(set(params).union(bk.params)))
+        t0 = time.perf_counter()
+        try:
+            bk = _compile_bucket(w, fam.a, fam.b, n, size, live, params)
+        except Exception as e:    # refused by a proof, or the program did not compile: per-size programs from now on
+            fam.refused = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            if config.log_enabled("windows"):
+                log.info("tn.device window: %s, no bucket (%s)", _window_name(w), fam.refused)
+            return None
+        finally:
+            _STATS["compile_s"] += time.perf_counter() - t0
+        fam.buckets[size] = bk
+        compiled = True
+    e = _Compiled(bk.exe, [s.index for s in w.slots if s.external], bk.outputs, bk.mutations, name=bk.name,
+                  params=bk.params, fixed=bk.fixed)
+    e.bucket = (bk, n)
+    e.fresh_bucket = compiled
+    return e
+
+
+def _compile_bucket(w: _Window, a: List[int], b: List[int], n: int, size: int, live: Tuple[int, ...],
+                    params: Tuple[int, ...]) -> _Bucket:
+    """Trace window ``w`` at its size and at ``size``, prove the padding exact, compile the masked program."""
+    ext = [s.index for s in w.slots if s.external]
+    small = optimize(trace_flat(_replayer(w, ext, live, params), _metas(w, params)).ir)
+    big_w = _resized(w, a, b, size)
+    big = optimize(trace_flat(_replayer(big_w, ext, live, params), _metas(big_w, params)).ir)
+    axes: Dict[int, int] = {}
+    for i, pos, d in _ext_size_slots(w):
+        if b[i]:
+            axes[pos] = d
+    why = bucketing.same_program(small, big, sorted(axes.items()), tail_slices=True)
+    if why is not None:
+        raise bucketing.Mixed(why)
+    muts = tuple(big.mutations)
+    pad = Var((), torch.float32)
+    core = big.replace(inputs=list(big.inputs) + [pad], mutations=())
+    mir, out_axes = bucketing.masked_program(core, axes, len(core.inputs) - 1, tail_slices=True)
+    for i, j in muts:
+        if i in axes or out_axes[j] is not None:
+            raise bucketing.Mixed("the window writes padded positions back into an input")
+    grow = size - n
+    for j, (u, v) in enumerate(zip(small.outputs, big.outputs)):
+        ax = out_axes[j]
+        want = tuple(x + grow if d == ax else x for d, x in enumerate(u.shape))
+        if tuple(v.shape) != want:
+            raise bucketing.Mixed(f"result {j} is {list(v.shape)} at size {size}, {list(u.shape)} at size {n}: "
+                                  f"not the same result padded along one axis")
+    name = f"{_window_name(w)}_bucket{size}"
+    exe = _compile_ir(optimize(mir.replace(mutations=muts)), name)
+    ps = set(params)
+    fixed = tuple((i, v) for i, v in enumerate(w.svals) if i not in ps)
+    return _Bucket(size, exe, axes, list(out_axes), [tuple(v.shape) for v in big.inputs],
+                   [tuple(v.shape) for v in big.outputs], tuple(live), name, params, fixed, muts)
+
+
+def _flat2(shape: Tuple[int, ...], axis: int, itemsize: int) -> Tuple[int, int, int]:
+    """``(outer, size along axis, inner)`` of a row-major shape (inner in 4-byte words when it divides)."""
+    outer = numel(shape[:axis])
+    inner = numel(shape[axis + 1:]) * itemsize
+    return outer, shape[axis], inner
+
+
+def _dma_program(name: str, moves: List[Tuple[int, int, int, int, int, int]]) -> Any:
+    """A NeuronCore program of HBM -> HBM copies: per move ``(outer, src row, dst row, src offset, dst offset,
+    length)`` in bytes, tensor ``s{k}`` (``[outer, src row]``) into ``d{k}`` (``[outer, dst row]``)."""
+    prog = Program(name)
+    for k, (outer, srow, drow, so, do, length) in enumerate(moves):
+        src = prog.hbm(f"s{k}", (outer, srow), "uint8", "input")
+        dst = prog.hbm(f"d{k}", (outer, drow), "uint8", "inout")
+        prog.dma_copy(HbmView(dst, do, [(outer, drow), (length, 1)]), HbmView(src, so, [(outer, srow), (length, 1)]))
+    return prog.build()
+
+
+def _moves(bk: _Bucket, w: _Window, n: int) -> Any:
+    """The pad and narrow programs of bucket ``bk`` at size ``n`` (built once per size)."""
+    m = bk.moves.get(n)
+    if m is not None:
+        return m
+    p = bk.size - n
+    pad_moves, ext = [], [s for s in w.slots if s.external]
+    for pos, ax in sorted(bk.axes.items()):
+        s = ext[pos]
+        isz = s.dtype.itemsize
+        outer, real, inner = _flat2(s.shape, ax, isz)
+        big = bk.in_shapes[pos][ax]
+        if real:
+            pad_moves.append((outer, real * inner, big * inner, 0, p * inner, real * inner))   # the real positions
+        if p:
+            pad_moves.append((outer, p * inner, big * inner, 0, 0, p * inner))                 # the front: zeros
+    narrow_moves = []
+    for j, ax in enumerate(bk.out_axes):
+        if ax is None:
+            continue
+        shape = bk.out_shapes[j]
+        isz = w.slots[bk.outputs[j]].dtype.itemsize
+        outer, big, inner = _flat2(shape, ax, isz)
+        narrow_moves.append((outer, big * inner, (big - p) * inner, p * inner, 0, (big - p) * inner))
+    m = bk.moves[n] = (_dma_program(f"{bk.name}_pad{n}", pad_moves) if pad_moves else None,
+                       _dma_program(f"{bk.name}_narrow{n}", narrow_moves) if narrow_moves else None)
+    if len(bk.moves) > 4 * bk.size:
+        bk.moves.clear()
+    return m
+
+
+def _bytes(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """``t`` (contiguous) as a ``[rows, -1]`` uint8 tensor over the same memory."""
+    return t.reshape(-1).view(torch.uint8).reshape(rows, -1)
+
+
+def _charge(res: Any) -> None:
+    tracking.add_device_ns(res.total_ns)
+    _STATS["device_ns"] += res.total_ns
+
+
+def _run_bucket(w: _Window, entry: "_Compiled") -> None:
+    """Run window ``w`` by its bucket's program: inputs padded at the front along the growing axis (a DMA program),
+    the masked program, results narrowed back (a DMA program) into the window's result memory."""
+    bk, n = entry.bucket
+    p = bk.size - n
+    slots = w.slots
+    ins = [_cached_alias(slots[i].strong, slots[i].dtype, slots[i].shape) for i in entry.inputs]
+    pad_prog, narrow_prog = _moves(bk, w, n)
+    binds = []
+    for pos, ax in sorted(bk.axes.items()):
+        real = ins[pos]
+        buf = bk.bufs.get(pos)
+        if buf is None:
+            buf = bk.bufs[pos] = torch.empty(bk.in_shapes[pos], dtype=real.dtype)
+        outer = numel(real.shape[:ax])
+        if real.shape[ax]:
+            binds += [_bytes(real, outer), _bytes(buf, outer)]
+        if p:
+            binds += [_zeros(outer, p * numel(real.shape[ax + 1:]) * real.element_size()), _bytes(buf, outer)]
+        ins[pos] = buf
+    if pad_prog is not None:
+        _charge(pad_prog.run(binds))
+    if entry.params:
+        sv, sd = w.svals, w.sdtypes
+        ins += [torch.tensor(sv[i], dtype=sd[i]) for i in entry.params]
+    ins.append(torch.tensor(float(p)))
+    outs = bk.exe(ins)
+    prof = bk.exe.last_profile
+    if prof is not None:
+        _charge(prof)
+    binds = []
+    for j, i in enumerate(entry.outputs):
+        s = slots[i]
+        st = s.storage()
+        ax = bk.out_axes[j]
+        if ax is None:
+            if st is not None:
+                _cached_alias(st, s.dtype, s.shape).copy_(outs[j].reshape(s.shape))
+            continue
+        dst = _cached_alias(st, s.dtype, s.shape) if st is not None else torch.empty(s.shape, dtype=s.dtype)
+        src = outs[j].reshape(bk.out_shapes[j])
+        if not src.is_contiguous():
+            src = src.contiguous()
+        outer = numel(bk.out_shapes[j][:ax])
+        binds += [_bytes(src, outer), _bytes(dst, outer)]
+    if narrow_prog is not None:
+        _charge(narrow_prog.run(binds))
+    for i, j in entry.mutations:
+        ins[i].copy_(outs[j].reshape(ins[i].shape))
+
+
+_ZEROS: Dict[Tuple[int, int], torch.Tensor] = {}
+
+
+def _zeros(rows: int, cols: int) -> torch.Tensor:
+    """A zero ``[rows, cols]`` uint8 host tensor (the front padding's source), kept per shape."""
+    z = _ZEROS.get((rows, cols))
+    if z is None:
+        if len(_ZEROS) > 256:
+            _ZEROS.clear()
+        z = _ZEROS[(rows, cols)] = torch.zeros((rows, cols), dtype=torch.uint8)
+    return z
+
+
 # --------------------------------------------------------------------------- counters
 
 
 def stats() -> Dict[str, Any]:
     """Adaptive eager counters: windows run, ops, cache hits, compiles, op-by-op windows, compile seconds,
-    modelled device ns, hit rate, mean ops per window, ``flush_reasons`` and ``ops_per_window`` histograms."""
+    modelled device ns, hit rate, mean ops per window, ``flush_reasons`` and ``ops_per_window`` histograms;
+    ``bucket_hits`` / ``bucket_compiles``: windows run by (and programs compiled for) a bucket of a growing size
+    (counted in ``hits`` / ``compiles`` too)."""
     out = {k: (dict(v) if isinstance(v, Counter) else v) for k, v in _STATS.items()}
     n = out["windows"]
     out["hit_rate"] = out["hits"] / n if n else 0.0
@@ -1151,6 +1567,7 @@ def clear_cache() -> None:
     _SITES.clear()
     _VARYING.clear()
     _ALIASES.clear()
+    _SKELS.clear()
 
 
 allocator.BEFORE_HOST_ACCESS[0] = before_host_access
