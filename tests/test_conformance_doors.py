@@ -14,7 +14,7 @@ cov = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(cov)
 
 #: One or more OpInfos per op family of tn.ops (elementwise, reduction, scan, sort, matmul, conv, pool, shape,
-#: index, creation, host, nn layers, complex).
+#: index, creation, host, linear algebra, nn layers, complex).
 FAMILIES = {
     "elementwise": ["add", "mul", "exp", "where", "clamp", "nn.functional.gelu"],
     "reduction": ["sum", "amax", "var", "argmax"],
@@ -26,7 +26,8 @@ FAMILIES = {
     "shape": ["reshape", "permute", "cat", "expand", "flip"],
     "index": ["gather", "index_select", "scatter_add", "__getitem__", "index_put"],
     "creation": ["ones_like", "arange"],
-    "host": ["linalg.inv", "fft.fft"],
+    "host": ["linalg.svdvals", "fft.fft"],
+    "linalg": ["linalg.solve_ex", "linalg.cholesky_ex", "linalg.det"],
     "nn": ["softmax", "nn.functional.layer_norm", "nn.functional.cross_entropy", "nn.functional.embedding"],
     "zero-dim": ["kthvalue", "median", "bucketize"],
 }
@@ -38,7 +39,7 @@ _HOST = "pass_host"
 EXPECTED = {}
 for _grad in (False, True):
     for _mode in ("eager", "jit", "compile", "adaptive"):
-        EXPECTED[(_mode, _grad, "linalg.inv")] = _HOST      # linear algebra and FFTs are host ops by design
+        EXPECTED[(_mode, _grad, "linalg.svdvals")] = _HOST  # the SVD, eigen-solvers and FFTs are host ops by design
         EXPECTED[(_mode, _grad, "fft.fft")] = _HOST
     EXPECTED[("eager", _grad, "index_put")] = _HOST        # accumulate=True: aten::_index_put_impl_ on the host
 EXPECTED[("eager", True, "__getitem__")] = _HOST           # its backward is an accumulating index_put

@@ -182,16 +182,16 @@ def test_a_second_registration_of_an_overload_is_refused():
 
 def test_the_package_files_register_what_they_say():
     """tn.ops' files: core ops in tn.ops.core, the collective ops in tn.ops.collective, decompositions in
-    tn.ops.decompositions / nn_layers / special / attention_grad / grouped_mm (and collective: its in-place/out=/coalesced
-    forms)."""
-    from tn.ops import attention_grad, collective, core, decompositions, grouped_mm, nn_layers, special
+    tn.ops.decompositions / nn_layers / special / attention_grad / grouped_mm / linalg (and collective: its
+    in-place/out=/coalesced forms)."""
+    from tn.ops import attention_grad, collective, core, decompositions, grouped_mm, linalg, nn_layers, special
 
     where_ops = {op.name: op.impl.__module__ for op in OPS.values()}
     assert {n for n, m in where_ops.items() if m == collective.__name__} == set(collective.COLLECTIVE_OPS)
     assert set(where_ops.values()) == {core.__name__, collective.__name__}, "core ops are registered in tn.ops.core"
     where = {f.__module__ for f in ops.DECOMPOSITIONS.values()}
     assert where == {decompositions.__name__, nn_layers.__name__, special.__name__, collective.__name__,
-                     attention_grad.__name__, grouped_mm.__name__}
+                     attention_grad.__name__, grouped_mm.__name__, linalg.__name__}
 
 
 def test_get_unknown_op_raises():

@@ -59,7 +59,7 @@ index           gather[dim] scatter[dim] scatter_add[dim] scatter_reduce[dim red
                 include_self] index[dims] index_put[dims accumulate]
 creation        full[shape value dtype] iota[length start step dtype]
 random          rand[shape dtype] randn[shape dtype]
-host            host[fn ...]: an aten op of :data:`HOST_OVERLOADS` (FFTs, linear algebra) run by torch
+host            host[fn ...]: an aten op of :data:`HOST_OVERLOADS` (FFTs, eigen/SVD/QR, non-float32 linear algebra) run by torch
                 on the host, its non-tensor arguments as attributes (no NeuronCore lowering);
                 linalg_check[api_name is_matrix where]: a ``torch.linalg.*_ex`` status check, effectful
                 (kept with no result), raising eager's ``torch.linalg.LinAlgError`` at run time
@@ -99,12 +99,14 @@ The package's files:
 - :mod:`tn.ops.collective`: the collective ops (functional collectives) and how they reach a process group;
 - :mod:`tn.ops.attention_grad`: the CPU flash-attention backward (``nn.Transformer*`` trained through
   ``torch.compile``) in matmuls and a softmax;
+- :mod:`tn.ops.linalg`: float32 Cholesky, triangular solves and LU with LAPACK's pivoting (and the solves,
+  inverses and determinants built on them), unrolled over the matrix size; other dtypes stay ``host`` ops;
 - :mod:`tn.ops.grouped_mm`: grouped matmul (MoE experts: ``aten._grouped_mm`` and Hugging Face's
   ``transformers::grouped_mm_fallback`` ops, by name) as dense masked matmuls.
 """
 from __future__ import annotations
 
-from . import attention_grad, collective, core, decompositions, grouped_mm, nn_layers, special  # noqa: F401  (register the ops and decompositions)
+from . import attention_grad, collective, core, decompositions, grouped_mm, linalg, nn_layers, special  # noqa: F401  (register the ops and decompositions)
 from .core import (  # noqa: F401  (the core ops registered by name in the module: tn.ops.matmul is OPS['matmul'])
     argmax, argmin, as_strided, as_strided_scatter, avg_pool2d, avg_pool2d_backward, cat, conj, convert,
     convolution, convolution_backward, cummax, cummin, cumsum, div, expand, flip, full, gather, gelu, host, index,

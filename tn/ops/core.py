@@ -838,19 +838,15 @@ def _randn_conv(size, *, generator=None, dtype=None, layout=None, device=None, p
 # and counted as host fallbacks by the compiler. (linalg_lstsq and geqrf are left out: they
 # have no meta kernel, so their result shapes cannot be traced.)
 
-#: aten overloads traced as the ``host`` op.
+#: aten overloads traced as the ``host`` op. (Cholesky, LU, triangular solves and what follows from them are
+#: :data:`tn.ops.linalg.NATIVE_OVERLOADS`: core ops for float32, this host op for other dtypes.)
 HOST_OVERLOADS = tuple(
     getattr(getattr(aten, _p), _o) for _p, _o in (
         ("_fft_r2c", "default"), ("_fft_c2c", "default"), ("_fft_c2r", "default"),
         ("_linalg_svd", "default"), ("linalg_qr", "default"), ("linalg_pinv", "atol_rtol_tensor"),
-        ("linalg_inv_ex", "default"), ("linalg_lu_factor_ex", "default"), ("_linalg_eigh", "default"),
-        ("_linalg_solve_ex", "default"), ("linalg_lu_solve", "default"), ("_linalg_slogdet", "default"),
-        ("linalg_cholesky_ex", "default"), ("linalg_eig", "default"), ("linalg_ldl_factor_ex", "default"),
-        ("linalg_ldl_solve", "default"), ("cholesky", "default"),
-        ("cholesky_inverse", "default"), ("cholesky_solve", "default"),
-        ("ormqr", "default"), ("linalg_householder_product", "default"), ("lu_unpack", "default"),
-        ("linalg_lu", "default"), ("linalg_matrix_exp", "default"), ("triangular_solve", "default"),
-        ("linalg_solve_triangular", "default"), ("_linalg_det", "default"))
+        ("_linalg_eigh", "default"), ("linalg_eig", "default"), ("linalg_ldl_factor_ex", "default"),
+        ("linalg_ldl_solve", "default"), ("ormqr", "default"), ("linalg_householder_product", "default"),
+        ("linalg_matrix_exp", "default"))
     if hasattr(getattr(aten, _p, None), _o))
 
 
