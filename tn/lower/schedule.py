@@ -41,7 +41,7 @@ from .fusion import Group
 from .matmul import transposed_source as find_transposed_source
 
 __all__ = ["Schedule", "Unit", "Veto", "Vetoes", "UnitFailed", "LaidOutOperand", "plan", "plan_transposed",
-           "hoist_gathers", "hoist_past_weight_casts", "sink_head_splits",
+           "hoist_gathers", "hoist_past_weight_casts", "sink_head_splits", "row_any_from_max",
            "host_reason", "has_zero_size", "unit_label", "unit_kind", "program_name", "ZERO_SIZE_REASON"]
 
 
@@ -745,6 +745,54 @@ def sink_head_splits(ir: IR) -> IR:
     if not moved:
         return ir
     return IR(ir.inputs, eqns, ir.outputs, ir.consts, ir.mutations, ir.name)
+
+
+def _is_neg_inf(a: Any) -> bool:
+    return isinstance(a, Literal) and isinstance(a.value, float) and a.value == float("-inf")
+
+
+def row_any_from_max(ir: IR) -> IR:
+    """``ir`` with softmax's all-masked-row check read off the row maximum (a new IR; ``ir`` itself when
+    nothing matches).
+
+    torch's ``_safe_softmax`` (scaled_dot_product_attention with a mask, as BERT and every HF encoder call it)
+    zeroes the rows of ``x`` that are all ``-inf``: ``any(logical_not(eq(x, -inf)), dims, keepdim)``, two
+    elementwise passes and a reduction over the whole score tensor beside the softmax's own ``amax(x, dims,
+    keepdim)``. A row has an element other than ``-inf`` exactly when its maximum is not ``-inf`` (a NaN
+    makes both true: ``NaN != -inf`` and the maximum propagates NaN), so the check becomes ``ne(amax, -inf)``
+    on the row values, as a compiler's algebraic simplifier folds it. Taken when the equality and its negation
+    are read only by that ``any`` (and are not results) and an ``amax`` of the same ``x`` over the same axes
+    with ``keepdim`` comes before it."""
+    producer, users, outset = dataflow(ir)
+    eqns = list(ir.eqns)
+    drop: Set[int] = set()
+    for k, e in enumerate(eqns):
+        if e.op.name != "any" or not e.attrs.get("keepdim") or not isinstance(e.inputs[0], Var):
+            continue
+        w = e.inputs[0]
+        i = producer.get(w)
+        if i is None or eqns[i].op.name != "logical_not" or users.get(w) != [k] or w in outset:
+            continue
+        v = eqns[i].inputs[0]
+        h = producer.get(v) if isinstance(v, Var) else None
+        if h is None or eqns[h].op.name != "eq" or users.get(v) != [i] or v in outset:
+            continue
+        x, lit = eqns[h].inputs
+        if _is_neg_inf(x):
+            x, lit = lit, x
+        if not isinstance(x, Var) or not _is_neg_inf(lit) or not x.dtype.is_floating_point:
+            continue
+        dims = tuple(e.attrs.get("dims") or ())
+        m = next((j for j in range(k) if eqns[j].op.name == "amax" and eqns[j].inputs[0] is x and
+                  tuple(eqns[j].attrs.get("dims") or ()) == dims and eqns[j].attrs.get("keepdim")), None)
+        if m is None:
+            continue
+        eqns[k] = Eqn(OPS["ne"], [eqns[m].outputs[0], lit], list(e.outputs), source=e.source)
+        drop.update((h, i))
+    if not drop:
+        return ir
+    return IR(ir.inputs, [e for j, e in enumerate(eqns) if j not in drop], ir.outputs, ir.consts, ir.mutations,
+              ir.name)
 
 
 def _plan_groups(ir: IR, vetoes: Vetoes, laid_out: Dict[Var, Any], sched: Schedule) -> None:
