@@ -72,6 +72,18 @@ def _map_view(dst: Any, out_shape: Sequence[int], op_strides: Sequence[int]) -> 
     return off, dims
 
 
+def is_regroup(e: Eqn, hv: Var, made: Any) -> bool:
+    """Whether ``e`` is a reshape of a value in ``made`` (an epilogue's head ``hv`` and its chain values, all
+    of the head's size) that keeps the last axis and only regroups the leading ones (``[B * S, F]`` <->
+    ``[B, S, F]``): the same elements at the same flat places, so in the epilogue the same tile, and a view
+    of the head's layout for its stores."""
+    if e.op.name != "reshape" or len(e.outputs) != 1 or not isinstance(e.inputs[0], Var) or e.inputs[0] not in made:
+        return False
+    x, y = e.inputs[0], e.outputs[0]
+    return x.dtype == y.dtype and bool(y.shape) and bool(hv.shape) and y.numel == hv.numel and \
+        y.shape[-1] == hv.shape[-1] and x.shape[-1] == hv.shape[-1]
+
+
 class EpilogueGroup:
     """Elementwise equations applied to the output tiles of ``head`` inside ``ctx.store``."""
 
@@ -89,6 +101,13 @@ class EpilogueGroup:
         #: that the head matmul may add in PSUM instead (set ``absorbed`` when it does)
         self.bias = self._bias_candidate()
         self.absorbed = False
+        made = {head.outputs[0]}
+        #: the chain's reshapes that are the same tile (leading size-1 axes, or the head's leading axes regrouped)
+        self.aliases = set()
+        for e in eqns:
+            if is_alias_reshape(e) or is_regroup(e, head.outputs[0], made):
+                self.aliases.add(id(e))
+            made.update(e.outputs)
 
     def _bias_candidate(self, any_dtype: bool = False) -> Optional[Tuple[Var, Eqn]]:
         hv = self.head.outputs[0]
@@ -193,7 +212,7 @@ class EpilogueGroup:
         # value computing them writes there directly; aliases resolved) and not stored
         root: Dict[Var, Var] = {}
         for e in self.eqns:
-            if is_alias_reshape(e):
+            if id(e) in self.aliases:
                 root[e.outputs[0]] = root.get(e.inputs[0], e.inputs[0])
         wants = ctx.wants
         pub: Dict[Var, Any] = {}          # computed Var -> (published Var, whole tile, cols)
@@ -297,7 +316,7 @@ class EpilogueGroup:
                     prog.dma_copy(t, HbmView(in_hbm(v), off, ldims))
                 env[v] = t.broadcast_to(tshape) if lshape != tuple(tshape) else t
             for e in self.eqns:
-                if is_alias_reshape(e):
+                if id(e) in self.aliases:
                     env[e.outputs[0]] = env[e.inputs[0]]
                     continue
                 if self.absorbed and e is self.bias[1]:

@@ -23,7 +23,7 @@ from ..ir import IR, Eqn, Var
 from ..neuron import get_arch
 from . import elementwise  # noqa: F401  (registers the ops' tile rules)
 from .base import NEURON_DTYPES, CannotLower, dataflow
-from .epilogue import EpilogueGroup
+from .epilogue import EpilogueGroup, is_regroup
 from .tile import _broadcastable, _lstrip1, _row_reduce_r, _space_strides, is_alias_reshape, lower_map, row_fits
 
 __all__ = ["plan", "Group", "EpilogueGroup", "EPILOGUE_HEADS"]
@@ -138,6 +138,26 @@ def _grow(ir: IR, k: int, host: Dict[int, str], stop: Optional[int] = None) -> T
     return end, space, r, rowvars
 
 
+def _epilogue_takes(e: Eqn, hv: Var, made: Set[Var]) -> bool:
+    """Whether equation ``e`` joins the epilogue of the head making ``hv`` (``made``: ``hv`` and the chain's
+    values so far): an elementwise equation of the head's shape whose operands broadcast to it, or, in a
+    head's leading axes regrouped (:func:`tn.lower.epilogue.is_regroup`, e.g. a Linear's ``[B * S, F]``
+    result viewed as ``[B, S, F]``), that regrouping reshape and elementwise equations of the regrouped shape
+    whose operands are chain values, numbers or vectors along the last axis (which broadcast the same over
+    either shape)."""
+    if _is_map(e) and _lstrip1(e.outputs[0].shape) == _lstrip1(hv.shape) and \
+            all(not isinstance(a, Var) or _broadcastable(a.shape, hv.shape) for a in e.inputs):
+        return True
+    if is_regroup(e, hv, made):
+        return True
+    out = e.outputs[0] if len(e.outputs) == 1 else None
+    if out is None or not _is_map(e) or not hv.shape or not out.shape or out.numel != hv.numel or \
+            out.shape[-1] != hv.shape[-1]:
+        return False
+    return all(not isinstance(a, Var) or a in made or _lstrip1(a.shape) in ((), (1,), (hv.shape[-1],))
+               for a in e.inputs)
+
+
 def plan(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()) -> Dict[int, Any]:
     """Fused groups of ``ir``: first equation index -> :class:`Group` or :class:`EpilogueGroup`.
 
@@ -170,9 +190,9 @@ def plan(ir: IR, host: Dict[int, str], nofuse: Set[int] = frozenset()) -> Dict[i
         if is_head:
             hv = e.outputs[0]
             end = k + 1
-            while end < n and end not in host and end not in nofuse and _is_map(ir.eqns[end]) and \
-                    _lstrip1(ir.eqns[end].outputs[0].shape) == _lstrip1(hv.shape) and \
-                    all(not isinstance(a, Var) or _broadcastable(a.shape, hv.shape) for a in ir.eqns[end].inputs):
+            made = {hv}
+            while end < n and end not in host and end not in nofuse and _epilogue_takes(ir.eqns[end], hv, made):
+                made.update(ir.eqns[end].outputs)
                 end += 1
             if end > k + 1 and any(a is hv for a in ir.eqns[k + 1].inputs):
                 chain = ir.eqns[k + 1:end]
