@@ -33,7 +33,9 @@ inside ``tn.profile()`` for the modelled NeuronCore time, HBM bytes and
 programs run per step (``tn.profile`` sees every thread, so autograd's device
 thread too); ``compiles``: programs compiled over all steps of the mode
 (windows, one-op programs, jit signatures, Dynamo graphs) and how many of
-them during the timed steps (``steady``). ``host ops``: ops that ran on the
+them during the timed steps (``steady``); ``buckets``: adaptive eager windows
+of a growing size (the decode steps' KV cache) run by a bucket's program,
+``programs compiled/windows run`` over all steps (:mod:`tn.bucketing`). ``host ops``: ops that ran on the
 host instead of the NeuronCore during the profiled step. ``check``: the last
 loss against the CPU's (rtol 1e-3) or the generated tokens against the CPU's.
 
@@ -214,6 +216,7 @@ def generate_runner(mode: str, counters: Counters):
 def measure(label: str, step, repeats: int, counters: Counters) -> dict:
     """First step, ``repeats`` timed steps, one profiled step; the row of one mode."""
     c0 = counters.total()
+    w0 = windows.stats()
     t = time.perf_counter()
     step()
     first = time.perf_counter() - t
@@ -228,7 +231,10 @@ def measure(label: str, step, repeats: int, counters: Counters) -> dict:
     with tn.profile() as prof:
         value = step()
     hbm = sum(r.hbm_read_bytes + r.hbm_write_bytes for r in prof.runs)
-    return {"mode": label, "first_s": first, "host_ms_min": min(times) * 1e3,
+    w1 = windows.stats()
+    buckets = {k: w1[k] - w0[k] for k in ("bucket_compiles", "bucket_hits")}
+    return {"mode": label, "buckets": f"{buckets['bucket_compiles']}/{buckets['bucket_hits']}" if any(
+                buckets.values()) else "", "first_s": first, "host_ms_min": min(times) * 1e3,
             "host_ms_median": statistics.median(times) * 1e3, "device_us": prof.total_us,
             "hbm_MB": hbm / 1e6, "programs": len(prof.runs), "compiles": c2 - c0 + (counters.total() - c2),
             "steady_compiles": c2 - c1, "host_ops": dict(prof.host_ops), "value": value}
@@ -328,7 +334,7 @@ def main(argv=None) -> int:
     for name in [w.strip() for w in args.only.split(",") if w.strip()]:
         rows += bench(name, args.repeats, modes)
     cols = ["workload", "mode", "first_s", "host_ms_min", "host_ms_median", "device_us", "hbm_MB", "programs",
-            "compiles", "steady_compiles", "check"]
+            "compiles", "steady_compiles", "buckets", "check"]
     table = [[r.get(c, r.get("error", "") if c == "check" else "") for c in cols] for r in rows]
     print(tabulate(table, headers=cols, floatfmt=".3g") if tabulate else "\n".join(map(str, table)))
     lines, ok = verdicts(rows)
