@@ -24,6 +24,8 @@ def _samples():
         s[name] = [([x], {}), ([_x(5, dtype=torch.bfloat16)], {})]
     s["logical_not"] = [([x > 0], {})]
     s["conj"] = [([torch.randn(3, dtype=torch.complex64)], {})]
+    s["view_as_real"] = [([torch.randn(2, 3, dtype=torch.complex64)], {})]
+    s["view_as_complex"] = [([_x(3, 2)], {}), ([_x(2, 4, 2).transpose(0, 1)], {})]
     s["bitwise_not"] = [([torch.arange(4)], {}), ([x > 0], {})]
     s["gelu"] = [([x], {}), ([x], {"approximate": "tanh"})]
     s["convert"] = [([x], {"dtype": torch.bfloat16}), ([torch.arange(3)], {"dtype": torch.float32})]
@@ -181,17 +183,19 @@ def test_a_second_registration_of_an_overload_is_refused():
 
 
 def test_the_package_files_register_what_they_say():
-    """tn.ops' files: core ops in tn.ops.core, the collective ops in tn.ops.collective, decompositions in
-    tn.ops.decompositions / nn_layers / special / attention_grad / grouped_mm / linalg (and collective: its
-    in-place/out=/coalesced forms)."""
-    from tn.ops import attention_grad, collective, core, decompositions, grouped_mm, linalg, nn_layers, special
+    """tn.ops' files: core ops in tn.ops.core, the collective ops in tn.ops.collective, the complex views in
+    tn.ops.fft, decompositions in tn.ops.decompositions / nn_layers / special / attention_grad / grouped_mm /
+    linalg / fft (and collective: its in-place/out=/coalesced forms)."""
+    from tn.ops import attention_grad, collective, core, decompositions, fft, grouped_mm, linalg, nn_layers, special
 
     where_ops = {op.name: op.impl.__module__ for op in OPS.values()}
     assert {n for n, m in where_ops.items() if m == collective.__name__} == set(collective.COLLECTIVE_OPS)
-    assert set(where_ops.values()) == {core.__name__, collective.__name__}, "core ops are registered in tn.ops.core"
+    assert {n for n, m in where_ops.items() if m == fft.__name__} == {"view_as_real", "view_as_complex"}
+    assert set(where_ops.values()) == {core.__name__, collective.__name__, fft.__name__}, \
+        "core ops are registered in tn.ops.core"
     where = {f.__module__ for f in ops.DECOMPOSITIONS.values()}
     assert where == {decompositions.__name__, nn_layers.__name__, special.__name__, collective.__name__,
-                     attention_grad.__name__, grouped_mm.__name__, linalg.__name__}
+                     attention_grad.__name__, grouped_mm.__name__, linalg.__name__, fft.__name__}
 
 
 def test_get_unknown_op_raises():

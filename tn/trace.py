@@ -36,7 +36,8 @@ Tensors that ``fn`` creates without traced inputs (``torch.ones(T, T)``,
 Limits (each a clear :class:`tn.TnError`, never a silent difference):
 shape changes of an *input* in place (``x.unsqueeze_(0)``), writes into
 tensors captured from outside ``fn`` (they cannot be written back), writes
-into broadcast views, bit reinterpretation (``view(dtype)``, complex views),
+into broadcast views, bit reinterpretation (``view(dtype)``; the complex views
+``view_as_real``/``view_as_complex`` are ops of :mod:`tn.ops.fft`),
 and ops whose output shape depends on values (``x[mask]``, ``nonzero``).
 ``p.grad`` set by ``loss.backward()`` inside ``fn`` is usable inside ``fn``
 (e.g. by an in-place SGD step, which is written back) but is not itself an
@@ -701,7 +702,8 @@ class _Tracer(TorchDispatchMode):
     def apply_step(self, step: tuple, v: Var) -> Var:
         """Emit one view step ``(op, attrs, out_shape)`` on ``v``."""
         op, attrs, shape = step
-        return self.emit(op, [v], attrs, [(shape, v.dtype)])[0]
+        dtype = _ops.fft.view_dtype(op.name, v.dtype) if op.name in _COMPLEX_VIEW_OPS else v.dtype
+        return self.emit(op, [v], attrs, [(shape, dtype)])[0]
 
     def inverse_step(self, step: tuple, parent: Var, new: Var) -> Var:
         """The new value of ``parent`` after its view ``step`` was overwritten with ``new``."""
@@ -718,6 +720,8 @@ class _Tracer(TorchDispatchMode):
         if name == "as_strided":
             return self.emit(OPS["as_strided_scatter"], [parent, new], dict(attrs),
                              [(parent.shape, parent.dtype)])[0]
+        if name in _COMPLEX_VIEW_OPS:   # the pairs of a complex value, or the value of its pairs: each the other's inverse
+            return self.emit(OPS[_COMPLEX_VIEW_OPS[name]], [new], {}, [(parent.shape, parent.dtype)])[0]
         raise UnsupportedOpError(
             f"{_where()}: an in-place write into a broadcast view ({name} {aval_str(parent.shape, parent.dtype)} "
             f"-> {aval_str(shape, parent.dtype)}) writes one element several times; tn cannot trace it. "
@@ -1231,7 +1235,7 @@ def _h_view(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any])
         raise _unsupported(func, args, kwargs, "its input is not a traced tensor")
     meta_out = meta_call(func, args, kwargs)
     for m in ([meta_out] if type(meta_out) is _Spec else meta_out):
-        if m.dtype != x.dtype:
+        if m.dtype != x.dtype and func not in _COMPLEX_VIEWS:
             raise _unsupported(func, args, kwargs, "it reinterprets memory as another dtype, which tn's "
                                                    "value-based IR cannot express")
     maker = _VIEW_STEPS.get(func)
@@ -1334,6 +1338,17 @@ def _alias_steps(x, out, *args, **kwargs):
     return []
 
 
+def _complex_view_steps(x, out):
+    op = "view_as_real" if x.dtype.is_complex else "view_as_complex"
+    return [(OPS[op], {}, tuple(out.shape))]
+
+
+#: The views between a complex tensor and its (re, im) pairs (a reinterpretation of the same bytes: core ops
+#: of tn.ops.fft), and the op names of each one's inverse.
+_COMPLEX_VIEWS = (aten.view_as_real.default, aten.view_as_complex.default)
+_COMPLEX_VIEW_OPS = {"view_as_real": "view_as_complex", "view_as_complex": "view_as_real"}
+
+
 _VIEW_STEPS: Dict[Any, Callable[..., Any]] = {
     aten.view.default: _reshape_steps,
     aten._reshape_alias.default: _reshape_steps,
@@ -1352,6 +1367,8 @@ _VIEW_STEPS: Dict[Any, Callable[..., Any]] = {
     aten.unbind.int: _unbind_steps,
     aten.alias.default: _alias_steps,
     aten.detach.default: _alias_steps,
+    aten.view_as_real.default: _complex_view_steps,
+    aten.view_as_complex.default: _complex_view_steps,
 }
 
 _SPECIAL: Dict[Any, Callable[..., Any]] = {

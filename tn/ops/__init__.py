@@ -55,11 +55,13 @@ pool            avg_pool2d[...] avg_pool2d_backward[...]
 shape           reshape[shape] permute[dims] expand[shape] slice[dim start end step]
                 slice_scatter[dim start end step] cat[dim] pad[pad value] flip[dims]
                 as_strided[size stride offset] as_strided_scatter[size stride offset]
+                view_as_real view_as_complex (complex64 ``[..]`` <-> its float32 ``(re, im)`` pairs
+                ``[.., 2]``: the same bytes; :mod:`tn.ops.fft`)
 index           gather[dim] scatter[dim] scatter_add[dim] scatter_reduce[dim reduce
                 include_self] index[dims] index_put[dims accumulate]
 creation        full[shape value dtype] iota[length start step dtype]
 random          rand[shape dtype] randn[shape dtype]
-host            host[fn ...]: an aten op of :data:`HOST_OVERLOADS` (FFTs, eigen/SVD/QR, non-float32 linear algebra) run by torch
+host            host[fn ...]: an aten op of :data:`HOST_OVERLOADS` (eigen/SVD/QR, non-float32 linear algebra and FFTs) run by torch
                 on the host, its non-tensor arguments as attributes (no NeuronCore lowering);
                 linalg_check[api_name is_matrix where]: a ``torch.linalg.*_ex`` status check, effectful
                 (kept with no result), raising eager's ``torch.linalg.LinAlgError`` at run time
@@ -101,12 +103,14 @@ The package's files:
   ``torch.compile``) in matmuls and a softmax;
 - :mod:`tn.ops.linalg`: float32 Cholesky, triangular solves and LU with LAPACK's pivoting (and the solves,
   inverses and determinants built on them), unrolled over the matrix size; other dtypes stay ``host`` ops;
+- :mod:`tn.ops.fft`: the complex views and float32/complex64 FFTs (``aten._fft_r2c/_fft_c2c/_fft_c2r``) as
+  DFT matmuls on the (re, im) pairs; other dtypes stay ``host`` ops;
 - :mod:`tn.ops.grouped_mm`: grouped matmul (MoE experts: ``aten._grouped_mm`` and Hugging Face's
   ``transformers::grouped_mm_fallback`` ops, by name) as dense masked matmuls.
 """
 from __future__ import annotations
 
-from . import attention_grad, collective, core, decompositions, grouped_mm, linalg, nn_layers, special  # noqa: F401  (register the ops and decompositions)
+from . import attention_grad, collective, core, decompositions, fft, grouped_mm, linalg, nn_layers, special  # noqa: F401  (register the ops and decompositions)
 from .core import (  # noqa: F401  (the core ops registered by name in the module: tn.ops.matmul is OPS['matmul'])
     argmax, argmin, as_strided, as_strided_scatter, avg_pool2d, avg_pool2d_backward, cat, conj, convert,
     convolution, convolution_backward, cummax, cummin, cumsum, div, expand, flip, full, gather, gelu, host, index,

@@ -833,7 +833,8 @@ def _randn_conv(size, *, generator=None, dtype=None, layout=None, device=None, p
 
 
 # --------------------------------------------------------------------------- host ops
-# FFTs and dense linear algebra (factorizations, solves, eigen- and singular values) have no
+# Dense linear algebra (factorizations, solves, eigen- and singular values) and FFTs of other dtypes than
+# float32/complex64 (those are DFT matmuls: tn.ops.fft) have no
 # NeuronCore kernel: they stay torch calls on the host, visible in the IR as ``host[fn=...]``
 # and counted as host fallbacks by the compiler. (linalg_lstsq and geqrf are left out: they
 # have no meta kernel, so their result shapes cannot be traced.)
@@ -842,7 +843,6 @@ def _randn_conv(size, *, generator=None, dtype=None, layout=None, device=None, p
 #: :data:`tn.ops.linalg.NATIVE_OVERLOADS`: core ops for float32, this host op for other dtypes.)
 HOST_OVERLOADS = tuple(
     getattr(getattr(aten, _p), _o) for _p, _o in (
-        ("_fft_r2c", "default"), ("_fft_c2c", "default"), ("_fft_c2r", "default"),
         ("_linalg_svd", "default"), ("linalg_qr", "default"), ("linalg_pinv", "atol_rtol_tensor"),
         ("_linalg_eigh", "default"), ("linalg_eig", "default"), ("linalg_ldl_factor_ex", "default"),
         ("linalg_ldl_solve", "default"), ("ormqr", "default"), ("linalg_householder_product", "default"),
