@@ -34,7 +34,7 @@ from ..neuron import get_arch, isa, simulate_timing
 from ..ops.collective import COLLECTIVE_OPS
 from ..profile import Profile, note_host_op
 from ..reference import run_ir
-from . import collective, layout, matmul
+from . import collective, complex_pairs, layout, matmul
 from .base import NEURON_DTYPES, dataflow
 from .emit import Emitted, _HostStep, _ProgStep, emit, unsupported_error
 from .schedule import (LaidOutOperand, Schedule, UnitFailed, Vetoes, hoist_gathers, hoist_past_weight_casts,
@@ -569,7 +569,10 @@ def compile_ir(ir: IR, *, arch: Any = None, strict: Optional[bool] = None, debug
     messages). ``fuse``: fuse elementwise chains, row reductions and
     epilogues (:mod:`tn.lower.fusion`). ``name``: the programs' name prefix (default ``ir.name``, the
     traced function or module, else ``tn``); profiles show ``{name}_{k}_{what it computes}``
-    (:func:`tn.lower.schedule.program_name`).
+    (:func:`tn.lower.schedule.program_name`). complex64 values are carried as their float32 (re, im) pairs
+    (:mod:`tn.lower.complex_pairs`; the executable then takes and returns complex tensors as views of pairs).
     """
-    return NeuronExecutable(ir, arch=arch, strict=strict, debug=debug, fuse=fuse,
-                            name=name if name is not None else ir.name)
+    pairs, cin, cout = complex_pairs.to_pairs(ir)
+    exe = NeuronExecutable(pairs, arch=arch, strict=strict, debug=debug, fuse=fuse,
+                           name=name if name is not None else ir.name)
+    return complex_pairs.PairsExecutable(exe, ir, cin, cout) if pairs is not ir else exe
