@@ -1,4 +1,4 @@
-# Cholesky, triangular solves and LU-based linear algebra run as core ops (tn/ops/linalg.py), not host ops.
+# Cholesky, triangular solves, LU- and QR-based linear algebra run as core ops (tn/ops/linalg.py), not host ops.
 import pytest
 import torch
 
@@ -65,6 +65,18 @@ CASES = {
     "det_transposed": (lambda a: torch.linalg.det(a.mT), lambda n, b: (torch.randn(*b, n, n, generator=_gen(8)),)),
     "slogdet": (lambda a: torch.linalg.slogdet(a), lambda n, b: (torch.randn(*b, n, n, generator=_gen(9)),)),
     "logdet": (lambda a: torch.logdet(a), lambda n, b: (_pd(n, b),)),
+    "geqrf_tall": (lambda a: torch.geqrf(a), lambda n, b: (torch.randn(*b, n + 2, n, generator=_gen(10)),)),
+    "geqrf_wide": (lambda a: torch.geqrf(a), lambda n, b: (torch.randn(*b, n, n + 2, generator=_gen(11)),)),
+    "qr_reduced": (lambda a: torch.linalg.qr(a), lambda n, b: (torch.randn(*b, n + 1, n, generator=_gen(12)),)),
+    "qr_complete": (lambda a: torch.linalg.qr(a, mode="complete"),
+                    lambda n, b: (torch.randn(*b, n + 1, n, generator=_gen(13)),)),
+    "qr_r": (lambda a: torch.linalg.qr(a, mode="r"), lambda n, b: (torch.randn(*b, n, n + 1, generator=_gen(14)),)),
+    "householder_product": (lambda a, t: torch.linalg.householder_product(a, t),
+                            lambda n, b: torch.geqrf(torch.randn(*b, n + 1, n, generator=_gen(15)))),
+    "ormqr_left": (lambda a, t, c: torch.ormqr(a, t, c),
+                   lambda n, b: (*torch.geqrf(torch.randn(*b, n, n, generator=_gen(16))), _rhs(n, b))),
+    "ormqr_right_transpose": (lambda a, t, c: torch.ormqr(a, t, c, left=False, transpose=True),
+                              lambda n, b: (*torch.geqrf(torch.randn(*b, n, n, generator=_gen(17))), _rhs(n, b).mT)),
 }
 
 # forms whose result is fixed by the check in torch.linalg's non-_ex functions (raises through linalg_check)

@@ -61,7 +61,7 @@ index           gather[dim] scatter[dim] scatter_add[dim] scatter_reduce[dim red
                 include_self] index[dims] index_put[dims accumulate]
 creation        full[shape value dtype] iota[length start step dtype]
 random          rand[shape dtype] randn[shape dtype]
-host            host[fn ...]: an aten op of :data:`HOST_OVERLOADS` (eigen/SVD/QR, non-float32 linear algebra and FFTs) run by torch
+host            host[fn ...]: an aten op of :data:`HOST_OVERLOADS` (eigen/SVD, non-float32 linear algebra and FFTs) run by torch
                 on the host, its non-tensor arguments as attributes (no NeuronCore lowering);
                 linalg_check[api_name is_matrix where]: a ``torch.linalg.*_ex`` status check, effectful
                 (kept with no result), raising eager's ``torch.linalg.LinAlgError`` at run time
@@ -101,7 +101,7 @@ The package's files:
 - :mod:`tn.ops.collective`: the collective ops (functional collectives) and how they reach a process group;
 - :mod:`tn.ops.attention_grad`: the CPU flash-attention backward (``nn.Transformer*`` trained through
   ``torch.compile``) in matmuls and a softmax;
-- :mod:`tn.ops.linalg`: float32 Cholesky, triangular solves and LU with LAPACK's pivoting (and the solves,
+- :mod:`tn.ops.linalg`: float32 Cholesky, triangular solves, LU with LAPACK's pivoting, Householder QR (and the solves,
   inverses and determinants built on them), unrolled over the matrix size; other dtypes stay ``host`` ops;
 - :mod:`tn.ops.fft`: the complex views and float32/complex64 FFTs (``aten._fft_r2c/_fft_c2c/_fft_c2r``) as
   DFT matmuls on the (re, im) pairs; other dtypes stay ``host`` ops;

@@ -839,14 +839,13 @@ def _randn_conv(size, *, generator=None, dtype=None, layout=None, device=None, p
 # and counted as host fallbacks by the compiler. (linalg_lstsq and geqrf are left out: they
 # have no meta kernel, so their result shapes cannot be traced.)
 
-#: aten overloads traced as the ``host`` op. (Cholesky, LU, triangular solves and what follows from them are
+#: aten overloads traced as the ``host`` op. (Cholesky, LU, QR, triangular solves and what follows from them are
 #: :data:`tn.ops.linalg.NATIVE_OVERLOADS`: core ops for float32, this host op for other dtypes.)
 HOST_OVERLOADS = tuple(
     getattr(getattr(aten, _p), _o) for _p, _o in (
-        ("_linalg_svd", "default"), ("linalg_qr", "default"), ("linalg_pinv", "atol_rtol_tensor"),
+        ("_linalg_svd", "default"), ("linalg_pinv", "atol_rtol_tensor"),
         ("_linalg_eigh", "default"), ("linalg_eig", "default"), ("linalg_ldl_factor_ex", "default"),
-        ("linalg_ldl_solve", "default"), ("ormqr", "default"), ("linalg_householder_product", "default"),
-        ("linalg_matrix_exp", "default"))
+        ("linalg_ldl_solve", "default"), ("linalg_matrix_exp", "default"))
     if hasattr(getattr(aten, _p, None), _o))
 
 

@@ -1,4 +1,4 @@
-# Dense linear algebra (Cholesky, triangular solves, LU with partial pivoting and what follows from it) as core ops.
+# Dense linear algebra (Cholesky, triangular solves, LU with partial pivoting, Householder QR and what follows) as core ops.
 """Decompositions of the LAPACK-backed ``torch.linalg`` factorizations and solves into core ops.
 
 The NeuronCore has no LAPACK: a compiler for it runs these as ordinary tensor
@@ -25,14 +25,21 @@ nothing extra and 0-size matrices trace to empty loops.
   ``_linalg_solve_ex``, ``linalg_inv_ex``, ``_linalg_det`` and
   ``_linalg_slogdet`` (sign from the pivots' parity and the diagonal's signs);
   from Cholesky: ``cholesky_solve`` and ``cholesky_inverse``.
+* QR (``geqrf``, ``linalg_householder_product``, ``ormqr``, ``linalg_qr`` in
+  modes reduced/complete/r): Householder reflectors in LAPACK's convention
+  (``dlarfg``: ``beta = -sign(alpha) * norm``, ``v[0] = 1``), so ``Q`` and ``R``
+  have LAPACK's signs; ``Q`` is the reflectors applied to the identity.
 
 Only float32 runs natively (the chip has no float64 or complex arithmetic),
 and only calls that do not ask the op itself to raise (``check_errors=True``):
 for everything else these overloads stay the counted ``host`` op
 (``host[fn=...]``, as :data:`tn.ops.HOST_OVERLOADS`). The choice is made by
 the converter (:data:`NATIVE_OVERLOADS`): it returns ``None`` (decompose) for
-native calls and the host form for the others. The eigenvalue family and the
-SVD stay on the host (their vectors are unique only up to sign/phase).
+native calls and the host form for the others (``geqrf`` has no meta kernel,
+so no host form: other dtypes are refused while tracing, as before). The
+eigenvalue family and the SVD stay on the host: their vectors are unique only
+up to sign/phase, so a different algorithm gives a different, equally valid
+answer.
 """
 from __future__ import annotations
 
@@ -74,7 +81,8 @@ NATIVE_OVERLOADS = tuple(
     getattr(getattr(aten, _p), "default") for _p in (
         "linalg_cholesky_ex", "cholesky", "cholesky_inverse", "cholesky_solve", "_cholesky_solve_helper",
         "linalg_solve_triangular", "triangular_solve", "linalg_lu_factor_ex", "lu_unpack", "linalg_lu",
-        "linalg_lu_solve", "_linalg_solve_ex", "linalg_inv_ex", "_linalg_det", "_linalg_slogdet"))
+        "linalg_lu_solve", "_linalg_solve_ex", "linalg_inv_ex", "_linalg_det", "_linalg_slogdet", "linalg_qr",
+        "ormqr", "linalg_householder_product"))
 
 for _ov in NATIVE_OVERLOADS:
     from_aten(host, _ov)(_gated_conv(_ov))
@@ -398,3 +406,107 @@ def _linalg_slogdet(a: Tensor) -> Any:
     diag = _diagonal(lu)
     sign = _pivot_sign(piv, a.dtype) * torch.sign(diag).prod(-1)
     return sign, torch.log(diag.abs()).sum(-1), lu, piv
+
+
+# --------------------------------------------------------------------------- QR (Householder, LAPACK's convention)
+
+
+def _reflector(a: Tensor, i: int) -> Tensor:
+    """The Householder vector ``v [..., m, 1]`` stored in column ``i`` of a ``geqrf`` result: 0 above row
+    ``i``, 1 at row ``i``, the column's entries below it."""
+    rows = torch.arange(a.shape[-2], device=a.device)[:, None]
+    return torch.where(rows > i, a[..., :, i:i + 1], torch.where(rows == i, 1.0, 0.0).to(a.dtype))
+
+
+def _geqrf(a: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(a, tau)`` as LAPACK's ``geqr2``: for each column ``i`` a reflector from ``dlarfg`` (``beta =
+    -sign(alpha) * ||(alpha, x)||``, ``tau = (beta - alpha) / beta``, ``v = x / (alpha - beta)``; ``tau = 0``
+    when ``x`` is zero) applied to the columns after it; ``R`` on and above the diagonal, ``v`` below."""
+    m, n = a.shape[-2], a.shape[-1]
+    batch = tuple(a.shape[:-2])
+    rows = torch.arange(m, device=a.device)[:, None]
+    cols = torch.arange(n, device=a.device)
+    taus: List[Tensor] = []
+    for i in range(min(m, n)):
+        col = a[..., :, i:i + 1]                                          # [..., m, 1]
+        alpha = a[..., i:i + 1, i:i + 1]                                  # [..., 1, 1]
+        below = rows > i
+        x = torch.where(below, col, 0.0)
+        xsq = (x * x).sum(-2, keepdim=True)
+        norm = torch.sqrt(alpha * alpha + xsq)
+        beta = torch.where(alpha >= 0, -norm, norm)
+        trivial = xsq == 0
+        tau = torch.where(trivial, 0.0, (beta - alpha) / torch.where(trivial, 1.0, beta))
+        v = torch.where(below, col / torch.where(trivial, 1.0, alpha - beta), torch.where(rows == i, 1.0, 0.0))
+        applied = a - tau * v * torch.matmul(v.mT, a)                     # H = I - tau v v^T on the left
+        a = torch.where(cols > i, applied, a)
+        a = torch.where(cols == i, torch.where(rows == i, torch.where(trivial, alpha, beta), torch.where(below, v, col)),
+                        a)
+        taus.append(tau.reshape(batch + (1,)))
+    tau_all = torch.cat(taus, -1) if taus else a.new_zeros(batch + (0,))
+    return (a.clone() if not taus else a), tau_all
+
+
+def _householder_product(v: Tensor, tau: Tensor) -> Tensor:
+    """The first ``n`` columns of ``H_0 ... H_{k-1}`` for reflectors stored in ``v [..., m, n]`` (as ``orgqr``:
+    applied to the identity from the last to the first)."""
+    m, n = v.shape[-2], v.shape[-1]
+    batch = _batch(v)
+    batch = tuple(torch.broadcast_shapes(batch, tuple(tau.shape[:-1])))
+    v = _expand_batch(v, batch)
+    q = torch.eye(m, n, dtype=v.dtype, device=v.device).expand(batch + (m, n))
+    for i in range(tau.shape[-1] - 1, -1, -1):
+        r = _reflector(v, i)
+        t = tau[..., i:i + 1].unsqueeze(-1)
+        q = q - t * r * torch.matmul(r.mT, q)
+    return q.clone() if tau.shape[-1] == 0 else q
+
+
+def _upper_trapezoid(a: Tensor, rows: int) -> Tensor:
+    """``triu(a[..., :rows, :])``."""
+    r = torch.arange(rows, device=a.device)[:, None]
+    c = torch.arange(a.shape[-1], device=a.device)
+    return torch.where(r <= c, a[..., :rows, :], 0.0)
+
+
+@decomposition(aten.geqrf.default)
+def _geqrf_decomp(a: Tensor) -> Any:
+    """``torch.geqrf``: Householder QR in LAPACK's storage (float32 only; no meta kernel, so no host form)."""
+    if a.dtype != torch.float32:
+        return NotImplemented
+    return _geqrf(a)
+
+
+@decomposition(aten.linalg_householder_product.default)
+def _linalg_householder_product(v: Tensor, tau: Tensor) -> Any:
+    """``torch.linalg.householder_product``: the reflectors applied to the identity."""
+    return _householder_product(v, tau)
+
+
+@decomposition(aten.ormqr.default)
+def _ormqr(v: Tensor, tau: Tensor, other: Tensor, left: bool = True, transpose: bool = False) -> Any:
+    """``torch.ormqr``: ``other`` multiplied by ``Q = H_0 ... H_{k-1}`` (or ``Q^T``) from the left or right, one
+    reflector at a time."""
+    batch = _batch(v, other)
+    v, c = _expand_batch(v, batch), _expand_batch(other, batch)
+    k = tau.shape[-1]
+    tau = tau.expand(batch + (k,))
+    for i in (range(k) if left == transpose else range(k - 1, -1, -1)):
+        r = _reflector(v, i)
+        t = tau[..., i:i + 1].unsqueeze(-1)
+        c = c - t * r * torch.matmul(r.mT, c) if left else c - t * torch.matmul(c, r) * r.mT
+    return c.clone() if k == 0 else c
+
+
+@decomposition(aten.linalg_qr.default)
+def _linalg_qr(a: Tensor, mode: str = "reduced") -> Any:
+    """``torch.linalg.qr``: ``geqrf`` and ``orgqr`` (modes ``reduced``, ``complete``, ``r``)."""
+    m, n = a.shape[-2], a.shape[-1]
+    k = min(m, n)
+    h, tau = _geqrf(a)
+    if mode == "r":
+        return a.new_zeros((0,)), _upper_trapezoid(h, k)
+    if mode == "complete" and m > n:
+        pad = torch.cat([h, h.new_zeros(tuple(h.shape[:-1]) + (m - n,))], -1)
+        return _householder_product(pad, tau), _upper_trapezoid(h, m)
+    return _householder_product(h[..., :, :k], tau), _upper_trapezoid(h, k)
