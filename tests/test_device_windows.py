@@ -564,3 +564,14 @@ def test_a_growing_window_the_proof_refuses_compiles_per_size(adaptive, caplog):
     assert (s["compiles"], s["bucket_compiles"], s["bucket_hits"]) == (5, 0, 0)
     refused = [r.getMessage() for r in caplog.records if "no bucket" in r.getMessage()]
     assert len(refused) == 1 and "test_device_windows.py:" in refused[0]   # the refusing op's line is named
+
+
+def test_bucket_padding_copies_are_charged_the_same_with_and_without_a_profile(adaptive):
+    _kv_loop(4)                                      # sizes 4..7: a per-size program, then the bucket's
+    d0 = windows.stats()["device_ns"]
+    _kv_loop(4)                                      # known sizes: the host copies, charged their modelled time
+    d1 = windows.stats()["device_ns"]
+    with tn.profile():
+        _kv_loop(4)                                  # under a profile: the real DMA programs run
+    d2 = windows.stats()["device_ns"]
+    assert d1 - d0 == pytest.approx(d2 - d1, rel=1e-6) and d1 > d0
