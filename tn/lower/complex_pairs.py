@@ -13,7 +13,7 @@ so that every complex64 value is carried as its pairs Var ``[.., 2]`` float32:
   ``permute``, ``expand``, ``slice``, ``slice_scatter``, ``flip``, ``cat``,
   ``pad`` (zero), ``sum`` (over complex axes), ``neg``, ``add``/``sub`` of two
   complex values, ``mul``/``div`` by a real value (a Literal, or a real tensor
-  broadcast over the pair axis);
+  broadcast over the pair axis), ``index`` (by integer index tensors), ``where``;
 * ``conj`` negates the imaginary half, ``mul`` of two complex values is the
   four real products, ``convert`` of a real value to complex64 appends a zero
   imaginary half;
@@ -99,6 +99,13 @@ class _Rewriter:
             r = self.emit("convert", [r], {"dtype": F32}, r.shape)
         return self.emit("reshape", [r], {"shape": r.shape + (1,)}, r.shape + (1,))
 
+    def widen_cond(self, c: Any) -> Any:
+        """A condition broadcast against pairs: a size-1 pair axis (Literals stay)."""
+        if isinstance(c, Literal):
+            return c
+        c = self.real(c)
+        return self.emit("reshape", [c], {"shape": c.shape + (1,)}, c.shape + (1,), c.dtype)
+
     # ---------------------------------------------------------------- equations
     def rewrite(self, e: Eqn) -> bool:
         """Emit ``e`` on pairs; False when it is not a form this rewrite knows (then it is kept as it is)."""
@@ -160,6 +167,13 @@ class _Rewriter:
             args = [None, None]
             args[c], args[r] = self.p(ins[c]), self.widen(ins[r])
             self.pairs[out] = self.emit(name, args, {}, shape2)
+            return True
+        elif name == "index" and cin[0] and not any(cin[1:]):
+            # the indexed axes are complex axes: the pair axis stays last, whatever the indexing's result layout
+            self.pairs[out] = self.emit(name, [self.p(ins[0])] + [self.real(x) for x in ins[1:]], dict(a), shape2)
+            return True
+        elif name == "where" and len(ins) == 3 and not cin[0] and cin[1] and cin[2]:
+            self.pairs[out] = self.emit(name, [self.widen_cond(ins[0]), self.p(ins[1]), self.p(ins[2])], {}, shape2)
             return True
         elif name == "mul" and len(ins) == 2 and all(cin) and not a:
             x, y = self.p(ins[0]), self.p(ins[1])
