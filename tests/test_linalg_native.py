@@ -122,6 +122,17 @@ def test_device_door_matches_torch_natively(name):
     assert tracking.fallback_ops() == {}
 
 
+@pytest.mark.parametrize("fn, shape", [(torch.linalg.inv_ex, (2, 0, 0)), (torch.linalg.cholesky_ex, (0, 3, 3)),
+                                       (torch.linalg.det, (3, 0, 0)), (torch.linalg.qr, (2, 0, 3)),
+                                       (torch.linalg.lu_factor_ex, (2, 3, 0))])
+def test_device_door_empty_matrices(fn, shape):
+    from tn.device import tracking
+    a = torch.randn(shape)
+    tracking.reset_op_counts()
+    _assert_matches(fn(a.to("neuron")), fn(a))
+    assert tracking.fallback_ops() == {}
+
+
 def test_lu_pivots_follow_lapack_including_ties_and_zero_pivots():
     a = torch.tensor([[[1.0, 2.0, 3.0], [-1.0, 0.0, 1.0], [1.0, 5.0, 2.0]],        # ties: the first max wins
                       [[0.0, 0.0, 1.0], [0.0, 0.0, 2.0], [1.0, 1.0, 1.0]],         # second pivot is zero

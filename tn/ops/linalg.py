@@ -101,9 +101,9 @@ def _expand_batch(t: Tensor, batch: Tuple[int, ...]) -> Tensor:
     return t.expand(batch + tuple(t.shape[-2:]))
 
 
-def _first_true(flags: List[Tensor], shape: Tuple[int, ...]) -> Tensor:
+def _first_true(flags: List[Tensor], shape: Tuple[int, ...], device: Any) -> Tensor:
     """LAPACK's ``info``: 1 + the index of the first true flag (each of ``shape``), 0 when none; int32."""
-    info = torch.zeros(shape, dtype=torch.int32, device=flags[0].device if flags else None)
+    info = torch.zeros(shape, dtype=torch.int32, device=device)
     for j in range(len(flags) - 1, -1, -1):
         info = torch.where(flags[j].reshape(shape), j + 1, info)
     return info.to(torch.int32)
@@ -154,7 +154,7 @@ def _cholesky_lower(a: Tensor) -> Tuple[Tensor, Tensor]:
         fails.append(torch.logical_not(d > 0))
         cols.append(torch.where((rows >= j)[:, None], v / torch.sqrt(d), 0.0))
     low = torch.cat(cols, -1) if cols else torch.zeros_like(a)
-    return low, _first_true(fails, batch)
+    return low, _first_true(fails, batch, a.device)
 
 
 def _cholesky(a: Tensor, upper: bool) -> Tuple[Tensor, Tensor]:
@@ -248,7 +248,7 @@ def _lu_factor(a: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         pivots.append((p + 1).to(torch.int32))
         zeros.append(zero)
     piv = torch.cat(pivots, -1) if pivots else torch.zeros(batch + (0,), dtype=torch.int32, device=a.device)
-    return a.clone() if k_max == 0 else a, piv, _first_true(zeros, batch)
+    return a.clone() if k_max == 0 else a, piv, _first_true(zeros, batch, a.device)
 
 
 @decomposition(aten.linalg_lu_factor_ex.default)
