@@ -16,7 +16,7 @@ so that every complex64 value is carried as its pairs Var ``[.., 2]`` float32:
   broadcast over the pair axis), ``index`` (by integer index tensors), ``where``;
 * ``conj`` negates the imaginary half, ``mul`` of two complex values is the
   four real products, ``convert`` of a real value to complex64 appends a zero
-  imaginary half;
+  imaginary half, ``abs`` is ``sqrt(re^2 + im^2)``;
 * any other op reading or making a complex64 value keeps it: its complex
   inputs are made by ``view_as_complex`` of their pairs (and its complex
   results read back by ``view_as_real``); those equations stay on the host as
@@ -119,6 +119,12 @@ class _Rewriter:
             return True
         if name == "view_as_complex" and out.dtype == C64:
             self.pairs[out] = self.real(ins[0])
+            return True
+        if name == "abs" and cin == [True] and out.dtype == F32:
+            p = self.p(ins[0])
+            sq = self.emit("mul", [p, p], {}, p.shape)
+            norm2 = self.emit("sum", [sq], {"dims": (p.ndim - 1,), "keepdim": False}, out.shape)
+            self.sub[out] = self.emit("sqrt", [norm2], {}, out.shape)
             return True
         if out.dtype != C64:
             return False
