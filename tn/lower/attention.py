@@ -433,6 +433,9 @@ def _match(ir, ks, producer, users, outset, host, nofuse):
 # --------------------------------------------------------------------------- emission
 
 class _Emitter:
+    #: the score evacuation adds an outside operand of the scores' shape (an additive mask) as it reads PSUM
+    mask_in_evacuation = True
+
     def __init__(self, ctx, g: AttentionGroup, env_in, env_out):
         self.ctx, self.prog, self.g = ctx, ctx.prog, g
         self.env_in, self.env_out = env_in, env_out
@@ -833,8 +836,28 @@ class _Emitter:
                 scale = float(c.value)
                 done.add(first)
                 alias[e.outputs[0]] = sv
+        # ... or + an outside operand of the scores' shape (BERT's additive mask): one VectorE add reading PSUM,
+        # the same fp32 sum torch rounds once, instead of a copy out of PSUM and an add of two SBUF operands
+        masked = None
+        if first is not None and scale == 1.0 and sv.dtype == torch.float32 and self.mask_in_evacuation:
+            e = body[first]
+            if e.op.name == "add" and len(e.inputs) == 2 and only_user(sv) is e and \
+                    e.outputs[0].dtype == torch.float32 and full_of(e.outputs[0]):
+                a, m = e.inputs
+                if isinstance(m, Var) and root(m) is sv:
+                    a, m = m, a
+                if isinstance(a, Var) and root(a) is sv and isinstance(m, Var) and root(m) is not sv and \
+                        m not in g.fills and m.dtype in _FLOATS and m not in {x.outputs[0] for x in body}:
+                    masked = (e, m)
+                    done.add(first)
 
-        def evac(env, b, t0, tq, scale=scale):
+        def evac(env, b, t0, tq, scale=scale, masked=masked):
+            if masked is not None:
+                e, m = masked
+                t = self._tile(e.outputs[0], True, tq)
+                prog.tensor_tensor(t, env["psum"], self._arg(env, m, tq, True, b, t0, e), "add")
+                env[e.outputs[0]] = t
+                return
             t = self._tile(sv, True, tq)
             if scale == 1.0:
                 self.copy(t, env["psum"])
