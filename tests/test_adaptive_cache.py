@@ -370,3 +370,26 @@ def test_a_slice_keeping_the_last_positions_is_front_padding_safe_only_when_aske
     g = lambda k, new: f(k, new)[:2]                                   # noqa: E731
     assert bucketing.masked_axes(make_ir(g)(torch.randn(2, 6, 4), torch.randn(2, 1, 4)), {0: 1},
                                  tail_slices=True) == [1, None]
+
+
+@pytest.mark.parametrize("backend", ["reference", "neuron"])
+def test_finite_padding_leaves_the_values_of_a_kv_cache_unmasked(backend):
+    """tn.bucketing's ``finite_padding`` (the device's windows pad with zeros): ``weights @ values`` masks the
+    weights only, since the values' padded positions still hold the (finite) padding; same results."""
+    torch.manual_seed(3)
+    n, bucket = 5, 8
+    pk, pv = torch.randn(1, 2, n, 16), torch.randn(1, 2, n, 16)
+    q, kn, vn = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16)
+    ref = _attn(pk, pv, q, kn, vn, None)
+    front = bucket - n
+    pad = lambda x: torch.cat([torch.zeros(1, 2, front, 16), x], 2)  # noqa: E731
+    p = torch.tensor(float(front))
+    ir = passes.optimize(make_ir(_attn)(pad(pk), pad(pv), q, kn, vn, p))
+    both, _ = bucketing.masked_program(ir, {0: 2, 1: 2}, 5)
+    mir, axes = bucketing.masked_program(ir, {0: 2, 1: 2}, 5, finite_padding=True)
+    wheres = lambda m: sum(e.op.name == "where" for e in m.eqns)  # noqa: E731
+    assert wheres(mir) == wheres(both) - 1
+    outs = backend_compile_fn(backend, "test")(mir)([pad(pk), pad(pv), q, kn, vn, p])
+    outs = [o if a is None else o.narrow(a, front, o.shape[a] - front) for o, a in zip(outs, axes)]
+    for o, r in zip(outs, ref):
+        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)

@@ -643,10 +643,14 @@ def _fill(op: Any, dtype: torch.dtype):
 class _Rewriter:
     """Follows D through the equations; with ``emit`` it also builds the masked program."""
 
-    def __init__(self, ir: IR, input_axes: Dict[int, int], pad: Optional[Var], tail_slices: bool = False):
+    def __init__(self, ir: IR, input_axes: Dict[int, int], pad: Optional[Var], tail_slices: bool = False,
+                 finite_padding: bool = False):
         self.ir = ir
         self.pad = pad
         self.tail_slices = tail_slices
+        # ids of the variables whose padded positions still hold the inputs' padding, moved by layout ops only
+        # (with finite_padding: known finite, so a matmul contracting D masks only the other operand)
+        self.raw: set = {id(ir.inputs[i]) for i in input_axes} if finite_padding else set()
         self.lab: Dict[int, int] = {}  # id(var) -> axis holding D
         self.consts: List[Tuple[Var, torch.Tensor]] = list(ir.consts)
         self.const_of = {id(v): t for v, t in ir.consts}
@@ -704,10 +708,24 @@ class _Rewriter:
                     self.eqns.append(eqn)
                 continue
             new_inputs = self.follow(eqn, labels, emit)
+            if self.raw and self._moves_padding(eqn, labels):
+                self.raw.update(id(o) for o in eqn.outputs if self.get(o) is not None)
             if emit:
                 self.eqns.append(eqn if new_inputs is None else
                                  Eqn(eqn.op, new_inputs, eqn.outputs, eqn.attrs, eqn.source))
         return [self.get(v) for v in self.ir.outputs]
+
+    def _moves_padding(self, eqn, labels) -> bool:
+        """Whether the padded positions of ``eqn``'s result are padded positions of operands still holding the
+        inputs' padding: a layout op of such operands (a cat along D: its first operand's, else every operand's)."""
+        op = _opname(eqn.op)
+        if op not in _LAYOUT_OPS or any(l is not None and id(v) not in self.raw for v, l in zip(eqn.inputs, labels)):
+            return False
+        if op != "cat":
+            return True
+        out = self.get(eqn.outputs[0])
+        along = out is not None and eqn.attrs.get("dim", 0) % len(_shape(eqn.outputs[0])) == out
+        return labels[0] is not None if along else all(l is not None for l in labels)
 
     def _fixed_along(self, eqn, v, axis_out: int, r: int) -> None:
         """An unlabelled operand ``v`` (aligned to rank ``r``) must not vary along D (size 1 there)."""
@@ -823,8 +841,9 @@ class _Rewriter:
             if la != ka or lb != kb:
                 raise Mixed(f"{_where(eqn)} contracts it against a fixed tensor")
             new = None
-            if emit:
-                new = [self._masked(A, ka, 0.0), self._masked(B, kb, 0.0)]
+            if emit:  # zero weights on the padded positions; an operand still holding finite padding needs none
+                new = [A if id(A) in self.raw else self._masked(A, ka, 0.0),
+                       B if id(B) in self.raw and id(A) not in self.raw else self._masked(B, kb, 0.0)]
             return None, new
         outs = set()
         if la is not None:
@@ -841,6 +860,10 @@ class _Rewriter:
                     if 0 <= k < rank - 2 and _shape(v)[k] != 1:
                         raise Mixed(f"{_where(eqn)} batches it with a fixed tensor")
         return y, None
+
+
+#: ops that only move values (the padded positions of their result are their operand's padded positions)
+_LAYOUT_OPS = frozenset(("reshape", "permute", "expand", "cat", "slice"))
 
 
 def _op(name: str):
@@ -863,20 +886,23 @@ def masked_axes(ir: IR, input_axes: Dict[int, int], tail_slices: bool = False) -
     return _Rewriter(ir, input_axes, None, tail_slices).run(emit=False)
 
 
-def masked_program(ir: IR, input_axes: Dict[int, int], pad_input: int,
-                   tail_slices: bool = False) -> Tuple[IR, List[Optional[int]]]:
+def masked_program(ir: IR, input_axes: Dict[int, int], pad_input: int, tail_slices: bool = False,
+                   finite_padding: bool = False) -> Tuple[IR, List[Optional[int]]]:
     """``ir`` with its padded positions masked where they would mix, and the output axes carrying D.
 
     ``pad_input`` is the index of the program's 0-d float input holding the
     number of padded positions ``p`` at the front of each padded dimension.
-    ``tail_slices``: as in :func:`masked_axes`.
+    ``tail_slices``: as in :func:`masked_axes`. ``finite_padding``: the caller
+    pads with finite values (zeros), so a matmul contracting D whose operand
+    still holds that padding (the inputs moved by reshape, permute, expand,
+    slice or cat only: the values of a KV cache) masks only the other operand.
     """
     if ir.mutations:
         raise Mixed("the region writes back into its inputs or buffers (mutations): padded positions would be stored")
     pad = ir.inputs[pad_input]
     if _shape(pad) != () or not pad.dtype.is_floating_point:
         raise Mixed(f"the pad-count input {pad_input} is {pad.aval}, expected a 0-d float")
-    rw = _Rewriter(ir, input_axes, pad, tail_slices)
+    rw = _Rewriter(ir, input_axes, pad, tail_slices, finite_padding)
     out_axes = rw.run(emit=True)
     return ir.replace(consts=rw.consts, eqns=rw.eqns), out_axes
 

@@ -1399,7 +1399,8 @@ def _compile_bucket(w: _Window, a: List[int], b: List[int], n: int, size: int, l
     muts = tuple(big.mutations)
     pad = Var((), torch.float32)
     core = big.replace(inputs=list(big.inputs) + [pad], mutations=())
-    mir, out_axes = bucketing.masked_program(core, axes, len(core.inputs) - 1, tail_slices=True)
+    mir, out_axes = bucketing.masked_program(core, axes, len(core.inputs) - 1, tail_slices=True,
+                                             finite_padding=True)   # the pad program fills zeros
     for i, j in muts:
         if i in axes or out_axes[j] is not None:
             raise bucketing.Mixed("the window writes padded positions back into an input")
