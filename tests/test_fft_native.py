@@ -205,3 +205,14 @@ def test_view_as_real_and_complex_through_the_compile_door():
     x = _real(4, 6, 2)
     got = torch.compile(f, backend="neuron")(x)
     torch.testing.assert_close(got, f(x), rtol=1e-5, atol=1e-5)
+
+
+def test_the_pairs_executable_is_the_compiled_executable_to_its_callers():
+    ir = tn.jit(torch.fft.fft, backend="reference").lower(_real(4))
+    exe = compile_ir(ir)
+    assert exe.ir is ir and exe.complex_outputs == (0,)
+    exe._layout = None                # a door's setting (tn.device.windows) reaches the wrapped executable
+    assert exe.exe._layout is None and "_layout" not in exe.__dict__
+    assert exe.stats["programs"] == 1 and exe.stats["host_ops"] == {}
+    torch.testing.assert_close(exe([_real(4)])[0], torch.fft.fft(_real(4)))
+    assert exe.last_profile is not None and exe.last_profile.instructions > 0

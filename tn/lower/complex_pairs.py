@@ -259,7 +259,8 @@ def _complex_of(t: Any) -> Any:
 class PairsExecutable:
     """The executable of an IR rewritten by :func:`to_pairs`, called with the original IR's inputs: complex64
     inputs go in as their pairs and pairs outputs come back as complex64, both views of the same memory.
-    Every other attribute is the wrapped executable's (``stats``, ``last_profile``, ``schedule`` ...)."""
+    Every other attribute is the wrapped executable's (``stats``, ``last_profile``, ``schedule`` ...), read and
+    written."""
 
     def __init__(self, exe: Any, ir: IR, complex_inputs: Sequence[int], complex_outputs: Sequence[int]):
         self.exe = exe
@@ -277,8 +278,17 @@ class PairsExecutable:
             out[j] = _complex_of(out[j])
         return out
 
+    _OWN = ("exe", "ir", "complex_inputs", "complex_outputs")
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["exe"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # a door's setting (e.g. tn.device.windows turning the layout variant off) is the wrapped executable's
+        if name in self._OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.exe, name, value)
 
     def __repr__(self) -> str:
         return f"<PairsExecutable of {self.exe!r}>"
