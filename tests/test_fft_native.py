@@ -216,3 +216,19 @@ def test_the_pairs_executable_is_the_compiled_executable_to_its_callers():
     assert exe.stats["programs"] == 1 and exe.stats["host_ops"] == {}
     torch.testing.assert_close(exe([_real(4)])[0], torch.fft.fft(_real(4)))
     assert exe.last_profile is not None and exe.last_profile.instructions > 0
+
+
+def test_transforms_past_the_dft_size_limit_stay_host_ops():
+    from tn.ops.fft import MAX_DFT_ELEMENTS
+
+    assert 4 * 1448 ** 2 <= MAX_DFT_ELEMENTS < 4 * 1449 ** 2
+    for fn, x, host in ((torch.fft.fft, _cplx(1448), None), (torch.fft.fft, _cplx(1449), 1),
+                        (torch.fft.rfft, _real(2895), None), (torch.fft.rfft, _real(2896), 1),
+                        (lambda t: torch.fft.irfft(t, n=2896), _cplx(1449), 1)):
+        assert tn.jit(fn, backend="reference").lower(x).op_counts().get("host") == host
+    x = _real(2, 1500)                # a long real transform, natively
+    (got,), _ = _native(torch.fft.rfft, x)
+    # a DFT by matmul sums n rounded products (error ~ sqrt(n) * eps * |x| per output, here ~2e-5 on outputs up
+    # to ~120): within 1e-6 of the output's scale, not within the 1e-5 absolute tolerance of short transforms
+    want = torch.fft.rfft(x)
+    assert (got - want).abs().max() <= 1e-6 * want.abs().max()

@@ -30,7 +30,8 @@ angles) and rounded to float32 program constants; ``normalization`` (0 none,
 1 ``1/sqrt(n)``, 2 ``1/n``) is folded into them per dimension. A DFT by matmul
 costs ``n`` multiply-adds per output instead of ``log n`` and its error grows
 like ``n * eps``: this is for the sizes programs transform on chip, not for
-long signals. Other dtypes (float64, complex128) stay the counted ``host`` op.
+long signals: a transform whose DFT matrix would exceed :data:`MAX_DFT_ELEMENTS`
+stays the counted ``host`` op, as do other dtypes (float64, complex128).
 """
 from __future__ import annotations
 
@@ -90,14 +91,42 @@ def _native(x: Any) -> bool:
     return isinstance(x, Tensor) and x.dtype in (torch.float32, torch.complex64)
 
 
+#: The largest DFT matrix (float32 elements, 32 MiB) a transformed dim may need: a complex dim of up to 1448 points,
+#: a real one (rfft/irfft) of up to 2895. Longer transforms stay the ``host`` op (a DFT by matmul costs ``n``
+#: multiply-adds per output and its constant grows as ``n**2``; an FFT kernel would be the way past this).
+MAX_DFT_ELEMENTS = 1 << 23
+
+
+def dft_elements(ov: Any, x: Any, dim: Sequence[int], arg: Any) -> int:
+    """Elements of the largest DFT matrix the decomposition of ``ov(x, dim, normalization, arg)`` builds."""
+    dims = [int(d) % max(1, x.dim()) for d in dim]
+    if not dims:
+        return 0
+    sizes = [4 * x.shape[d] ** 2 for d in dims[:-1]]
+    n = x.shape[dims[-1]]
+    if ov is aten._fft_r2c.default:
+        sizes.append(n * 2 * (n // 2 + 1 if arg else n))
+    elif ov is aten._fft_c2r.default:
+        sizes.append(2 * n * int(arg))
+    else:
+        sizes.append(4 * n * n)
+    return max(sizes)
+
+
 def _gated_conv(ov: Any) -> Callable[..., Any]:
-    """``ov``'s converter: ``None`` (decompose here) for float32/complex64 inputs, else the ``host`` op."""
+    """``ov``'s converter: ``None`` (decompose here) for float32/complex64 inputs whose DFT matrices stay within
+    :data:`MAX_DFT_ELEMENTS`, else the ``host`` op."""
     host_form = _host_conv(ov)
+    names = [a.name for a in ov._schema.arguments]    # self, dim, normalization, onesided/forward/last_dim_size
 
     def conv(*args: Any, **kwargs: Any) -> Any:
-        return None if _native(args[0] if args else kwargs.get("self")) else host_form(*args, **kwargs)
+        vals = {**dict(zip(names, args)), **kwargs}
+        x = vals.get("self")
+        if _native(x) and dft_elements(ov, x, vals["dim"], vals[names[3]]) <= MAX_DFT_ELEMENTS:
+            return None
+        return host_form(*args, **kwargs)
 
-    conv.__doc__ = f"{ov}: DFT matmuls for float32/complex64, the host op for other dtypes."
+    conv.__doc__ = f"{ov}: DFT matmuls for float32/complex64 (up to a size), the host op otherwise."
     return conv
 
 
