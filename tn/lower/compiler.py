@@ -38,7 +38,8 @@ from . import collective, complex_pairs, layout, matmul
 from .base import NEURON_DTYPES, dataflow
 from .emit import Emitted, _HostStep, _ProgStep, emit, unsupported_error
 from .schedule import (LaidOutOperand, Schedule, UnitFailed, Vetoes, hoist_gathers, hoist_past_weight_casts,
-                       host_reason, plan, plan_transposed, row_any_from_max, sink_head_splits)
+                       host_reason, plan, plan_transposed, row_any_from_max,
+                       sink_casts_past_views, sink_head_splits)
 
 __all__ = ["compile_ir", "NeuronExecutable", "ExecProfile", "StepTiming", "strict_default"]
 
@@ -258,6 +259,7 @@ class NeuronExecutable:
         ir = hoist_gathers(ir)              # embedding lookups before the adds that sum them (one row group)
         ir = hoist_past_weight_casts(ir)    # an activation's cast next to its producer's group, not after casts
         ir = sink_head_splits(ir)           # q/k/v head splits next to attention (its views, no copies)
+        ir = sink_casts_past_views(ir)      # their casts after the splits, next to attention (its prologue)
         ir = row_any_from_max(ir)           # softmax's all-masked-row check from the row max (no score passes)
         self.ir = ir
         self.name = name

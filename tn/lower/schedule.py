@@ -41,7 +41,7 @@ from .fusion import Group
 from .matmul import transposed_source as find_transposed_source
 
 __all__ = ["Schedule", "Unit", "Veto", "Vetoes", "UnitFailed", "LaidOutOperand", "plan", "plan_transposed",
-           "hoist_gathers", "hoist_past_weight_casts", "sink_head_splits", "row_any_from_max",
+           "hoist_gathers", "hoist_past_weight_casts", "sink_head_splits", "sink_casts_past_views", "row_any_from_max",
            "host_reason", "has_zero_size", "unit_label", "unit_kind", "program_name", "ZERO_SIZE_REASON"]
 
 
@@ -742,6 +742,53 @@ def sink_head_splits(ir: IR) -> IR:
         done.add(id(e))
         moved = True
         j = lo
+    if not moved:
+        return ir
+    return IR(ir.inputs, eqns, ir.outputs, ir.consts, ir.mutations, ir.name)
+
+
+def sink_casts_past_views(ir: IR) -> IR:
+    """``ir`` with every float cast of a permute's result moved down past the view equations (reshape, permute,
+    slice) right after it that do not read it (a new IR; ``ir`` itself when nothing moves).
+
+    At batch > 1 BERT's head splits (``[B * S, 768]`` -> ``[B, S, 12, 64]`` -> ``[B, 12, S, 64]``) are not
+    one strided view of the projection once attention merges batch and heads, so the attention planner
+    (:mod:`tn.lower.attention`) cuts them: each stays a permute of its own. After :func:`sink_head_splits`
+    each split's fp32 cast sits between it and the next split, and the attention group, one run of
+    consecutive equations, could not reach past the next (cut) split to take the cast as its prologue: the
+    cast was an equation of its own writing an fp32 copy of q, k or v to HBM for the group to read. Moved
+    below the splits, the casts adjoin the group, which reads the bf16 splits and converts them on chip. A
+    cast has no side effect and the views it passes neither read it nor make what it reads."""
+    eqns = list(ir.eqns)
+    made_by = {id(v): q.op.name for q in eqns for v in q.outputs}
+
+    def cast_of_permute(e: Eqn) -> bool:
+        x = e.inputs[0] if e.inputs else None
+        return e.op.name == "convert" and len(e.outputs) == 1 and isinstance(x, Var) and \
+            x.dtype.is_floating_point and e.outputs[0].dtype.is_floating_point and made_by.get(id(x)) == "permute"
+
+    moved = False
+    done: Set[int] = set()
+    j = 0
+    while j < len(eqns):
+        e = eqns[j]
+        if cast_of_permute(e) and id(e) not in done:
+            done.add(id(e))     # each moves once (the casts of q, k and v pass each other)
+            # the run of views and casts after it that do not read it; it moves below the run's last view and
+            # the casts already moved right after that view (so the casts keep their order)
+            end = j
+            while end + 1 < len(eqns) and end - j < SINK_REACH and \
+                    (eqns[end + 1].op.name in ("reshape", "permute", "slice") or cast_of_permute(eqns[end + 1])) and \
+                    not any(a is e.outputs[0] for a in eqns[end + 1].inputs):
+                end += 1
+            i = max((q for q in range(j + 1, end + 1) if eqns[q].op.name != "convert"), default=j)
+            while i > j and i + 1 <= end and id(eqns[i + 1]) in done:
+                i += 1
+            if i > j:
+                eqns[j:i + 1] = eqns[j + 1:i + 1] + [e]
+                moved = True
+                continue        # eqns[j] is the next equation now
+        j += 1
     if not moved:
         return ir
     return IR(ir.inputs, eqns, ir.outputs, ir.consts, ir.mutations, ir.name)
