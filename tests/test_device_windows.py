@@ -240,6 +240,7 @@ def test_hf_gpt2_generate_same_tokens(tiny_hf):
     assert torch.equal(got.cpu(), want)
     s = windows.stats()
     assert s["windows"] and s["op_by_op"] == 0 and s["mean_ops_per_window"] > 5
+    assert s["bucket_compiles"] >= 1 and s["bucket_hits"] >= 2      # decode steps share bucket programs
 
 
 @pytest.mark.slow
@@ -249,9 +250,11 @@ def test_hf_generate_same_tokens_slow(tiny_hf, kind):
     ids = torch.randint(2, 64, (2, 5))
     want = m.generate(ids, max_new_tokens=6, do_sample=False)
     md = copy.deepcopy(m).to("neuron")
+    windows.reset_stats()
     with torch.no_grad(), windows.eager_mode("adaptive"):
         got = md.generate(ids.to("neuron"), max_new_tokens=6, do_sample=False)
     assert torch.equal(got.cpu(), want)
+    assert windows.stats()["bucket_hits"] >= 2    # batch 2: the ids' storage is [2, L], its last column a slice
 
 
 @pytest.mark.slow

@@ -317,14 +317,23 @@ def _memory_order(shape: tuple, stride: tuple) -> Optional[Tuple[list, tuple]]:
 
 def _base_shape(t: torch.Tensor, nbytes: int) -> Tuple[int, ...]:
     """The shape of a storage's value: ``t``'s in memory order when ``t`` covers it densely (contiguous or a
-    permutation of contiguous), else the flat element count."""
+    permutation of contiguous); else, when ``t``'s strides are those of a row-major array the storage holds
+    (``ids[:, -1:]`` of an ``[B, L]`` tensor: strides ``(L, 1)``), that array's shape, so the view is a slice of
+    it (a window growing ``L`` then grows one axis); else the flat element count."""
     if t.storage_offset() == 0 and t.numel() * t.element_size() == nbytes:
         if t.is_contiguous():
             return tuple(t.shape)
         mo = _memory_order(tuple(t.shape), tuple(t.stride()))
         if mo is not None:
             return mo[1]
-    return (nbytes // t.element_size(),)
+    n = nbytes // t.element_size()
+    st = t.stride()
+    if len(st) >= 2 and st[-1] == 1 and st[0] > 0 and n % st[0] == 0 and t.numel() and all(
+            a > b and a % b == 0 for a, b in zip(st, st[1:])):
+        shape = (n // st[0],) + tuple(a // b for a, b in zip(st, st[1:]))
+        if all(d <= b for d, b in zip(t.shape, shape)):
+            return shape
+    return (n,)
 
 
 def _meta_of(r: _Ref) -> torch.Tensor:
