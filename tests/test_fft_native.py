@@ -232,3 +232,30 @@ def test_transforms_past_the_dft_size_limit_stay_host_ops():
     # to ~120): within 1e-6 of the output's scale, not within the 1e-5 absolute tolerance of short transforms
     want = torch.fft.rfft(x)
     assert (got - want).abs().max() <= 1e-6 * want.abs().max()
+
+
+def test_complex_python_scalars_are_complex64_constants():
+    g = lambda z, x: (z * (2 - 3j), z + 1j, x * 1j)   # noqa: E731
+    z, x = _cplx(4), _real(3)
+    got, ir = _native(g, z, x)
+    assert sum(v.dtype == torch.complex128 and t.dim() == 0 for v, t in ir.consts) == 3
+    for a, b in zip(got, g(z, x)):
+        torch.testing.assert_close(a, b)
+
+
+def test_polar_gradient_through_a_complex_scalar():
+    def f(a, t):
+        z = torch.polar(a, t)
+        return torch.autograd.grad((z.abs() * 2 + (z * 1j).real + (z / (1 + 2j)).imag).sum(), (a, t))
+
+    a, t = (_real(5).abs() + 0.5).requires_grad_(), _real(5, seed=1, requires_grad=True)
+    jf = tn.jit(f)
+    for g, w in zip(jf(a, t), f(a, t)):
+        torch.testing.assert_close(g, w)
+    assert jf.stats["host_ops"] == {}, jf.stats
+
+
+def test_complex_division():
+    z, w = _cplx(6), _cplx(6, seed=1)
+    (got,), _ = _native(lambda z, w: z / w, z, w)
+    torch.testing.assert_close(got, z / w)

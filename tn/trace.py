@@ -643,6 +643,10 @@ class _Tracer(TorchDispatchMode):
             return self.var_of(self.lift(x))
         if isinstance(x, (bool, int, float)):
             return Literal(x)
+        if isinstance(x, complex):     # (Literals are real): a 0-d complex128 constant, typed as torch types the
+            with _disable_current_modes():   # scalar (it does not widen complex64 tensors; conj(1j) is complex128)
+                c = torch.tensor(x, dtype=torch.complex128)
+            return self.var_of(self.lift(c))
         raise UnsupportedOpError(f"tn cannot use {x!r} ({type(x).__name__}) as an op input")
 
     def emit(self, op: Any, inputs: List[Any], attrs: Dict[str, Any],

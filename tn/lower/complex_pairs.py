@@ -15,8 +15,9 @@ so that every complex64 value is carried as its pairs Var ``[.., 2]`` float32:
   complex values, ``mul``/``div`` by a real value (a Literal, or a real tensor
   broadcast over the pair axis), ``index`` (by integer index tensors), ``where``;
 * ``conj`` negates the imaginary half, ``mul`` of two complex values is the
-  four real products, ``convert`` of a real value to complex64 appends a zero
-  imaginary half, ``abs`` is ``sqrt(re^2 + im^2)``;
+  four real products, ``div`` of two the textbook quotient (no Smith scaling), ``convert`` of a real value to complex64 appends a zero
+  imaginary half, ``abs`` is ``sqrt(re^2 + im^2)``; complex128 scalars (the
+  tracer's constants for Python complex numbers) are pairs rounded to float32;
 * any other op reading or making a complex64 value keeps it: its complex
   inputs are made by ``view_as_complex`` of their pairs (and its complex
   results read back by ``view_as_real``); those equations stay on the host as
@@ -40,6 +41,7 @@ from ..ops import OPS
 __all__ = ["to_pairs", "PairsExecutable"]
 
 C64 = torch.complex64
+C128 = torch.complex128
 F32 = torch.float32
 
 
@@ -56,6 +58,10 @@ class _Rewriter:
         self.pairs: Dict[Var, Var] = {}     # complex64 Var -> its float32 pairs Var
         self.sub: Dict[Var, Any] = {}       # real Var of the old IR -> its Var/Literal in the new one
         self.cplx: Dict[Var, Var] = {}      # complex64 Var -> a complex Var of the new IR (host fallbacks)
+        # complex128 scalars (the tracer's constants for Python complex numbers, and conj of them): pairs too,
+        # rounded to float32 as torch computes them with complex64 tensors; their consts kept for host uses
+        self.wide: Dict[Var, Any] = {}
+        self.extra_consts: List[Tuple[Var, torch.Tensor]] = []
         self.src: Optional[str] = None
 
     # ---------------------------------------------------------------- helpers
@@ -64,6 +70,10 @@ class _Rewriter:
         v = Var(tuple(shape), dtype)
         self.eqns.append(Eqn(OPS[op], list(inputs), [v], attrs, self.src))
         return v
+
+    def is_c(self, a: Any) -> bool:
+        """Carried as pairs: a complex64 Var, or a complex128 scalar of :attr:`wide`."""
+        return _is_c(a) or isinstance(a, Var) and a in self.wide
 
     def real(self, a: Any) -> Any:
         return self.sub.get(a, a) if isinstance(a, Var) else a
@@ -78,7 +88,15 @@ class _Rewriter:
     def complex_of(self, c: Var) -> Var:
         """A complex64 Var of the new IR holding ``c``'s value (``view_as_complex`` of its pairs if needed)."""
         v = self.cplx.get(c)
-        if v is None:
+        if v is None and c in self.wide:
+            t = self.wide[c]
+            if t is not None:               # a constant: its complex128 tensor, as the IR had it
+                self.extra_consts.append((c, t))
+                v = self.cplx[c] = c
+            else:
+                v64 = self.emit("view_as_complex", [self.pairs[c]], {}, c.shape, C64)
+                v = self.cplx[c] = self.emit("convert", [v64], {"dtype": C128}, c.shape, C128)
+        elif v is None:
             v = self.cplx[c] = self.emit("view_as_complex", [self.pairs[c]], {}, c.shape, C64)
         return v
 
@@ -109,11 +127,22 @@ class _Rewriter:
     # ---------------------------------------------------------------- equations
     def rewrite(self, e: Eqn) -> bool:
         """Emit ``e`` on pairs; False when it is not a form this rewrite knows (then it is kept as it is)."""
+        if not self._rewrite(e):
+            return False
+        out = e.outputs[0]
+        if out.dtype == C128:
+            self.wide[out] = None
+        return True
+
+    def _rewrite(self, e: Eqn) -> bool:
         name, a, out = e.op.name, e.attrs, e.outputs[0] if len(e.outputs) == 1 else None
         if out is None or any(isinstance(x, Literal) and isinstance(x.value, complex) for x in e.inputs):
             return False
         ins = e.inputs
-        cin = [_is_c(x) for x in ins]
+        cin = [self.is_c(x) for x in ins]
+        # a complex128 scalar computed from complex128 scalars only (conj of a Python complex number)
+        wide_out = out.dtype == C128 and out.shape == () and any(cin) and \
+            all(x in self.wide for x, c in zip(ins, cin) if c)
         if name == "view_as_real" and cin[0]:
             self.sub[out] = self.p(ins[0])
             return True
@@ -126,12 +155,12 @@ class _Rewriter:
             norm2 = self.emit("sum", [sq], {"dims": (p.ndim - 1,), "keepdim": False}, out.shape)
             self.sub[out] = self.emit("sqrt", [norm2], {}, out.shape)
             return True
-        if out.dtype != C64:
+        if out.dtype != C64 and not wide_out:
             return False
         n = out.ndim
         if name == "convert":
             x = ins[0]
-            if _is_c(x):
+            if self.is_c(x):
                 self.pairs[out] = self.p(x)
                 return True
             if not isinstance(x, Var) or x.dtype.is_complex:
@@ -181,6 +210,16 @@ class _Rewriter:
         elif name == "where" and len(ins) == 3 and not cin[0] and cin[1] and cin[2]:
             self.pairs[out] = self.emit(name, [self.widen_cond(ins[0]), self.p(ins[1]), self.p(ins[2])], {}, shape2)
             return True
+        elif name == "div" and len(ins) == 2 and all(cin) and not a:
+            x, y = self.p(ins[0]), self.p(ins[1])
+            xr, xi, yr, yi = self.half(x, 0), self.half(x, 1), self.half(y, 0), self.half(y, 1)
+            s = out.shape + (1,)
+            den = self.emit("add", [self.emit("mul", [yr, yr], {}, yr.shape), self.emit("mul", [yi, yi], {}, yi.shape)],
+                            {}, yr.shape)
+            re = self.emit("add", [self.emit("mul", [xr, yr], {}, s), self.emit("mul", [xi, yi], {}, s)], {}, s)
+            im = self.emit("sub", [self.emit("mul", [xi, yr], {}, s), self.emit("mul", [xr, yi], {}, s)], {}, s)
+            self.pairs[out] = self.join(self.emit("div", [re, den], {}, s), self.emit("div", [im, den], {}, s))
+            return True
         elif name == "mul" and len(ins) == 2 and all(cin) and not a:
             x, y = self.p(ins[0]), self.p(ins[1])
             xr, xi, yr, yi = self.half(x, 0), self.half(x, 1), self.half(y, 0), self.half(y, 1)
@@ -196,7 +235,7 @@ class _Rewriter:
 
     def keep(self, e: Eqn) -> None:
         """Keep ``e`` as it is (complex inputs made from pairs; complex results known in complex form)."""
-        ins = [self.complex_of(x) if _is_c(x) else self.real(x) for x in e.inputs]
+        ins = [self.complex_of(x) if self.is_c(x) else self.real(x) for x in e.inputs]
         self.eqns.append(Eqn(e.op, ins, list(e.outputs), e.attrs, e.source))
         for v in e.outputs:
             if _is_c(v):
@@ -217,6 +256,10 @@ class _Rewriter:
             if _is_c(v):
                 self.pairs[v] = pv = Var(v.shape + (2,), F32)
                 consts.append((pv, torch.view_as_real(t.resolve_conj()).clone()))
+            elif v.dtype == C128 and v.shape == ():
+                self.pairs[v] = pv = Var((2,), F32)
+                consts.append((pv, torch.view_as_real(t.resolve_conj().to(C64)).clone()))
+                self.wide[v] = t
             else:
                 consts.append((v, t))
         for e in ir.eqns:
@@ -228,9 +271,11 @@ class _Rewriter:
             if _is_c(o):
                 outputs.append(self.p(o))
                 cout.append(j)
+            elif isinstance(o, Var) and o in self.wide:
+                outputs.append(self.complex_of(o))
             else:
                 outputs.append(self.real(o))
-        new = IR(inputs, self.eqns, outputs, consts, ir.mutations, ir.name)
+        new = IR(inputs, self.eqns, outputs, consts + self.extra_consts, ir.mutations, ir.name)
         return new, cin, cout
 
 

@@ -91,7 +91,7 @@ def conj(x: Tensor) -> Tensor:
 @from_aten(conj, aten._conj.default, aten.conj_physical.default, aten._conj_physical.default)
 def _conj_conv(x):
     # the view torch marks with a conjugate bit is a value here; real tensors are their own conjugate
-    return [x], {} if x.is_complex() else IDENTITY
+    return [x], {} if isinstance(x, complex) or isinstance(x, Tensor) and x.is_complex() else IDENTITY
 
 
 from_aten(OPS["neg"], aten._neg_view.default)(_unary_conv)   # the negative-bit view of conj(x).imag
