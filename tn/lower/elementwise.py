@@ -219,10 +219,21 @@ def _out_float(eqn) -> bool:
 
 
 def _copy(ctx, out, x):
+    """``out = x`` (a number: a fill). A float-to-float copy or cast goes to ScalarE when that engine would
+    finish it first by the work given to each so far (the cast ending a LayerNorm row group, say, while VectorE
+    computes the next rows); both engines round alike."""
     if not hasattr(x, "mem"):
         ctx.prog.memset(out, float(x))
-    else:
-        ctx.prog.tensor_copy(out, x)
+        return
+    n = _free(out)
+    load = ctx.__dict__.setdefault("engine_load", {"act": 0.0, "dve": 0.0})
+    if _out_is_float(out) and _out_is_float(x) and \
+            load["act"] + _cost_ns(ctx, "act", max(64, n) + 60) < load["dve"] + _cost_ns(ctx, "dve", max(64, n) + 60):
+        ctx.prog.tensor_copy(out, x, engine="scalar")
+        _charge(ctx, "act", max(64, n) + 60)
+        return
+    ctx.prog.tensor_copy(out, x)
+    _charge(ctx, "dve", max(64, n) + 60)
 
 
 # --------------------------------------------------------------------------- unary
