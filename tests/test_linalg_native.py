@@ -5,7 +5,9 @@ import torch
 import tn
 import tn.lower  # noqa: F401  (registers the lowerings and the neuron backend)
 
-SHAPES = [(5,), (1,), (2, 3, 4), (0, 3), (2, 0)]     # matrix size n first, then batch dims
+#: matrix size n first, then batch dims; the 5x5 and batched sizes (~3 s each with the compile) run with -m slow
+SHAPES = [(3, 2), (1,), (0, 3), (2, 0), pytest.param((5,), marks=pytest.mark.slow),
+          pytest.param((2, 3, 4), marks=pytest.mark.slow)]
 
 
 def _gen(seed):
@@ -96,7 +98,7 @@ def _assert_matches(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", SHAPES, ids=["3x2", "1", "0x3", "2x0", "5", "2x3x4"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_neuron_door_matches_torch_with_no_host_op(name, shape):
     fn, make = CASES[name]
