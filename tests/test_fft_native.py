@@ -259,3 +259,17 @@ def test_complex_division():
     z, w = _cplx(6), _cplx(6, seed=1)
     (got,), _ = _native(lambda z, w: z / w, z, w)
     torch.testing.assert_close(got, z / w)
+
+
+def test_device_door_complex_tensors_natively():
+    from tn.device import tracking
+
+    z, w = _cplx(3, 8), _cplx(3, 8, seed=1)
+    zd, wd = z.to("neuron"), w.to("neuron")
+    tracking.reset_op_counts()
+    got = [torch.fft.fft(zd), torch.fft.irfft(zd), zd * wd, zd / wd, zd.conj(), zd.abs(), torch.view_as_real(zd),
+           zd * 1j]
+    want = [torch.fft.fft(z), torch.fft.irfft(z), z * w, z / w, z.conj(), z.abs(), torch.view_as_real(z), z * 1j]
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g.cpu().resolve_conj(), e.resolve_conj(), rtol=1e-5, atol=1e-5)
+    assert tracking.fallback_ops() == {}, tracking.fallback_reasons()
