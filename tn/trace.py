@@ -748,7 +748,10 @@ class _Tracer(TorchDispatchMode):
         st = x._tn_store
         base = st.spec
         steps: List[tuple] = []
-        if not base.is_row_major():
+        offset = int(meta.storage_offset())
+        if 0 in base.shape and 0 in meta.shape:
+            offset = 0          # an empty view of an empty tensor: no memory order to respect, no element to address
+        elif not base.is_row_major():
             perm = sorted(range(len(base.shape)), key=lambda d: -base.strides[d])
             mem = _Spec(tuple(base.shape[d] for d in perm), tuple(base.strides[d] for d in perm), base.offset,
                         base.dtype)
@@ -758,7 +761,7 @@ class _Tracer(TorchDispatchMode):
                     f"(input {aval_str(x.shape, x.dtype)}); call .contiguous() first.")
             steps += _permute_dims(perm, tuple(base.shape))
         steps.append((OPS["as_strided"], {"size": tuple(meta.shape), "stride": tuple(meta.stride()),
-                                          "offset": int(meta.storage_offset())}, tuple(meta.shape)))
+                                          "offset": offset}, tuple(meta.shape)))
         v = st.var
         for step in steps:
             v = self.apply_step(step, v)
