@@ -201,3 +201,16 @@ def test_gradients_match_torch(name):
     ir = tn.make_ir(grads)(*args)
     assert [e.op.name for e in ir.eqns if e.op.name == "host"] == []
     _assert_matches(tn.jit(grads)(*args), want)
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 3), (0, 0), (2, 0, 0)])
+def test_qr_gradient_including_empty_matrices(shape):
+    """The QR backward takes the diagonal of an empty column-major matrix: the tracer's strided view of an empty
+    tensor must not ask for a dense memory order."""
+    a = torch.randn(shape, generator=_gen(20)).requires_grad_()
+
+    def grads(x):
+        q, r = torch.linalg.qr(x)
+        return torch.autograd.grad((q * 0.5).sum() + (r * 1.5).sum(), x)[0]
+
+    _assert_matches(tn.jit(grads)(a), grads(a))
