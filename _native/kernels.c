@@ -224,9 +224,34 @@ static inline int64_t ap_free(const tn_ap *a) { return a->num[0] * a->num[1] * a
 
 static inline char *ap_part(const tn_ap *a, int64_t p) { return a->base + p * a->pstride; }
 
-/* Load every free element of partition p of `a` (row-major over its dims) into dst. */
-static void load_ap(float *dst, const tn_ap *a, int64_t p)
+/* `a` with the same elements in the same row-major order but fewer, longer rows: size-1 dims dropped and a dim
+   merged into the next inner one where the two walk memory as one (stride[d] == num[d+1] * stride[d+1]); the
+   remaining dims are right-aligned (leading dims of size 1). The per-row loops below then make one call per run
+   instead of one per element (e.g. a [512, 1] view: 1 row of 512, not 512 rows of 1). */
+static inline tn_ap ap_squeeze(const tn_ap *a)
 {
+    tn_ap s = *a;
+    int64_t num[4], st[4];
+    int k = 4;
+    for (int d = 3; d >= 0; d--) {
+        if (a->num[d] == 1) continue;
+        if (k < 4 && a->stride[d] == num[k] * st[k]) { num[k] *= a->num[d]; continue; }
+        k--;
+        num[k] = a->num[d];
+        st[k] = a->stride[d];
+    }
+    for (int d = 0; d < 4; d++) {
+        s.num[d] = d < k ? 1 : num[d];
+        s.stride[d] = d < k ? 0 : st[d];
+    }
+    return s;
+}
+
+/* Load every free element of partition p of `a` (row-major over its dims) into dst. */
+static void load_ap(float *dst, const tn_ap *ap, int64_t p)
+{
+    tn_ap sq = ap_squeeze(ap);
+    const tn_ap *a = &sq;
     const char *base = ap_part(a, p);
     int64_t n3 = a->num[3];
     for (int64_t i0 = 0; i0 < a->num[0]; i0++)
@@ -239,8 +264,10 @@ static void load_ap(float *dst, const tn_ap *a, int64_t p)
 }
 
 /* Store src into every free element of partition p of `a` (row-major over its dims). */
-static void store_ap(const tn_ap *a, int64_t p, const float *src)
+static void store_ap(const tn_ap *ap, int64_t p, const float *src)
 {
+    tn_ap sq = ap_squeeze(ap);
+    const tn_ap *a = &sq;
     char *base = ap_part(a, p);
     int64_t n3 = a->num[3];
     for (int64_t i0 = 0; i0 < a->num[0]; i0++)
@@ -423,8 +450,10 @@ static void store_row_i32(char *dst, int dtype, int64_t stride, const int32_t *s
     }
 }
 
-static void load_ap_i32(int32_t *dst, const tn_ap *a, int64_t p)
+static void load_ap_i32(int32_t *dst, const tn_ap *ap, int64_t p)
 {
+    tn_ap sq = ap_squeeze(ap);
+    const tn_ap *a = &sq;
     const char *base = a->base + p * a->pstride;
     int64_t n3 = a->num[3];
     for (int64_t i0 = 0; i0 < a->num[0]; i0++)
@@ -436,8 +465,10 @@ static void load_ap_i32(int32_t *dst, const tn_ap *a, int64_t p)
             }
 }
 
-static void store_ap_i32(const tn_ap *a, int64_t p, const int32_t *src)
+static void store_ap_i32(const tn_ap *ap, int64_t p, const int32_t *src)
 {
+    tn_ap sq = ap_squeeze(ap);
+    const tn_ap *a = &sq;
     char *base = a->base + p * a->pstride;
     int64_t n3 = a->num[3];
     for (int64_t i0 = 0; i0 < a->num[0]; i0++)
@@ -962,6 +993,31 @@ TN_HOT static float reduce_row(int op, float acc, const float *x, int64_t n)
     }
 }
 
+/* reduce_row(op, acc, &x, 1), spelled out (a reduction over an axis of size 1 calls it once per element): the
+   same operations in the same order, so the same bits (the lanes other than 0 hold 0 for sums and acc for
+   maxima/minima, which leave the result as it is for a non-NaN acc, the identity reductions pass). */
+static inline float reduce_one(int op, float acc, float x)
+{
+    float l, q;
+    switch (op) {
+    case RED_ADD:
+        l = 0.0f + x;
+        l += 0.0f; l += 0.0f; l += 0.0f; l += 0.0f;   /* the lane tree: l[0] += l[8], l[4], l[2], l[1] (all 0) */
+        return acc + l;
+    case RED_MAX:
+    case RED_MIN:
+        if (acc != acc) return reduce_row(op, acc, &x, 1);
+        l = (op == RED_MAX ? x > acc : x < acc) ? x : acc;
+        q = x != x ? x : 0.0f;
+        acc = (op == RED_MAX ? l > acc : l < acc) || l != l ? l : acc;
+        return q != q ? q : acc;
+    case RED_MUL: return acc * x;
+    case RED_AND: return (acc != 0.0f && x != 0.0f) ? 1.0f : 0.0f;
+    case RED_OR: return (acc != 0.0f || x != 0.0f) ? 1.0f : 0.0f;
+    default: return acc;
+    }
+}
+
 TN_HOT static void scale_bias_row(float *x, int64_t n, float s, float b)
 {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] * s + b;
@@ -1034,7 +1090,10 @@ int tn_tensor_reduce(int op, const tn_ap *out, const tn_ap *in, int nred, int64_
     if (!x || !o) return TN_ENOMEM;
     for (int64_t p = 0; p < nparts; p++) {
         load_ap(x, in, p);
-        for (int64_t j = 0; j < k; j++) o[j] = reduce_row(op, init, x + j * r, r);
+        if (r == 1)
+            for (int64_t j = 0; j < k; j++) o[j] = reduce_one(op, init, x[j]);
+        else
+            for (int64_t j = 0; j < k; j++) o[j] = reduce_row(op, init, x + j * r, r);
         store_ap(out, p, o);
     }
     return TN_OK;

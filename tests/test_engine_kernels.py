@@ -133,6 +133,28 @@ def test_reduce_lengths_and_specials(n, op):
         np.testing.assert_array_equal(out["y"][:, 0], ref)
 
 
+@pytest.mark.parametrize("op", ["add", "max", "min", "multiply", "logical_and", "logical_or"])
+@pytest.mark.parametrize("dt", ["float32", "bfloat16"])
+def test_reduce_over_a_size1_axis_is_elementwise_and_bit_exact(op, dt):
+    """A reduction over an axis of size 1 (what lowering emits for a kept dim of 1) takes the per-element path:
+    its bits are those of the 16-lane row reduction of one element (sums: 0 + (0 + x), so -0 becomes +0; max/min
+    keep x, NaN included; multiply: 1 * x; logical and/or: x != 0)."""
+    P, n = 6, 37
+    x = rnd(P, n) * 100
+    x[0, :6] = [np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-40]
+    x[3, :] = -0.0
+    xr = round_to(x, dt).astype(np.float32)
+    def emit(p, t):
+        p.tensor_reduce(t["y"], t["x"].reshape(P, n, 1), op, axis=2)
+    out, _ = run_op(emit, {"x": (x, dt)}, {"y": ((P, n), "float32")})
+    y = out["y"].astype(np.float32)
+    nz = (xr != 0).astype(np.float32)
+    ref = {"add": np.float32(0) + (np.float32(0) + xr), "max": xr, "min": xr, "multiply": np.float32(1) * xr,
+           "logical_and": nz, "logical_or": nz}[op]
+    np.testing.assert_array_equal(y, ref)
+    assert np.array_equal(np.signbit(y), np.signbit(ref))   # -0 kept or made +0 as the lane sum does
+
+
 def test_activation_fused_max_reduce_with_nan():
     x = rnd(4, 50)
     x[2, 17] = np.nan
