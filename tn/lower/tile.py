@@ -17,7 +17,9 @@ and broadcast in SBUF by a stride-0 tile view), the equations' tile rules
 (each op's :attr:`tn.ops.Op.tile_rule`) and ``tensor_reduce`` run on SBUF
 tiles, and only values used after the group are DMA'd back. Tiles of two
 consecutive iterations stay allocated (double buffering), so the DMA of tile
-``i+1`` overlaps the compute of tile ``i``.
+``i+1`` overlaps the compute of tile ``i``; and the two tiles' instructions
+are emitted interleaved, equation by equation (:func:`_interleave`), so that
+in-order engines work on both at once.
 
 :func:`lower_map` emits one group; :func:`row_fits` is the SBUF byte count the
 planner (:mod:`tn.lower.fusion`) checks before it proposes a row group. The
@@ -329,6 +331,7 @@ def _values(eqns: List[Eqn], in_vars: List[Var], out_vars: List[Var]) -> _Values
     per_elem = NBUF * fixed_b + peak_b + 4 * temps
     vals.frees_after = frees_after
     vals.per_elem = per_elem
+    vals.peak_b, vals.temps = peak_b, temps
     return vals
 
 
@@ -495,7 +498,9 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
         else:
             pub_root[root] = v
     published: Dict[Var, int] = {}
-    for it, (offs, nout, r0, p, k, c0, f) in enumerate(tile_list):
+
+    def steps(it: int, offs: list, nout: int, r0: int, p: int, k: int, c0: int, f: int):
+        # one tile's instructions, yielding after its loads and after each equation (see _interleave)
         allocated = []
         env: Dict[Var, Any] = {}
 
@@ -531,6 +536,7 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
             else:
                 prog.dma_copy(t, HbmView(t_hbm, offs[i] + r0 * sr + c0 * sc, dims3))
             env[v] = t
+        yield
         done = -1
         for j, e in enumerate(eqns):
             if e.outputs[0] in lazy:
@@ -611,8 +617,15 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
                 if v in pub_root:
                     continue        # computed into the published buffer
                 prog.free(env.pop(v))
+            yield
         for t in allocated:
             prog.free(t)
+
+    width = _interleave(vals, f_max=lay.kmax * lay.f, n_eqns=len(eqns), n_tiles=len(tile_list))
+    for w in range(0, len(tile_list), width):
+        gens = [steps(it, *tile_list[it]) for it in range(w, min(w + width, len(tile_list)))]
+        while gens:
+            gens = [g for g in gens if next(g, _END) is not _END]
     for v, bufs in rings.items():
         for b, t in enumerate(bufs):
             if published.get(v) == b:
@@ -624,6 +637,35 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
         prog.free(t)
     for t in reversed(stages):
         prog.free(t)
+
+
+#: Tiles whose instructions are emitted interleaved, equation by equation (software pipelining; 1 = off).
+INTERLEAVE = 2
+_END = object()
+
+
+def _interleave(vals: _Values, f_max: int, n_eqns: int, n_tiles: int) -> int:
+    """How many consecutive tiles :func:`lower_map` emits interleaved, equation by equation.
+
+    Every engine runs its instructions in program order. Emitted one tile
+    after another, a group whose equations alternate between ScalarE and
+    VectorE (a norm: reduce, scale, square-sum, rsqrt, scale ...) leaves each
+    engine idle while the other works on the same tile: the next tile's first
+    instruction is queued behind this tile's last one. Emitting equation ``j``
+    of tiles ``i`` and ``i+1`` together lets one engine work on one tile while
+    the other works on the other, as a software-pipelined kernel does. The
+    cost is a second set of intermediates live at once, so tiles are
+    interleaved only when that still fits the group's SBUF budget (the tile
+    size was chosen for one set); ``f_max`` is the elements per partition of
+    the group's largest tile.
+    """
+    if INTERLEAVE <= 1 or n_tiles < 2 or n_eqns < 2:
+        return 1
+    per_tile = vals.peak_b + 4 * vals.temps         # a tile's intermediates and its rules' temporaries
+    fixed = vals.per_elem - per_tile                 # the NBUF ring buffers of inputs and stored outputs
+    if f_max * (fixed + INTERLEAVE * per_tile) > SBUF_BUDGET:
+        return 1
+    return min(INTERLEAVE, NBUF)      # each tile in flight has its own ring buffers
 
 
 #: A partition-broadcast load moving at least this many bytes is one row + a GpSimd broadcast instead.
