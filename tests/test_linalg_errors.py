@@ -82,3 +82,27 @@ def test_batched_check_names_the_batch():
     with pytest.raises(torch.linalg.LinAlgError) as got:
         tn.jit(torch.linalg.inv)(a)
     assert str(got.value) == str(want.value) and "Batch element 1" in str(got.value)
+
+
+def test_error_check_is_a_status_read_after_the_program_not_a_host_op(monkeypatch):
+    """The check reads LAPACK's ``info`` back after the run (tn.lower.status_checks): no host op, strict
+    compiles, one program; a singular input still raises eager's error and leaves mutated inputs unwritten."""
+    def solve_and_step(a, b, w):
+        x = torch.linalg.solve(a, b)
+        w.add_(1.0)                 # a mutation after the check: eager never reaches it on a singular input
+        return x
+
+    monkeypatch.setenv("TN_STRICT", "1")     # a host op would raise UnsupportedOpError
+    f = tn.jit(solve_and_step, backend="neuron")
+    a = torch.tensor([[4.0, 1.0, 0.5], [1.0, 3.0, 0.2], [0.5, 0.2, 2.0]])
+    b, w = torch.tensor([1.0, -2.0, 0.5]), torch.zeros(2)
+    torch.testing.assert_close(f(a, b, w), torch.linalg.solve(a, b))
+    assert w.tolist() == [1.0, 1.0]
+    assert f.stats["host_ops"] == {} and f.stats["programs"] == 1
+    s, _ = _singular()
+    with pytest.raises(torch.linalg.LinAlgError) as got:
+        f(s, b, w)
+    with pytest.raises(torch.linalg.LinAlgError) as want:
+        torch.linalg.solve(s, b)
+    assert str(got.value) == str(want.value)
+    assert w.tolist() == [1.0, 1.0]

@@ -34,7 +34,7 @@ from ..neuron import get_arch, isa, simulate_timing
 from ..ops.collective import COLLECTIVE_OPS
 from ..profile import Profile, note_host_op
 from ..reference import run_ir
-from . import collective, complex_pairs, layout, matmul
+from . import collective, complex_pairs, layout, matmul, status_checks
 from .base import NEURON_DTYPES, dataflow
 from .emit import Emitted, _HostStep, _ProgStep, emit, unsupported_error
 from .schedule import (LaidOutOperand, Schedule, UnitFailed, Vetoes, hoist_gathers, hoist_past_weight_casts,
@@ -573,8 +573,13 @@ def compile_ir(ir: IR, *, arch: Any = None, strict: Optional[bool] = None, debug
     traced function or module, else ``tn``); profiles show ``{name}_{k}_{what it computes}``
     (:func:`tn.lower.schedule.program_name`). complex64 values are carried as their float32 (re, im) pairs
     (:mod:`tn.lower.complex_pairs`; the executable then takes and returns complex tensors as views of pairs).
+    ``torch.linalg`` error checks are read back as a status after the run, not run as host ops inside it
+    (:mod:`tn.lower.status_checks`).
     """
-    pairs, cin, cout = complex_pairs.to_pairs(ir)
+    checked, checks = status_checks.hoist_checks(ir)
+    pairs, cin, cout = complex_pairs.to_pairs(checked)
     exe = NeuronExecutable(pairs, arch=arch, strict=strict, debug=debug, fuse=fuse,
                            name=name if name is not None else ir.name)
-    return complex_pairs.PairsExecutable(exe, ir, cin, cout) if pairs is not ir else exe
+    if pairs is not checked:
+        exe = complex_pairs.PairsExecutable(exe, checked, cin, cout)
+    return status_checks.CheckedExecutable(exe, len(ir.outputs), checks) if checks else exe
