@@ -97,6 +97,11 @@ OP_TOLERANCES: Dict[str, Dict[str, float]] = {
     # on the device; eager's CPU kernel leaves rounding noise of 1.8e-5 there (and rtol cannot help at 0)
     "nn.functional.layer_norm": dict(rtol=1e-4, atol=3e-5),
     "native_layer_norm": dict(rtol=1e-4, atol=3e-5),   # the same one-element sample
+    # forward/back substitution unrolled over the columns (tn.ops.linalg) sums in another order than LAPACK's
+    # trsm: the gradient of the 5th sample has an element where terms of ~-86, -1834 and +1919 cancel to 0.72
+    # (ulp of the partial sums 1.2e-4); eager's fp32 value is itself 5e-5 from float64 there, tn's 1.0e-4
+    # from eager's: two ulps of the partial sums
+    "triangular_solve": dict(rtol=1e-4, atol=2.5e-4),
 }
 
 #: Ops whose result values are undefined (uninitialised memory): excluded.
