@@ -77,7 +77,7 @@ from ..errors import ArgumentValueError
 from ..ir import Var
 from ..neuron import isa
 
-__all__ = ["CannotLower", "HandoffError", "LowerCtx", "lowering", "NEURON_DTYPES", "neuron_dtype", "TileScope", "resident_view",
+__all__ = ["CannotLower", "ExecutableWrapper", "HandoffError", "LowerCtx", "lowering", "NEURON_DTYPES", "neuron_dtype", "TileScope", "resident_view",
            "handoff_shape", "Ring", "Copier", "dataflow"]
 
 
@@ -117,6 +117,24 @@ def neuron_dtype(dtype: torch.dtype) -> str:
     except KeyError:
         raise CannotLower(f"dtype {dtype} has no NeuronCore equivalent (the chip computes in fp32/bf16/fp16/"
                           f"int32/uint8/bool); cast it first or let it run on the host") from None
+
+
+class ExecutableWrapper:
+    """Base of an executable that adapts another's calling convention (complex pairs, status checks): its own
+    fields are the names in ``_OWN``; every other attribute (``stats``, ``last_profile``, ``schedule``...) is
+    the wrapped executable's ``exe``, read and written (a door's setting, e.g. tn.device.windows turning the
+    layout variant off, reaches the real executable)."""
+
+    _OWN: Tuple[str, ...] = ("exe",)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["exe"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.exe, name, value)
 
 
 class UnitOrders:

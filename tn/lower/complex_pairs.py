@@ -37,6 +37,7 @@ import torch
 
 from ..ir import IR, Eqn, Literal, Var
 from ..ops import OPS
+from .base import ExecutableWrapper
 
 __all__ = ["to_pairs", "PairsExecutable"]
 
@@ -301,7 +302,7 @@ def _complex_of(t: Any) -> Any:
     return OPS["view_as_complex"].impl(t) if isinstance(t, torch.Tensor) else t
 
 
-class PairsExecutable:
+class PairsExecutable(ExecutableWrapper):
     """The executable of an IR rewritten by :func:`to_pairs`, called with the original IR's inputs: complex64
     inputs go in as their pairs and pairs outputs come back as complex64, both views of the same memory.
     Every other attribute is the wrapped executable's (``stats``, ``last_profile``, ``schedule`` ...), read and
@@ -324,16 +325,6 @@ class PairsExecutable:
         return out
 
     _OWN = ("exe", "ir", "complex_inputs", "complex_outputs")
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["exe"], name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # a door's setting (e.g. tn.device.windows turning the layout variant off) is the wrapped executable's
-        if name in self._OWN:
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.exe, name, value)
 
     def __repr__(self) -> str:
         return f"<PairsExecutable of {self.exe!r}>"

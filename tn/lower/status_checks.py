@@ -19,6 +19,7 @@ import torch
 
 from ..ir import IR, Var
 from ..ops import OPS
+from .base import ExecutableWrapper
 
 __all__ = ["hoist_checks", "CheckedExecutable"]
 
@@ -39,7 +40,7 @@ def hoist_checks(ir: IR) -> Tuple[IR, List[Tuple[int, Dict[str, Any]]]]:
     return IR(ir.inputs, eqns, outputs, consts=ir.consts, mutations=ir.mutations, name=ir.name), found
 
 
-class CheckedExecutable:
+class CheckedExecutable(ExecutableWrapper):
     """Runs the executable of an IR rewritten by :func:`hoist_checks`, raises eager's error for the first
     check (in program order) whose status is nonzero, and otherwise returns the original outputs. Every
     other attribute is the wrapped executable's (``stats``, ``last_profile``, ``schedule``...), read and
@@ -58,16 +59,6 @@ class CheckedExecutable:
         return out[:self.n_outputs]
 
     _OWN = ("exe", "n_outputs", "checks")
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["exe"], name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # a door's setting (e.g. tn.device.windows turning the layout variant off) is the wrapped executable's
-        if name in self._OWN:
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.exe, name, value)
 
     def __repr__(self) -> str:
         return f"<CheckedExecutable ({len(self.checks)} status checks) of {self.exe!r}>"
