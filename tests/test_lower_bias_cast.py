@@ -8,6 +8,7 @@ import torch.nn.functional as F
 pytest.importorskip("tn.lower.schedule")
 import tn  # noqa: E402
 import tn.lower  # noqa: E402,F401
+from tn.lower.testing import run_with_hbm_bytes  # noqa: E402
 import tn.lower.compiler as compiler  # noqa: E402
 import tn.lower.matmul as matmul  # noqa: E402
 import tn.lower.schedule as schedule  # noqa: E402
@@ -40,12 +41,6 @@ def _compile(monkeypatch, fn, cast=True):
     return exe
 
 
-def _run(exe):
-    """The outputs of one run of ``exe`` and its ``(HBM bytes read, written)``."""
-    out = exe(_args())
-    runs = exe.last_profile.runs
-    return out, (sum(r.hbm_read_bytes for r in runs), sum(r.hbm_write_bytes for r in runs))
-
 
 def test_the_matmul_rounds_the_fp32_bias(monkeypatch):
     """The bias's convert is skipped (no op unit of its own) and the epilogue unit names the cast; the result is
@@ -60,8 +55,8 @@ def test_the_matmul_rounds_the_fp32_bias(monkeypatch):
     (b, (j, src)), = new.schedule.bias_casts.items()
     assert src is new.ir.inputs[2] and new.ir.eqns[j].op.name == "convert" and j in new.schedule.skipped
     assert "on chip" in str(new.schedule)
-    (got,), (rd_new, wr_new) = _run(new)
-    (want,), (rd_old, wr_old) = _run(old)
+    (got,), (rd_new, wr_new) = run_with_hbm_bytes(new, _args())
+    (want,), (rd_old, wr_old) = run_with_hbm_bytes(old, _args())
     assert torch.equal(got, want)
     torch.testing.assert_close(got.float(), _f(*_args()).float(), rtol=2e-2, atol=2e-2)
     assert rd_old - rd_new == O * 2
@@ -73,7 +68,7 @@ def test_a_cast_bias_that_is_a_result_is_made(monkeypatch):
     """A cast bias read by something else (here: returned) is lowered as its convert, as before."""
     exe = _compile(monkeypatch, _f_bias_kept)
     assert not exe.schedule.bias_casts
-    (y, b), _ = _run(exe)
+    (y, b), _ = run_with_hbm_bytes(exe, _args())
     wy, wb = _f_bias_kept(*_args())
     assert torch.equal(b, wb)
     torch.testing.assert_close(y.float(), wy.float(), rtol=2e-2, atol=2e-2)
@@ -94,5 +89,5 @@ def test_a_matmul_that_does_not_add_the_bias_gets_the_convert_back(monkeypatch):
     assert not exe.schedule.bias_casts
     assert [v.kind for v in exe.schedule.vetoes.history] == ["nofuse"]
     assert exe.ir.eqns[exe.schedule.vetoes.history[0].at].op.name == "convert"
-    (got,), _ = _run(exe)
+    (got,), _ = run_with_hbm_bytes(exe, _args())
     torch.testing.assert_close(got.float(), _f(*_args()).float(), rtol=2e-2, atol=2e-2)

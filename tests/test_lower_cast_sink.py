@@ -7,6 +7,7 @@ import torch
 pytest.importorskip("tn.lower.schedule")
 import tn  # noqa: E402
 import tn.lower  # noqa: E402,F401
+from tn.lower.testing import run_with_hbm_bytes  # noqa: E402
 import tn.lower.compiler as compiler  # noqa: E402
 from tn.lower.schedule import sink_casts_past_views  # noqa: E402
 
@@ -41,11 +42,6 @@ def _compile(monkeypatch, sink=True):
     return exe
 
 
-def _run(exe):
-    out = exe(_args())
-    runs = exe.last_profile.runs
-    return out, (sum(r.hbm_read_bytes for r in runs), sum(r.hbm_write_bytes for r in runs))
-
 
 def test_casts_move_below_the_splits():
     """Each cast moves below the view equations after it (the later splits and casts), once; the casts keep
@@ -70,8 +66,8 @@ def test_attention_takes_the_casts_as_its_prologue(monkeypatch):
     assert [u.kind for u in new.schedule.units].count("attention") == 1
     assert not [u for u in new.schedule.units if u.label == "convert"]
     assert len([u for u in old.schedule.units if u.label == "convert"]) == 2
-    (got,), (rd_new, wr_new) = _run(new)
-    (want,), (rd_old, wr_old) = _run(old)
+    (got,), (rd_new, wr_new) = run_with_hbm_bytes(new, _args())
+    (want,), (rd_old, wr_old) = run_with_hbm_bytes(old, _args())
     assert torch.equal(got, want)
     torch.testing.assert_close(got, _f(*_args()), rtol=2e-4, atol=2e-4)
     assert rd_old - rd_new == 2 * N * 4 and wr_old - wr_new == 2 * N * 4

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 pytest.importorskip("tn.lower.fusion")
 import tn  # noqa: E402
 import tn.lower  # noqa: E402,F401
+from tn.lower.testing import run_with_hbm_bytes  # noqa: E402
 import tn.lower.compiler as compiler  # noqa: E402
 import tn.lower.fusion as fusion  # noqa: E402
 from tn.lower.epilogue import EpilogueGroup  # noqa: E402
@@ -43,11 +44,6 @@ def _compile(monkeypatch, fn, args, regroup=True):
     return exe
 
 
-def _run(exe, args):
-    out = exe(args)
-    runs = exe.last_profile.runs
-    return out, (sum(r.hbm_read_bytes for r in runs), sum(r.hbm_write_bytes for r in runs))
-
 
 def test_gelu_after_a_regrouping_reshape_joins_the_matmul_epilogue(monkeypatch):
     """One epilogue unit covers the bias add, the reshape, GELU, the scale and the reshape back; the program
@@ -59,8 +55,8 @@ def test_gelu_after_a_regrouping_reshape_joins_the_matmul_epilogue(monkeypatch):
     assert len(epi) == 1 and isinstance(epi[0].group, EpilogueGroup)
     assert [e.op.name for e in epi[0].group.eqns] == ["add", "reshape", "gelu", "mul", "reshape"]
     assert len(new.schedule.units) < len(old.schedule.units)
-    (got,), (rd_new, wr_new) = _run(new, args)
-    (want_old,), (rd_old, wr_old) = _run(old, args)
+    (got,), (rd_new, wr_new) = run_with_hbm_bytes(new, args)
+    (want_old,), (rd_old, wr_old) = run_with_hbm_bytes(old, args)
     assert torch.equal(got, want_old)
     torch.testing.assert_close(got.float(), _ffn_in(*args).float(), rtol=2e-2, atol=2e-2)
     # the minimum: x, W, b and the scale read once, the result written once (before: the matmul's result
@@ -76,5 +72,5 @@ def test_an_operand_that_broadcasts_over_the_regrouped_axes_ends_the_epilogue(mo
     exe = _compile(monkeypatch, _ffn_in_batch_operand, args)
     epi = [u for u in exe.schedule.units if u.kind == "epilogue"]
     assert epi and all("add" not in [e.op.name for e in u.group.eqns[1:]] for u in epi)
-    (got,), _ = _run(exe, args)
+    (got,), _ = run_with_hbm_bytes(exe, args)
     torch.testing.assert_close(got.float(), _ffn_in_batch_operand(*args).float(), rtol=2e-2, atol=2e-2)

@@ -18,7 +18,7 @@ from .. import ops
 from ..ir import IR, Eqn, Literal, Var
 from .compiler import compile_ir
 
-__all__ = ["check_lowering", "build_eqn_ir", "TOLERANCES", "assert_close"]
+__all__ = ["check_lowering", "build_eqn_ir", "TOLERANCES", "assert_close", "run_with_hbm_bytes"]
 
 #: Default (rtol, atol) per result dtype.
 TOLERANCES = {
@@ -26,6 +26,14 @@ TOLERANCES = {
     torch.float16: (2e-3, 1e-3),
     torch.bfloat16: (1.6e-2, 1e-2),
 }
+
+
+def run_with_hbm_bytes(exe: Any, args: Any) -> Any:
+    """One run of the executable ``exe`` on ``args``: ``(its outputs, (HBM bytes read, HBM bytes written))``
+    summed over the programs of that run (``exe.last_profile``)."""
+    out = exe(args)
+    runs = exe.last_profile.runs
+    return out, (sum(r.hbm_read_bytes for r in runs), sum(r.hbm_write_bytes for r in runs))
 
 
 def build_eqn_ir(op_name: str, *inputs: Any, **attrs: Any) -> IR:
