@@ -578,3 +578,22 @@ def test_bucket_padding_copies_are_charged_the_same_with_and_without_a_profile(a
         _kv_loop(4)                                  # under a profile: the real DMA programs run
     d2 = windows.stats()["device_ns"]
     assert d1 - d0 == pytest.approx(d2 - d1, rel=1e-6) and d1 > d0
+
+
+def test_the_per_op_meta_plan_cache_is_bounded_least_recently_used_first(adaptive, monkeypatch):
+    """Ops of ever new shapes (a KV cache's) do not grow the per-op plan cache without end: past the cap the
+    least recently used plans go, a plan in use stays, and evicted plans are simply made again."""
+    monkeypatch.setattr(windows, "_META", type(windows._META)())
+    monkeypatch.setattr(windows, "_META_MAX", 6)
+    keep = torch.randn(3, 5)
+    keep_d = keep.to("neuron")
+    for n in range(1, 13):                      # twelve new shapes, each with a new plan for mul
+        x = torch.randn(n, 4)
+        got = (x.to("neuron") * 3.0).cpu()
+        torch.testing.assert_close(got, x * 3.0)
+        torch.testing.assert_close((keep_d * 2.0).cpu(), keep * 2.0)   # used every time: never evicted
+        assert len(windows._META) <= 6
+    shapes = [k for k in windows._META]
+    assert any(((3, 5), (5, 1), 0, torch.float32) in k for k in shapes)      # the plan in use survived
+    assert not any(((1, 4), (4, 1), 0, torch.float32) in k for k in shapes)  # the oldest went
+    torch.testing.assert_close((torch.ones(1, 4).to("neuron") * 3.0).cpu(), torch.full((1, 4), 3.0))

@@ -110,7 +110,10 @@ _TLS = threading.local()         # .executing: this thread is running a flushed 
 _CACHE: "OrderedDict[Any, List[_Compiled]]" = OrderedDict()   # signature -> programs (by live results)
 _CACHE_MAX = 512
 _REFUSED: set = set()            # per-op signatures the tracer could not replay: flushed around, run eagerly
-_META: Dict[Any, Any] = {}       # per-op metadata key -> result plan (from the op's meta kernel)
+#: per-op metadata key -> result plan (from the op's meta kernel), least recently used first; bounded by
+#: :data:`_META_MAX` (a KV cache's ops have a new key per decode step: unbounded, it would grow without end)
+_META: "OrderedDict[Any, Any]" = OrderedDict()
+_META_MAX = 4096
 _SEEDED = torch.Tag.nondeterministic_seeded
 _STATS: Dict[str, Any] = {}
 
@@ -709,7 +712,12 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec, info, check:
             plan = _plan(op, leaves, spec)
         except Exception as e:   # no meta kernel, or a bad call: eager runs it (and raises at the user's line)
             raise _NotRecordable(f"its meta kernel failed ({type(e).__name__})") from None
-        _META[mk] = plan
+        _meta_put(mk, plan)
+    else:
+        try:
+            _META.move_to_end(mk)
+        except KeyError:        # evicted meanwhile by another device's queue (another lock): the plan still holds
+            pass
     tree, items, single, exact_plan = plan
     if exact and not exact_plan:
         raise _Decline()
@@ -751,6 +759,17 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec, info, check:
     if len(recs) >= w.limit:
         flush("buffer limit")
     return result
+
+
+def _meta_put(mk: Any, plan: Any) -> None:
+    """Cache ``plan`` under ``mk`` in :data:`_META`, dropping the least recently used plans beyond
+    :data:`_META_MAX` (queues of different devices record under different locks: a racing eviction is harmless)."""
+    _META[mk] = plan
+    while len(_META) > _META_MAX:
+        try:
+            _META.popitem(last=False)
+        except KeyError:
+            break
 
 
 _F32 = torch.float32
