@@ -2,6 +2,7 @@
 """Decompositions of layer ops into core ops (see :mod:`tn.ops.decompositions` for the general ones)."""
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any, Callable, List, Sequence, Tuple
 
@@ -932,3 +933,169 @@ def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     subs = ["".join(letters[d] for d in range(n) if d not in set(e)) for e in (expand1, expand2, expand3)]
     out = "".join(letters[d] for d in range(n) if d not in set(sumdim))
     return torch.einsum(f"{subs[0]},{subs[1]},{subs[2]}->{out}", i1, i2, i3)
+
+
+# grid_sampler_2d / grid_sampler_3d: the sampling positions are computed in float (unnormalize, then the
+# padding mode: clamp for border, reflection with its parity taken in float, so no int8 appears), each
+# corner (bilinear/trilinear), the nearest point or each of the 16 bicubic taps is one gather from the input
+# flattened to [N, C, D*H*W], and the taps are summed with their weights in the order of torch's CPU kernels
+# (2-d: the vectorised kernel's forms; 3-d: the scalar kernel's), so results match eager torch bit for bit on
+# the reference backend.
+
+def _gs_unnormalize(c: Tensor, size: int, align_corners: bool, two_d: bool) -> Tensor:
+    """Grid coordinates in [-1, 1] to input coordinates, written as torch's 2-d (vectorised) or 3-d CPU
+    kernel writes them."""
+    if two_d:
+        u = aten.mul.Tensor(aten.add.Scalar(c, 1), (size - 1) / 2 if align_corners else size / 2)
+        return u if align_corners else aten.sub.Scalar(u, 0.5)
+    if align_corners:
+        return aten.mul.Tensor(aten.div.Scalar(aten.add.Scalar(c, 1), 2), size - 1)
+    return aten.div.Scalar(aten.sub.Scalar(aten.mul.Tensor(aten.add.Scalar(c, 1), size), 1), 2)
+
+
+def _gs_reflect(c: Tensor, twice_low: int, twice_high: int) -> Tensor:
+    """``c`` reflected into [low, high] (bounds given doubled): the number of flips is even or odd by
+    ``f - 2*floor(f/2)`` in float, exact for every integer-valued float ``f``."""
+    if twice_low == twice_high:
+        return aten.zeros_like.default(c)
+    low, span = twice_low / 2, (twice_high - twice_low) / 2
+    a = aten.abs.default(aten.sub.Tensor(c, low)) if low else aten.abs.default(c)
+    extra = aten.fmod.Scalar(a, span)
+    flips = aten.floor.default(aten.div.Scalar(a, span))
+    odd = aten.sub.Tensor(flips, aten.mul.Tensor(aten.floor.default(aten.mul.Tensor(flips, 0.5)), 2))
+    even_pos = aten.add.Tensor(extra, low) if low else extra
+    odd_pos = aten.rsub.Scalar(extra, span)
+    odd_pos = aten.add.Tensor(odd_pos, low) if low else odd_pos
+    return aten.where.self(aten.eq.Scalar(odd, 0), even_pos, odd_pos)
+
+
+def _gs_pad(c: Tensor, size: int, padding_mode: int, align_corners: bool) -> Tensor:
+    """Input coordinates after the padding mode: 0 zeros (unchanged), 1 border (clamped), 2 reflection."""
+    if padding_mode == 0:
+        return c
+    if padding_mode == 2:
+        c = _gs_reflect(c, 0, 2 * (size - 1)) if align_corners else _gs_reflect(c, -1, 2 * size - 1)
+    return aten.clamp.default(c, 0, size - 1)
+
+
+def _gs_tap(x3: Tensor, pos: Sequence[Tensor], sizes: Sequence[int]) -> Tuple[Tensor, Tensor]:
+    """``(values, in_bounds)`` of the input ``x3`` [N, C, prod(sizes)] at the integer-valued float positions
+    ``pos`` (one [N, 1, P] tensor per spatial axis, outermost first); out-of-bounds taps read element 0."""
+    valid = None
+    for p, n in zip(pos, sizes):
+        ok = aten.logical_and.default(aten.ge.Scalar(p, 0), aten.lt.Scalar(p, n))
+        valid = ok if valid is None else aten.logical_and.default(valid, ok)
+    flat = None
+    for p, n in zip(pos, sizes):
+        i = aten._to_copy.default(aten.where.self(valid, p, aten.zeros_like.default(p)), dtype=torch.int64)
+        flat = i if flat is None else aten.add.Tensor(aten.mul.Scalar(flat, n), i)
+    N, C = int(x3.shape[0]), int(x3.shape[1])
+    idx = aten.expand.default(flat, [N, C, int(flat.shape[-1])])
+    return aten.gather.default(x3, 2, idx), valid
+
+
+def _gs_cubic_weights(t: Tensor) -> List[Tensor]:
+    """The four cubic-convolution weights (A = -0.75, as torch) of taps -1, 0, 1, 2 at fraction ``t``."""
+    A = -0.75
+
+    def near(s):   # |s| <= 1
+        return aten.add.Scalar(aten.mul.Tensor(aten.mul.Tensor(
+            aten.sub.Scalar(aten.mul.Tensor(s, A + 2), A + 3), s), s), 1)
+
+    def far(s):    # 1 < |s| < 2
+        u = aten.add.Scalar(aten.mul.Tensor(aten.sub.Scalar(aten.mul.Tensor(s, A), 5 * A), s), 8 * A)
+        return aten.sub.Scalar(aten.mul.Tensor(u, s), 4 * A)
+
+    return [far(aten.add.Scalar(t, 1)), near(t), near(aten.rsub.Scalar(t, 1)), far(aten.rsub.Scalar(t, 2))]
+
+
+def _gs_sum(terms: Sequence[Tensor]) -> Tensor:
+    """``terms`` added left to right."""
+    out = terms[0]
+    for t in terms[1:]:
+        out = aten.add.Tensor(out, t)
+    return out
+
+
+def _grid_sample(x: Tensor, grid: Tensor, interpolation_mode: int, padding_mode: int,
+                 align_corners: bool) -> Tensor:
+    """grid_sampler_2d (4-d ``x``) or grid_sampler_3d (5-d ``x``) as gathers and weights; 16-bit inputs are
+    computed in fp32 and rounded once."""
+    k = _ndim(x) - 2
+    two_d = k == 2
+    if interpolation_mode not in (0, 1, 2) or padding_mode not in (0, 1, 2) or (interpolation_mode == 2
+                                                                                  and not two_d):
+        return NotImplemented
+    dt = x.dtype
+    acc = _acc_dtype(dt)
+    if acc != dt:
+        x = aten._to_copy.default(x, dtype=acc)
+        grid = aten._to_copy.default(grid, dtype=acc)
+    N, C = int(x.shape[0]), int(x.shape[1])
+    sizes = [int(n) for n in x.shape[2:]]                       # outermost first: [D,] H, W
+    out_sp = [int(n) for n in grid.shape[1:-1]]
+    P = math.prod(out_sp)
+    x3 = aten.reshape.default(x, [N, C, math.prod(sizes)])
+    g = aten.reshape.default(grid, [N, 1, P, k])
+    # grid's last axis is (x, y[, z]): x indexes W, the innermost axis
+    raw = [aten.select.int(g, 3, k - 1 - a) for a in range(k)]
+    raw = [_gs_unnormalize(c, n, align_corners, two_d) for c, n in zip(raw, sizes)]
+
+    if interpolation_mode == 2:                                 # bicubic (2-d only)
+        lo = [aten.floor.default(c) for c in raw]
+        wy, wx = (_gs_cubic_weights(aten.sub.Tensor(c, f)) for c, f in zip(raw, lo))
+        rows = []
+        for i in range(4):
+            py = _gs_pad(aten.add.Scalar(lo[0], i - 1), sizes[0], padding_mode, align_corners)
+            row = []
+            for j in range(4):
+                px = _gs_pad(aten.add.Scalar(lo[1], j - 1), sizes[1], padding_mode, align_corners)
+                v, ok = _gs_tap(x3, [py, px], sizes)
+                row.append(aten.mul.Tensor(aten.where.self(ok, v, aten.zeros_like.default(v)), wx[j]))
+            rows.append(aten.mul.Tensor(_gs_sum(row), wy[i]))
+        out = _gs_sum(rows)
+    else:
+        pos = [_gs_pad(c, n, padding_mode, align_corners) for c, n in zip(raw, sizes)]
+        if interpolation_mode == 1:                             # nearest (round half to even, as nearbyint)
+            v, ok = _gs_tap(x3, [aten.round.default(c) for c in pos], sizes)
+            out = aten.where.self(ok, v, aten.zeros_like.default(v))
+        else:                                                   # bilinear / trilinear
+            lo = [aten.floor.default(c) for c in pos]
+            hi = [aten.add.Scalar(f, 1) for f in lo]
+            if two_d:   # the vectorised kernel: fraction w, 1 - w; corner weight wy * wx
+                fr = [aten.sub.Tensor(c, f) for c, f in zip(pos, lo)]
+                per_axis = [(aten.rsub.Scalar(w, 1), w) for w in fr]
+            else:       # the scalar kernel: hi - c, c - lo; corner weight wx * wy * wz
+                per_axis = [(aten.sub.Tensor(h, c), aten.sub.Tensor(c, f)) for c, f, h in zip(pos, lo, hi)]
+            terms = []
+            for bits in itertools.product((0, 1), repeat=k):  # outermost axis slowest, as torch's corners
+                ws = [per_axis[a][b] for a, b in enumerate(bits)]
+                if two_d:
+                    w = aten.mul.Tensor(ws[0], ws[1])
+                else:
+                    w = aten.mul.Tensor(aten.mul.Tensor(ws[2], ws[1]), ws[0])
+                v, ok = _gs_tap(x3, [(hi if b else lo)[a] for a, b in enumerate(bits)], sizes)
+                if two_d:
+                    terms.append(aten.mul.Tensor(aten.where.self(ok, v, aten.zeros_like.default(v)), w))
+                else:
+                    t = aten.mul.Tensor(v, w)
+                    terms.append(aten.where.self(ok, t, aten.zeros_like.default(t)))
+            out = _gs_sum(terms)
+    out = aten.reshape.default(out, [N, C] + out_sp)
+    return aten._to_copy.default(out, dtype=dt) if acc != dt else out
+
+
+@decomposition(aten.grid_sampler_2d.default,
+               instead_of_torch="int8 parity: torch's takes reflection's flip parity as an int8 (no NeuronCore "
+                                "dtype: three host ops); this takes it in float")
+def _grid_sampler_2d(x, grid, interpolation_mode=0, padding_mode=0, align_corners=False):
+    """grid_sampler_2d: bilinear (0), nearest (1) or bicubic (2) sampling of ``x`` [N, C, H, W] at ``grid``
+    [N, oH, oW, 2] with zeros (0), border (1) or reflection (2) padding."""
+    return _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners)
+
+
+@decomposition(aten.grid_sampler_3d.default)
+def _grid_sampler_3d(x, grid, interpolation_mode=0, padding_mode=0, align_corners=False):
+    """grid_sampler_3d: trilinear (0) or nearest (1) sampling of ``x`` [N, C, D, H, W] at ``grid``
+    [N, oD, oH, oW, 3] with zeros (0), border (1) or reflection (2) padding."""
+    return _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners)

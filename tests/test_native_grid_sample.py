@@ -1,0 +1,128 @@
+# grid_sampler_2d / grid_sampler_3d as NeuronCore programs (tn's decompositions in tn.ops.nn_layers) vs torch on CPU.
+import itertools
+
+import pytest
+import torch
+
+import tn
+from tn.lower import compiler
+from tn.ops import nn_layers
+
+F = torch.nn.functional
+MODES_2D = ("bilinear", "nearest", "bicubic")
+MODES_3D = ("bilinear", "nearest")
+PADDINGS = ("zeros", "border", "reflection")
+
+
+def _grid(shape, k, seed):
+    """A sampling grid reaching well outside [-1, 1] (several reflections), with exact corners, the centre
+    and half-pixel points among its values."""
+    g = torch.Generator().manual_seed(seed)
+    grid = torch.randn(*shape, k, generator=g) * 2.5
+    special = torch.tensor([-1.0, 1.0, 0.0, 0.5, -0.5, 3.0, -5.0, 1.25])
+    flat = grid.view(-1)
+    flat[: special.numel()] = special
+    return grid
+
+
+def _inputs(k, seed=0):
+    """(x, grid) for a k-d sample: batch 2, 3 channels, spatial sizes that differ per axis."""
+    g = torch.Generator().manual_seed(seed + 100)
+    if k == 2:
+        return torch.randn(2, 3, 5, 7, generator=g), _grid((2, 4, 6), 2, seed)
+    return torch.randn(2, 3, 4, 5, 6, generator=g), _grid((2, 3, 4, 5), 3, seed)
+
+
+def _sample(mode, padding, align_corners):
+    def f(x, grid):
+        return F.grid_sample(x, grid, mode=mode, padding_mode=padding, align_corners=align_corners)
+    return f
+
+
+def _strict(fn, *args, backend):
+    """``fn(*args)`` through tn.jit; on the neuron backend the IR holds no host op and no int8, and it is
+    compiled strictly (a host op left would raise)."""
+    jf = tn.jit(fn, backend=backend)
+    if backend != "neuron":
+        return jf(*args)
+    ir = str(jf.lower(*args))
+    assert "host" not in ir and "int8" not in ir
+    return compiler.compile_ir(jf.lower(*args), strict=True)(list(args))[0]
+
+
+CASES = ([(2, m, p, a) for m, p, a in itertools.product(MODES_2D, PADDINGS, (False, True))]
+         + [(3, m, p, a) for m, p, a in itertools.product(MODES_3D, PADDINGS, (False, True))])
+
+
+@pytest.mark.parametrize("k,mode,padding,align_corners", CASES)
+def test_grid_sample_matches_torch(k, mode, padding, align_corners, backend):
+    """Every interpolation mode, padding mode and align_corners, batch 2, against eager torch at
+    assert_close's float32 tolerances."""
+    x, grid = _inputs(k)
+    f = _sample(mode, padding, align_corners)
+    torch.testing.assert_close(_strict(f, x, grid, backend=backend), f(x, grid))
+
+
+@pytest.mark.parametrize("k,mode,padding,align_corners",
+                         [c for c in CASES if c[0] == 3 or c[1] == "nearest"])
+def test_decomposition_is_bit_exact(k, mode, padding, align_corners):
+    """Evaluated by torch itself, the decomposition gives the CPU kernel's bits for 3-d (trilinear and
+    nearest) and for 2-d nearest: the same unnormalisation, reflection, rounding and summation order."""
+    x, grid = _inputs(k, seed=3)
+    im = MODES_2D.index(mode)
+    pm = PADDINGS.index(padding)
+    ours = (nn_layers._grid_sampler_2d if k == 2 else nn_layers._grid_sampler_3d)(x, grid, im, pm, align_corners)
+    op = torch.ops.aten.grid_sampler_2d if k == 2 else torch.ops.aten.grid_sampler_3d
+    assert torch.equal(ours, op(x, grid, im, pm, align_corners))
+
+
+def test_reflection_parity_in_float():
+    """Reflection of coordinates up to thousands of spans away, both bound pairs: equal to a float64
+    reference that takes the parity with integers."""
+    c = torch.cat([torch.linspace(-3000, 3000, 20001), torch.tensor([-1.0, -0.5, 0.0, 6.5, 13.0, 13.5])])
+    for lo2, hi2 in ((0, 12), (-1, 13), (0, 0)):
+        got = nn_layers._gs_reflect(c, lo2, hi2)
+        if lo2 == hi2:
+            assert torch.equal(got, torch.zeros_like(c))
+            continue
+        lo, span = lo2 / 2, (hi2 - lo2) / 2
+        a = (c.double() - lo).abs()
+        flips = torch.floor(a / span).long()
+        extra = torch.fmod(a, span)
+        want = torch.where(flips % 2 == 0, extra + lo, span - extra + lo)
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-3)
+        assert bool(((got >= lo) & (got <= lo + span)).all())
+
+
+def test_batch_one_and_single_point(backend):
+    """Batch 1, one channel, one output point (the smallest OpInfo samples), 2-d and 3-d."""
+    for k in (2, 3):
+        x = torch.randn(1, 1, *([2] * k))
+        grid = torch.tensor([0.3, -0.7, 0.1][:k]).view(1, *([1] * k), k)
+        for mode, padding in (("bilinear", "zeros"), ("nearest", "reflection")):
+            f = _sample(mode, padding, False)
+            torch.testing.assert_close(_strict(f, x, grid, backend=backend), f(x, grid))
+
+
+def test_bfloat16_is_computed_in_fp32():
+    """bf16 input: computed in fp32 on the bf16 values and rounded once."""
+    x, grid = _inputs(2, seed=5)
+    xb, gb = x.bfloat16(), grid.bfloat16()
+    f = _sample("bilinear", "reflection", False)
+    got = tn.jit(f, backend="reference")(xb, gb)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, f(xb.float(), gb.float()).bfloat16(), rtol=0, atol=0)
+
+
+def test_on_the_device_strict(monkeypatch):
+    """The device door runs 2-d (reflection) and 3-d sampling as NeuronCore programs: under TN_STRICT a
+    host fallback would raise, and none is counted."""
+    monkeypatch.setenv("TN_STRICT", "1")
+    before = dict(torch.neuron.fallback_ops())
+    for k, mode in ((2, "bilinear"), (2, "bicubic"), (3, "bilinear"), (3, "nearest")):
+        x, grid = _inputs(k, seed=7)
+        f = _sample(mode, "reflection", k == 3)
+        got = f(x.to("neuron"), grid.to("neuron"))
+        assert got.device.type == "neuron"
+        torch.testing.assert_close(got.cpu(), f(x, grid))
+    assert torch.neuron.fallback_ops() == before
