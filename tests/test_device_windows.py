@@ -597,3 +597,37 @@ def test_the_per_op_meta_plan_cache_is_bounded_least_recently_used_first(adaptiv
     assert any(((3, 5), (5, 1), 0, torch.float32) in k for k in shapes)      # the plan in use survived
     assert not any(((1, 4), (4, 1), 0, torch.float32) in k for k in shapes)  # the oldest went
     torch.testing.assert_close((torch.ones(1, 4).to("neuron") * 3.0).cpu(), torch.full((1, 4), 3.0))
+
+
+@pytest.mark.parametrize("mode", ["op", "adaptive"])
+def test_python_numbers_reused_as_cached_tensors_keep_sign_dtype_and_value(mode):
+    """Python numbers in tensor arguments (``x * 2.5``) become cached 0-dim tensors (tn.device.eager): the
+    cache keeps -0.0 apart from 0.0, follows the default dtype and bool/int/float, and results equal CPU's.
+    (The device's ``x * 0.0`` drops the sign of ``-2 * 0.0`` with or without the cache: not compared here.)"""
+    from tn.device import eager
+    xi = torch.arange(6).reshape(2, 3)
+    xf = torch.tensor([1.0, -2.0, 3.5])
+    with windows.eager_mode(mode):
+        di, df = xi.to("neuron"), xf.to("neuron")
+        for _ in range(2):                        # the second round takes the cached tensors
+            torch.testing.assert_close((df * 2.5).cpu(), xf * 2.5, rtol=0, atol=0)
+            torch.testing.assert_close((di + 3).cpu(), xi + 3, rtol=0, atol=0)
+            torch.testing.assert_close((di * True).cpu(), xi * True, rtol=0, atol=0)
+            mul = torch.ops.aten.mul.Tensor
+            assert eager._scalar_tensor(7.0, mul, 1) is eager._scalar_tensor(7.0, mul, 1)
+            assert not torch.signbit(eager._scalar_tensor(0.0, mul, 1))
+            assert torch.signbit(eager._scalar_tensor(-0.0, mul, 1))
+            assert eager._scalar_tensor(1, mul, 1).dtype == torch.int64
+            assert eager._scalar_tensor(True, mul, 1).dtype == torch.bool
+            got = (di * 2.5).cpu()
+            assert got.dtype == torch.float32
+            torch.testing.assert_close(got, xi * 2.5, rtol=0, atol=0)
+        saved = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            got = (di * 2.5).cpu()
+        finally:
+            torch.set_default_dtype(saved)
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, xi.double() * 2.5, rtol=0, atol=0)
+    assert all(t.dim() == 0 and not t.requires_grad for t in eager._SCALARS.values())

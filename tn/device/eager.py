@@ -219,6 +219,39 @@ _VIEW_OPS: Dict[Any, bool] = {}
 _TENSOR_ARGS: Dict[Any, Tuple[Tuple[int, str], ...]] = {}
 
 
+#: (type, value, dtype) -> the 0-dim CPU tensor :func:`_rewrap_scalars` hands ops for a Python number (read-only
+#: arguments only); ``torch.tensor`` costs ~3.6 us a call and a loop passes the same constants every step
+_SCALARS: Dict[Tuple[type, Any, torch.dtype], torch.Tensor] = {}
+_SCALARS_MAX = 1024
+_CACHED_TYPES = (bool, int, float)
+#: id(op) -> (op, positions of its Tensor arguments an op may write: ``Tensor(a!)``)
+_WRITTEN: Dict[int, Tuple[Any, frozenset]] = {}
+
+
+def _scalar_tensor(v: Any, op, i: int) -> torch.Tensor:
+    """The 0-dim CPU tensor for Python number ``v`` as argument ``i`` of ``op`` (bool, int64, the default float
+    dtype, or complex): one cached tensor per value when the op only reads the argument (never for -0.0 or NaN,
+    which compare equal to another value or to nothing)."""
+    dtype = (torch.bool if isinstance(v, bool) else torch.int64 if isinstance(v, int) else
+             torch.get_default_dtype() if isinstance(v, float) else None)
+    tv = type(v)
+    if dtype is None or tv not in _CACHED_TYPES or (tv is float and (v == 0.0 or v != v)):
+        return torch.tensor(v) if dtype is None else torch.tensor(v, dtype=dtype)
+    w = _WRITTEN.get(id(op))
+    if w is None or w[0] is not op:
+        w = _WRITTEN[id(op)] = (op, frozenset(j for j, a in enumerate(op._schema.arguments)
+                                              if a.alias_info is not None and a.alias_info.is_write))
+    if i in w[1]:
+        return torch.tensor(v, dtype=dtype)
+    key = (tv, v, dtype)
+    t = _SCALARS.get(key)
+    if t is None:
+        if len(_SCALARS) >= _SCALARS_MAX:
+            _SCALARS.clear()
+        t = _SCALARS[key] = torch.tensor(v, dtype=dtype)
+    return t
+
+
 def _rewrap_scalars(op, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
     """The boxed fallback hands wrapped-number tensors (``x + 2``'s 2) over as Python scalars: turn them back
     into 0-dim CPU tensors (float -> default dtype, as wrapped numbers promote) where the schema wants a Tensor."""
@@ -246,14 +279,8 @@ def _rewrap_scalars(op, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
                 # would give float32): it gets the dtype a wrapped number leads to (the value is cast to it, as
                 # the promoted operation casts it)
                 t = torch.tensor(v, dtype=torch.result_type(zero_dim, v))
-            elif isinstance(v, bool):
-                t = torch.tensor(v, dtype=torch.bool)
-            elif isinstance(v, int):
-                t = torch.tensor(v, dtype=torch.int64)
-            elif isinstance(v, float):
-                t = torch.tensor(v, dtype=torch.get_default_dtype())
             else:
-                t = torch.tensor(v)
+                t = _scalar_tensor(v, op, i)
             if fix is None:
                 fix = (list(args), dict(kwargs))
             if i < len(args):
