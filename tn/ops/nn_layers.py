@@ -978,9 +978,10 @@ def _gs_pad(c: Tensor, size: int, padding_mode: int, align_corners: bool) -> Ten
     return aten.clamp.default(c, 0, size - 1)
 
 
-def _gs_tap(x3: Tensor, pos: Sequence[Tensor], sizes: Sequence[int]) -> Tuple[Tensor, Tensor]:
-    """``(values, in_bounds)`` of the input ``x3`` [N, C, prod(sizes)] at the integer-valued float positions
-    ``pos`` (one [N, 1, P] tensor per spatial axis, outermost first); out-of-bounds taps read element 0."""
+def _gs_index(pos: Sequence[Tensor], sizes: Sequence[int]) -> Tuple[Tensor, Tensor]:
+    """``(flat index [N, 1, P] int64, in_bounds)`` of the integer-valued float positions ``pos`` (one
+    [N, 1, P] tensor per spatial axis, outermost first) in an input of spatial ``sizes``; out-of-bounds
+    positions index element 0."""
     valid = None
     for p, n in zip(pos, sizes):
         ok = aten.logical_and.default(aten.ge.Scalar(p, 0), aten.lt.Scalar(p, n))
@@ -989,6 +990,13 @@ def _gs_tap(x3: Tensor, pos: Sequence[Tensor], sizes: Sequence[int]) -> Tuple[Te
     for p, n in zip(pos, sizes):
         i = aten._to_copy.default(aten.where.self(valid, p, aten.zeros_like.default(p)), dtype=torch.int64)
         flat = i if flat is None else aten.add.Tensor(aten.mul.Scalar(flat, n), i)
+    return flat, valid
+
+
+def _gs_tap(x3: Tensor, pos: Sequence[Tensor], sizes: Sequence[int]) -> Tuple[Tensor, Tensor]:
+    """``(values, in_bounds)`` of the input ``x3`` [N, C, prod(sizes)] at the positions ``pos`` (see
+    :func:`_gs_index`); out-of-bounds taps read element 0."""
+    flat, valid = _gs_index(pos, sizes)
     N, C = int(x3.shape[0]), int(x3.shape[1])
     idx = aten.expand.default(flat, [N, C, int(flat.shape[-1])])
     return aten.gather.default(x3, 2, idx), valid
@@ -1099,3 +1107,166 @@ def _grid_sampler_3d(x, grid, interpolation_mode=0, padding_mode=0, align_corner
     """grid_sampler_3d: trilinear (0) or nearest (1) sampling of ``x`` [N, C, D, H, W] at ``grid``
     [N, oD, oH, oW, 3] with zeros (0), border (1) or reflection (2) padding."""
     return _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners)
+
+
+# The gradients of grid_sampler_{2,3}d: the input's is one scatter_add of every tap's weighted output
+# gradient; the grid's is, per axis, the derivative of the tap weights times the gathered values (summed
+# over channels), times the derivative of the padding mode (0 or +-1) and of the unnormalisation.
+
+def _gs_pad_grad(c: Tensor, size: int, padding_mode: int, align_corners: bool) -> Tuple[Tensor, Any]:
+    """``(position, d position / d c)`` of :func:`_gs_pad`: the derivative is ``None`` for zeros padding (1),
+    else 0 where border/reflection clamp and +-1 where reflection mirrors."""
+    if padding_mode == 0:
+        return c, None
+    mult = None
+    if padding_mode == 2:
+        twice_low, twice_high = (0, 2 * (size - 1)) if align_corners else (-1, 2 * size - 1)
+        if twice_low == twice_high:
+            z = aten.zeros_like.default(c)
+            return z, z
+        low, span = twice_low / 2, (twice_high - twice_low) / 2
+        d = aten.sub.Tensor(c, low) if low else c
+        sign = aten.where.self(aten.lt.Scalar(d, 0), aten.full_like.default(c, -1), aten.full_like.default(c, 1))
+        flips = aten.floor.default(aten.div.Scalar(aten.abs.default(d), span))
+        odd = aten.sub.Tensor(flips, aten.mul.Tensor(aten.floor.default(aten.mul.Tensor(flips, 0.5)), 2))
+        mult = aten.where.self(aten.eq.Scalar(odd, 0), sign, aten.neg.default(sign))
+        c = _gs_reflect(c, twice_low, twice_high)
+    inside = aten.logical_and.default(aten.gt.Scalar(c, 0), aten.lt.Scalar(c, size - 1))
+    clip = aten._to_copy.default(inside, dtype=c.dtype)
+    mult = clip if mult is None else aten.mul.Tensor(mult, clip)
+    return aten.clamp.default(c, 0, size - 1), mult
+
+
+def _gs_cubic_weight_grads(t: Tensor) -> List[Tensor]:
+    """d/dt of :func:`_gs_cubic_weights`."""
+    A = -0.75
+
+    def near(s):   # d/ds of (A + 2) s^3 - (A + 3) s^2 + 1
+        return aten.mul.Tensor(aten.sub.Scalar(aten.mul.Tensor(s, 3 * (A + 2)), 2 * (A + 3)), s)
+
+    def far(s):    # d/ds of A s^3 - 5A s^2 + 8A s - 4A
+        return aten.add.Scalar(aten.mul.Tensor(aten.sub.Scalar(aten.mul.Tensor(s, 3 * A), 10 * A), s), 8 * A)
+
+    return [far(aten.add.Scalar(t, 1)), near(t), aten.neg.default(near(aten.rsub.Scalar(t, 1))),
+            aten.neg.default(far(aten.rsub.Scalar(t, 2)))]
+
+
+def _grid_sample_backward(grad: Tensor, x: Tensor, grid: Tensor, interpolation_mode: int, padding_mode: int,
+                          align_corners: bool, output_mask: Sequence[bool]) -> Any:
+    """(grad_input, grad_grid) of :func:`_grid_sample` (``None`` where ``output_mask`` does not ask)."""
+    k = _ndim(x) - 2
+    two_d = k == 2
+    if interpolation_mode not in (0, 1, 2) or padding_mode not in (0, 1, 2) or (interpolation_mode == 2
+                                                                                  and not two_d):
+        return NotImplemented
+    dt, gdt = x.dtype, grid.dtype
+    acc = _acc_dtype(dt)
+    if acc != dt:
+        x, grid, grad = (aten._to_copy.default(t, dtype=acc) for t in (x, grid, grad))
+    N, C = int(x.shape[0]), int(x.shape[1])
+    sizes = [int(n) for n in x.shape[2:]]
+    out_sp = [int(n) for n in grid.shape[1:-1]]
+    P, S = math.prod(out_sp), math.prod(sizes)
+    x3 = aten.reshape.default(x, [N, C, S])
+    g3 = aten.reshape.default(grad, [N, C, P])
+    gr = aten.reshape.default(grid, [N, 1, P, k])
+    raw = [aten.select.int(gr, 3, k - 1 - a) for a in range(k)]
+    raw = [_gs_unnormalize(c, n, align_corners, two_d) for c, n in zip(raw, sizes)]
+    scale = [(n - 1) / 2 if align_corners else n / 2 for n in sizes]
+    want_grid = bool(output_mask[1]) and interpolation_mode != 1
+    taps: List[Tuple[Tensor, Tensor, Tensor]] = []      # (flat index, in bounds, output-gradient weight)
+    gpos: List[Any] = [None] * k                         # d loss / d position, per axis
+
+    def acc_pos(a, term):
+        gpos[a] = term if gpos[a] is None else aten.add.Tensor(gpos[a], term)
+
+    def gathered(flat, ok):
+        """sum over channels of grad * x at the tap (0 out of bounds), [N, 1, P]."""
+        v = aten.gather.default(x3, 2, aten.expand.default(flat, [N, C, P]))
+        v = aten.where.self(ok, v, aten.zeros_like.default(v))
+        return aten.sum.dim_IntList(aten.mul.Tensor(v, g3), [1], True)
+
+    mults: List[Any] = [None] * k
+    if interpolation_mode == 2:                                 # bicubic (2-d only)
+        lo = [aten.floor.default(c) for c in raw]
+        fr = [aten.sub.Tensor(c, f) for c, f in zip(raw, lo)]
+        wy, wx = (_gs_cubic_weights(t) for t in fr)
+        dy, dx = (_gs_cubic_weight_grads(t) for t in fr)
+        for i in range(4):
+            py = _gs_pad(aten.add.Scalar(lo[0], i - 1), sizes[0], padding_mode, align_corners)
+            for j in range(4):
+                px = _gs_pad(aten.add.Scalar(lo[1], j - 1), sizes[1], padding_mode, align_corners)
+                flat, ok = _gs_index([py, px], sizes)
+                taps.append((flat, ok, aten.mul.Tensor(wx[j], wy[i])))
+                if want_grid:
+                    gv = gathered(flat, ok)
+                    acc_pos(0, aten.mul.Tensor(gv, aten.mul.Tensor(wx[j], dy[i])))
+                    acc_pos(1, aten.mul.Tensor(gv, aten.mul.Tensor(dx[j], wy[i])))
+    else:
+        padded = [_gs_pad_grad(c, n, padding_mode, align_corners) for c, n in zip(raw, sizes)]
+        pos = [p for p, _ in padded]
+        mults = [m for _, m in padded]
+        if interpolation_mode == 1:
+            flat, ok = _gs_index([aten.round.default(c) for c in pos], sizes)
+            taps.append((flat, ok, None))
+        else:
+            lo = [aten.floor.default(c) for c in pos]
+            hi = [aten.add.Scalar(f, 1) for f in lo]
+            per_axis = [(aten.sub.Tensor(h, c), aten.sub.Tensor(c, f)) for c, f, h in zip(pos, lo, hi)]
+            for bits in itertools.product((0, 1), repeat=k):
+                ws = [per_axis[a][b] for a, b in enumerate(bits)]
+                flat, ok = _gs_index([(hi if b else lo)[a] for a, b in enumerate(bits)], sizes)
+                taps.append((flat, ok, _gs_prod(ws)))
+                if want_grid:
+                    gv = gathered(flat, ok)
+                    for a in range(k):
+                        others = [w for b, w in enumerate(ws) if b != a]
+                        d = _gs_prod(others) if others else aten.ones_like.default(gv)
+                        acc_pos(a, aten.mul.Tensor(gv, d) if bits[a] else aten.neg.default(aten.mul.Tensor(gv, d)))
+    grad_x = grad_grid = None
+    if output_mask[0]:
+        idx = aten.cat.default([aten.expand.default(f, [N, C, P]) for f, _, _ in taps], 2)
+        srcs = []
+        for _, ok, w in taps:
+            t = g3 if w is None else aten.mul.Tensor(g3, w)
+            srcs.append(aten.where.self(ok, t, aten.zeros_like.default(t)))
+        gx = aten.scatter_add.default(aten.full.default([N, C, S], 0, dtype=x.dtype), 2, idx,
+                                      aten.cat.default(srcs, 2))
+        grad_x = aten.reshape.default(gx, list(x.shape))
+        if acc != dt:
+            grad_x = aten._to_copy.default(grad_x, dtype=dt)
+    if output_mask[1]:
+        if not want_grid:
+            grad_grid = aten.full.default(list(grid.shape), 0, dtype=gdt)
+        else:
+            comps = []
+            for a in range(k):
+                gp = aten.mul.Tensor(gpos[a], scale[a])
+                if mults[a] is not None:
+                    gp = aten.mul.Tensor(gp, mults[a])
+                comps.append(gp)
+            gg = aten.stack.default(comps[::-1], 3)               # [N, 1, P, k], x first
+            grad_grid = aten.reshape.default(gg, list(grid.shape))
+            if grad_grid.dtype != gdt:
+                grad_grid = aten._to_copy.default(grad_grid, dtype=gdt)
+    return grad_x, grad_grid
+
+
+def _gs_prod(ws: Sequence[Tensor]) -> Tensor:
+    """``ws`` multiplied left to right."""
+    out = ws[0]
+    for w in ws[1:]:
+        out = aten.mul.Tensor(out, w)
+    return out
+
+
+@decomposition(aten.grid_sampler_2d_backward.default)
+def _grid_sampler_2d_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    """Gradients of grid_sampler_2d with respect to the input and the grid."""
+    return _grid_sample_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask)
+
+
+@decomposition(aten.grid_sampler_3d_backward.default)
+def _grid_sampler_3d_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    """Gradients of grid_sampler_3d with respect to the input and the grid."""
+    return _grid_sample_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask)
