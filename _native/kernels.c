@@ -1018,8 +1018,14 @@ static inline float reduce_one(int op, float acc, float x)
     }
 }
 
-TN_HOT static void scale_bias_row(float *x, int64_t n, float s, float b)
+TN_HOT static void scale_bias_row(float *x, int64_t n, float s, float b, int has_bias)
 {
+    /* no bias (no bias operand, immediate 0): the product alone, so x * 0 keeps its sign of zero
+       (-2 * 0.0 is -0.0, as torch gives; adding +0.0 would make it +0.0). Every other value is unchanged. */
+    if (!has_bias) {
+        for (int64_t i = 0; i < n; i++) x[i] = x[i] * s;
+        return;
+    }
     for (int64_t i = 0; i < n; i++) x[i] = x[i] * s + b;
 }
 
@@ -1047,7 +1053,7 @@ int tn_activation(int func, const tn_ap *out, const tn_ap *in, const tn_ap *bias
             const float *xi = (const float *)ap_part(in, p);
             if (y != xi) memmove(y, xi, (size_t)n * 4);
             if (s != 1.0f || b != 0.0f)
-                scale_bias_row(y, n, s, b);
+                scale_bias_row(y, n, s, b, bias != NULL || bias_imm != 0.0);
             int rc = act_apply(func, y, n);
             if (rc) return rc;
             if (reduce_out) {
@@ -1064,7 +1070,7 @@ int tn_activation(int func, const tn_ap *out, const tn_ap *in, const tn_ap *bias
             float s = scale ? load_scalar(scale, p0 + i) : (float)scale_imm;
             float b = (bias ? load_scalar(bias, p0 + i) : 0.0f) + (float)bias_imm;
             if (s != 1.0f || b != 0.0f)
-                scale_bias_row(x + i * n, n, s, b);
+                scale_bias_row(x + i * n, n, s, b, bias != NULL || bias_imm != 0.0);
         }
         int rc = act_apply(func, x, np * n);
         if (rc) return rc;

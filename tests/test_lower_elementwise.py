@@ -199,3 +199,16 @@ def test_int64_out_of_range_recomputed_on_host():
     c = torch.full((200, 3), (1 << 23) + 5)
     assert torch.equal(exe([c, c])[0], c + c)
     assert exe.last_profile.host_ops == {"<out of range: whole call>": 1}
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.0, 2.0])
+def test_multiplying_by_a_number_keeps_the_sign_of_zero(scale):
+    """``x * 0.0`` is one ScalarE activation with scale 0 and no bias: the engine must not add a +0.0 bias
+    (``-2 * 0.0`` is ``-0.0`` in torch; ``-0.0 + 0.0`` would be ``+0.0``), on tn.jit and the device."""
+    x = torch.tensor([-2.0, 3.0, 0.0, -0.0, float("inf"), -1e-30])
+    want = x * scale
+    got = tn.jit(lambda t: t * scale)(x)
+    dev = (x.to("neuron") * scale).cpu()
+    for out in (got, dev):
+        assert torch.equal(torch.signbit(out), torch.signbit(want)), (out, want)
+        torch.testing.assert_close(out, want, equal_nan=True)
