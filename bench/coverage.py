@@ -222,12 +222,26 @@ def _tie_check(name: str, args: tuple, kwargs: Dict[str, Any]) -> Optional[Calla
     return ok
 
 
+#: op name -> positions (in ``(input, *args)``) of tensor arguments torch requires on the CPU whatever the
+#: device of the input (as on CUDA): the case passes them as they are, never moved to the door's device.
+HOST_ONLY_ARGS: Dict[str, Tuple[int, ...]] = {
+    "tensor_split": (1,),   # tensor_indices_or_sections: "must be ... on the CPU" (torch.tensor_split docs)
+}
+
+
+def _host_only_args(name: str, args: tuple) -> List[torch.Tensor]:
+    """The tensors of ``args`` that :data:`HOST_ONLY_ARGS` keeps on the CPU for op ``name``."""
+    return [args[i] for i in HOST_ONLY_ARGS.get(name, ()) if i < len(args) and isinstance(args[i], torch.Tensor)]
+
+
 def _op_cases(info: Any, dtype: torch.dtype, grad: bool) -> Any:
     op = info.op
     for k, sample in enumerate(info.sample_inputs("cpu", dtype, requires_grad=grad)):
         args = (sample.input, *sample.args)
         leaves, spec = pytree.tree_flatten((args, dict(sample.kwargs)))
-        positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        host_only = _host_only_args(info.name, args)
+        positions = [i for i, x in enumerate(leaves)
+                     if isinstance(x, torch.Tensor) and not any(x is h for h in host_only)]
 
         def fn(*tensors, _leaves=leaves, _spec=spec, _pos=positions):
             full = list(_leaves)
