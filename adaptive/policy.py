@@ -86,6 +86,12 @@ class Policy:
         regions: module names (``"transformer.h.0"``) or module types overriding the default regions.
         autograd: compile regions that run under autograd through a ``torch.autograd.Function``
             whose backward is a jitted vjp (True); False keeps such calls eager.
+        eager_on: where eager calls of a model that lives on the CPU run: ``"neuron"`` (moved to the NeuronCore
+            model: parameters mirrored on the device, results and in-place writes brought back), ``"host"`` (host
+            PyTorch, the escape hatch) or None (default: ``"neuron"`` when ``backend`` is ``"neuron"``, else
+            ``"host"``); see :mod:`tn.adaptive.placement`. A model on the ``neuron`` device runs there anyway.
+        eager_windows: eager calls moved to the device run in its adaptive eager mode (ops gathered into cached
+            windows, :mod:`tn.device.windows`) (True); False: op by op.
         clock: ``() -> seconds`` used to measure (``time.process_time``: the CPU time of the process, which
             another tenant taking the core does not inflate; ``time.perf_counter`` measures wall time).
         costs: injected times replacing measurements: a dict with any of ``"eager"``,
@@ -108,6 +114,8 @@ class Policy:
     backend: Optional[str] = None
     regions: Optional[Sequence[Any]] = None
     autograd: bool = True
+    eager_on: Optional[str] = None
+    eager_windows: bool = True
     clock: Callable[[], float] = time.process_time
     costs: Union[None, Dict[str, float], Callable[[str, str], Optional[float]]] = None
 
@@ -131,6 +139,8 @@ def make_policy(**kw: Any) -> Policy:
     if p.min_calls < 1 or p.cache_size < 1 or p.max_signatures < 1 or p.churn_window < 1 or p.masked_min_bucket < 1:
         raise ArgumentValueError("tn.adaptive: min_calls, cache_size, max_signatures, churn_window and masked_min_bucket "
                                  "must be >= 1")
+    if p.eager_on not in (None, "neuron", "host"):
+        raise ArgumentValueError(f"tn.adaptive: eager_on must be 'neuron', 'host' or None, got {p.eager_on!r}")
     if not 0.0 <= p.max_recurrence < 1.0:
         raise ArgumentValueError(f"tn.adaptive: max_recurrence must be in [0, 1), got {p.max_recurrence}")
     if p.bucket is not None and p.bucket != "pow2":

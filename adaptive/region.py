@@ -114,15 +114,19 @@ def gc_seconds(clock: Any) -> float:
     return 0.0
 
 
-def run_eager(base_forward, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+def run_eager(region: "Region", module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
     """Eager execution of a region: its PyTorch code op by op.
 
     This is the one place that decides what "eager" means: the code runs on
-    the device its inputs are on (op by op on the ``neuron`` device when the
-    inputs and parameters are there, each op a one-op NeuronCore program;
-    torch CPU eager otherwise).
+    the NeuronCore model. A call whose inputs and parameters are on the
+    ``neuron`` device runs there as given (in the device's eager mode); a
+    call of a model that lives on the CPU is moved there by the controller's
+    :class:`tn.adaptive.placement.Placement` (parameters mirrored, inputs
+    moved, results and in-place writes brought back; the device's windows
+    when ``Policy.eager_windows``), unless ``Policy.eager_on`` keeps it on
+    the host.
     """
-    return base_forward(module, *args, **kwargs)
+    return region.ctl.placement.run(region, region.base_forward, module, args, kwargs)
 
 
 def _host_views(tree: Any) -> Tuple[Any, Dict[int, Tensor]]:
@@ -760,6 +764,9 @@ class Region:
         self.reason: Any = "new: runs eager while it records signatures"
         self.calls = self.compiles = self.hits = self.padded = self.distinct = 0
         self.eager_s = self.compiled_s = self.compile_s = 0.0
+        self.eager_host: Optional[str] = None  # why eager calls of a host model fell back to the host, if they did
+        self.eager_device_us = 0.0  # modelled µs of the programs run during its eager calls moved to the device
+        self.eager_device_programs = 0
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> "Region":
         # a copied model shares the region; the region inlines calls on modules other than its own
@@ -912,11 +919,11 @@ class Region:
         t0 = clock()
         try:
             if padded is None:
-                out = run_eager(self.base_forward, self.module, args, kwargs)
+                out = run_eager(self, self.module, args, kwargs)
             else:
                 leaves, spec, pads = padded
                 pargs, pkwargs = _args_of(self._padded(leaves, pads, host=False), spec)
-                out = run_eager(self.base_forward, self.module, pargs, pkwargs)
+                out = run_eager(self, self.module, pargs, pkwargs)
                 oleaves, ospec = _pytree.tree_flatten(out)
                 touts = self._sliced([l for l in oleaves if isinstance(l, Tensor)], pads)
                 it = iter(touts)
@@ -1334,4 +1341,5 @@ class Region:
                 "compiles": self.compiles, "hits": self.hits, "padded": self.padded,
                 "eager_s": round(self.eager_s, 4), "compiled_s": round(self.compiled_s, 4),
                 "compile_s": round(self.compile_s, 4),
+                "eager_on": self.ctl.placement.label(self), "eager_device_us": round(self.eager_device_us, 1),
                 "shares": g.name if g.name != self.name else "", "reason": reason}

@@ -19,6 +19,7 @@ import torch
 
 from ..errors import ArgumentTypeError, ArgumentValueError
 from ..jit import default_backend
+from .placement import Placement
 from .policy import Policy, make_policy
 from .region import Group, Region, fingerprint, gc_seconds, install_gc_clock
 
@@ -85,6 +86,7 @@ class _Controller:
         self.model = model
         self.policy = policy
         self.backend = policy.backend or _default_backend()
+        self.placement = Placement(policy, self.backend)  # where eager calls run (tn.adaptive.placement)
         self.regions: Dict[str, Region] = {}
         self.groups: Dict[Any, Group] = {}
         self.compile_total = 0.0  # seconds spent compiling (and analysing), all regions: eager times exclude it
@@ -292,7 +294,10 @@ def adaptive(model: torch.nn.Module, **policy: Any) -> AdaptiveModel:
     ``cache_size`` (16 programs per
     group), ``max_signatures`` (256 per region and group), ``share`` (True),
     ``backend`` (``TN_BACKEND``, else "neuron"), ``regions``, ``autograd``
-    (True), ``clock`` (``time.process_time``), ``costs`` (injected times).
+    (True), ``eager_on`` (None: eager calls of a CPU model run on the NeuronCore
+    model when the backend is "neuron"; "host" keeps them host PyTorch),
+    ``eager_windows`` (True: in the device's windows), ``clock``
+    (``time.process_time``), ``costs`` (injected times).
     ``TN_LOG=adaptive`` logs each decision (logger ``"tn"``).
     """
     if isinstance(model, AdaptiveModel):

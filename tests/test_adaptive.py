@@ -436,7 +436,7 @@ def test_report_rows_and_table(capsys):
     out = capsys.readouterr().out
     assert "region" in out and "<root>" in out
     assert set(rows[0]) == {"region", "mode", "calls", "signatures", "compiles", "hits", "padded", "eager_s",
-                            "compiled_s", "compile_s", "shares", "reason"}
+                            "compiled_s", "compile_s", "eager_on", "eager_device_us", "shares", "reason"}
     assert all(isinstance(r["reason"], str) and r["reason"] for r in rows)
     assert rows[-1]["region"] == "<root>" and rows[-1]["calls"] == 4
     assert rows == a.report(print_table=False)
