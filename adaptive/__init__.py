@@ -8,6 +8,7 @@ region: signatures, eager/compiled/padded calls, autograd; the padding
 proofs and the bucket rule are :mod:`tn.bucketing`, shared with the
 device's adaptive eager windows),
 :mod:`.state` (KV caches and other mutable state objects as arguments),
+:mod:`.placement` (where eager calls run: a CPU model's on the NeuronCore model),
 :mod:`.wrapper` (finding regions, the wrapper, the report).
 """
 from __future__ import annotations

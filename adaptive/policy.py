@@ -37,6 +37,13 @@ the controller compiles now when::
   ``max_recurrence``. A stable region has ``r`` near 1 (``future`` grows like
   ``seen**2``); a churning region has ``r`` near 0.
 
+Which times: eager and compiled calls both run on the NeuronCore model (a
+model that lives on the CPU has its eager calls moved to the device by
+:mod:`tn.adaptive.placement`, unless ``eager_on="host"`` or a host backend
+keeps them host PyTorch), so ``t_eager`` and ``t_compiled`` are host seconds
+spent driving the same machine, like for like; the modelled chip time of both
+is what ``tn.profile()`` and the report's ``eager_device_us`` show.
+
 A compiled signature whose measured compiled time is not below its eager
 time goes back to eager ("compiled slower"). Every time comes from
 ``Policy.clock`` unless ``Policy.costs`` injects it (tests use both); the

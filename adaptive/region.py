@@ -15,9 +15,10 @@ Each call computes the abstract signature of the arguments (tensor shapes,
 dtypes, devices, ``requires_grad``; other leaves by value; grad mode; the
 module's training flag), then either
 
-* runs eager (:func:`run_eager`: the module's own PyTorch code, op by op, on
-  the device the inputs are on: the ``neuron`` device when they are there),
-  measuring the time per call (cold: the first eager call of a shape in
+* runs eager (:func:`run_eager`: the module's own PyTorch code on the
+  NeuronCore model: on the ``neuron`` device as given when the model is
+  there, moved there by :mod:`tn.adaptive.placement` when it lives on the
+  CPU, unless the policy keeps it on the host), measuring the time per call (cold: the first eager call of a shape in
   the group; warm: later ones), or
 * runs the group's program of the signature (or of its bucket, with inputs
   padded at the end of the bucketed dimensions and results sliced back; or,
