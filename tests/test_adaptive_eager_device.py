@@ -207,3 +207,22 @@ def test_hf_gpt2_generate_equals_cpu(tiny_hf):
     for _ in range(2):
         assert torch.equal(a2.generate(ids, max_new_tokens=8, do_sample=False), ref)
     assert sum(r["compiles"] for r in a2.report(print_table=False)) >= 1
+
+
+def test_dropout_draws_as_cpu_and_backward_runs_on_the_device():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.3), nn.Linear(16, 4)).train()
+    ref = copy.deepcopy(m)
+    a = tn.adaptive(m, regions=[""], **EAGER)
+    x = torch.randn(5, 8)
+    torch.manual_seed(3)
+    y = a(x)
+    torch.manual_seed(3)
+    yr = ref(x)
+    _close(y.detach(), yr.detach())
+    with tn.profile() as prof:  # the eager region's backward runs on the device too
+        y.square().sum().backward()
+    yr.square().sum().backward()
+    assert len(prof.runs) > 0 and prof.total_us > 0
+    for p, pr in zip(m.parameters(), ref.parameters()):
+        _close(p.grad, pr.grad, 1e-4)
