@@ -9,6 +9,7 @@ import tn  # noqa: E402
 import tn.lower  # noqa: E402,F401
 from tn.lower.testing import run_with_hbm_bytes  # noqa: E402
 import tn.lower.compiler as compiler  # noqa: E402
+from tn.lower import attention  # noqa: E402
 from tn.lower.schedule import sink_casts_past_views  # noqa: E402
 
 B, S, NH, D = 2, 64, 4, 32
@@ -35,6 +36,9 @@ def _args():
 
 
 def _compile(monkeypatch, sink=True):
+    # the one-level views this pass is for: with two-level views (tn.lower.attention.TWO_LEVEL_BATCH) the group
+    # takes the splits too, casts between them included (tests/test_lower_attention_heads2.py)
+    monkeypatch.setattr(attention, "TWO_LEVEL_BATCH", False)
     if not sink:
         monkeypatch.setattr(compiler, "sink_casts_past_views", lambda ir: ir)
     exe = compiler.compile_ir(tn.make_ir(_f)(*_args()), strict=True, arch="trn1")

@@ -77,6 +77,9 @@ _P = 128
 _NB = 512
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _VIEW_OPS = ("reshape", "permute", "slice")
+#: q/k/v/O views whose batch is two strided levels (``[batch, heads]`` of a head split at batch > 1) are read
+#: in place (:class:`_Heads`); False cuts them as one-level views only (their head splits become copies)
+TWO_LEVEL_BATCH = True
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -135,14 +138,120 @@ def _invert_view(view: Any, e: Eqn) -> Any:
     raise CannotLower(f"{name} cannot be inverted as a view")
 
 
+def _regroups_batch(e: Eqn) -> bool:
+    """A reshape that only regroups the leading (batch) axes: the last two axes stay as they are."""
+    if e.op.name != "reshape" or not isinstance(e.inputs[0], Var):
+        return False
+    a, b = tuple(e.inputs[0].shape), tuple(e.outputs[0].shape)
+    return len(a) >= 2 and len(b) >= 2 and a[-2:] == b[-2:]
+
+
 def _view_of(base_hbm: Any, chain: List[Eqn]) -> Any:
     """The HBM view of an operand: ``base_hbm`` through the chain's view ops (its elementwise prologue ops,
-    which commute with them, are applied on chip after the load)."""
+    which commute with them, are applied on chip after the load). A reshape merging batch axes that are not one
+    strided axis (the heads of a head split at batch > 1) is kept as the axes it would merge when only prologue
+    ops or more such reshapes follow it: the result is then ``[*batch axes, rows, cols]``
+    (:func:`_batched` reads it as the two-level batch it is)."""
     v = base_hbm.view()
+    kept = False
     for e in chain:
-        if e.op.name in _VIEW_OPS:
+        if e.op.name not in _VIEW_OPS:
+            continue
+        if kept and not _regroups_batch(e):
+            raise CannotLower(f"attention: {e.op.name} after a kept batch regroup")
+        try:
             v = _apply_view(v, e)
+        except Exception:
+            if not _regroups_batch(e):
+                raise
+            kept = True
     return v
+
+
+class _Heads:
+    """An HBM view ``[B, rows, cols]`` whose batch axis is up to two strided levels ``[B // block, block]`` (the
+    heads of a head split at batch > 1: ``[batch, heads]`` of one projection's output). Indexing a run of batches
+    inside one block (``[b0:b0+n, ...]``, or one batch) gives an :class:`HbmView`; ``permute(0, 2, 1)`` swaps
+    rows and cols. One level (``block == B``) is the plain strided view."""
+
+    def __init__(self, tensor: Any, offset: int, levels: List[Tuple[int, int]], rc: List[Tuple[int, int]]):
+        self.tensor, self.offset = tensor, int(offset)
+        self.levels, self.rc = list(levels), list(rc)
+        self.B = 1
+        for n, _ in self.levels:
+            self.B *= n
+        self.block = self.levels[-1][0] if self.levels else 1
+
+    @property
+    def dims(self) -> List[Tuple[int, int]]:
+        """The batch axis (its inner level) and the rows' and cols' ``(num, stride)``."""
+        inner = self.levels[-1] if self.levels else (1, 0)
+        return [(self.B, inner[1])] + self.rc
+
+    @property
+    def shape(self) -> Tuple[int, int, int]:
+        return (self.B, self.rc[0][0], self.rc[1][0])
+
+    def permute(self, *axes) -> "_Heads":
+        """Rows and cols swapped (``permute(0, 2, 1)``; the batch axis stays first)."""
+        if tuple(axes) == (0, 1, 2):
+            return self
+        if tuple(axes) != (0, 2, 1):
+            raise CannotLower(f"attention: permute{axes} of a batched view")
+        return _Heads(self.tensor, self.offset, self.levels, self.rc[::-1])
+
+    def __getitem__(self, idx) -> Any:
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        b, rest = idx[0], idx[1:]
+        if isinstance(b, slice):
+            b0, b1, step = b.indices(self.B)
+            if step != 1 or b1 <= b0:
+                raise CannotLower(f"attention: batch slice {b}")
+        else:
+            b0 = int(b)
+            b1 = b0 + 1
+        o, i0 = divmod(b0, self.block)
+        if (b1 - 1) // self.block != o:
+            raise CannotLower(f"attention: batches {b0}..{b1} cross a block of {self.block}")
+        off = self.offset
+        if len(self.levels) == 2:
+            off += o * self.levels[0][1]
+        st = self.levels[-1][1] if self.levels else 0
+        view = HbmView(self.tensor, off + i0 * st, [(b1 - b0, st)] + self.rc)
+        return view[(slice(None),) + rest] if isinstance(b, slice) else view[(0,) + rest]
+
+
+def _segments(B: int, bg: int, blocks: List[int]) -> List[Tuple[int, int]]:
+    """``[(b0, n), ...]``: batches ``0 .. B`` in runs of at most ``bg``, none crossing a multiple of a block."""
+    out, b0 = [], 0
+    while b0 < B:
+        end = min([B, b0 + bg] + [(b0 // k + 1) * k for k in blocks if k > 0])
+        out.append((b0, end - b0))
+        b0 = end
+    return out
+
+
+def _batched(view: Any, shape3) -> _Heads:
+    """``view`` (an HbmView ``[*batch, rows, cols]``) as a :class:`_Heads` ``[B, rows, cols]`` (``shape3``): its
+    batch axes merged where their strides allow; more than two levels left raise :class:`CannotLower`."""
+    B, R, C = (int(s) for s in shape3)
+    dims = list(view.dims)
+    n = 1
+    for m, _ in dims[:-2]:
+        n *= m
+    if len(dims) < 2 or (dims[-2][0], dims[-1][0]) != (R, C) or n != B:
+        raise CannotLower(f"attention: view {[m for m, _ in dims]} is not [{B}, {R}, {C}]")
+    levels = []
+    for m, s in dims[:-2]:
+        if m == 1:
+            continue
+        if levels and levels[-1][1] == m * s:
+            levels[-1] = (levels[-1][0] * m, s)
+        else:
+            levels.append((m, s))
+    if len(levels) > (2 if TWO_LEVEL_BATCH else 1):
+        raise CannotLower(f"attention: batch axes {levels} are more than {1 + TWO_LEVEL_BATCH} strided levels")
+    return _Heads(view.tensor, view.offset, levels, dims[-2:])
 
 
 def _prologue_op(e: Eqn) -> bool:
@@ -253,7 +362,7 @@ def _expressible_suffix(eqns, base, chain, shape3):
     chain = list(chain)
     while True:
         try:
-            _view_of(_dummy(base), [eqns[j] for j in chain]).reshape(*shape3)
+            _batched(_view_of(_dummy(base), [eqns[j] for j in chain]), shape3)
             return base, chain
         except Exception:
             if not chain:
@@ -267,13 +376,30 @@ def _inverts(eqns, chain, shape3) -> bool:
     if not chain:
         return True
     try:
-        w = _dummy(eqns[chain[-1]].outputs[0]).view()
-        for j in reversed(chain):
-            w = _invert_view(w, eqns[j])
-        w.reshape(*shape3)
+        _out_view(_dummy(eqns[chain[-1]].outputs[0]), [eqns[j] for j in chain], shape3)
         return True
     except Exception:
         return False
+
+
+def _out_view(out_hbm: Any, chain: List[Eqn], shape3) -> "_Heads":
+    """The output ``O`` ``[B, rows, cols]`` (``shape3``) as a view of ``out_hbm``, the result of head merge
+    ``chain``, its equations inverted last first. A reshape regrouping the batch axes that no strided view can
+    invert (the heads of a merge at batch > 1) keeps the axes when only converts or more such reshapes remain
+    to invert; the view is then read as a two-level batch (:func:`_batched`)."""
+    w = out_hbm.view()
+    kept = False
+    for e in reversed(chain):
+        if kept and e.op.name != "convert" and not _regroups_batch(e):
+            raise CannotLower(f"attention: {e.op.name} before a kept batch regroup of the output")
+        if _regroups_batch(e):
+            try:
+                w = w.reshape(*[int(s) for s in (e.inputs[0].shape or (1,))])
+            except Exception:
+                kept = True
+            continue
+        w = _invert_view(w, e)
+    return _batched(w, shape3)
 
 
 def _match(ir, ks, producer, users, outset, host, nofuse):
@@ -455,20 +581,17 @@ class _Emitter:
         B, T, d, Tk, dv = self.B, self.T, self.d, self.Tk, self.dv
         qb, kb, vb = g.bases
         # [B, T, d], [B, Tk, d] (K rows), [B, Tk, dv], O [B, T, dv] as views of the HBM tensors
-        qv = _view_of(self.env_in[qb], g.q_chain).reshape(B, T, d)
-        ktv = _view_of(self.env_in[kb], g.k_chain).reshape(B, d, Tk)
+        qv = _batched(_view_of(self.env_in[qb], g.q_chain), (B, T, d))
+        ktv = _batched(_view_of(self.env_in[kb], g.k_chain), (B, d, Tk))
         kv = ktv.permute(0, 2, 1)
-        vv = _view_of(self.env_in[vb], g.v_chain).reshape(B, Tk, dv)
+        vv = _batched(_view_of(self.env_in[vb], g.v_chain), (B, Tk, dv))
         # elementwise prologue ops of q, k, v (applied on chip to each loaded block), by the view they follow
         self.ops = {id(qv): _prologue_ops(g.q_chain), id(kv): _prologue_ops(g.k_chain),
                     id(vv): _prologue_ops(g.v_chain)}
         raw_dt = [NEURON_DTYPES[b.dtype] for b in (qb, kb, vb)]
         raw_isz = [torch.empty((), dtype=b.dtype).element_size() for b in (qb, kb, vb)]
         out_var = g.outputs[0]
-        w = self.env_out[out_var].view()
-        for e in reversed(g.out_chain):
-            w = _invert_view(w, e)
-        ov = w.reshape(B, T, dv)
+        ov = _out_view(self.env_out[out_var], g.out_chain, (B, T, dv))
         KB = _cdiv(Tk, _P)
         isz = self.isz
         # heads per group: Q, K, V and O of a group stay in SBUF (double buffered)
@@ -485,6 +608,9 @@ class _Emitter:
             # Q, K and V come from HBM: about four head groups, so that the loads of the next group and the store
             # of the previous one overlap a group's compute (the loop below is software-pipelined across groups)
             bg = min(bg, max(self.hpc, _cdiv(B, 4)))
+        # head groups never cross a block of a two-level view (the batch of a head split at batch > 1)
+        self.segs = _segments(B, bg, [v.block for v in (qv, ktv, vv, ov)])
+        bg = max(n for _, n in self.segs)
         with TileScope(prog) as scope:
             self.scope = scope
             G = max(1, min(prog.arch.psum_bank_bytes // (_P * isz), 8))
@@ -515,7 +641,7 @@ class _Emitter:
             self.pt_ring = Ring(scope.sbuf((_P, KB, _P), self.dt, f"at_pt{i}") for i in range(self.HB + 1))
             # SBUF hand-off: q/k/v sources left in SBUF by the previous lowering are read in place (when every
             # view of them is a row block), the output is left in SBUF when the next lowerings want it
-            views = self._resident_views(qv, kv, vv, bg)
+            views = self._resident_views(qv, kv, vv)
             # K^T materialised in HBM (keys contiguous): loaded as it is, the layout the scores' matmul reads
             # (heads' d rows on the partitions), instead of K rows read element by element and transposed
             direct_kt = views is None and ktv.dims[-1][1] == 1 and kv.dims[-1][1] != 1 and not self.ops[id(kv)]
@@ -539,8 +665,7 @@ class _Emitter:
                             for i, pt in enumerate(ps)], tq)
                 if store is not None:
                     store()
-            for b0 in range(0, B, bg):
-                nb = min(bg, B - b0)
+            for b0, nb in self.segs:
                 kt_ = k_ring.take()
                 vt_ = v_ring.take()
                 kr_ = kr_ring.take() if kr_ring else None
@@ -598,7 +723,7 @@ class _Emitter:
                 self.ctx.publish(out_var, pub[0])
             self._store_fills()
 
-    def _resident_views(self, qv, kv, vv, bg):
+    def _resident_views(self, qv, kv, vv):
         """``{id(view): fn(hbm region) -> SBUF view}`` when q, k and v's sources are all left in SBUF and every
         region read is a row block of them (then they are taken), else None (loaded from HBM)."""
         ctx, g = self.ctx, self.g
@@ -610,9 +735,8 @@ class _Emitter:
         for vid, base in bases.items():
             fns[vid] = (lambda src, t=res[base], cols=handoff_shape(base)[1]: resident_view(t, cols, src))
         # every region the loops read must map (checked with the same slicing as the loops)
-        B, T, Tk = self.B, self.T, self.Tk
-        for b0 in range(0, B, bg):
-            nb = min(bg, B - b0)
+        T, Tk = self.T, self.Tk
+        for b0, nb in self.segs:
             for r0 in range(0, Tk, _P):
                 rp = min(_P, Tk - r0)
                 for view in (kv, vv):
