@@ -226,3 +226,29 @@ def test_dropout_draws_as_cpu_and_backward_runs_on_the_device():
     assert len(prof.runs) > 0 and prof.total_us > 0
     for p, pr in zip(m.parameters(), ref.parameters()):
         _close(p.grad, pr.grad, 1e-4)
+
+
+def test_hf_gpt2_training_steps_equal_cpu(tiny_hf):
+    m = tiny_hf("gpt2").train()
+    for mod in m.modules():
+        if isinstance(mod, nn.Dropout):
+            mod.p = 0.0
+    ref = copy.deepcopy(m)
+    a = tn.adaptive(m, **EAGER)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    torch.manual_seed(0)
+    for _ in range(3):
+        ids = torch.randint(2, 64, (2, 8))
+        loss = a(ids, labels=ids).loss
+        loss_ref = ref(ids, labels=ids).loss
+        loss.backward()
+        loss_ref.backward()
+        torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=1e-5)
+        opt.step()
+        opt_ref.step()
+        opt.zero_grad()
+        opt_ref.zero_grad()
+    for p, pr in zip(m.parameters(), ref.parameters()):
+        _close(p.detach(), pr.detach(), 1e-4)
+    assert a.regions["<root>"].eager_device_us > 0
