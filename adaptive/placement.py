@@ -50,7 +50,13 @@ model):
   gathered into windows compiled as one program each and cached by the
   window's signature, so an eager region that recurs (a decode step, a
   training step) hits the cache, and the modelled time has no HBM round trip
-  per op. The region's backward runs later, in the device's own mode.
+  per op. Its backward runs in windows too: the backward of a result's move
+  to the host (:class:`_Download`) switches the device to adaptive eager
+  mode for the rest of that backward pass (autograd's end-of-pass callback
+  switches it back and runs what is queued), so a region's backward is
+  typically one program instead of one per op. (The mode is process-wide:
+  device ops other threads issue meanwhile are windowed too, which keeps
+  their results.)
 * **Fallback.** A call that raises on the device is run again on the host
   (its side effects stay on the mirrors and proxies until it succeeds, so the
   host sees none); if the host call succeeds, the region stays on the host
@@ -190,6 +196,44 @@ class _Upload(torch.autograd.Function):
         return (None if g is None else g.to(_CPU, ctx.dtype)), None
 
 
+_BACKWARD: Dict[str, Any] = {"saved": None}  # the device's eager mode a windowed backward pass replaced
+
+
+def _end_windowed_backward() -> None:
+    """Leave the adaptive eager mode a backward pass entered (running what it queued); idempotent."""
+    saved = _BACKWARD["saved"]
+    if saved is not None:
+        _BACKWARD["saved"] = None
+        _windows.set_mode(saved)
+
+
+def _windowed_backward() -> None:
+    """Run the rest of this backward pass's device ops in windows: the device's adaptive eager mode until the
+    pass ends (autograd's end-of-pass callback restores the mode; so does the next eager call if the pass
+    failed before its end)."""
+    if _BACKWARD["saved"] is not None or _windows.mode() == "adaptive":
+        return
+    _BACKWARD["saved"] = _windows.mode()
+    _windows.set_mode("adaptive")
+    torch.autograd.Variable._execution_engine.queue_callback(_end_windowed_backward)
+
+
+class _Download(torch.autograd.Function):
+    """A device result on the host, differentiably; with ``windows`` its backward runs the region's backward
+    ops in the device's windows (see :func:`_windowed_backward`)."""
+
+    @staticmethod
+    def forward(ctx, dev: Tensor, windows: bool) -> Tensor:  # type: ignore[override]
+        ctx.windows = windows
+        return dev.to(_CPU)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):  # type: ignore[override]
+        if ctx.windows:
+            _windowed_backward()
+        return (None if g is None else g.to(_NEURON)), None
+
+
 def _spec_on_host(spec: tuple) -> tuple:
     """A state spec (:mod:`tn.adaptive.state`) with every static ``torch.device("neuron")`` made the CPU (a
     device the forward recorded in a proxy, ``self.device = keys.device``, is the host's for the caller)."""
@@ -209,8 +253,9 @@ def _spec_on_host(spec: tuple) -> tuple:
 class _Call:
     """One eager call moved to the device: what went up, so that results and writes come back."""
 
-    def __init__(self, mirrors: Mirrors):
+    def __init__(self, mirrors: Mirrors, windows: bool = False):
         self.mirrors = mirrors
+        self.windows = windows
         self.grad = torch.is_grad_enabled()
         self.back: Dict[int, Tensor] = {}     # id(device tensor) -> the host tensor it stands for
         self.synced: List[Tensor] = []        # host tensors sent through the mirrors (checked for writes)
@@ -255,7 +300,7 @@ class _Call:
             if h is not None:
                 return h
             if o.requires_grad:
-                return o.to(_CPU)
+                return _Download.apply(o, self.windows)
             h = o.to(_CPU)
             self.mirrors.note(h, o.detach())
             return h
@@ -358,7 +403,8 @@ class Placement:
 
     def _on_device(self, region: Any, base_forward: Any, module: torch.nn.Module, args: tuple,
                    kwargs: dict) -> Any:
-        call = _Call(self.mirrors)
+        _end_windowed_backward()  # a backward pass that failed before its end left windows on
+        call = _Call(self.mirrors, self.windows)
         ms = module_state(module)
         params = {}
         training = any(m.training for m in ms.mods)

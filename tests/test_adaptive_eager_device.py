@@ -252,3 +252,23 @@ def test_hf_gpt2_training_steps_equal_cpu(tiny_hf):
     for p, pr in zip(m.parameters(), ref.parameters()):
         _close(p.detach(), pr.detach(), 1e-4)
     assert a.regions["<root>"].eager_device_us > 0
+
+
+def test_backward_runs_in_windows_and_restores_the_mode():
+    from tn.device import windows
+
+    counts = {}
+    for flag in (True, False):
+        m, ref, a = _pair(seed=2, eager_windows=flag, **EAGER)
+        for _ in range(2):  # the second step hits the window cache
+            x = torch.randn(4, 16)
+            loss = a(x).square().sum()
+            with tn.profile() as prof:
+                loss.backward()
+            assert windows.mode() == "op"  # the backward pass's windows end with it
+            ref(x).square().sum().backward()
+        for p, pr in zip(m.parameters(), ref.parameters()):
+            _close(p.grad, pr.grad, 1e-4)
+        counts[flag] = len(prof.runs)
+        assert prof.total_us > 0
+    assert counts[True] < counts[False], counts
