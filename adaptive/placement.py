@@ -360,6 +360,10 @@ class Placement:
             return "host"
         return "neuron (windows)" if self.windows else "neuron (op by op)"
 
+    def on_device(self, region: Any) -> bool:
+        """Whether ``region``'s eager calls of a host model are moved to the device (cold ones compile there)."""
+        return self.where == "neuron" and region.eager_host is None
+
     def wants_device(self, region: Any, module: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
         """Whether this call is a host call to move to the device: every tensor of the module and of the
         arguments is on the CPU (and the region has not fallen back)."""

@@ -960,7 +960,7 @@ class Region:
             frac = g.split(st)[0]
             tc = max(te * (frac + ratio * (1.0 - frac)), self.ctl.comp_floor)
         on_device = isinstance(key, tuple) and len(key) == 4 and any(
-            p[0] != "v" and p[2] == "neuron" for p in key[1])
+            p[0] != "v" and p[2] == "neuron" for p in key[1]) or self.ctl.placement.on_device(self)
         tcomp = g.compile_estimate(te, st, on_device)
         r = self.recurrence(cls)
         share = max(1.0, st.count / seen)
