@@ -79,6 +79,7 @@ import torch.utils._pytree as _pytree
 from torch.nn.utils.stateless import _reparametrize_module
 
 from ..profile import Profile
+from .. import config
 from ..device import windows as _windows
 from ..device.allocator import cpu_alias
 from ..device.eager import to_device
@@ -351,6 +352,7 @@ class Placement:
         self.where = eager_on(policy, backend)
         self.windows = bool(policy.eager_windows)
         self.mirrors = Mirrors()
+        self._told = False
 
     def label(self, region: Any) -> str:
         """Where ``region``'s eager calls run, for the report."""
@@ -395,6 +397,11 @@ class Placement:
         given); a device failure is retried on the host (see module doc)."""
         if not self.wants_device(region, module, args, kwargs):
             return base_forward(module, *args, **kwargs)
+        if not self._told:
+            self._told = True
+            if config.log_enabled("adaptive"):
+                log.warning("tn.adaptive: the model lives on the CPU: eager calls run on the neuron device (%s), "
+                            "parameters mirrored there", "windows" if self.windows else "op by op")
         try:
             return self._on_device(region, base_forward, module, args, kwargs)
         except Exception as e:

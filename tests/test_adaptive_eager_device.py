@@ -294,3 +294,23 @@ def test_block_regions_without_the_root():
     for p, pr in zip(m.parameters(), ref.parameters()):
         _close(p.grad, pr.grad, 1e-4)
     assert all(a.regions[n].eager_device_us > 0 for n in ("0", "1"))
+
+
+def test_cpu_autocast_keeps_its_meaning():
+    m, ref, a = _pair(seed=4, **EAGER)
+    x = torch.randn(4, 16)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        y, yr = a(x), ref(x)
+    with torch.no_grad():
+        y32 = ref(x)
+    assert y.dtype == yr.dtype
+    _close(y.float(), yr.float(), 1e-2)
+    assert (yr.float() - y32).abs().max() > 0  # autocast changed the CPU result: the test can tell
+
+
+def test_log_says_where_eager_calls_run(monkeypatch, caplog):
+    monkeypatch.setenv("TN_LOG", "adaptive")
+    _, _, a = _pair(**EAGER)
+    with caplog.at_level("WARNING", logger="tn"), torch.no_grad():
+        a(torch.randn(2, 16))
+    assert "eager calls run on the neuron device (windows)" in caplog.text
