@@ -30,8 +30,7 @@ from .. import config
 from ..neuron import runtime as _runtime
 from ..neuron import timeline as _timeline
 from . import eager, tracking, windows
-from .allocator import _lib, alloc_storage, contiguous_strides
-from .allocator import blank as _blank
+from .allocator import _lib, contiguous_strides, new_dense
 
 __all__ = ["register", "enabled", "FAST_OPS", "STRUCTURED_OPS"]
 
@@ -41,14 +40,11 @@ _CODES = {_F32: 0, _BF16: 1}
 _MAX = config.get("device_fast_numel")
 #: (op index, shape, dtype) -> modelled ns of the op's NeuronCore program
 _SEEN: dict = {}
-_create_empty = torch._C._acc.create_empty_tensor
-_set_redispatch = aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
-_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_new_dense = new_dense
 _binary = _lib.tn_dev_binary
 _count = tracking.count_fast
 _add_ns = tracking.add_device_ns
 _advance = _timeline.advance
-_EMPTY = [0]
 
 
 def enabled() -> bool:
@@ -66,10 +62,8 @@ def _make(idx: int, op, name: str):
                 index = a.device.index
                 if b.device.index != index:   # mixed devices: the eager path raises torch's error
                     return eager.run_op(op, (a, b), {})
-                ns, n, nbytes, strides, code = e
-                st = alloc_storage(nbytes, index)
-                out = _create_empty(_EMPTY, a.dtype) if index == 0 else _blank(a.dtype, index)
-                _set_redispatch(_CPU, out, st, 0, a.shape, strides)
+                ns, n, nbytes, _, code = e
+                out, st = _new_dense(a.shape, a.dtype, nbytes, index)
                 _binary(idx, code, a.data_ptr(), b.data_ptr(), st.data_ptr(), n)
                 _count(name)
                 _add_ns(ns, index)

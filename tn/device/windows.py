@@ -774,18 +774,14 @@ def _meta_put(mk: Any, plan: Any) -> None:
 
 _F32 = torch.float32
 _count = tracking.count
-_alloc_storage = allocator.alloc_storage
-_blank = allocator.blank
-_set_handle = allocator._set_handle
-_CPU_KEYS = allocator._CPU_KEYS
+_new_dense = allocator.new_dense
 
 
 def _new_result(index: int, shape: tuple, strides: tuple, dtype: torch.dtype, nbytes: int, slots: list,
                 by_ptr: dict, fresh: list, j: int) -> torch.Tensor:
-    """A new neuron tensor for result ``j`` of the op being recorded (its memory a new slot of the window)."""
-    st = _alloc_storage(nbytes, index)
-    t = _blank(dtype, index)
-    _set_handle(_CPU_KEYS, t, st, 0, shape, strides)
+    """A new neuron tensor for result ``j`` of the op being recorded (its memory a new slot of the window;
+    ``strides`` are ``shape``'s contiguous strides, as :func:`_plan` makes them)."""
+    t, st = _new_dense(shape, dtype, nbytes, index)
     s = _Slot(len(slots), st, False, dtype, shape, False, nbytes)
     slots.append(s)
     by_ptr[st.data_ptr()] = s
