@@ -45,6 +45,11 @@ model):
   bump the version counter, so the buffers of a module in training mode are
   compared with their device copies after each call instead (in place, on a
   host view of the device memory) and copied back when they differ.
+* **Reassigned buffers**: a buffer the forward replaces (``self.buf = t``)
+  holds ``t``, brought to the host, after the call. Limits: host tensors
+  that share memory (two views of one tensor) become separate device copies,
+  so a write through one is not seen through the other during the call; a
+  plain (unregistered) attribute the forward stores keeps the device tensor.
 * **Windows.** With ``Policy.eager_windows`` (default True) the call runs in
   the device's adaptive eager mode (:mod:`tn.device.windows`): its ops are
   gathered into windows compiled as one program each and cached by the
@@ -429,8 +434,13 @@ class Placement:
         with Profile() as prof, mode:
             with _reparametrize_module(module, params, tie_weights=True, strict=False):
                 out = base_forward(module, *dargs, **dkwargs)
+                # buffers the forward reassigned (self.buf = t): the context restores the originals on exit
+                moved = [(d, k, d[k]) for n, (d, k) in zip(ms.names, ms.refs)
+                         if d[k] is not params[n] and not isinstance(d[k], torch.nn.Parameter)]
             out = _pytree.tree_map(call.down, out, is_leaf=_is_state_leaf)
             call.finish()
+            for d, k, new in moved:
+                d[k] = call.down(new) if isinstance(new, Tensor) else new
         region.eager_device_us += prof.total_us
         region.eager_device_programs += len(prof.runs)
         return out

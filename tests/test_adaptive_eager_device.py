@@ -314,3 +314,26 @@ def test_log_says_where_eager_calls_run(monkeypatch, caplog):
     with caplog.at_level("WARNING", logger="tn"), torch.no_grad():
         a(torch.randn(2, 16))
     assert "eager calls run on the neuron device (windows)" in caplog.text
+
+
+class _Counter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls = self.calls + 1  # reassigned, not updated in place
+        return self.lin(x) * self.calls
+
+
+def test_reassigned_buffer_comes_back():
+    torch.manual_seed(0)
+    mod = _Counter()
+    ref = copy.deepcopy(mod)
+    a = tn.adaptive(mod, regions=[""], **EAGER)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            _close(a(x), ref(x))
+    assert mod.calls.device.type == "cpu" and float(mod.calls) == 3.0
