@@ -60,7 +60,6 @@ from ..neuron.program import HbmTensor, HbmView
 from .base import (
     NEURON_DTYPES,
     CannotLower,
-    Copier,
     HandoffError,
     Ring,
     TileScope,
@@ -80,6 +79,9 @@ _VIEW_OPS = ("reshape", "permute", "slice")
 #: q/k/v/O views whose batch is two strided levels (``[batch, heads]`` of a head split at batch > 1) are read
 #: in place (:class:`_Heads`); False cuts them as one-level views only (their head splits become copies)
 TWO_LEVEL_BATCH = True
+#: copies and tensor_scalar/tensor_reduce go to the engine that would finish them first by the work each was given
+#: (:meth:`_Emitter._least`); False: copies alternate VectorE / ScalarE and the rest weighs VectorE's share twice
+BALANCE_ENGINES = True
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -574,7 +576,8 @@ class _Emitter:
         self.T, self.d = int(q.shape[-2]), int(q.shape[-1])
         self.Tk = int(kt.shape[-1])
         self.dv = int(g.o_eqn.inputs[1].shape[-1])
-        self.copy = Copier(self.prog)   # PSUM/SBUF copies, VectorE and ScalarE in turn
+        # work given to each engine so far, in ns (:meth:`_pick`, :meth:`copy`, :meth:`_note`)
+        self._load = {"vector": 0.0, "scalar": 0.0, "gpsimd": 0.0}
 
     def run(self) -> None:
         g, prog = self.g, self.prog
@@ -980,6 +983,7 @@ class _Emitter:
                 e, m = masked
                 t = self._tile(e.outputs[0], True, tq)
                 prog.tensor_tensor(t, env["psum"], self._arg(env, m, tq, True, b, t0, e), "add")
+                self._note("vector", self.Tk)
                 env[e.outputs[0]] = t
                 return
             t = self._tile(sv, True, tq)
@@ -987,6 +991,7 @@ class _Emitter:
                 self.copy(t, env["psum"])
             else:
                 prog.activation(t, env["psum"], "identity", scale=scale)
+                self._note("scalar", self.Tk)
             env[sv] = t
         steps.append(evac)
         # cast folding
@@ -1033,6 +1038,7 @@ class _Emitter:
                             prog.activation(out, x, ACT_FUNC_OF[u.op.name], bias=neg, reduce_op="add", reduce_out=rs)
                         else:
                             prog.activation(out, x, ACT_FUNC_OF[u.op.name], bias=neg)
+                        self._note("scalar", self.Tk + (64 if red else 0))
                     steps.append(act_bias)
                     continue
             # an ScalarE function with its row sum
@@ -1048,6 +1054,7 @@ class _Emitter:
                     env[e.outputs[0]], env[nxt.outputs[0]] = out, rs
                     prog.activation(out, self._arg(env, e.inputs[0], tq, True, b, t0, e), ACT_FUNC_OF[e.op.name],
                                     reduce_op="add", reduce_out=rs)
+                    self._note("scalar", self.Tk + 64)
                 steps.append(act_red)
                 continue
             if _row_reduce_r(e) == 1:
@@ -1078,6 +1085,7 @@ class _Emitter:
                     env[e.outputs[0]] = out
                     prog.affine_select(out, self._arg(env, src, tq, True, b, t0, e), cmp="is_ge", base=base + t0,
                                        channel_multiplier=1, pattern=[-1], fill=fill)
+                    self._note("gpsimd", 150 + self.Tk)
                 steps.append(affsel)
                 continue
 
@@ -1086,6 +1094,8 @@ class _Emitter:
                 env[e.outputs[0]] = out
                 args = [a.value if isinstance(a, Literal) else self._arg(env, a, tq, full, b, t0, e) for a in e.inputs]
                 e.op.tile_rule(self.ctx, e, out, args)
+                # (tile rules run on VectorE; where is a select, 2N)
+                self._note("vector", self.Tk if full else 1, 2.0 if e.op.name == "where" else 1.0)
             steps.append(generic)
         self.alias = alias
 
@@ -1099,17 +1109,51 @@ class _Emitter:
         steps.append(finish)
         self.steps = steps
 
-    def _pick(self, n: int) -> str:
-        """``"vector"`` or ``"gpsimd"`` for a ``tensor_scalar``/``tensor_reduce`` of ``n`` elements per partition:
-        the engine that would finish it first by the work given to each so far. VectorE's share is counted
-        twice: it also evacuates PSUM for the Copier, which this tally does not see. Both engines compute these
-        ops alike, in fp32, so the choice never changes a result."""
-        clk = self.prog.arch.clock_hz
-        load = self.__dict__.setdefault("_load", {"vector": 0.0, "gpsimd": 0.0})
-        cost = {"vector": (max(64, n) + 60) / clk["dve"] * 2.0, "gpsimd": (max(64, n) + 60) / clk["pool"]}
-        eng = min(load, key=lambda k: load[k] + cost[k])
-        load[eng] += cost[eng]
+    _CLOCK = {"vector": "dve", "scalar": "act", "gpsimd": "pool"}
+
+    def _cost(self, engine: str, n: int, factor: float = 1.0) -> float:
+        """Estimated ns ``engine`` is busy with an elementwise instruction of ``n`` elements per partition (the
+        ``max(64, N)`` rule of :func:`tn.neuron.isa.cost_cycles`, ``factor`` x for the 2N ones, plus the access
+        start) at its clock: a balance between engines, not the model's timing."""
+        return (max(64.0, factor * n) + self.prog.arch.access_cycles) / self.prog.arch.clock_hz[self._CLOCK[engine]]
+
+    def _note(self, engine: str, n: int, factor: float = 1.0) -> None:
+        """Count an instruction emitted on a fixed engine in the balance."""
+        self._load[engine] += self._cost(engine, n, factor)
+
+    def _least(self, engines, n: int) -> str:
+        """The engine of ``engines`` that would finish an instruction of ``n`` elements first by the work given to
+        each so far; the work is counted."""
+        load = self._load
+        eng = min(engines, key=lambda k: load[k] + self._cost(k, n))
+        load[eng] += self._cost(eng, n)
         return eng
+
+    def _pick(self, n: int) -> str:
+        """``"vector"`` or ``"gpsimd"`` for a ``tensor_scalar``/``tensor_reduce`` of ``n`` elements per partition
+        (SBUF operands): the engine that would finish it first (:meth:`_least`). Both engines compute these ops
+        alike, in fp32, so the choice never changes a result."""
+        if not BALANCE_ENGINES:
+            load = self.__dict__.setdefault("_pick_load", {"vector": 0.0, "gpsimd": 0.0})
+            cost = {"vector": 2 * self._cost("vector", n), "gpsimd": self._cost("gpsimd", n)}
+            eng = min(("vector", "gpsimd"), key=lambda k: load[k] + cost[k])
+            load[eng] += cost[eng]
+            return eng
+        return self._least(("vector", "gpsimd"), n)
+
+    def copy(self, out, src) -> None:
+        """``tensor_copy(out, src)`` (a PSUM evacuation or an SBUF cast) on the engine that would finish it
+        first: VectorE or ScalarE, GpSimd too when neither operand is in PSUM (it has no PSUM port). Every engine
+        converts alike (round to nearest even), so the choice never changes a result."""
+        n = 1
+        for x in src.shape[1:]:
+            n *= int(x)
+        if not BALANCE_ENGINES:
+            self._copies = getattr(self, "_copies", 0) + 1
+            self.prog.tensor_copy(out, src, engine="vector" if self._copies % 2 else "scalar")
+            return
+        engines = ("vector", "scalar") if isa.MEM_PSUM in (src.mem, out.mem) else ("vector", "scalar", "gpsimd")
+        self.prog.tensor_copy(out, src, engine=self._least(engines, n))
 
     def _causal(self, e: Eqn):
         """``(tensor operand, fill, base, pattern)`` when ``where(c, x, y)`` has a constant triangular mask ``c``
