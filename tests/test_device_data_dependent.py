@@ -252,3 +252,56 @@ def test_host_errors_are_torchs():
         torch.masked_select(x.to("neuron"), torch.ones(5, dtype=torch.bool).to("neuron"))
     with pytest.raises(RuntimeError, match="0 sized dimensions"):
         torch.unique(torch.empty(5, 0, 5).to("neuron"), dim=0)
+
+
+# --------------------------------------------------------------------------- igamma / igammac (tn.ops.special)
+
+
+def _igamma_grid():
+    """``(a, x)`` over the OpInfo's range (the negatives give NaN), near ``x = a``, large ``a`` and tiny ones."""
+    g = torch.Generator().manual_seed(12)
+    a = torch.cat([torch.rand(4000, generator=g) * 18 - 9, torch.rand(2000, generator=g) * 200,
+                   torch.rand(1000, generator=g) * 1e-3])
+    x = torch.cat([torch.rand(4000, generator=g) * 18 - 9, torch.rand(2000, generator=g) * 200,
+                   torch.rand(1000, generator=g) * 2])
+    near = torch.rand(3000, generator=g) * 150 + 0.01
+    a = torch.cat([a, near])
+    x = torch.cat([x, near * (1 + (torch.rand(3000, generator=g) - 0.5) * 0.2)])
+    return a, x
+
+
+@pytest.mark.parametrize("name", ["igamma", "igammac"])
+def test_igamma_on_the_device(name):
+    """igamma/igammac run as device programs (no host op under TN_STRICT) within assert_close's float32
+    tolerance of torch's CPU kernel, NaN where torch gives NaN."""
+    f = getattr(torch, name)
+    a, x = _igamma_grid()
+    got = f(a.to("neuron"), x.to("neuron")).cpu()
+    want = f(a, x)
+    assert torch.equal(got.isnan(), want.isnan())
+    torch.testing.assert_close(got, want, equal_nan=True)
+    # close to the float64 values too (torch's own fp32 kernel is 1e-6 off at most here)
+    exact = f(a.double(), x.double())
+    ok = ~exact.isnan()
+    assert float((got.double()[ok] - exact[ok]).abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["igamma", "igammac"])
+def test_igamma_boundaries_through_jit(name):
+    """torch's boundary values (a or x zero, infinite, negative or NaN, in calc_igamma's order) exactly, through
+    tn.jit with no host equation, and on 0-d and broadcast, non-contiguous device operands."""
+    f = getattr(torch, name)
+    edges = torch.tensor([0.0, 1.0, float("inf"), -1.0, float("nan"), 2.5])
+    a, x = torch.meshgrid(edges, edges, indexing="ij")
+    ir = tn.make_ir(f)(a, x)
+    assert [e.op.name for e in ir.eqns if e.op.name == "host"] == []
+    got = tn.jit(f)(a, x)
+    want = f(a, x)
+    assert torch.equal(got.isnan(), want.isnan())
+    special = ~(a.isfinite() & x.isfinite() & (a > 0) & (x > 0))
+    assert torch.equal(got[special & ~want.isnan()], want[special & ~want.isnan()])
+    torch.testing.assert_close(got, want, equal_nan=True)
+    t = torch.rand(4, 3, generator=torch.Generator().manual_seed(1)) * 5
+    s = torch.tensor(1.5)
+    torch.testing.assert_close(f(t.to("neuron").t(), s.to("neuron")).cpu(), f(t.t(), s))
+    torch.testing.assert_close(f(s.to("neuron"), s.to("neuron")).cpu(), f(s, s))

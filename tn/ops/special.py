@@ -36,6 +36,15 @@ Approximations (all good to a few fp32 ulps except where noted):
   ``m = ceil(-q)``, ``f = -(q + (m - 1))``, computed exactly). ``polygamma(n, x)`` for ``n >= 1`` is
   ``(-1)^(n+1) n! zeta(n+1, x)`` (``n = 1`` with torch's own trigamma formula, whose
   ``sin(pi x)`` rounding near the poles the results then share).
+* ``igamma(a, x)``, ``igammac(a, x)`` (and ``special.gammainc``/``gammaincc``): torch's
+  ``calc_igamma`` loops until convergence (series, continued fraction, an
+  asymptotic series for large ``a ~ x``); here the power series DLMF 8.11.4
+  (``x < a + 1``) and the continued fraction DLMF 8.9.2 (modified Lentz)
+  run a fixed 64 steps on every element, masked, with the prefactor
+  ``x^a e^-x / Gamma(a)`` in a cancellation-free form; torch's boundary values
+  (SciPy's). Within 1e-5 absolute of the float64 values for ``a`` up to 200
+  (torch's fp32 kernel: 1e-6); near ``x ~ a`` beyond that the 64 steps do not
+  converge (1000: 2e-2).
 * ``ndtri(p)``: Abramowitz & Stegun 26.2.23 (error < 4.5e-4) refined by two
   Newton steps on ``ndtr`` written with ``erfcx`` (no underflow in the tails).
 * Bessel ``j0``, ``j1``, ``y0``, ``y1``: power series up to 5 (for ``y`` with the
@@ -580,6 +589,107 @@ def _polygamma(n, x):
         return _mul(z, float((-1) ** (n + 1) * math.factorial(n)))
 
     return _elementwise(core)(x)
+
+
+#: Unrolled steps of the incomplete gamma's power series and continued fraction (torch's loops stop at
+#: convergence, up to 2000 steps; these bounds converge to fp32 for a, x up to about 100, see _igamma_parts).
+_IGAMMA_STEPS = 64
+_TINY = 1e-30
+
+
+def _igamma_prefactor(a: Tensor, x: Tensor) -> Tensor:
+    """``x^a e^-x / Gamma(a)`` of finite ``a, x > 0``, as ``exp(a log1p(t) - a t + B(a))`` with
+    ``t = (x - a) / a`` and ``B(a) = a log a - a - lgamma(a)``: no cancellation between the large terms
+    ``a log x`` and ``lgamma(a)`` (torch's ``_igam_helper_fac`` avoids it with a Lanczos form). ``B`` is
+    Stirling's ``log(a / 2 pi) / 2 - (1/12a - 1/360a^3 + ...)`` from 8 up, direct below."""
+    d = _sub(x, a)
+    main = _sub(_mul(a, aten.log1p.default(_div(d, a))), d)
+    big = aten.ge.Scalar(a, 8.0)
+    ab = _where(big, a, 8.0)
+    w = aten.reciprocal.default(ab)
+    w2 = _mul(w, w)
+    corr = _mul(w, _horner(w2, [1 / 12, -1 / 360, 1 / 1260, -1 / 1680]))
+    b_big = _sub(_mul(aten.log.default(_mul(ab, 1 / (2 * math.pi))), 0.5), corr)
+    asml = _where(big, 1.0, a)
+    b_small = _sub(_sub(_mul(asml, aten.log.default(asml)), asml), _lgamma_pos(asml))
+    return aten.exp.default(_add(main, _where(big, b_big, b_small)))
+
+
+def _igamma_parts(a: Tensor, x: Tensor):
+    """``(P, Q, small)``: the regularized lower and upper incomplete gamma functions of finite ``a > 0``,
+    ``x > 0``, ``P`` computed where ``small`` (``x < a + 1``: the power series DLMF 8.11.4), ``Q`` elsewhere
+    (the continued fraction DLMF 8.9.2, modified Lentz); the other is one minus it. Both loops run a fixed
+    :data:`_IGAMMA_STEPS` steps on every element (masked, so each region sees safe arguments): the series'
+    terms fall like ``exp(-n^2 / 2a)`` near ``x = a``, the fraction converges in ``O(sqrt a)`` steps."""
+    small = aten.lt.Tensor(x, _add(a, 1.0))
+    fac = _igamma_prefactor(a, x)
+    # series: P = fac * sum_n x^n / (a (a+1) ... (a+n)) (x replaced by a safe value outside its region)
+    xs = _where(small, x, _f(0.5, x))
+    term = aten.reciprocal.default(a)
+    total = term
+    den = a
+    for _ in range(_IGAMMA_STEPS):
+        den = _add(den, 1.0)
+        term = _mul(term, _div(xs, den))
+        total = _add(total, term)
+    p_series = _mul(fac, total)
+    # continued fraction: Q = fac / (x + 1 - a - 1 (1 - a) / (x + 3 - a - 2 (2 - a) / ...))
+    xc = _where(small, _add(a, 2.0), x)
+    b = _sub(_add(xc, 1.0), a)
+    c = _f(1.0 / _TINY, x)
+    d = aten.reciprocal.default(b)
+    h = d
+    for i in range(1, _IGAMMA_STEPS + 1):
+        an = _mul(_sub(a, float(i)), float(i))      # -i (i - a)
+        b = _add(b, 2.0)
+        d = _add(_mul(an, d), b)
+        d = _where(aten.lt.Scalar(aten.abs.default(d), _TINY), _TINY, d)
+        c = _add(b, _div(an, c))
+        c = _where(aten.lt.Scalar(aten.abs.default(c), _TINY), _TINY, c)
+        d = aten.reciprocal.default(d)
+        h = _mul(h, _mul(d, c))
+    q_cf = _mul(fac, h)
+    p = _where(small, p_series, _sub(1.0, q_cf))
+    q = _where(small, _sub(1.0, p_series), q_cf)
+    return p, q
+
+
+def _igamma_edges(a: Tensor, x: Tensor, lower: bool, r: Tensor) -> Tensor:
+    """``r`` with torch's boundary values (SciPy's): NaN for negative arguments, ``a = 0``, ``x = 0``,
+    infinite and NaN arguments as ``calc_igamma`` / ``calc_igammac`` decide them, in their order."""
+    one, zero = (1.0, 0.0) if lower else (0.0, 1.0)   # the value at x = +inf, and at x = 0
+    nan = math.nan
+    # NaN unless a boundary case below decides first (torch checks them in this order, NaN compares false)
+    r = _where(aten.logical_or.default(aten.isnan.default(a), aten.isnan.default(x)), nan, r)
+    r = _where(aten.isinf.default(x), one, r)
+    r = _where(aten.isinf.default(a), _where(aten.isinf.default(x), nan, zero), r)
+    r = _where(aten.eq.Scalar(x, 0), zero, r)
+    r = _where(aten.eq.Scalar(a, 0), _where(aten.gt.Scalar(x, 0), one, nan), r)
+    bad = aten.logical_or.default(aten.lt.Scalar(x, 0), aten.lt.Scalar(a, 0))
+    return _where(bad, nan, r)
+
+
+def _igamma_safe(a: Tensor, x: Tensor):
+    """Finite positive stand-ins for the arguments the boundary cases replace (the loops see no inf/NaN)."""
+    ok = aten.logical_and.default(aten.isfinite.default(a), aten.isfinite.default(x))
+    ok = aten.logical_and.default(ok, aten.logical_and.default(aten.gt.Scalar(a, 0), aten.gt.Scalar(x, 0)))
+    return _where(ok, a, 1.0), _where(ok, x, 1.0)
+
+
+@_register(*_overloads("prims.igamma"))
+def _igamma(a, x):
+    """Regularized lower incomplete gamma ``P(a, x)``."""
+    sa, sx = _igamma_safe(a, x)
+    p, _ = _igamma_parts(sa, sx)
+    return _igamma_edges(a, x, True, p)
+
+
+@_register(*_overloads("prims.igammac"))
+def _igammac(a, x):
+    """Regularized upper incomplete gamma ``Q(a, x) = 1 - P(a, x)``."""
+    sa, sx = _igamma_safe(a, x)
+    _, q = _igamma_parts(sa, sx)
+    return _igamma_edges(a, x, False, q)
 
 
 # --------------------------------------------------------------------------- normal distribution
