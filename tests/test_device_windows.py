@@ -582,21 +582,49 @@ def test_bucket_padding_copies_are_charged_the_same_with_and_without_a_profile(a
 
 def test_the_per_op_meta_plan_cache_is_bounded_least_recently_used_first(adaptive, monkeypatch):
     """Ops of ever new shapes (a KV cache's) do not grow the per-op plan cache without end: past the cap the
-    least recently used plans go, a plan in use stays, and evicted plans are simply made again."""
+    least recently used plans go, a plan in use is not made again (its window's trie path holds it), and
+    evicted plans are simply made again."""
     monkeypatch.setattr(windows, "_META", type(windows._META)())
     monkeypatch.setattr(windows, "_META_MAX", 6)
+    monkeypatch.setattr(windows, "_TRIE", [windows._Node(), 0])
+    made = []
+    plan = windows._plan
+    monkeypatch.setattr(windows, "_plan", lambda op, leaves, spec: made.append(leaves[0].shape) or plan(op, leaves,
+                                                                                                          spec))
     keep = torch.randn(3, 5)
     keep_d = keep.to("neuron")
     for n in range(1, 13):                      # twelve new shapes, each with a new plan for mul
         x = torch.randn(n, 4)
         got = (x.to("neuron") * 3.0).cpu()
         torch.testing.assert_close(got, x * 3.0)
-        torch.testing.assert_close((keep_d * 2.0).cpu(), keep * 2.0)   # used every time: never evicted
+        torch.testing.assert_close((keep_d * 2.0).cpu(), keep * 2.0)   # used every time: never made again
         assert len(windows._META) <= 6
+    assert made.count((3, 5)) == 1 and made.count((1, 4)) == 1
     shapes = [k for k in windows._META]
-    assert any(((3, 5), (5, 1), 0, torch.float32) in k for k in shapes)      # the plan in use survived
     assert not any(((1, 4), (4, 1), 0, torch.float32) in k for k in shapes)  # the oldest went
+    windows._reset_trie()                       # (the trie's paths hold plans too: without them ...)
     torch.testing.assert_close((torch.ones(1, 4).to("neuron") * 3.0).cpu(), torch.full((1, 4), 3.0))
+    assert made.count((1, 4)) == 2                                           # ... an evicted plan is made again
+
+
+def test_the_trie_of_op_sequences_is_bounded_and_a_new_one_keeps_results_right(adaptive, monkeypatch):
+    """Window signatures are paths in a trie of op keys; ever new shapes start a new trie past the cap (windows
+    cached under the old one compile once more), results stay right and cache hits resume."""
+    monkeypatch.setattr(windows, "_TRIE", [windows._Node(), 0])
+    monkeypatch.setattr(windows, "_TRIE_MAX", 5)
+    keep = torch.randn(3, 5)
+    keep_d = keep.to("neuron")
+    roots = set()
+    for n in range(1, 10):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close((x.to("neuron") * 3.0 + 1.0).cpu(), x * 3.0 + 1.0)
+        torch.testing.assert_close((keep_d * 2.0).cpu(), keep * 2.0)
+        assert windows._TRIE[1] <= 5
+        roots.add(id(windows._TRIE[0]))
+    assert len(roots) > 1                       # the trie was started anew
+    s = windows.stats()
+    torch.testing.assert_close((keep_d * 2.0).cpu(), keep * 2.0)
+    assert windows.stats()["hits"] == s["hits"] + 1
 
 
 @pytest.mark.parametrize("mode", ["op", "adaptive"])

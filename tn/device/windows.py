@@ -225,7 +225,7 @@ class _Rec:
 class _Window:
     """The ops recorded since the last flush of one queue."""
 
-    __slots__ = ("recs", "slots", "by_ptr", "keys", "blanks", "index", "svals", "sdtypes", "limit", "stream")
+    __slots__ = ("recs", "slots", "by_ptr", "keys", "blanks", "index", "svals", "sdtypes", "limit", "stream", "node")
 
     def __init__(self, index: int = 0):
         self.index = index                 # the neuron device the window's memory lives on
@@ -238,6 +238,7 @@ class _Window:
         self.svals: List[float] = []       # values of the scalar arguments that may be program inputs ...
         self.sdtypes: List[torch.dtype] = []   # ... and the dtypes they have as inputs
         self.limit = 1024                  # the buffer limit (TN_WINDOW_OPS), read when the first op is recorded
+        self.node: Any = _TRIE[0]          # the trie node of the ops recorded so far (the window's signature)
 
     def slot_of(self, st: Any) -> Optional[_Slot]:
         """The live slot of storage ``st`` (None if the window does not touch it)."""
@@ -706,8 +707,11 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec, info, check:
     rec_key = (mk, tuple(slot_key))
     if _REFUSED and rec_key in _REFUSED:
         raise _NotRecordable("an op the window tracer refused before")
-    plan = _META.get(mk)
-    if plan is None:
+    parent = w.node
+    node = parent.kids.get(rec_key)
+    if node is not None:      # a known path: the op's plan is the node's (no look-up, no LRU bookkeeping)
+        plan = node.plan
+    elif (plan := _META.get(mk)) is None:
         try:
             plan = _plan(op, leaves, spec)
         except Exception as e:   # no meta kernel, or a bad call: eager runs it (and raises at the user's line)
@@ -755,10 +759,52 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec, info, check:
         w.limit = config.get("window_ops")
     recs.append(_Rec(op, leaves, spec, plan, fresh, _user_src(4), sc))
     w.keys.append(rec_key)
+    w.node = node if node is not None else _child(parent, rec_key, plan)
     _count(name)
     if len(recs) >= w.limit:
         flush("buffer limit")
     return result
+
+
+class _Node:
+    """A point of the trie of recorded op sequences (:data:`_TRIE`): the path from the root is the sequence of
+    the ops' keys, so a window's last node *is* its signature (the cache key of :func:`_run_window`: no tuple
+    of every op's key to build, hash and compare at each flush); a node keeps the plan of the op that led to it
+    (a steady loop's ops skip the plan look-up)."""
+
+    __slots__ = ("kids", "plan")
+
+    def __init__(self, plan: Any = None):
+        self.kids: Dict[Any, "_Node"] = {}
+        self.plan = plan
+
+
+#: ``[root, nodes made since it was]``; past :data:`_TRIE_MAX` nodes (a KV cache's ops make new keys every decode
+#: step) a new root starts a new trie (windows cached under the old one compile once more when they recur)
+_TRIE: list = [_Node(), 0]
+_TRIE_MAX = 1 << 16
+
+
+def _child(parent: _Node, rec_key: Any, plan: Any) -> _Node:
+    """``parent``'s node for an op of key ``rec_key`` (made, with ``plan``, if new)."""
+    node = parent.kids.setdefault(rec_key, _Node(plan))   # (queues of other devices record under other locks)
+    if node.plan is plan:
+        _TRIE[1] += 1
+        if _TRIE[1] > _TRIE_MAX:
+            _reset_trie()
+    return node
+
+
+def _reset_trie() -> None:
+    """Start a new trie; the old one's nodes let go of their children (a cached window's node stays a valid key
+    of its own, but no longer holds the paths below it)."""
+    old = _TRIE[0]
+    _TRIE[0], _TRIE[1] = _Node(), 0
+    todo = [old]
+    while todo:
+        n = todo.pop()
+        todo.extend(n.kids.values())
+        n.kids = {}
 
 
 def _meta_put(mk: Any, plan: Any) -> None:
@@ -870,7 +916,9 @@ def _window_name(w: _Window) -> str:
 
 def _run_window(w: _Window, reason: str, kind: str) -> None:
     live = tuple(s.index for s in w.slots if not s.external and s.ref() is not None)
-    key = (tuple(w.keys), tuple((s.external, s.blank, s.shape, s.dtype) for s in w.slots))
+    # the signature: the op sequence, every tensor's metadata and slot, the slots' shapes (new slots' are in their
+    # first op's key, results' follow from their op's plan): all of it is the path to the window's trie node
+    key = w.node
     _STATS["windows"] += 1
     _STATS["ops"] += len(w.recs)
     _STATS["ops_per_window"][len(w.recs)] += 1
@@ -1618,6 +1666,7 @@ def reset_stats() -> None:
 def clear_cache() -> None:
     """Drop every compiled window (and the record of windows that could not be traced)."""
     _CACHE.clear()
+    _reset_trie()
     _REFUSED.clear()
     _SITES.clear()
     _VARYING.clear()
