@@ -254,6 +254,57 @@ def test_host_errors_are_torchs():
         torch.unique(torch.empty(5, 0, 5).to("neuron"), dim=0)
 
 
+def _hist_close(got, want):
+    """Histogram results: counts equal (float32 sums of small integers or weights), edges within float32
+    tolerance of the CPU's (the device linspace rounds its own way)."""
+    got = [got] if isinstance(got, torch.Tensor) else list(got)
+    want = [want] if isinstance(want, torch.Tensor) else list(want)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.device.type == "neuron" and g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g.cpu(), w, equal_nan=True)
+
+
+@pytest.mark.parametrize("kw", [{}, {"density": True}, {"weight": True}, {"weight": True, "density": True},
+                                {"range": (-1.0, 1.0)}, {"range": (2.0, 2.0)}])
+def test_histogram(kw):
+    """histogram with a bin count (the data's range, a given range, an empty one widened) and with edges,
+    weighted and as a density; 0-d, empty and transposed inputs."""
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(6, 9, generator=g).t()
+    kw = dict(kw)
+    if kw.pop("weight", False):
+        kw["weight"] = torch.rand(9, 6, generator=g)
+    dev = {k: v.to("neuron") if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    _hist_close(torch.histogram(x.to("neuron"), 7, **dev), torch.histogram(x, 7, **kw))
+    kw.pop("range", None)
+    dev.pop("range", None)
+    edges = torch.tensor([-2.0, -0.5, 0.0, 0.3, 2.0])
+    _hist_close(torch.histogram(x.to("neuron"), edges.to("neuron"), **dev), torch.histogram(x, edges, **kw))
+    _hist_close(torch.histogram(torch.tensor(2.0).to("neuron"), 1), torch.histogram(torch.tensor(2.0), 1))
+    _hist_close(torch.histogram(torch.empty(0).to("neuron"), 3), torch.histogram(torch.empty(0), 3))
+
+
+@pytest.mark.parametrize("kw", [{}, {"density": True}, {"weight": True}, {"range": [-1.0, 1.0, -2.0, 2.0, 0.0, 1.0]}])
+def test_histogramdd(kw):
+    """histogramdd with bin counts and with edge tensors (sorted, and unsorted: torch's binary search)."""
+    g = torch.Generator().manual_seed(22)
+    y = torch.randn(30, 3, generator=g)
+    kw = dict(kw)
+    if kw.pop("weight", False):
+        kw["weight"] = torch.rand(30, generator=g)
+    dev = {k: v.to("neuron") if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    r, c = torch.histogramdd(y.to("neuron"), [3, 4, 2], **dev), torch.histogramdd(y, [3, 4, 2], **kw)
+    _hist_close([r.hist, *r.bin_edges], [c.hist, *c.bin_edges])
+    kw.pop("range", None)
+    dev.pop("range", None)
+    for edges in ([torch.sort(torch.randn(4, generator=g)).values for _ in range(3)],
+                  [torch.randn(5, generator=g) for _ in range(3)]):
+        r = torch.histogramdd(y.to("neuron"), [e.to("neuron") for e in edges], **dev)
+        c = torch.histogramdd(y, edges, **kw)
+        _hist_close([r.hist, *r.bin_edges], [c.hist, *c.bin_edges])
+
+
 # --------------------------------------------------------------------------- igamma / igammac (tn.ops.special)
 
 

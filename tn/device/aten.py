@@ -30,8 +30,8 @@ goes to the boxed fallback in :mod:`tn.device.eager`).
 * ``native_layer_norm``, ``native_group_norm``: one device program (tn's fp32 decomposition) instead of torch's fallback kernel
   for other backends (``native_batch_norm`` + ``addcmul``, rounded between them in bf16),
 * ``nonzero``, ``masked_select``, ``equal``, ``_unique2``, ``unique_dim``, ``unique_consecutive``,
-  ``_index_put_impl_``, ``index.Tensor_out`` (boolean masks): data-dependent results as padded device programs plus a count read back
-  (:mod:`tn.device.data_dependent`),
+  ``_index_put_impl_``, ``index.Tensor_out`` (boolean masks), ``histogram``, ``_histogramdd_*``:
+  data-dependent results as padded device programs plus a count read back (:mod:`tn.device.data_dependent`),
 * ``_to_copy``: torch's own kernel, except that ``non_blocking=True`` is
   dropped (the device is synchronous, and a non-blocking copy to the CPU
   would ask for pinned memory, which a Python backend cannot provide).
@@ -243,7 +243,7 @@ def register() -> None:
         kernels[name] = _redispatch(op)
     kernels.update({"set_.source_Storage": _set_source_storage, "set_.source_Tensor": _set_source_tensor,
                     "set_": _set_empty})
-    kernels.update(data_dependent.kernels())   # nonzero, masked_select, unique*, equal, index with masks
+    kernels.update(data_dependent.kernels())   # nonzero, masked_select, unique*, equal, masks, histograms
     install_kernels(_LIBS, kernels)
     bits = torch.library.Library("aten", "IMPL")
     for key in ("Conjugate", "Negative"):

@@ -1,4 +1,4 @@
-# Data-dependent ops of the neuron device (nonzero, masked_select, unique, equal, index_put with masks) as device programs.
+# Data-dependent ops of the neuron device (nonzero, masked_select, unique, equal, masks, histograms) as device programs.
 """Ops whose result size depends on the values, run on the NeuronCore.
 
 A one-op program cannot have a result whose shape depends on the data: the
@@ -35,9 +35,19 @@ the counted host fallback, which words torch's own errors):
   ``index_put``): boolean indices become integer ones through the device
   ``nonzero`` (as torch does), then ``index_put_`` / ``index`` is one device
   program. CPU index tensors are moved to the device, as CUDA accepts them.
+* ``histogram`` (bin count or edges) and ``histogramdd``
+  (``_histogramdd_bin_edges``, ``_histogramdd_from_bin_cts``,
+  ``_histogramdd_from_bin_tensors``), float32: their shapes are known, but
+  the equal-width edges come from the data's range, which one program
+  computes and the host reads back (2 scalars a dimension, as torch's CPU
+  kernel reads them) to make the edges with the device ``linspace``; the
+  counting is one program: torch's ``upper_bound`` bin search unrolled to
+  ``log2`` steps (so unsorted edges bin as on the CPU), a ``scatter_add`` of
+  the weights, the density normalisation.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
@@ -61,7 +71,10 @@ _SCHEMAS = {
     "equal_all": "equal_all(Tensor self, Tensor other) -> Tensor",
     "unique_padded": "unique_padded(Tensor self) -> (Tensor, Tensor, Tensor, Tensor)",
     "unique_consecutive_padded": "unique_consecutive_padded(Tensor self) -> (Tensor, Tensor, Tensor, Tensor)",
-    "unique_dim_padded": "unique_dim_padded(Tensor self, int dim, bool consecutive) -> (Tensor, Tensor, Tensor, Tensor)",
+    "unique_dim_padded":
+        "unique_dim_padded(Tensor self, int dim, bool consecutive) -> (Tensor, Tensor, Tensor, Tensor)",
+    "histogramdd_counts": "histogramdd_counts(Tensor self, Tensor[] edges, Tensor? weight, bool density) -> Tensor",
+    "aminmax_columns": "aminmax_columns(Tensor self) -> Tensor",
 }
 
 
@@ -194,7 +207,70 @@ def _unique_dim_padded(x, dim, consecutive):
     return values, rank, counts, count
 
 
-_IMPLS = {"nonzero_padded": _nonzero_padded, "masked_select_padded": _masked_select_padded,
+def _upper_bound(edges: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``std::upper_bound(edges, edges + E, v) - edges`` for each element of ``v`` (int64), as torch's
+    histogram kernel searches (also on edges that are not sorted): the binary search unrolled to its
+    ``floor(log2 E) + 1`` steps, each element carrying its own ``first`` and ``count``."""
+    E = int(edges.shape[0])
+    first = aten.full.default(list(v.shape), 0, dtype=torch.int64)
+    count = aten.full.default(list(v.shape), E, dtype=torch.int64)
+    for _ in range(E.bit_length()):
+        step = aten.div.Tensor_mode(count, 2, rounding_mode="floor")
+        it = aten.add.Tensor(first, step)
+        e = aten.index.Tensor(edges, [aten.clamp.default(it, 0, E - 1)])
+        live = aten.gt.Scalar(count, 0)
+        right = aten.logical_and.default(live, aten.logical_not.default(aten.lt.Tensor(v, e)))
+        first = aten.where.self(right, aten.add.Tensor(it, 1), first)
+        count = aten.where.self(live, aten.where.self(right, aten.sub.Tensor(aten.sub.Tensor(count, step), 1), step),
+                                count)
+    return first
+
+
+def _histogramdd_counts(x, edges, weight, density):
+    """torch's CPU histogram of the rows of ``x`` (M, N) over the N edge sequences: elements outside
+    ``[first edge, last edge]`` (and NaN) are skipped, the bin is ``upper_bound(edges, v) - 1`` (the last
+    edge belongs to the last bin), weights (or ones) summed per bin; with ``density``, divided by the total
+    and by each bin's widths."""
+    M, N = int(x.shape[0]), int(x.shape[1])
+    bins = [int(e.shape[0]) - 1 for e in edges]
+    total = _numel(bins)
+    keep = aten.full.default([M], True, dtype=torch.bool)
+    flat = aten.full.default([M], 0, dtype=torch.int64)
+    stride = total
+    for d in range(N):
+        e = edges[d]
+        E = bins[d] + 1
+        v = aten.select.int(x, 1, d)
+        lo = aten.select.int(e, 0, 0)
+        hi = aten.select.int(e, 0, E - 1)
+        keep = aten.logical_and.default(keep, aten.logical_and.default(aten.ge.Tensor(v, lo), aten.le.Tensor(v, hi)))
+        pos = aten.sub.Tensor(_upper_bound(e, v), 1)
+        pos = aten.where.self(aten.eq.Scalar(pos, E - 1), aten.sub.Tensor(pos, 1), pos)
+        stride //= bins[d]
+        flat = aten.add.Tensor(flat, aten.mul.Tensor(aten.clamp.default(pos, 0, bins[d] - 1), stride))
+    w = weight if weight is not None else aten.full.default([M], 1, dtype=x.dtype)
+    slot = aten.where.self(keep, flat, _i64(total))
+    hist = aten.scatter_add.default(aten.full.default([total + 1], 0, dtype=x.dtype), 0, slot,
+                                    aten.where.self(keep, w, aten.full.default([], 0, dtype=x.dtype)))
+    hist = aten.view.default(aten.slice.Tensor(hist, 0, 0, total), bins)
+    if density:
+        hist = aten.div.Tensor(hist, aten.sum.default(hist))
+        for d in range(N):
+            widths = aten.sub.Tensor(aten.slice.Tensor(edges[d], 0, 1, bins[d] + 1),
+                                     aten.slice.Tensor(edges[d], 0, 0, bins[d]))
+            shape = [1] * N
+            shape[d] = bins[d]
+            hist = aten.div.Tensor(hist, aten.view.default(widths, shape))
+    return hist
+
+
+def _aminmax_columns(x):
+    """The minimum and maximum of each column of ``x`` (M, N), stacked (2, N)."""
+    return aten.stack.default([aten.amin.default(x, [0]), aten.amax.default(x, [0])])
+
+
+_IMPLS = {"histogramdd_counts": _histogramdd_counts, "aminmax_columns": _aminmax_columns,
+          "nonzero_padded": _nonzero_padded, "masked_select_padded": _masked_select_padded,
           "equal_all": _equal_all, "unique_padded": _unique_padded,
           "unique_consecutive_padded": _unique_consecutive_padded, "unique_dim_padded": _unique_dim_padded}
 
@@ -419,10 +495,117 @@ def _index_out(self, indices, *, out):
     return eager.run_op(op, (self, idx), {"out": out})
 
 
+def _hist_native(x: torch.Tensor, weight, bins_tensors=()) -> bool:
+    ts = [x] + ([weight] if weight is not None else []) + list(bins_tensors)
+    return _on_device(*ts) and all(t.dtype == torch.float32 for t in ts)
+
+
+def _outer_edges(x2: torch.Tensor, rng) -> Optional[List[tuple]]:
+    """torch's ``select_outer_bin_edges``: ``rng`` (the ``range`` argument), else each column's minimum and
+    maximum (one device program, read back: they place the bins), an empty range widened by 0.5 each side; None
+    when they are not finite or in order (the host words torch's error)."""
+    N = int(x2.shape[1])
+    if rng is not None:
+        if len(rng) != 2 * N:
+            return None
+        pairs = [(float(rng[2 * d]), float(rng[2 * d + 1])) for d in range(N)]
+    elif x2.numel() > 0:
+        mm = eager.run_op(_op("aminmax_columns"), (x2,), {}).cpu()   # 2N scalars, counted as a copy to the host
+        pairs = [(float(mm[0, d]), float(mm[1, d])) for d in range(N)]
+    else:
+        pairs = [(0.0, 1.0)] * N
+    out = []
+    for lo, hi in pairs:
+        if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
+            return None
+        out.append((lo - 0.5, hi + 0.5) if lo == hi else (lo, hi))
+    return out
+
+
+def _linspace_edges(pairs, bins, like: torch.Tensor) -> List[torch.Tensor]:
+    return [torch.linspace(lo, hi, int(b) + 1, dtype=like.dtype, device=like.device) for (lo, hi), b in
+            zip(pairs, bins)]
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as (M, N): its last dim the coordinates."""
+    return x.reshape(-1, x.shape[-1]) if x.dim() >= 1 else x.reshape(1, 1)
+
+
+def _hist_counts(x2: torch.Tensor, edges: List[torch.Tensor], weight, density: bool) -> torch.Tensor:
+    if weight is not None:
+        weight = weight.reshape(-1)
+    if x2.shape[0] == 0:   # no element: zeros (density divides 0 by 0, as torch does)
+        hist = torch.zeros([int(e.shape[0]) - 1 for e in edges], dtype=x2.dtype, device=x2.device)
+        return hist / hist.sum() if density else hist
+    return eager.run_op(_op("histogramdd_counts"), (x2, list(edges), weight, bool(density)), {})
+
+
+def _histogram_bin_ct(self, bins=100, *, range=None, weight=None, density=False):
+    """aten::histogram.bin_ct: equal-width bins over ``range`` or the data's range."""
+    op = aten.histogram.bin_ct
+    kw = {"range": range, "weight": weight, "density": density}
+    x2 = self.reshape(-1, 1)
+    if not _hist_native(self, weight) or int(bins) <= 0 or (weight is not None and weight.numel() != self.numel()):
+        return eager.fallback(op, self, bins, **kw)
+    pairs = _outer_edges(x2, range)
+    if pairs is None:
+        return eager.fallback(op, self, bins, **kw)
+    edges = _linspace_edges(pairs, [bins], self)
+    return _hist_counts(x2, edges, weight, density), edges[0]
+
+
+def _histogram_bins_tensor(self, bins, *, weight=None, density=False):
+    """aten::histogram.bins_tensor: the given edges."""
+    op = aten.histogram.bins_tensor
+    if (not _hist_native(self, weight, [bins]) or bins.dim() != 1 or bins.numel() < 1
+            or (weight is not None and weight.numel() != self.numel())):
+        return eager.fallback(op, self, bins, weight=weight, density=density)
+    edges = bins.contiguous()
+    return _hist_counts(self.reshape(-1, 1), [edges], weight, density), edges.clone()
+
+
+def _dd_ok(self, bins, weight) -> bool:
+    return (_hist_native(self, weight) and self.dim() >= 2 and len(bins) == self.shape[-1]
+            and all(int(b) > 0 for b in bins)
+            and (weight is None or tuple(weight.shape) == tuple(self.shape[:-1])))
+
+
+def _histogramdd_bin_edges(self, bins, *, range=None, weight=None, density=False):
+    """aten::_histogramdd_bin_edges: equal-width edges per dimension."""
+    op = aten._histogramdd_bin_edges.default
+    pairs = _outer_edges(_rows(self), range) if _dd_ok(self, bins, weight) else None
+    if pairs is None:
+        return eager.fallback(op, self, bins, range=range, weight=weight, density=density)
+    return _linspace_edges(pairs, bins, self)
+
+
+def _histogramdd_from_bin_cts(self, bins, *, range=None, weight=None, density=False):
+    """aten::_histogramdd_from_bin_cts: the histogram over those equal-width edges."""
+    op = aten._histogramdd_from_bin_cts.default
+    pairs = _outer_edges(_rows(self), range) if _dd_ok(self, bins, weight) else None
+    if pairs is None:
+        return eager.fallback(op, self, bins, range=range, weight=weight, density=density)
+    return _hist_counts(_rows(self), _linspace_edges(pairs, bins, self), weight, density)
+
+
+def _histogramdd_from_bin_tensors(self, bins, *, weight=None, density=False):
+    """aten::_histogramdd_from_bin_tensors: the histogram over the given edges."""
+    op = aten._histogramdd_from_bin_tensors.default
+    if not (_dd_ok(self, [max(int(b.numel()) - 1, 1) for b in bins], weight) and _hist_native(self, None, bins)
+            and all(b.dim() == 1 and b.numel() >= 1 for b in bins)):
+        return eager.fallback(op, self, bins, weight=weight, density=density)
+    return _hist_counts(_rows(self), [b.contiguous() for b in bins], weight, density)
+
+
+
 def kernels() -> Dict[str, Any]:
     """The device kernels of this module by aten overload name (for :func:`tn.device.aten.register`); defines
     the padded ops first."""
     define_ops()
     return {"nonzero": _nonzero, "masked_select": _masked_select, "equal": _equal, "_unique2": _unique2,
             "unique_dim": _unique_dim, "unique_consecutive": _unique_consecutive,
-            "_index_put_impl_": _index_put_impl, "index.Tensor_out": _index_out}
+            "_index_put_impl_": _index_put_impl, "index.Tensor_out": _index_out,
+            "histogram.bin_ct": _histogram_bin_ct, "histogram.bins_tensor": _histogram_bins_tensor,
+            "_histogramdd_bin_edges": _histogramdd_bin_edges, "_histogramdd_from_bin_cts": _histogramdd_from_bin_cts,
+            "_histogramdd_from_bin_tensors": _histogramdd_from_bin_tensors}
