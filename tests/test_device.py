@@ -218,15 +218,18 @@ def test_op_tracking_and_strict(monkeypatch):
     ex = torch.neuron.executed_ops()
     assert ex.get("aten::add.Tensor", 0) >= 1
     assert "aten::add.Tensor" not in torch.neuron.fallback_ops()
-    # data-dependent shape: no program, runs on the host, counted
+    # data-dependent shape: a padded device program and its count read back (tn.device.data_dependent)
     nz = torch.nonzero(d > 0)
     close(nz, torch.nonzero(d.cpu() > 0))
-    assert torch.neuron.fallback_ops().get("aten::nonzero", 0) >= 1
-    assert "aten::nonzero" in torch.neuron.fallback_reasons()
+    assert "aten::nonzero" not in torch.neuron.fallback_ops()
+    # an op without a device program (unique of a bool tensor) runs on the host, counted
+    close(torch.unique(d > 0), torch.unique(d.cpu() > 0))
+    assert torch.neuron.fallback_ops().get("aten::_unique2", 0) >= 1
+    assert "aten::_unique2" in torch.neuron.fallback_reasons()
     monkeypatch.setenv("TN_STRICT", "1")
     eager.clear_cache()
-    with pytest.raises(tn.UnsupportedOpError, match="nonzero"):
-        torch.nonzero(d > 0)
+    with pytest.raises(tn.UnsupportedOpError, match="_unique2"):
+        torch.unique(d > 0)
     # random numbers always come from the host generator (documented), strict or not
     assert torch.randn(3, device="neuron").shape == (3,)
     monkeypatch.delenv("TN_STRICT")
