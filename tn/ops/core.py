@@ -839,13 +839,13 @@ def _randn_conv(size, *, generator=None, dtype=None, layout=None, device=None, p
 # and counted as host fallbacks by the compiler. (linalg_lstsq and geqrf are left out: they
 # have no meta kernel, so their result shapes cannot be traced.)
 
-#: aten overloads traced as the ``host`` op. (Cholesky, LU, QR, triangular solves and what follows from them are
-#: :data:`tn.ops.linalg.NATIVE_OVERLOADS`: core ops for float32, this host op for other dtypes.)
+#: aten overloads traced as the ``host`` op. (Cholesky, LU, QR, triangular solves and what follows from them,
+#: singular values, symmetric eigenvalues, pinv and matrix_exp are :data:`tn.ops.linalg.NATIVE_OVERLOADS`: core
+#: ops for float32, this host op for other dtypes and for the singular/eigen vectors.)
 HOST_OVERLOADS = tuple(
     getattr(getattr(aten, _p), _o) for _p, _o in (
-        ("_linalg_svd", "default"), ("linalg_pinv", "atol_rtol_tensor"),
-        ("_linalg_eigh", "default"), ("linalg_eig", "default"), ("linalg_ldl_factor_ex", "default"),
-        ("linalg_ldl_solve", "default"), ("linalg_matrix_exp", "default"))
+        ("linalg_eig", "default"), ("linalg_ldl_factor_ex", "default"),
+        ("linalg_ldl_solve", "default"))
     if hasattr(getattr(aten, _p, None), _o))
 
 
