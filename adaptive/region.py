@@ -529,7 +529,7 @@ class Group:
         if self._jf is None:
             self.template()
             self._jf = jit(self._program, static_argnums=(1,), backend=self.ctl.backend,
-                           cache_size=self.policy.cache_size)
+                           cache_size=self.policy.cache_size, fullgraph=True)
         return self._jf
 
     def run(self, params, flags, args, kwargs) -> Tuple[tuple, "_OutStruct"]:
@@ -554,7 +554,7 @@ class Group:
 
             self.template()
             self._jf_masked = jit(self._program, static_argnums=(1,), backend=masked_neuron,
-                                  cache_size=self.policy.cache_size)
+                                  cache_size=self.policy.cache_size, fullgraph=True)
         self._mask_axes = input_axes
         self._mask_check = check
         p = torch.tensor(float(pad), dtype=torch.float32)
@@ -585,7 +585,7 @@ class Group:
 
             self.template()
             self._vjp = jit(region_vjp, static_argnums=(1,), backend=self.ctl.backend,
-                            cache_size=self.policy.cache_size)
+                            cache_size=self.policy.cache_size, fullgraph=True)
         return self._vjp
 
     def trace_ir(self, params, flags, args, kwargs):

@@ -110,7 +110,10 @@ def test_run_item_statuses(backend):
     rec = _fake("busy", busy, backend, timeout=0.2)
     assert rec["status"] == "error" and "timeout" in rec["reason"]
     rec = _fake("branchy", branchy, backend)
-    assert rec["status"] == "error" and "TracingError" in rec["reason"]
+    if backend == "neuron":   # tn.jit runs a value read split there, on the device (tests/test_jit_split.py)
+        assert rec["status"] == "pass", rec
+    else:
+        assert rec["status"] == "error" and "TracingError" in rec["reason"]
     rec = _fake("wrong", wrong, backend)
     assert rec["status"] == "fail" and "mismatch" in rec["reason"]
     rec = _fake("fails", fails_only_traced, backend)
@@ -136,8 +139,8 @@ def test_gradients_are_compared(backend):
 
 
 def test_host_fallback_is_its_own_status():
-    rec = cov.run_item("op", "linalg.svdvals", "eager", max_samples=2)   # the SVD: host by design
-    assert rec["status"] == "pass_host" and "linalg_svd" in rec["reason"], rec
+    rec = cov.run_item("op", "linalg.eigh", "eager", max_samples=2)   # eigenvectors (signs): host by design
+    assert rec["status"] == "pass_host" and "linalg_eigh" in rec["reason"], rec
 
 
 def test_bf16_compares_with_fp32_on_the_same_inputs():

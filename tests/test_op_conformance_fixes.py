@@ -305,5 +305,6 @@ def test_combinations_through_jit(r, with_replacement):
 
 
 def test_masked_select_on_an_input_mask_is_still_refused():
+    # refused as one program (fullgraph); without fullgraph tn.jit splits there (tests/test_jit_split.py)
     with pytest.raises(tn.TracingError, match="depends on tensor values"):
-        tn.jit(lambda x: torch.masked_select(x, x > 0))(torch.randn(5))
+        tn.jit(lambda x: torch.masked_select(x, x > 0), fullgraph=True)(torch.randn(5))

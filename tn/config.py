@@ -143,8 +143,9 @@ SETTINGS: Dict[str, Setting] = _settings(
             "a host fallback (an op with no NeuronCore lowering) raises tn.UnsupportedOpError instead of running "
             "on the host"),
     Setting("log", "TN_LOG", "words", frozenset(),
-            "what to log to the 'tn' logger: recompiles (tn.jit cache misses), adaptive (tn.adaptive decisions), "
-            "windows (adaptive eager windows of the neuron device), all"),
+            "what to log to the 'tn' logger: recompiles (tn.jit cache misses), splits (tn.jit functions run split "
+            "at value reads), adaptive (tn.adaptive decisions), windows (adaptive eager windows of the neuron "
+            "device), all"),
     Setting("verify", "TN_VERIFY", "flag", False,
             "tn.passes.optimize verifies the IR after every pass and names the pass that broke it (read at import)"),
     Setting("no_warmup", "TN_NO_WARMUP", "flag", False,
@@ -177,6 +178,9 @@ SETTINGS: Dict[str, Setting] = _settings(
             "eager ops on the neuron device: op (each op its own program, run at once) or adaptive (ops queued "
             "into windows compiled as one program each, run when a value is needed; torch.neuron.set_eager_mode)",
             ("op", "adaptive")),
+    Setting("jit_split", "TN_JIT_SPLIT", "flag", True,
+            "tn.jit on the neuron backend runs a function that reads tensor values (.item(), nonzero, `if t:`) as "
+            "device windows split at the reads; 0 refuses it with the TracingError (as tn.jit(fn, fullgraph=True))"),
     Setting("window_ops", "TN_WINDOW_OPS", "int", 1024,
             "adaptive eager: most ops one window gathers before it is run (the buffer limit)"),
     Setting("dist_check", "TN_DIST_CHECK", "flag", True,

@@ -71,7 +71,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 from . import config, passes, reference
 from . import pytree as _pt
 from . import trace as _trace
-from .errors import ArgumentTypeError, ArgumentValueError, DeviceError, ExecutionError
+from .errors import ArgumentTypeError, ArgumentValueError, DeviceError, ExecutionError, TracingError
 from .ir import IR
 
 __all__ = [
@@ -312,6 +312,84 @@ class _Entry:
         return self.assemble(outs)
 
 
+class _SplitEntry:
+    """A signature whose function reads tensor values (``.item()``, ``nonzero``, ``if t:``): no single program.
+
+    Each call runs the function on the ``neuron`` device in its adaptive eager mode: the ops between two value
+    reads are gathered into windows, each traced and compiled by tn's compiler like a jitted program (and cached
+    by the device), and a value read runs what is queued and reads the value back, as torch_xla does at a sync.
+    So every op runs on the NeuronCore model with eager's numbers, in as many programs as the reads require,
+    and Python control flow on values takes the branch of each call's values. As for a program: inputs on the
+    host are copied to the device (parameters and buffers of modules among the arguments too), results come
+    back on the inputs' device without autograd history, and in-place updates of inputs are written back
+    (those that bump the tensor's version, and any change of an input that does not require grad: BatchNorm's
+    running statistics are written by a kernel whose schema does not say so).
+    Tensors the function captures from outside (globals, module attributes that are not parameters or buffers)
+    stay where they are; tensors it creates are made on the device.
+    ``error`` is the tracing error (``tn.jit(..., fullgraph=True)`` raises it; ``lower`` does).
+    """
+
+    __slots__ = ("core", "spec", "device", "error", "ir", "run", "key", "desc", "live")
+
+    def __init__(self, core: "_Core", spec: Any, device: torch.device, error: TracingError, key: Any,
+                 desc: Optional[Dict[str, str]]):
+        self.core = core
+        self.spec = spec
+        self.device = device
+        self.error = error
+        self.ir = None     # no single program
+        self.run = None    # no backend run (profiles: the device's windows appear in tn.profile())
+        self.key = key
+        self.desc = desc
+        self.live = False
+
+    def __call__(self, tensors: List[Tensor]) -> Any:
+        dev = self.device
+        moved: List[Tensor] = []
+        for t in tensors:
+            if t.device == dev:
+                moved.append(t)
+            else:
+                d = t.detach().to(dev)
+                if t.requires_grad and (d.is_floating_point() or d.is_complex()):
+                    d.requires_grad_(True)
+                moved.append(d)
+        versions = [d._version for d in moved]
+        neuron = getattr(torch, "neuron")
+        try:
+            with neuron.eager_mode("adaptive"), dev:
+                out = self.core.flat_fn(self.spec)(*moved)
+        except Exception as e:
+            e.add_note(f"tn.jit({self.core.name}) ran this call on {dev} as eager windows split at its value "
+                       f"reads, because tracing it stopped at: {self.error.value_read}")
+            raise
+        home = {id(d): t for t, d in zip(tensors, moved)}
+        with torch.no_grad():
+            for t, d, v in zip(tensors, moved, versions):
+                if d is t:
+                    continue
+                if d._version != v:
+                    t.copy_(d)     # an in-place update of an input, written back as a program's mutation is
+                elif not t.requires_grad:
+                    # kernels whose schema does not mark a write (native_batch_norm's running statistics) leave
+                    # the version alone: compare the values of inputs that could be such state
+                    back = d.to(t.device)
+                    if not torch.equal(back, t):
+                        t.copy_(back)
+        host = _exec_device(tensors, f"tn.jit({self.core.name})")
+
+        def back(x: Any) -> Any:
+            if not isinstance(x, Tensor):
+                return x
+            orig = home.get(id(x))
+            if orig is not None:
+                return orig        # an input returned (e.g. after x.add_(1)): the caller's tensor, as eager
+            x = x.detach()
+            return x.to(host) if x.device != host else x
+
+        return _pytree.tree_map(back, out)
+
+
 def _make_assemble(out_tree: Any, out_leaves: Sequence[Any]) -> Callable[[List[Any]], Any]:
     """A function turning the program's output list into the user's result pytree."""
     picks = []
@@ -406,11 +484,12 @@ class _Core:
     """The machinery shared by :class:`JittedFunction`, :class:`JittedModule` and :func:`make_ir`."""
 
     def __init__(self, fn: Callable, static_argnums: Any, static_argnames: Any, backend: Any,
-                 cache_size: Optional[int], where: str, bound: Tuple[Any, ...] = ()):
+                 cache_size: Optional[int], where: str, bound: Tuple[Any, ...] = (), fullgraph: bool = False):
         if not callable(fn):
             raise ArgumentTypeError(f"{where}: expected a function or an nn.Module, got {type(fn).__name__}")
         self.fn = fn
         self.bound = bound  # leading arguments supplied by the wrapper (the module for tn.jit(module))
+        self.fullgraph = bool(fullgraph)  # refuse value reads instead of splitting at them
         self.name = _fn_name(fn)
         self.program_prefix = program_prefix(bound[0] if bound else fn)
         nums = _normalize_argnums(static_argnums, where)
@@ -531,8 +610,10 @@ class _Core:
 
     # -- tracing and compiling -------------------------------------------
 
-    def trace(self, spec: Any, tensors: List[Tensor]) -> Tuple[IR, Any, Any]:
-        """Trace the function for this call's spec; returns ``(optimised IR, out_tree, out_leaves)``."""
+    def flat_fn(self, spec: Any) -> Callable[..., Any]:
+        """The function on this spec's flat tensors: rebuilds the arguments (modules reparametrised with the given
+        parameters and buffers, on structural copies) and calls ``fn``. Tracing calls it with tracer tensors, a
+        split run (:class:`_SplitEntry`) with device tensors."""
         fn = self.fn
 
         def flat_fn(*flat_tensors: Tensor) -> Any:
@@ -553,9 +634,13 @@ class _Core:
             _pt.register_dataclasses_in(out)
             return out
 
+        return flat_fn
+
+    def trace(self, spec: Any, tensors: List[Tensor]) -> Tuple[IR, Any, Any]:
+        """Trace the function for this call's spec; returns ``(optimised IR, out_tree, out_leaves)``."""
         _tls.depth += 1
         try:
-            traced = _trace.trace_flat(flat_fn, list(tensors))
+            traced = _trace.trace_flat(self.flat_fn(spec), list(tensors))
         finally:
             _tls.depth -= 1
         ir = _optimize(traced.ir)
@@ -566,11 +651,35 @@ class _Core:
         """Trace, optimise and compile one signature into a cache entry."""
         where = f"tn.jit({self.name})"
         dev = _exec_device(tensors, where)
-        ir, out_tree, out_leaves = self.trace(spec, tensors)
+        try:
+            ir, out_tree, out_leaves = self.trace(spec, tensors)
+        except TracingError as err:
+            split_dev = self.split_device(err, dev)
+            if split_dev is None:
+                raise
+            desc = self.describe(key) if key is not None else None
+            if _log_enabled("splits"):
+                log.warning("tn.jit: %s reads tensor values; it runs as device windows split at the reads: %s",
+                            self.name, err.value_read)
+            return _SplitEntry(self, spec, split_dev, err, key, desc)
         run = self.backend.compile_fn(ir)
         host = dev if (self.backend.host_only and dev.type != "cpu") else None
         desc = self.describe(key) if key is not None else None
         return _Entry(ir, run, _make_assemble(out_tree, out_leaves), host, key, desc)
+
+    def split_device(self, err: TracingError, dev: torch.device) -> Optional[torch.device]:
+        """The device a function whose trace failed with ``err`` runs on split at its value reads, or None (raise).
+
+        Only a value read (``err.value_read``) splits, only on the ``neuron`` backend, unless ``fullgraph`` or
+        ``TN_JIT_SPLIT=0``; the inputs' neuron device, or the current one for host inputs."""
+        if self.fullgraph or not getattr(err, "value_read", None) or self.backend_name != "neuron":
+            return None
+        if not config.get("jit_split"):
+            return None
+        neuron = getattr(torch, "neuron", None)   # the torch device module tn.device registers
+        if neuron is None or dev.type not in ("cpu", "neuron"):
+            return None
+        return dev if dev.type == "neuron" else torch.device("neuron", neuron.current_device())
 
     # -- the call ---------------------------------------------------------
 
@@ -753,9 +862,13 @@ class _Core:
             plan.table[(sigs, mode)] = e
 
     def lower(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> IR:
-        """The IR the cached program for these arguments runs (compiled now if needed)."""
+        """The IR the cached program for these arguments runs (compiled now if needed).
+
+        A function that runs split at value reads has no single program: its tracing error is raised."""
         key, spec, tensors = self.key_of(args, kwargs)
         e = self.lookup(key, spec) or self.miss(key, spec, tensors)
+        if e.ir is None:
+            raise e.error
         return e.ir
 
     def last_run_attr(self, name: str) -> Any:
@@ -842,8 +955,8 @@ class JittedFunction:
     """
 
     def __init__(self, fn: Callable, static_argnums: Any = (), static_argnames: Any = (),
-                 backend: Any = None, cache_size: Optional[int] = DEFAULT_CACHE_SIZE):
-        self._core = _Core(fn, static_argnums, static_argnames, backend, cache_size, "tn.jit")
+                 backend: Any = None, cache_size: Optional[int] = DEFAULT_CACHE_SIZE, fullgraph: bool = False):
+        self._core = _Core(fn, static_argnums, static_argnames, backend, cache_size, "tn.jit", fullgraph=fullgraph)
         functools.update_wrapper(self, fn)
 
     def __copy__(self) -> "JittedFunction":
@@ -915,7 +1028,7 @@ class JittedModule:
     _own = frozenset({"_tn_core", "_tn_module", "_tn_options"})
 
     def __init__(self, module: torch.nn.Module, static_argnums: Any = (), static_argnames: Any = (),
-                 backend: Any = None, cache_size: Optional[int] = DEFAULT_CACHE_SIZE):
+                 backend: Any = None, cache_size: Optional[int] = DEFAULT_CACHE_SIZE, fullgraph: bool = False):
         object.__setattr__(self, "_tn_module", module)
         # Argument names and static args refer to forward's parameters (after self).
         holder: Callable[..., Any] = _call_module
@@ -929,11 +1042,11 @@ class JittedModule:
             holder.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
                 [inspect.Parameter("module", inspect.Parameter.POSITIONAL_ONLY)] + params)
         core = _Core(holder, static_argnums, static_argnames, backend, cache_size,
-                     f"tn.jit({type(module).__name__})", bound=(module,))
+                     f"tn.jit({type(module).__name__})", bound=(module,), fullgraph=fullgraph)
         core.fn = _call_module
         core.name = f"{type(module).__name__} module"
         object.__setattr__(self, "_tn_core", core)
-        object.__setattr__(self, "_tn_options", (static_argnums, static_argnames, backend, cache_size))
+        object.__setattr__(self, "_tn_options", (static_argnums, static_argnames, backend, cache_size, fullgraph))
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> "JittedModule":
         """A jitted deep copy of the module, same options, empty cache."""
@@ -1021,7 +1134,7 @@ class JittedModule:
 
 
 def jit(fn: Any = None, *, static_argnums: Any = (), static_argnames: Any = (), backend: Any = None,
-        cache_size: Optional[int] = DEFAULT_CACHE_SIZE) -> Any:
+        cache_size: Optional[int] = DEFAULT_CACHE_SIZE, fullgraph: bool = False) -> Any:
     """Compile ``fn`` (a function or an ``nn.Module``) into a cached whole program.
 
     Usable as ``@tn.jit``, ``@tn.jit(static_argnums=..., ...)`` or
@@ -1036,22 +1149,34 @@ def jit(fn: Any = None, *, static_argnums: Any = (), static_argnames: Any = (), 
         backend: a registered backend name (default :func:`default_backend`)
             or a ``compile_fn(ir) -> run`` callable.
         cache_size: how many programs to keep (LRU); ``None`` for unbounded.
+        fullgraph: refuse (:class:`tn.TracingError`) a function that reads tensor values (``.item()``,
+            ``nonzero``, ``if t:``) instead of running it split at the reads (see below), as
+            ``torch.compile(fullgraph=True)`` refuses a graph break.
+
+    A function whose trace reads a tensor value has no single program. On the
+    ``neuron`` backend tn.jit then runs it, for that signature, on the device
+    as eager windows split at the reads (the device's adaptive eager mode: the
+    ops between two reads are compiled together by the same compiler, the
+    value is read back, Python continues), so it gives eager's results with
+    every op on the NeuronCore model; ``TN_LOG=splits`` logs where it split,
+    ``lower()`` raises the tracing error, ``fullgraph=True`` or
+    ``TN_JIT_SPLIT=0`` refuse. Other backends refuse.
 
     Returns:
         A :class:`JittedFunction` or :class:`JittedModule`.
     """
     if fn is None:
         return lambda f: jit(f, static_argnums=static_argnums, static_argnames=static_argnames,
-                             backend=backend, cache_size=cache_size)
+                             backend=backend, cache_size=cache_size, fullgraph=fullgraph)
     if isinstance(fn, JittedModule):
         fn = fn.module
     if isinstance(fn, torch.nn.Module):
-        return JittedModule(fn, static_argnums, static_argnames, backend, cache_size)
+        return JittedModule(fn, static_argnums, static_argnames, backend, cache_size, fullgraph)
     if isinstance(fn, JittedFunction):
         fn = fn._core.fn
     if not callable(fn):
         raise ArgumentTypeError(f"tn.jit: expected a function or an nn.Module, got {type(fn).__name__} ({fn!r:.60})")
-    return JittedFunction(fn, static_argnums, static_argnames, backend, cache_size)
+    return JittedFunction(fn, static_argnums, static_argnames, backend, cache_size, fullgraph)
 
 
 def make_ir(fn: Any, static_argnums: Any = (), static_argnames: Any = ()) -> Callable[..., IR]:

@@ -237,7 +237,8 @@ def _where_in_traceback(e: BaseException) -> str:
 
 _ADVICE = ("Make the value static (tn.jit(..., static_argnums=/static_argnames=) or a Python "
            "constant), run this code eagerly outside tn.jit, or use tn.adaptive to let tn "
-           "choose per region.")
+           "choose per region; without fullgraph=True, tn.jit on the neuron backend runs such a "
+           "function split at its value reads, as device windows.")
 
 
 # --------------------------------------------------------------------------- traced tensors
@@ -913,10 +914,13 @@ def _h_index(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]
     indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
     for t in indices:
         if t is not None and t.dtype in (torch.bool, torch.uint8):
-            raise TracingError(
-                f"{_where()}: indexing with a boolean mask ({aval_str(t.shape, t.dtype)}) gives a result "
+            where = _where()
+            err = TracingError(
+                f"{where}: indexing with a boolean mask ({aval_str(t.shape, t.dtype)}) gives a result "
                 f"whose shape depends on the mask's values, which tracing cannot know. Use "
                 f"torch.where(mask, x, other) to keep the shape, or: {_ADVICE}")
+            err.value_read = f"{where}: boolean mask index"
+            raise err
     return _h_core(tr, func, args, kwargs)
 
 
@@ -943,10 +947,14 @@ def _library_reader() -> str:
 
 
 def _h_data_dependent(tr: _Tracer, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
-    raise TracingError(
-        f"{_where()}: this line {_DATA_DEPENDENT[func]}{_library_reader()}, but while tn traces a function "
-        f"tensors have shapes and dtypes only: Python control flow on tensor values cannot be recorded, so "
-        f"tn.jit refuses it by design. {_ADVICE}")
+    where = _where()
+    err = TracingError(
+        f"{where}: this line {_DATA_DEPENDENT[func]}{_library_reader()}, but while tn traces a function "
+        f"tensors have shapes and dtypes only: Python control flow on tensor values cannot be recorded in one "
+        f"program. {_ADVICE}")
+    # what tn.jit names when it runs the function split at its value reads instead (tn.jit's fullgraph=False)
+    err.value_read = f"{where}: {func.name()}"
+    raise err
 
 
 #: Largest static value (elements) and equation count :func:`_static_value` computes while tracing.
@@ -1517,15 +1525,20 @@ def trace_flat(fn: Callable[..., Any], flat_tensors: Sequence[Tensor]) -> Traced
             out = fn(*tracers)
         except RuntimeError as e:
             msg = str(e)
+            err = None
             if "not supported for tensor subclasses" in msg and (".numpy()" in msg or ".tolist()" in msg):
-                raise TracingError(
+                err = TracingError(
                     f"{_where_in_traceback(e)}: this line converts a traced tensor to Python/numpy values "
-                    f"(.numpy(), .tolist(), np.asarray), which tracing cannot provide. {_ADVICE}") from e
-            if "data is not allocated" in msg or "Cannot access data pointer" in msg:
-                raise TracingError(
+                    f"(.numpy(), .tolist(), np.asarray), which tracing cannot provide. {_ADVICE}")
+                err.value_read = f"{_where_in_traceback(e)}: .numpy()/.tolist()"
+            elif "data is not allocated" in msg or "Cannot access data pointer" in msg:
+                err = TracingError(
                     f"{_where_in_traceback(e)}: this line reads the values of a traced tensor in C++ "
                     f"(for example a tensor of split points or sizes), which tracing cannot provide. "
-                    f"{_ADVICE}") from e
+                    f"{_ADVICE}")
+                err.value_read = f"{_where_in_traceback(e)}: a value read in C++"
+            if err is not None:
+                raise err from e
             raise
     leaves, out_tree = pytree.tree_flatten(out)
     outputs: List[Var] = []
