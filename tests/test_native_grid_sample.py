@@ -198,3 +198,34 @@ def test_backward_decomposition_matches_kernels():
         gx, gg = ours(go, x, grid, 0, 2, False, [False, True])
         assert gx is None
         torch.testing.assert_close(gg, want[1])
+
+
+def _opinfo_sample(name, k):
+    """The ``k``-th float32 sample of ``name`` in torch's op database (its shapes and values, as
+    bench/coverage.py runs them)."""
+    from torch.testing._internal.common_methods_invocations import op_db
+    info = next(o for o in op_db if o.name == name)
+    return next(s for j, s in enumerate(info.sample_inputs("cpu", torch.float32)) if j == k)
+
+
+@pytest.mark.parametrize("k", [12, 13, 14, 15, 16, 17])
+def test_bicubic_grid_gradient_at_eagers_error_level(k):
+    """The bicubic OpInfo samples (zeros, border, reflection; both align_corners) whose grid gradient
+    bench/coverage.py counted as wrong: through tn.jit on the neuron backend it is within the bench's
+    gradient tolerance (rtol 1e-4, atol 1e-5) of eager's, and its worst error against float64 is at most
+    1.5x eager float32's own worst (the unnormalised position rounded as torch's kernel rounds it, the
+    coefficients in its forms, the sum in its order; a flat region's gradient cancels to rounding noise, and
+    eager's AVX2/AVX-512 kernel fuses each multiply-subtract of that sum, which no engine op does)."""
+    s = _opinfo_sample("grid_sampler_2d", k)
+    x, grid, (mode, padding, align) = s.input, s.args[0], s.args[1:]
+    assert mode == 2
+    w = torch.rand(tuple(torch.grid_sampler_2d(x, grid, mode, padding, align).shape),
+                   generator=torch.Generator().manual_seed(1241)) + 0.5
+    bwd = torch.ops.aten.grid_sampler_2d_backward
+    eager = bwd(w, x, grid, mode, padding, align, [True, True])
+    exact = bwd(w.double(), x.double(), grid.double(), mode, padding, align, [True, True])
+    got = tn.jit(lambda w, x, g: bwd(w, x, g, mode, padding, align, [True, True]), backend="neuron")(w, x, grid)
+    for g, e, r in zip(got, eager, exact):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+        err, eager_err = (g.double() - r).abs().max(), (e.double() - r).abs().max()
+        assert err <= 1.5 * eager_err + 1e-7, (err, eager_err)

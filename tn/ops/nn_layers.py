@@ -942,15 +942,26 @@ def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
 # (2-d: the vectorised kernel's forms; 3-d: the scalar kernel's), so results match eager torch bit for bit on
 # the reference backend.
 
+def _gs_mul_rounded(x: Tensor, s: float) -> Tensor:
+    """``x * s`` rounded on its own, as torch's kernel rounds it: the number is a 0-dim tensor, not a literal,
+    so the compiler cannot fold it with the ``c + 1`` before it into one ``c*s + s`` (another rounding; the
+    position's last bits differ from eager's and the bicubic grid gradient, which scales them by the size,
+    lost the fp32 tolerance against eager). A power of two is exact either way and stays a literal."""
+    m, _ = math.frexp(s)
+    if s == 0 or m == 0.5:
+        return aten.mul.Tensor(x, s)
+    return aten.mul.Tensor(x, aten.full.default([], s, dtype=x.dtype, device=x.device))
+
+
 def _gs_unnormalize(c: Tensor, size: int, align_corners: bool, two_d: bool) -> Tensor:
     """Grid coordinates in [-1, 1] to input coordinates, written as torch's 2-d (vectorised) or 3-d CPU
-    kernel writes them."""
+    kernel writes them, every step rounded as there (see :func:`_gs_mul_rounded`)."""
     if two_d:
-        u = aten.mul.Tensor(aten.add.Scalar(c, 1), (size - 1) / 2 if align_corners else size / 2)
+        u = _gs_mul_rounded(aten.add.Scalar(c, 1), (size - 1) / 2 if align_corners else size / 2)
         return u if align_corners else aten.sub.Scalar(u, 0.5)
     if align_corners:
-        return aten.mul.Tensor(aten.div.Scalar(aten.add.Scalar(c, 1), 2), size - 1)
-    return aten.div.Scalar(aten.sub.Scalar(aten.mul.Tensor(aten.add.Scalar(c, 1), size), 1), 2)
+        return _gs_mul_rounded(aten.div.Scalar(aten.add.Scalar(c, 1), 2), size - 1)
+    return aten.div.Scalar(aten.sub.Scalar(_gs_mul_rounded(aten.add.Scalar(c, 1), size), 1), 2)
 
 
 def _gs_reflect(c: Tensor, twice_low: int, twice_high: int) -> Tensor:
@@ -1003,15 +1014,16 @@ def _gs_tap(x3: Tensor, pos: Sequence[Tensor], sizes: Sequence[int]) -> Tuple[Te
 
 
 def _gs_cubic_weights(t: Tensor) -> List[Tensor]:
-    """The four cubic-convolution weights (A = -0.75, as torch) of taps -1, 0, 1, 2 at fraction ``t``."""
+    """The four cubic-convolution weights (A = -0.75, as torch) of taps -1, 0, 1, 2 at fraction ``t``, each
+    product rounded as torch's kernels round it (:func:`_gs_mul_rounded`)."""
     A = -0.75
 
-    def near(s):   # |s| <= 1
+    def near(s):   # |s| <= 1: ((A + 2) s - (A + 3)) s s + 1
         return aten.add.Scalar(aten.mul.Tensor(aten.mul.Tensor(
-            aten.sub.Scalar(aten.mul.Tensor(s, A + 2), A + 3), s), s), 1)
+            aten.sub.Scalar(_gs_mul_rounded(s, A + 2), A + 3), s), s), 1)
 
-    def far(s):    # 1 < |s| < 2
-        u = aten.add.Scalar(aten.mul.Tensor(aten.sub.Scalar(aten.mul.Tensor(s, A), 5 * A), s), 8 * A)
+    def far(s):    # 1 < |s| < 2: ((A s - 5A) s + 8A) s - 4A
+        u = aten.add.Scalar(aten.mul.Tensor(aten.sub.Scalar(_gs_mul_rounded(s, A), 5 * A), s), 8 * A)
         return aten.sub.Scalar(aten.mul.Tensor(u, s), 4 * A)
 
     return [far(aten.add.Scalar(t, 1)), near(t), near(aten.rsub.Scalar(t, 1)), far(aten.rsub.Scalar(t, 2))]
@@ -1137,18 +1149,40 @@ def _gs_pad_grad(c: Tensor, size: int, padding_mode: int, align_corners: bool) -
     return aten.clamp.default(c, 0, size - 1), mult
 
 
-def _gs_cubic_weight_grads(t: Tensor) -> List[Tensor]:
-    """d/dt of :func:`_gs_cubic_weights`."""
+def _gs_cubic_coeff_grads(t: Tensor) -> List[Tensor]:
+    """torch's ``get_cubic_coefficients_grad`` at fraction ``t`` (its forms and signs: minus d/dt of
+    :func:`_gs_cubic_weights`; the grid gradient subtracts them), products rounded as there."""
     A = -0.75
+    x0, x1 = aten.rsub.Scalar(t, -1), aten.rsub.Scalar(t, 0)
+    x2, x3 = aten.rsub.Scalar(t, 1), aten.rsub.Scalar(t, 2)
 
-    def near(s):   # d/ds of (A + 2) s^3 - (A + 3) s^2 + 1
-        return aten.mul.Tensor(aten.sub.Scalar(aten.mul.Tensor(s, 3 * (A + 2)), 2 * (A + 3)), s)
+    def poly(x, a, b):   # (a x + b) x
+        return aten.mul.Tensor(aten.add.Scalar(_gs_mul_rounded(x, a), b), x)
 
-    def far(s):    # d/ds of A s^3 - 5A s^2 + 8A s - 4A
-        return aten.add.Scalar(aten.mul.Tensor(aten.sub.Scalar(aten.mul.Tensor(s, 3 * A), 10 * A), s), 8 * A)
+    return [aten.sub.Scalar(poly(x0, -3 * A, -10 * A), 8 * A), poly(x1, -3 * (A + 2), -2 * (A + 3)),
+            poly(x2, 3 * (A + 2), -2 * (A + 3)), aten.add.Scalar(poly(x3, 3 * A, -10 * A), 8 * A)]
 
-    return [far(aten.add.Scalar(t, 1)), near(t), aten.neg.default(near(aten.rsub.Scalar(t, 1))),
-            aten.neg.default(far(aten.rsub.Scalar(t, 2)))]
+
+def _gs_bicubic_grid_grad(vals: Any, g3: Tensor, wy: List[Tensor], wx: List[Tensor], t: Sequence[Tensor],
+                          C: int) -> List[Tensor]:
+    """``[d/dy, d/dx]`` (before the unnormalisation's scale) of the bicubic sample, [N, 1, P] each, summed as
+    torch's vectorised kernel sums it: ``g -= value * grad_out * coeff_grad * coeff`` for each channel, each
+    x tap, each y tap, in that order (the grid gradient of a flat region cancels to rounding noise, which only
+    the same order reproduces). ``vals[i][j]``: the input at y tap ``i``, x tap ``j`` [N, C, P] (0 outside)."""
+    dy, dx = (_gs_cubic_coeff_grads(f) for f in t)
+    tx, ty = [], []
+    for j in range(4):              # x taps outermost, as torch's loop
+        for i in range(4):
+            vg = aten.mul.Tensor(vals[i][j], g3)
+            tx.append(aten.mul.Tensor(aten.mul.Tensor(vg, dx[j]), wy[i]))
+            ty.append(aten.mul.Tensor(aten.mul.Tensor(vg, dy[i]), wx[j]))
+    gx = gy = None
+    for c in range(C):
+        for a, b in zip(tx, ty):
+            ac, bc = aten.slice.Tensor(a, 1, c, c + 1), aten.slice.Tensor(b, 1, c, c + 1)
+            gx = aten.neg.default(ac) if gx is None else aten.sub.Tensor(gx, ac)
+            gy = aten.neg.default(bc) if gy is None else aten.sub.Tensor(gy, bc)
+    return [gy, gx]
 
 
 def _grid_sample_backward(grad: Tensor, x: Tensor, grid: Tensor, interpolation_mode: int, padding_mode: int,
@@ -1171,13 +1205,10 @@ def _grid_sample_backward(grad: Tensor, x: Tensor, grid: Tensor, interpolation_m
     g3 = aten.reshape.default(grad, [N, C, P])
     gr = aten.reshape.default(grid, [N, 1, P, k])
     raw = [aten.select.int(gr, 3, k - 1 - a) for a in range(k)]
-    # the scalar kernels' unnormalisation also for 2-d: torch's backward kernels compute it that way (its
-    # gradients are nearest to theirs so, 0.6 of the float32 tolerance at worst on the OpInfo samples, 0.99
-    # with the vectorised forward's form)
-    raw = [_gs_unnormalize(c, n, align_corners, False) for c, n in zip(raw, sizes)]
+    raw = [_gs_unnormalize(c, n, align_corners, two_d) for c, n in zip(raw, sizes)]
     scale = [(n - 1) / 2 if align_corners else n / 2 for n in sizes]
     want_grid = bool(output_mask[1]) and interpolation_mode != 1
-    taps: List[Tuple[Tensor, Tensor, Tensor]] = []      # (flat index, in bounds, output-gradient weight)
+    taps: List[Tuple[Tensor, Tensor, Any]] = []         # (flat index, in bounds, output-gradient weights)
     gpos: List[Any] = [None] * k                         # d loss / d position, per axis
 
     def acc_pos(a, term):
@@ -1194,17 +1225,18 @@ def _grid_sample_backward(grad: Tensor, x: Tensor, grid: Tensor, interpolation_m
         lo = [aten.floor.default(c) for c in raw]
         fr = [aten.sub.Tensor(c, f) for c, f in zip(raw, lo)]
         wy, wx = (_gs_cubic_weights(t) for t in fr)
-        dy, dx = (_gs_cubic_weight_grads(t) for t in fr)
-        for i in range(4):
-            py = _gs_pad(aten.add.Scalar(lo[0], i - 1), sizes[0], padding_mode, align_corners)
-            for j in range(4):
-                px = _gs_pad(aten.add.Scalar(lo[1], j - 1), sizes[1], padding_mode, align_corners)
+        vals: List[List[Any]] = [[None] * 4 for _ in range(4)]
+        for j in range(4):      # taps in torch's order (x outermost) for the input gradient's scatter too
+            px = _gs_pad(aten.add.Scalar(lo[1], j - 1), sizes[1], padding_mode, align_corners)
+            for i in range(4):
+                py = _gs_pad(aten.add.Scalar(lo[0], i - 1), sizes[0], padding_mode, align_corners)
                 flat, ok = _gs_index([py, px], sizes)
-                taps.append((flat, ok, aten.mul.Tensor(wx[j], wy[i])))
+                taps.append((flat, ok, [wx[j], wy[i]]))
                 if want_grid:
-                    gv = gathered(flat, ok)
-                    acc_pos(0, aten.mul.Tensor(gv, aten.mul.Tensor(wx[j], dy[i])))
-                    acc_pos(1, aten.mul.Tensor(gv, aten.mul.Tensor(dx[j], wy[i])))
+                    v = aten.gather.default(x3, 2, aten.expand.default(flat, [N, C, P]))
+                    vals[i][j] = aten.where.self(ok, v, aten.zeros_like.default(v))
+        if want_grid:
+            gpos = _gs_bicubic_grid_grad(vals, g3, wy, wx, fr, C)
     else:
         padded = [_gs_pad_grad(c, n, padding_mode, align_corners) for c, n in zip(raw, sizes)]
         pos = [p for p, _ in padded]
@@ -1219,7 +1251,7 @@ def _grid_sample_backward(grad: Tensor, x: Tensor, grid: Tensor, interpolation_m
             for bits in itertools.product((0, 1), repeat=k):
                 ws = [per_axis[a][b] for a, b in enumerate(bits)]
                 flat, ok = _gs_index([(hi if b else lo)[a] for a, b in enumerate(bits)], sizes)
-                taps.append((flat, ok, _gs_prod(ws)))
+                taps.append((flat, ok, [_gs_prod(ws)]))
                 if want_grid:
                     gv = gathered(flat, ok)
                     for a in range(k):
@@ -1230,8 +1262,10 @@ def _grid_sample_backward(grad: Tensor, x: Tensor, grid: Tensor, interpolation_m
     if output_mask[0]:
         idx = aten.cat.default([aten.expand.default(f, [N, C, P]) for f, _, _ in taps], 2)
         srcs = []
-        for _, ok, w in taps:
-            t = g3 if w is None else aten.mul.Tensor(g3, w)
+        for _, ok, ws in taps:
+            t = g3
+            for w in ws or ():        # grad_out * w0 * w1, left to right as torch
+                t = aten.mul.Tensor(t, w)
             srcs.append(aten.where.self(ok, t, aten.zeros_like.default(t)))
         gx = aten.scatter_add.default(aten.full.default([N, C, S], 0, dtype=x.dtype), 2, idx,
                                       aten.cat.default(srcs, 2))
