@@ -498,6 +498,7 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
         else:
             pub_root[root] = v
     published: Dict[Var, int] = {}
+    engines = _Pool(ctx)
 
     def steps(it: int, offs: list, nout: int, r0: int, p: int, k: int, c0: int, f: int):
         # one tile's instructions, yielding after its loads and after each equation (see _interleave)
@@ -591,6 +592,7 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
                 if src.shape != (p, k, f):
                     src = src.broadcast_to((p, k, f))
                 prog.tensor_reduce(outs[0], src, e.op.reduce_alu, axis=-1)
+                engines.note_reduce(k * f)
             else:
                 args = []
                 for a in e.inputs:
@@ -599,7 +601,7 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
                     else:
                         t = env[a]
                         args.append(t.broadcast_to(oshape) if t.shape != oshape else t)
-                e.op.tile_rule(ctx, e, outs[0] if len(outs) == 1 else outs, args)
+                engines.run(e, outs[0] if len(outs) == 1 else outs, args)
             for v in e.outputs:
                 if v in out_set:
                     i = index[v]
@@ -641,6 +643,86 @@ def lower_map(ctx: Any, eqns: List[Eqn], in_vars: List[Var], in_hbm: List[Any], 
 
 #: Tiles whose instructions are emitted interleaved, equation by equation (software pipelining; 1 = off).
 INTERLEAVE = 2
+
+#: A float tile rule (VectorE's by default) runs on GpSimd when GpSimd would finish it first by the work the group
+#: gave each engine so far (:class:`_Pool`; False: always VectorE).
+BALANCE_POOL = True
+
+
+class _OnPool:
+    """``ctx.prog`` as a tile rule sees it when its instructions go to GpSimd: ``tensor_tensor``,
+    ``tensor_scalar`` and ``tensor_copy`` without an engine run there (both engines compute them alike, in fp32);
+    everything else is the program's."""
+
+    def __init__(self, prog: Any):
+        self._prog = prog
+
+    def tensor_tensor(self, *args: Any, **kw: Any) -> int:
+        """The program's ``tensor_tensor`` on GpSimd."""
+        kw.setdefault("engine", "gpsimd")
+        return self._prog.tensor_tensor(*args, **kw)
+
+    def tensor_scalar(self, *args: Any, **kw: Any) -> int:
+        """The program's ``tensor_scalar`` on GpSimd."""
+        kw.setdefault("engine", "gpsimd")
+        return self._prog.tensor_scalar(*args, **kw)
+
+    def tensor_copy(self, *args: Any, **kw: Any) -> int:
+        """The program's ``tensor_copy`` on GpSimd."""
+        kw.setdefault("engine", "gpsimd")
+        return self._prog.tensor_copy(*args, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._prog, name)
+
+
+class _Pool:
+    """Places a map group's float tile rules on VectorE or GpSimd, whichever would finish first by the work each
+    was given (ns: the rules' own VectorE charges, ``ctx.engine_load["dve"]``, and the group's row reductions, by
+    the ``max(64, N)`` rule of :func:`tn.neuron.isa.cost_cycles` plus the access start). GpSimd has no PSUM port:
+    a rule reading or writing PSUM, a ``where`` (a VectorE select) or one with a non-float operand stays on
+    VectorE. A LayerNorm row group is VectorE-bound (its residual add, gamma and beta are fp32 tensor_tensors
+    at 2N cycles each) while GpSimd idles; the real compiler spreads elementwise work over both."""
+
+    def __init__(self, ctx: Any):
+        self.ctx = ctx
+        self.load = {"dve": 0.0, "pool": 0.0}
+
+    def _ns(self, engine: str, cycles: float) -> float:
+        return (max(64.0, cycles) + self.ctx.arch.access_cycles) / self.ctx.arch.clock_hz[engine] * 1e9
+
+    def note_reduce(self, n: int) -> None:
+        """A row reduction of ``n`` elements per partition emitted on VectorE."""
+        self.load["dve"] += self._ns("dve", n)
+
+    def run(self, e: Eqn, out: Any, args: List[Any]) -> None:
+        """Emit ``e``'s tile rule on the engine that would finish it first."""
+        ctx = self.ctx
+        tiles = [t for t in ([out] if not isinstance(out, (list, tuple)) else list(out)) + list(args)
+                 if hasattr(t, "mem")]
+        n = 1
+        for x in (tiles[0].shape[1:] if tiles else ()):
+            n *= int(x)
+        floats = all(v.dtype.is_floating_point for v in list(e.outputs) + [a for a in e.inputs if isinstance(a, Var)])
+        two = sum(isinstance(a, Var) for a in e.inputs) >= 2
+        pool = BALANCE_POOL and floats and e.op.name != "where" and all(t.mem == isa.MEM_SBUF for t in tiles) and \
+            self.load["pool"] + self._ns("pool", 2 * n if two else n) < self.load["dve"] + self._ns("dve", 2 * n if two else n)
+        load = ctx.__dict__.setdefault("engine_load", {"act": 0.0, "dve": 0.0})
+        before = load["dve"]
+        prog = ctx.prog
+        if pool:
+            ctx.prog = _OnPool(prog)
+        try:
+            e.op.tile_rule(ctx, e, out, args)
+        finally:
+            ctx.prog = prog
+        spent = load["dve"] - before
+        if pool:
+            # the rule charged its instructions to VectorE; they ran on GpSimd
+            load["dve"] = before
+            self.load["pool"] += spent * ctx.arch.clock_hz["dve"] / ctx.arch.clock_hz["pool"]
+        else:
+            self.load["dve"] += spent
 _END = object()
 
 
