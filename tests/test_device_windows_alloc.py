@@ -70,3 +70,24 @@ def test_window_results_free_their_memory_when_dropped():
         del kept
         gc.collect()
         assert allocator.memory_allocated(0) == base
+
+
+def test_a_small_op_first_seen_in_adaptive_mode_is_charged_its_own_programs_time_in_op_mode():
+    """The small-op fast path (tn.device.fastpath) learns an op's modelled time from the program its first call
+    ran; a call queued in an adaptive window ran none, so it must not take the time of whatever program ran last."""
+    from tn.device import eager, tracking
+
+    big = torch.randn(64, 64).to("neuron")
+    (big @ big).cpu()                                # op mode: the last program run is a matmul
+    assert eager.last_program_profile() is not None
+    a, b = torch.randn(3, 7, 13).to("neuron"), torch.randn(3, 7, 13).to("neuron")
+    with windows.eager_mode("adaptive"):
+        torch.testing.assert_close((a + b).cpu(), a.cpu() + b.cpu())
+    with tn.profile() as prof:                       # the real program (no fast path under a profile)
+        a + b
+    (run,) = prof.runs
+    a + b                                            # op mode: learns the time (first call outside a profile)
+    t0 = tracking.device_time_ns()
+    c = a + b                                        # the fast path, charged the learnt time
+    assert tracking.device_time_ns() - t0 == pytest.approx(run.total_ns, rel=1e-9)
+    torch.testing.assert_close(c.cpu(), a.cpu() + b.cpu())

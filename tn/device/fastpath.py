@@ -54,11 +54,13 @@ def enabled() -> bool:
 
 def _make(idx: int, op, name: str):
     def kernel(a, b, *, alpha=1):
+        if windows.active():    # adaptive eager: queued into the window; no program runs now to learn a time from
+            return eager.run_op(op, (a, b), {"alpha": alpha} if alpha != 1 else {})
         if (type(b) is torch.Tensor and type(a) is torch.Tensor and alpha == 1 and not a.is_cpu and not b.is_cpu
                 and b.dtype is a.dtype and a.is_contiguous() and b.is_contiguous() and a.shape == b.shape):
             e = _SEEN.get((idx, a.shape, a.dtype))
-            # off while a tn.profile() block is active, and in adaptive eager mode (ops are queued instead)
-            if e is not None and _ON[0] and not _runtime.listening() and not windows.active():
+            # off while a tn.profile() block is active
+            if e is not None and _ON[0] and not _runtime.listening():
                 index = a.device.index
                 if b.device.index != index:   # mixed devices: the eager path raises torch's error
                     return eager.run_op(op, (a, b), {})
@@ -69,10 +71,11 @@ def _make(idx: int, op, name: str):
                 _add_ns(ns, index)
                 _advance(ns, index)    # the program it stands in for, on that device's current stream
                 return out
+            before = eager.last_program_profile()
             r = eager.run_op(op, (a, b), {})
             if e is None and a.dtype in _CODES and a.numel() <= _MAX and _ON[0]:
                 prof = eager.last_program_profile()
-                if prof is not None and not prof.host_ops:
+                if prof is not None and prof is not before and not prof.host_ops:   # (this call's program)
                     _SEEN[(idx, a.shape, a.dtype)] = (prof.total_ns, a.numel(), a.numel() * a.element_size(),
                                                       contiguous_strides(a.shape), _CODES[a.dtype])
             return r
