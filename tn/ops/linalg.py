@@ -737,6 +737,14 @@ def _on_host(ov: Any, *args: Any, **kwargs: Any) -> Any:
         _HOST.forced = False
 
 
+def _check_finite(a: Tensor) -> None:
+    """LAPACK's SVD refuses non-finite input: ``info = -4`` per matrix, raised by ``linalg_check`` after the run
+    with eager's message ("... the input matrix contained non-finite values")."""
+    bad = torch.logical_not(torch.isfinite(a)).any(-1).any(-1)
+    info = torch.where(bad, -4, 0).to(torch.int32)
+    aten._linalg_check_errors.default(info, "linalg.svd", is_matrix=a.dim() == 2)
+
+
 @decomposition(aten._linalg_svd.default)
 def _linalg_svd(a: Tensor, full_matrices: bool = False, compute_uv: bool = True, *, driver: Any = None) -> Any:
     """``torch.linalg.svdvals``' op: ``(U, S, Vh)`` with ``S`` by one-sided Jacobi. ``U`` and ``Vh`` (when
@@ -744,6 +752,7 @@ def _linalg_svd(a: Tensor, full_matrices: bool = False, compute_uv: bool = True,
     input may need a gradient or is a tensor subclass (so always while tracing); where only ``S`` is used, as
     in ``svdvals``, ``matrix_rank``, ``cond`` and the nuclear norm's forward, dead-code elimination drops the
     host op and the program is native."""
+    _check_finite(a)
     s = _svdvals(a)
     if not compute_uv:
         return a.new_zeros((0,)), s, a.new_zeros((0,))
@@ -795,6 +804,7 @@ def _linalg_pinv(a: Tensor, *, atol: Optional[Tensor] = None, rtol: Optional[Ten
         inv = torch.where(big, 1.0 / torch.where(big, lam, 1.0), 0.0)
         v = _take(v[..., :n, :], -1, keep)
         return torch.matmul(v * inv.unsqueeze(-2), v.mT)
+    _check_finite(a)
     wide = m < n
     w, v, order = _one_sided_jacobi(a.mT if wide else a, True)
     k = min(m, n)
