@@ -557,6 +557,31 @@ def test_a_growing_kv_cache_runs_one_bucket_program_across_sizes(adaptive, caplo
         torch.testing.assert_close(g, w)
 
 
+def test_bucket_padding_is_zeros_again_when_a_loop_restarts_shorter(adaptive):
+    """A bucket's padded input buffers are reused across calls; the front padding is written only when it grew
+    (a decode loop's shrinks every step). A loop that starts again at a short size (the next generate call) has
+    longer padding than the last call left: it is zeros again, and the results equal op mode's."""
+    with windows.eager_mode("op"):
+        op_outs, ok, ov = _kv_loop(8)
+    _kv_loop(8)                                        # known sizes: the host does the pad copies
+    got, gk, gv = _kv_loop(8)                          # restarts at the shortest size
+    for g, o in zip(got, op_outs):
+        torch.testing.assert_close(g, o)
+    torch.testing.assert_close(gk, ok, rtol=0, atol=0)
+    torch.testing.assert_close(gv, ov, rtol=0, atol=0)
+    _kv_loop(2)                                        # ends on a long padding after a short one
+    checked = 0
+    for sk in windows._SKELS.values():
+        for fam in sk.families:
+            for bk in fam.buckets.values():
+                for pos, buf in bk.bufs.items():
+                    p = bk.zeroed.get(id(buf))
+                    if p:
+                        assert not buf.narrow(bk.axes[pos], 0, p).any()
+                        checked += 1
+    assert checked
+
+
 def test_a_growing_window_the_proof_refuses_compiles_per_size(adaptive, caplog):
     want, _, _ = _kv_loop(5, head_slice=True, device="cpu")
     with tn.config.override(log={"windows"}), caplog.at_level(logging.INFO, logger="tn"):

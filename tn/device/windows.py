@@ -1280,7 +1280,8 @@ class _Family:
 class _Bucket:
     """One bucket's program: size ``size``, padded inputs ``{input position: axis}``, output axes, its shapes."""
 
-    __slots__ = ("size", "exe", "axes", "out_axes", "in_shapes", "out_shapes", "outputs", "moves", "bufs", "name",
+    __slots__ = ("size", "exe", "axes", "out_axes", "in_shapes", "out_shapes", "outputs", "moves", "bufs", "zeroed",
+                 "name",
                  "params", "fixed", "mutations", "ns")
 
     def __init__(self, size, exe, axes, out_axes, in_shapes, out_shapes, outputs, name, params, fixed, mutations):
@@ -1293,6 +1294,7 @@ class _Bucket:
         self.outputs = outputs          # slot indices of the program's outputs
         self.moves: Dict[int, Any] = {}  # n -> (pad program, narrow program) (tn.neuron Encoded, or None)
         self.bufs: Dict[int, torch.Tensor] = {}   # input position -> its padded buffer (reused every call)
+        self.zeroed: Dict[int, int] = {}          # id of a buffer -> the padding known to be zeros (front, on its axis)
         self.ns: Dict[Tuple[int, int], float] = {}  # (n, 0 pad | 1 narrow) -> the DMA program's modelled ns
         self.name = name
         self.params = tuple(params)     # the window's scalars the program takes as inputs (after the slots)
@@ -1570,7 +1572,12 @@ def _run_bucket(w: _Window, entry: "_Compiled") -> None:
     if entry.params:
         sv, sd = w.svals, w.sdtypes
         ins += [torch.tensor(sv[i], dtype=sd[i]) for i in entry.params]
-    ins.append(torch.tensor(float(p)))
+    pt = _PADS.get(p)
+    if pt is None:
+        if len(_PADS) > 4096:
+            _PADS.clear()
+        pt = _PADS[p] = torch.tensor(float(p))   # (a read-only input: kept per padding)
+    ins.append(pt)
     outs = bk.exe(ins)
     prof = bk.exe.last_profile
     if prof is not None:
@@ -1590,6 +1597,10 @@ def _run_bucket(w: _Window, entry: "_Compiled") -> None:
     _dma(bk, w, n, 1, narrows, p)
     for i, j in entry.mutations:
         ins[i].copy_(outs[j].reshape(ins[i].shape))
+        bk.zeroed.pop(id(ins[i]), None)      # (a padded buffer written: its padding is no longer known)
+
+
+_PADS: Dict[int, torch.Tensor] = {}
 
 
 def _dma(bk: _Bucket, w: _Window, n: int, which: int, moves: list, p: int) -> None:
@@ -1602,11 +1613,15 @@ def _dma(bk: _Bucket, w: _Window, n: int, which: int, moves: list, p: int) -> No
         return
     ns = bk.ns.get((n, which))
     if ns is not None and not _runtime.listening():
+        zeroed = bk.zeroed
         for a, b, ax in moves:
             if which == 0:
-                if p:
+                # the front padding is still zeros from an earlier call whose padding was at least as long (a
+                # decode loop's padding shrinks by one each step): zeroed again only when it grew
+                if p > zeroed.get(id(b), 0):
                     b.narrow(ax, 0, p).zero_()
                 b.narrow(ax, p, a.shape[ax]).copy_(a)
+                zeroed[id(b)] = p
             else:
                 b.copy_(a.narrow(ax, p, a.shape[ax] - p))
         tracking.add_device_ns(ns)
@@ -1624,6 +1639,9 @@ def _dma(bk: _Bucket, w: _Window, n: int, which: int, moves: list, p: int) -> No
         else:
             binds += [_bytes(a, outer), _bytes(b, outer)]
     res = prog.run(binds)
+    if which == 0:
+        for _, b, _ in moves:
+            bk.zeroed[id(b)] = p
     bk.ns[(n, which)] = res.total_ns
     _charge(res)
 
