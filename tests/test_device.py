@@ -222,14 +222,14 @@ def test_op_tracking_and_strict(monkeypatch):
     nz = torch.nonzero(d > 0)
     close(nz, torch.nonzero(d.cpu() > 0))
     assert "aten::nonzero" not in torch.neuron.fallback_ops()
-    # an op without a device program (unique of a bool tensor) runs on the host, counted
-    close(torch.unique(d > 0), torch.unique(d.cpu() > 0))
-    assert torch.neuron.fallback_ops().get("aten::_unique2", 0) >= 1
-    assert "aten::_unique2" in torch.neuron.fallback_reasons()
+    # an op without a device program (unique of a bool tensor along a dim) runs on the host, counted
+    close(torch.unique(d > 0, dim=0), torch.unique(d.cpu() > 0, dim=0))
+    assert torch.neuron.fallback_ops().get("aten::unique_dim", 0) >= 1
+    assert "aten::unique_dim" in torch.neuron.fallback_reasons()
     monkeypatch.setenv("TN_STRICT", "1")
     eager.clear_cache()
-    with pytest.raises(tn.UnsupportedOpError, match="_unique2"):
-        torch.unique(d > 0)
+    with pytest.raises(tn.UnsupportedOpError, match="unique_dim"):
+        torch.unique(d > 0, dim=0)
     # random numbers always come from the host generator (documented), strict or not
     assert torch.randn(3, device="neuron").shape == (3,)
     monkeypatch.delenv("TN_STRICT")

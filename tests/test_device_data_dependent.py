@@ -131,7 +131,7 @@ def test_cov_and_corrcoef():
     torch.testing.assert_close(torch.corrcoef(x.to("neuron")).cpu(), torch.corrcoef(x))
 
 
-@pytest.mark.parametrize("name", ["2d", "transposed", "0d", "empty", "zeros", "int"])
+@pytest.mark.parametrize("name", ["2d", "transposed", "0d", "empty", "zeros", "int", "bool"])
 @pytest.mark.parametrize("inverse,counts", [(False, False), (True, False), (True, True), (False, True)])
 def test_unique_flat(name, inverse, counts):
     """torch.unique without dim, sorted or not (torch always sorts), and unique_consecutive."""

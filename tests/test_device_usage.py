@@ -68,10 +68,10 @@ def test_fast_path_is_counted_and_profiles_only_hold_real_runs():
 def test_host_fallbacks_show_in_the_profile():
     d = torch.randn(5, 5).to("neuron")
     with tn.profile() as prof:
-        torch.unique(d > 0)     # bool unique: still a host op (nonzero now runs on the device)
+        torch.unique(d > 0, dim=0)     # bool unique along a dim: still a host op (nonzero runs on the device)
         torch.randn(3, device="neuron")
-    assert prof.host_ops.get("aten::_unique2") == 1 and prof.host_ops.get("aten::normal_") == 1
-    assert "aten::_unique2 x1" in prof.table(print_it=False)
+    assert prof.host_ops.get("aten::unique_dim") == 1 and prof.host_ops.get("aten::normal_") == 1
+    assert "aten::unique_dim x1" in prof.table(print_it=False)
 
 
 # ---------------------------------------------------------------- save / load

@@ -29,7 +29,7 @@ the counted host fallback, which words torch's own errors):
   ``corrcoef`` call it),
 * ``_unique2`` (``torch.unique``), ``unique_dim``, ``unique_consecutive``
   (flat and along a dim: the slices are compared pairwise, so a dim of up to
-  :data:`PAIRWISE_MAX` slices),
+  :data:`PAIRWISE_MAX` slices; bool tensors flat only, sorted as 0/1),
 * ``_index_put_impl_`` (``index_put``, ``x[idx] = v``, ``x[idx] += v`` with
   ``accumulate``) and ``index.Tensor_out`` (``x[mask]``, the gradient of
   ``index_put``): boolean indices become integer ones through the device
@@ -149,10 +149,14 @@ def _unique_padded(x):
     (shaped as ``x``), each value's count, and the number of distinct values."""
     n = x.numel()
     flat = aten.reshape.default(x, [-1])
+    if x.dtype == torch.bool:   # the device sorts numbers: False/True as 0/1
+        flat = aten._to_copy.default(flat, dtype=torch.int32)
     s, perm = aten.sort.stable(flat, stable=True, dim=0)
     new = _starts(s, n)
     rank, count, counts = _runs(new, n)
     values = _place(new, rank, s, n, 0)
+    if x.dtype == torch.bool:
+        values = aten._to_copy.default(values, dtype=torch.bool)
     inverse = aten.scatter.src(aten.full.default([n], 0, dtype=torch.int64), 0, perm, rank)
     return values, aten.view.default(inverse, list(x.shape)), counts, count
 
@@ -161,9 +165,13 @@ def _unique_consecutive_padded(x):
     """``torch.unique_consecutive(x)`` padded (flattened): as :func:`_unique_padded` without the sort."""
     n = x.numel()
     flat = aten.reshape.default(x, [-1])
+    if x.dtype == torch.bool:
+        flat = aten._to_copy.default(flat, dtype=torch.int32)
     new = _starts(flat, n)
     rank, count, counts = _runs(new, n)
     values = _place(new, rank, flat, n, 0)
+    if x.dtype == torch.bool:
+        values = aten._to_copy.default(values, dtype=torch.bool)
     return values, aten.view.default(rank, list(x.shape)), counts, count
 
 
@@ -372,7 +380,7 @@ def _empty_int(like: torch.Tensor) -> torch.Tensor:
 
 def _unique2(self, sorted=True, return_inverse=False, return_counts=False):
     """aten::_unique2 (``torch.unique`` without ``dim``): sorted, as torch's CPU kernel always returns it."""
-    if not (_on_device(self) and _native_dtype(self)) or self.dtype == torch.bool:
+    if not (_on_device(self) and _native_dtype(self)):
         return eager.fallback(aten._unique2.default, self, sorted, return_inverse, return_counts)
     if self.numel() == 0:
         return (_empty((0,), self.dtype, self), _empty(self.shape if return_inverse else (0,), torch.int64, self),
@@ -415,7 +423,7 @@ def _unique_consecutive(self, return_inverse=False, return_counts=False, dim=Non
     """aten::unique_consecutive, flat or along ``dim``."""
     op = aten.unique_consecutive.default
     args = (self, return_inverse, return_counts, dim)
-    if not (_on_device(self) and _native_dtype(self)) or self.dtype == torch.bool:
+    if not (_on_device(self) and _native_dtype(self)) or (self.dtype == torch.bool and dim is not None):
         return eager.fallback(op, *args)
     if dim is not None:
         return _unique_dim_common(op, self, int(dim), True, return_inverse, return_counts, args)
