@@ -82,6 +82,9 @@ TWO_LEVEL_BATCH = True
 #: copies and tensor_scalar/tensor_reduce go to the engine that would finish them first by the work each was given
 #: (:meth:`_Emitter._least`); False: copies alternate VectorE / ScalarE and the rest weighs VectorE's share twice
 BALANCE_ENGINES = True
+#: q's and k's cast-and-scale prologue is applied as their transposes leave PSUM, the blocks transposed as loaded
+#: (:meth:`_Emitter._late_ops`); False: applied to each loaded block before its transpose
+LATE_PROLOGUE = True
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -591,6 +594,9 @@ class _Emitter:
         # elementwise prologue ops of q, k, v (applied on chip to each loaded block), by the view they follow
         self.ops = {id(qv): _prologue_ops(g.q_chain), id(kv): _prologue_ops(g.k_chain),
                     id(vv): _prologue_ops(g.v_chain)}
+        # q's and k's prologue applied as their transposes leave PSUM (:meth:`_late_ops`): the blocks are
+        # transposed as loaded (a bf16 transpose is a quarter of an fp32 one) and the cast and scale cost nothing
+        self.late = {id(v): self._late_ops(self.ops[id(v)], b) for v, b in ((qv, qb), (kv, kb))}
         raw_dt = [NEURON_DTYPES[b.dtype] for b in (qb, kb, vb)]
         raw_isz = [torch.empty((), dtype=b.dtype).element_size() for b in (qb, kb, vb)]
         out_var = g.outputs[0]
@@ -686,7 +692,8 @@ class _Emitter:
                     for j in range(KB):
                         r0 = j * _P
                         rp = min(_P, Tk - r0)
-                        self._heads_T(kb_[j], rp, nb, lambda c, w, r0=r0, rp=rp: kT[:w, c, r0:r0 + rp])
+                        self._heads_T(kb_[j], rp, nb, lambda c, w, r0=r0, rp=rp: kT[:w, c, r0:r0 + rp],
+                                      self.late[id(kv)])
                 for t0 in range(0, T, _P):
                     tq = min(_P, T - t0)
                     qt_ = q_ring.take()
@@ -699,7 +706,7 @@ class _Emitter:
                             vb_.append(self._rows_in(views, vv, vt_[:rp, j, :nb, :], b0, nb, r0, rp,
                                                      vr_[:rp, j, :nb, :] if vr_ else None))
                     qT = qT_ring.take()
-                    self._heads_T(q_rows, tq, nb, lambda c, w, tq=tq: qT[:w, c, :tq])
+                    self._heads_T(q_rows, tq, nb, lambda c, w, tq=tq: qT[:w, c, :tq], self.late[id(qv)])
                     ot = os_ring.take()[:, :nb, :]
                     if pub is not None:
                         ot = resident_view(pub[0], pub[1], ov[b0:b0 + nb, t0:t0 + tq, :].permute(1, 0, 2))
@@ -787,6 +794,12 @@ class _Emitter:
         (the base's dtype) and the ops write ``dst``."""
         src = hv[b0:b0 + nb, r0:r0 + rp, :].permute(1, 0, 2)
         ops = self.ops.get(id(hv))
+        if self.late.get(id(hv)) is not None:
+            # the ops are applied after the transpose (:meth:`_late_ops`): the block as it lies
+            if views:
+                return views[id(hv)](src)
+            self.prog.dma_copy(raw, src)
+            return raw
         if views:
             src = views[id(hv)](src)
             if not ops:
@@ -822,15 +835,42 @@ class _Emitter:
             self.copy(dst, src)
 
     # ---------------------------------------------------------------- one head
-    def _transpose(self, dst, src, rows, cols):
+    def _late_ops(self, ops: List[Eqn], base: Var) -> Optional[List[Tuple[str, float]]]:
+        """``[(alu, number), ...]`` when a q/k prologue can be applied as the transposed block leaves PSUM instead
+        of to the loaded block: a widening float convert of the base to the group's dtype, then multiplies or
+        divides by numbers in that dtype (BERT's fp32 cast and ``d**-0.25`` scale under autocast). The convert is
+        exact and transposing moves values unchanged, so each op rounds the same values as torch's; else None."""
+        if not LATE_PROLOGUE or not ops or ops[0].op.name != "convert" or \
+                base.dtype not in (torch.bfloat16, torch.float16):
+            return None
+        dt = ops[0].outputs[0].dtype
+        if NEURON_DTYPES.get(dt) != self.dt or torch.finfo(dt).bits <= torch.finfo(base.dtype).bits:
+            return None
+        out = []
+        for e in ops[1:]:
+            if e.op.name not in ("mul", "div") or e.outputs[0].dtype != dt:
+                return None
+            out.append(("multiply" if e.op.name == "mul" else "divide", float(e.inputs[1].value)))
+        return out if len(out) <= 2 else None
+
+    def _transpose(self, dst, src, rows, cols, ops=None):
         """``dst[:cols, :rows] = src[:rows, :cols]^T`` through PSUM (the next of the PSUM banks' 128-column
-        slots: consecutive transposes do not wait for each other's evacuation)."""
+        slots: consecutive transposes do not wait for each other's evacuation); ``ops`` (:meth:`_late_ops`)
+        applied as the result leaves PSUM."""
         i = self.tp_slot
         self.tp_slot += 1
         tp = self.tp_ring.tiles[(i // self.G) % len(self.tp_ring.tiles)]
         j = i % self.G
         self.prog.transpose(tp[:cols, j, :rows], src)
-        self.copy(dst, tp[:cols, j, :rows])
+        if not ops:
+            self.copy(dst, tp[:cols, j, :rows])
+        elif len(ops) == 1 and ops[0][0] == "multiply" and self._least(("vector", "scalar"), rows) == "scalar":
+            self.prog.activation(dst, tp[:cols, j, :rows], "identity", scale=ops[0][1])
+        else:
+            if not (len(ops) == 1 and ops[0][0] == "multiply"):
+                self._note("vector", rows)
+            (a0, v0), (a1, v1) = ops[0], (ops[1] if len(ops) > 1 else (None, None))
+            self.prog.tensor_scalar(dst, tp[:cols, j, :rows], a0, v0, a1, v1, engine="vector")
 
     def _tile(self, v: Var, full: bool, tq: int, dtype: Optional[str] = None):
         """The next of two SBUF buffers of value ``v`` (consecutive heads overlap across engines)."""
@@ -842,7 +882,7 @@ class _Emitter:
                                           for _ in range(2 * self.HB + 1))
         return ring.take()[:tq]
 
-    def _heads_T(self, rows, r, nb, dst) -> None:
+    def _heads_T(self, rows, r, nb, dst, ops=None) -> None:
         """Transpose the per-head row tiles ``rows`` ``[r, nb, d]`` into ``dst(chunk, width)`` ``[width, r]``:
         ``self.hpc`` heads per transpose (head ``h`` at partitions ``(h % hpc) * d`` of chunk ``h // hpc``)."""
         d, hpc = self.d, self.hpc
@@ -850,7 +890,7 @@ class _Emitter:
             h0 = c * hpc
             h1 = min(nb, h0 + hpc)
             w = (h1 - h0) * d
-            self._transpose(dst(c, w), rows[:, h0:h1, :].reshape(r, w), r, w)
+            self._transpose(dst(c, w), rows[:, h0:h1, :].reshape(r, w), r, w, ops)
 
     def _front(self, heads, t0, tq):
         """Scores and body of a block of heads ``[(b, qT [d, tq], kT [d, Tk]), ...]``, stage by stage (every
