@@ -628,3 +628,18 @@ def test_as_strided_in_place_that_moves_no_element_is_traced():
 
     with pytest.raises(tn.UnsupportedOpError, match="as_strided_"):
         tn.jit(moves)(torch.randn(2, 3))
+
+
+def test_inplace_overloads_map_to_the_functional_overload_of_the_same_argument_types():
+    # pow_.Scalar (Tensor self, Scalar exponent) is pow.Tensor_Scalar, not pow.Scalar (Scalar self, Tensor
+    # exponent): vector_norm's gradient calls it (found by bench/coverage.py --mode jit --grad)
+    from tn.trace import _functional_variant
+
+    aten = torch.ops.aten
+    assert _functional_variant(aten.pow_.Scalar) is aten.pow.Tensor_Scalar
+    assert _functional_variant(aten.pow_.Tensor) is aten.pow.Tensor_Tensor
+    assert _functional_variant(aten.add_.Tensor) is aten.add.Tensor
+
+    x = torch.randn(6, requires_grad=True)
+    f = tn.jit(lambda x: torch.autograd.grad(torch.linalg.vector_norm(x, 3.0), x)[0], fullgraph=True)
+    torch.testing.assert_close(f(x), torch.autograd.grad(torch.linalg.vector_norm(x, 3.0), x)[0])

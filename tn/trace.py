@@ -499,7 +499,22 @@ def _functional_variant(func: Any) -> Optional[Any]:
     packet = getattr(aten, base, None)
     if packet is None:
         return None
-    return getattr(packet, func._overloadname, None)
+    same = getattr(packet, func._overloadname, None)
+    want = _arg_types(func)
+    if same is not None and _arg_types(same) == want:
+        return same
+    # overload names differ between in-place and functional forms (pow_.Scalar is pow.Tensor_Scalar, while
+    # pow.Scalar takes a Scalar base): pick the functional overload taking the same argument types
+    for ov in packet.overloads():
+        cand = getattr(packet, ov)
+        if _arg_types(cand) == want and not _mutated_args(cand):
+            return cand
+    return same
+
+
+def _arg_types(func: Any) -> Tuple[Tuple[str, str], ...]:
+    """``(name, type)`` of the schema's arguments, alias annotations left out."""
+    return tuple((a.name, str(a.type)) for a in func._schema.arguments)
 
 
 _OUT_FORMS: Dict[Any, Tuple[Optional[Any], Tuple[str, ...]]] = {}
