@@ -91,6 +91,25 @@ def _row_index_tile(ctx, pc, tshape, cm, base, wpat, idxs, idx_offs, pstr, tstr)
     return flat
 
 
+def _partition_axis_first(axes: List[Tuple[int, tuple]]) -> List[Tuple[int, tuple]]:
+    """The grid axes with the one that needs the fewest ``dma_gather`` instructions moved first (the
+    partition axis): one instruction gathers one row per partition, so a grid ``[2, 3, 1320]`` (a 2-batch
+    3-channel sampling grid) gathered over partitions of its first axis took 1320 * 3 instructions of 2 rows
+    each; over its last, 66 of up to 128. Unchanged unless another axis strictly needs fewer."""
+    if len(axes) < 2:
+        return axes
+    total = numel([n for n, _ in axes])
+
+    def cost(j):
+        n = axes[j][0]
+        return -(-n // 128) * (total // n)
+
+    best = min(range(len(axes)), key=lambda j: (cost(j), j))
+    if cost(best) >= cost(0):
+        return axes
+    return [axes[best]] + axes[:best] + axes[best + 1:]
+
+
 def row_gather(ctx: Any, x_t: Any, x_dt: str, x_numel: int, rin: int, out_t: Any, grid: List[Tuple[int, tuple]],
                idxs: List[tuple], publish: Any = None) -> None:
     """Gather rows of ``rin`` elements from ``x_t`` into ``out_t`` (the grid's rows, row-major).
@@ -111,6 +130,7 @@ def row_gather(ctx: Any, x_t: Any, x_dt: str, x_numel: int, rin: int, out_t: Any
                                                                               else 1))
     rch = min(rin, max(1, FREE_BUDGET_BYTES // esize))
     fb = max(1, min(512, FREE_BUDGET_BYTES // (esize * rch)))
+    axes = _partition_axis_first(axes)
     parts = _parts(axes, nstr)
 
     def reach(pc, ps, free):

@@ -1004,13 +1004,15 @@ def _gs_index(pos: Sequence[Tensor], sizes: Sequence[int]) -> Tuple[Tensor, Tens
     return flat, valid
 
 
-def _gs_tap(x3: Tensor, pos: Sequence[Tensor], sizes: Sequence[int]) -> Tuple[Tensor, Tensor]:
-    """``(values, in_bounds)`` of the input ``x3`` [N, C, prod(sizes)] at the positions ``pos`` (see
-    :func:`_gs_index`); out-of-bounds taps read element 0."""
+def _gs_tap(xt: Tensor, pos: Sequence[Tensor], sizes: Sequence[int]) -> Tuple[Tensor, Tensor]:
+    """``(values [N, P, C], in_bounds [N, P, 1])`` of the channels-last input ``xt`` [N, prod(sizes), C] at
+    the positions ``pos`` ([N, P, 1] each, see :func:`_gs_index`); out-of-bounds taps read element 0. One
+    indexed row of C channels per point: a gather instruction fetches 128 points' channels at once, where an
+    element gather of [N, C, P] fetched 128 elements (the 3-d OpInfo samples made ~10k instructions a tap)."""
     flat, valid = _gs_index(pos, sizes)
-    N, C = int(x3.shape[0]), int(x3.shape[1])
-    idx = aten.expand.default(flat, [N, C, int(flat.shape[-1])])
-    return aten.gather.default(x3, 2, idx), valid
+    N, P = int(flat.shape[0]), int(flat.shape[1])
+    batch = aten.reshape.default(aten.arange.start(0, N, dtype=torch.int64, device=flat.device), [N, 1])
+    return aten.index.Tensor(xt, [batch, aten.reshape.default(flat, [N, P])]), valid
 
 
 def _gs_cubic_weights(t: Tensor) -> List[Tensor]:
@@ -1055,8 +1057,8 @@ def _grid_sample(x: Tensor, grid: Tensor, interpolation_mode: int, padding_mode:
     sizes = [int(n) for n in x.shape[2:]]                       # outermost first: [D,] H, W
     out_sp = [int(n) for n in grid.shape[1:-1]]
     P = math.prod(out_sp)
-    x3 = aten.reshape.default(x, [N, C, math.prod(sizes)])
-    g = aten.reshape.default(grid, [N, 1, P, k])
+    x3 = aten.permute.default(aten.reshape.default(x, [N, C, math.prod(sizes)]), [0, 2, 1])   # [N, S, C]
+    g = aten.reshape.default(grid, [N, P, 1, k])                # positions [N, P, 1]; values [N, P, C]
     # grid's last axis is (x, y[, z]): x indexes W, the innermost axis
     raw = [aten.select.int(g, 3, k - 1 - a) for a in range(k)]
     raw = [_gs_unnormalize(c, n, align_corners, two_d) for c, n in zip(raw, sizes)]
@@ -1101,7 +1103,7 @@ def _grid_sample(x: Tensor, grid: Tensor, interpolation_mode: int, padding_mode:
                     t = aten.mul.Tensor(v, w)
                     terms.append(aten.where.self(ok, t, aten.zeros_like.default(t)))
             out = _gs_sum(terms)
-    out = aten.reshape.default(out, [N, C] + out_sp)
+    out = aten.reshape.default(aten.permute.default(out, [0, 2, 1]), [N, C] + out_sp)
     return aten._to_copy.default(out, dtype=dt) if acc != dt else out
 
 
