@@ -150,12 +150,16 @@ def test_jacobi_at_its_cap():
     _assert_matches(tn.jit(torch.linalg.eigvalsh)(h), torch.linalg.eigvalsh(h))
 
 
-def test_lstsq_gelsd_on_tall_matrices_is_not_decomposed():
-    """gelsd/gelss return residuals only when every matrix has full rank (a value-dependent shape): tracing
-    refuses them, as before, rather than guess."""
-    a, b = _randn(5, 3), _randn(5, 2)
-    with pytest.raises(tn.UnsupportedOpError):
-        tn.make_ir(lambda x, y: torch.linalg.lstsq(x, y, driver="gelsd"))(a, b)
+def test_lstsq_gelsd_residuals_need_full_rank():
+    """gelsd/gelss return residuals only when every matrix has full rank (a value-dependent shape): full rank
+    matches torch, a rank-deficient tall matrix raises after the run rather than return a wrong shape."""
+    f = tn.jit(lambda x, y: torch.linalg.lstsq(x, y, driver="gelsd"))
+    a, b = _randn(2, 5, 3), _randn(2, 5, 2)
+    _assert_matches(f(a, b), torch.linalg.lstsq(a, b, driver="gelsd"))
+    a[1] = _rank2(5, 3)
+    assert torch.linalg.lstsq(a, b, driver="gelsd").residuals.numel() == 0
+    with pytest.raises(torch.linalg.LinAlgError, match="full rank"):
+        f(a, b)
 
 
 @pytest.mark.parametrize("name", ["pinv_tall", "pinv_hermitian", "matrix_exp_degrees", "lstsq_default_tall"])

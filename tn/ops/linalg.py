@@ -916,13 +916,11 @@ def _linalg_matrix_exp(a: Tensor) -> Any:
 # --------------------------------------------------------------------------- least squares
 
 
-def _lstsq_native(a: Tensor, b: Tensor, driver: str) -> bool:
-    """Whether a ``linalg_lstsq`` call is decomposed: float32, within the Jacobi cap, and not ``gelsd``/``gelss``
-    on a tall matrix (torch returns their residuals only when every matrix has full rank: a result shape that
-    depends on the values). Other calls keep what tn did before: ``linalg_lstsq`` has no meta kernel, so no
-    host form; the device runs them with torch's CPU kernels, tracing refuses them."""
-    return (_is_native(a, b) and _jacobi_fits(a)
-            and not (driver in ("gelsd", "gelss") and a.shape[-2] > a.shape[-1]))
+def _lstsq_native(a: Tensor, b: Tensor) -> bool:
+    """Whether a ``linalg_lstsq`` call is decomposed: float32 and within the Jacobi cap. Other calls keep what
+    tn did before: ``linalg_lstsq`` has no meta kernel, so no host form; the device runs them with torch's CPU
+    kernels, tracing refuses them."""
+    return _is_native(a, b) and _jacobi_fits(a)
 
 
 @decomposition(aten.linalg_lstsq.default)
@@ -931,10 +929,12 @@ def _linalg_lstsq(a: Tensor, b: Tensor, rcond: Optional[float] = None, *, driver
     (empty tensors where a driver gives none). The solution is the minimum-norm least-squares one from the
     Jacobi SVD, ``pinv(A) b`` with singular values up to ``rcond * s_max`` dropped (``gels``: none dropped), the
     one every driver computes for a full-rank ``A``; ``rank`` counts the singular values kept (``gelsy``'s
-    rank-revealing QR agrees except within rounding of the threshold); residuals (``gels`` on tall matrices) are
-    ``||A x - b||^2`` per column."""
+    rank-revealing QR agrees except within rounding of the threshold); residuals (tall matrices, all drivers but
+    ``gelsy``) are ``||A x - b||^2`` per column. ``gelsd``/``gelss`` give residuals only when every matrix has
+    full rank, an empty tensor otherwise: a shape that depends on the values, so here a rank-deficient tall
+    matrix with those drivers raises ``LinAlgError`` after the run (``linalg_check``) instead."""
     driver = driver or "gelsy"
-    if not _lstsq_native(a, b, driver):
+    if not _lstsq_native(a, b):
         return NotImplemented
     m, n = a.shape[-2], a.shape[-1]
     vector = b.dim() == a.dim() - 1
@@ -959,9 +959,13 @@ def _linalg_lstsq(a: Tensor, b: Tensor, rcond: Optional[float] = None, *, driver
         pinv = torch.matmul(w * inv, v.mT) if wide else torch.matmul(v * inv, w.mT)
         x = torch.matmul(pinv, rhs)
     empty = a.new_zeros((0,))
-    if m > n and driver == "gels":
+    if m > n and driver != "gelsy":
         r = torch.matmul(a, x) - rhs
         res = (r * r).sum(-2)
+        if driver != "gels":
+            info = torch.where(big.to(torch.int64).sum(-1) < n, 1, 0).to(torch.int32)
+            aten._linalg_check_errors.default(
+                info, "linalg.lstsq (tn: the residuals of gelsd/gelss exist only at full rank)", is_matrix=a.dim() == 2)
     else:
         res = empty
     rank = (torch.zeros(batch, dtype=torch.int64, device=a.device) if k == 0
