@@ -146,6 +146,7 @@ def test_unique_flat(name, inverse, counts):
               torch.unique(x, sorted=s, return_inverse=inverse, return_counts=counts))
     _same(torch.unique_consecutive(d, return_inverse=inverse, return_counts=counts),
           torch.unique_consecutive(x, return_inverse=inverse, return_counts=counts))
+    _same(torch.ops.aten._unique(d, True, inverse), torch.ops.aten._unique(x, True, inverse))
 
 
 @pytest.mark.parametrize("shape,dim", [((5, 4), 0), ((5, 4), 1), ((3, 4, 2), -1), ((3, 4, 2), 1), ((5, 1, 3), 1),

@@ -27,7 +27,7 @@ the counted host fallback, which words torch's own errors):
   ``masked_scatter``, which the device already runs),
 * ``equal``: one program reducing to a bool, read back (``cov`` and
   ``corrcoef`` call it),
-* ``_unique2`` (``torch.unique``), ``unique_dim``, ``unique_consecutive``
+* ``_unique2`` (``torch.unique``), ``_unique``, ``unique_dim``, ``unique_consecutive``
   (flat and along a dim: the slices are compared pairwise, so a dim of up to
   :data:`PAIRWISE_MAX` slices; bool tensors flat only, sorted as 0/1),
 * ``_index_put_impl_`` (``index_put``, ``x[idx] = v``, ``x[idx] += v`` with
@@ -391,6 +391,14 @@ def _unique2(self, sorted=True, return_inverse=False, return_counts=False):
             _shrink(counts, (k,)) if return_counts else _empty_int(self))
 
 
+def _unique(self, sorted=True, return_inverse=False):
+    """aten::_unique (the older form, without counts; index_fill's gradient calls it)."""
+    if not (_on_device(self) and _native_dtype(self)):
+        return eager.fallback(aten._unique.default, self, sorted, return_inverse)
+    values, inverse, _ = _unique2(self, sorted, return_inverse, False)
+    return values, inverse
+
+
 def _unique_dim_common(op, self, dim: int, consecutive: bool, return_inverse: bool, return_counts: bool,
                        host_args: tuple):
     nd = self.dim()
@@ -618,6 +626,7 @@ def kernels() -> Dict[str, Any]:
     the padded ops first."""
     define_ops()
     return {"nonzero": _nonzero, "masked_select": _masked_select, "equal": _equal, "_unique2": _unique2,
+            "_unique": _unique,
             "unique_dim": _unique_dim, "unique_consecutive": _unique_consecutive,
             "_index_put_impl_": _index_put_impl, "index.Tensor_out": _index_out,
             "histogram.bin_ct": _histogram_bin_ct, "histogram.bins_tensor": _histogram_bins_tensor,
