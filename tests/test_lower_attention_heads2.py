@@ -174,3 +174,49 @@ def test_q_and_k_are_transposed_as_loaded_and_cast_as_they_leave_psum(monkeypatc
     torch.testing.assert_close(o1, f(*args), rtol=1e-4, atol=1e-4)
     assert busy1["TensorE"] < 0.9 * busy0["TensorE"]
     assert t1 < t0
+
+
+def test_safe_softmax_rows_of_minus_inf_are_zeroed_by_the_division(monkeypatch):
+    """sdpa with a boolean mask (torch's _safe_softmax: rows of -inf give zeros, not NaN): with
+    attention.SAFE_ROWS the group computes exp(x + min(-max, FLT_MAX)) / (sum + masked) instead of a select over
+    the scores: one select per head fewer, results bit-identical to the select's (a fully masked row is 0, a row
+    with a NaN or an inf is what torch gives), the same HBM bytes, a shorter modelled time."""
+    Bq, Sq, Hq, Dq = 2, 128, 4, 64
+
+    def split(t):
+        return t.reshape(Bq, Sq, Hq, Dq).permute(0, 2, 1, 3).float()
+
+    def f(a, b, c, mask):
+        """Masked scaled-dot-product attention of fp32 heads."""
+        return F.scaled_dot_product_attention(split(a), split(b), split(c), attn_mask=mask)
+
+    g = torch.Generator().manual_seed(1)
+    args = [torch.randn(Bq * Sq, Hq * Dq, generator=g).to(torch.bfloat16) for _ in range(3)]
+    mask = torch.ones(Bq, 1, Sq, Sq, dtype=torch.bool)
+    mask[1, 0, 5, :] = False            # a fully masked query row: zeros
+    mask[0, 0, :, 100:] = False
+    args.append(mask)
+    odd = [a.clone() for a in args]
+    odd[0][3, 5] = float("nan")
+    odd[1][9, 70] = float("inf")
+    ir = tn.make_ir(f)(*args)
+    res = {}
+    for safe in (False, True):
+        monkeypatch.setattr(attention, "SAFE_ROWS", safe)
+        exe = compiler.compile_ir(ir, strict=True, arch="trn1")
+        (out,), nbytes = run_with_hbm_bytes(exe, args)
+        t = sum(r.total_ns for r in exe.last_profile.runs)
+        (out_odd,), _ = run_with_hbm_bytes(exe, odd)
+        ops = {}
+        for st in exe._steps:
+            for k, v in getattr(getattr(st, "enc", None), "opcode_counts", lambda: {})().items():
+                ops[k] = ops.get(k, 0) + v
+        res[safe] = (out, nbytes, t, out_odd, ops)
+    monkeypatch.undo()
+    (o0, b0, t0, x0, ops0), (o1, b1, t1, x1, ops1) = res[False], res[True]
+    assert ops0["select"] - ops1.get("select", 0) == Bq * Hq      # one per head (the mask's own where stays)
+    assert torch.equal(o0, o1) and b0 == b1 and t1 < t0
+    assert torch.equal(o1[1, :, 5], torch.zeros_like(o1[1, :, 5]))
+    torch.testing.assert_close(o1, f(*args), rtol=1e-4, atol=1e-4)
+    assert torch.equal(x0.isnan(), x1.isnan()) and torch.equal(x0.nan_to_num(), x1.nan_to_num())
+    assert torch.equal(x1.isnan(), f(*odd).isnan())

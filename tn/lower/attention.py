@@ -85,6 +85,9 @@ BALANCE_ENGINES = True
 #: q's and k's cast-and-scale prologue is applied as their transposes leave PSUM, the blocks transposed as loaded
 #: (:meth:`_Emitter._late_ops`); False: applied to each loaded block before its transpose
 LATE_PROLOGUE = True
+#: _safe_softmax's zeroing of all -inf rows folded into the division (:meth:`_Emitter._safe_rows`); False: a select
+SAFE_ROWS = True
+_F32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -1048,11 +1051,30 @@ class _Emitter:
                 out_dt[v] = NEURON_DTYPES[w.dtype]
                 done.add(body.index(u))
                 alias[w] = v
+        safe = self._safe_rows(body, done, only_user, root, full_of) if SAFE_ROWS else None
+        clamp, clamped = set(), []
+        if safe is not None:
+            w, d, sub, c = safe
+            clamp.add(id(sub))
+            done.add(body.index(d))
+
+            def safe_div(env, b, t0, tq, w=w, d=d, c=c):
+                # p = e / (s + masked): 0 / 1 in an all -inf row (its exp's bias clamped finite), e / s elsewhere
+                out = self._tile(w.outputs[0], True, tq, dt_of(w.outputs[0]))
+                env[w.outputs[0]] = out
+                x = self._arg(env, d.inputs[0], tq, True, b, t0, d)
+                r = self._arg(env, d.inputs[1], tq, False, b, t0, d)
+                s2 = self._tile(c, False, tq, "float32")
+                prog.tensor_tensor(s2, r, self._arg(env, c, tq, False, b, t0, w), "add", engine=self._pick(1))
+                prog.tensor_scalar(out, x, "divide", s2, engine=self._pick(self.Tk))
         for j, e in enumerate(body):
             if j in done or _alias3(e):
                 continue
             v = e.outputs[0]
             full = full_of(v)
+            if safe is not None and e is safe[0]:
+                steps.append(safe_div)
+                continue
             # x - r (r a row value) feeding only a ScalarE function: that function's bias
             if e.op.name == "sub" and isinstance(e.inputs[1], Var) and not full_of(e.inputs[1]) and full and \
                     v.dtype == torch.float32:
@@ -1064,12 +1086,18 @@ class _Emitter:
                     red = nxt is not None and nxt.op.name == "sum" and nxt.inputs[0] is u.outputs[0] and \
                         _row_reduce_r(nxt) == 1 and nxt.outputs[0].dtype == torch.float32
                     done.update({ju} | ({ju + 1} if red else set()))
+                    if id(e) in clamp:
+                        clamped.append(e)
 
                     def act_bias(env, b, t0, tq, e=e, u=u, nxt=nxt, red=red):
                         x = self._arg(env, e.inputs[0], tq, True, b, t0, e)
                         r = self._arg(env, e.inputs[1], tq, False, b, t0, e)
                         neg = self._tile(e.inputs[1], False, tq, "float32")
-                        prog.tensor_scalar(neg, r, "multiply", -1.0, engine=self._pick(1))
+                        if id(e) in clamp:
+                            # -(-inf) of an all -inf row clamped to the largest float: exp(-inf + big) = 0
+                            prog.tensor_scalar(neg, r, "multiply", -1.0, "min", _F32_MAX, engine=self._pick(1))
+                        else:
+                            prog.tensor_scalar(neg, r, "multiply", -1.0, engine=self._pick(1))
                         out = self._tile(u.outputs[0], True, tq, dt_of(u.outputs[0]))
                         env[u.outputs[0]] = out
                         if red:
@@ -1138,6 +1166,8 @@ class _Emitter:
                 self._note("vector", self.Tk if full else 1, 2.0 if e.op.name == "where" else 1.0)
             steps.append(generic)
         self.alias = alias
+        if safe is not None and not clamped:
+            raise CannotLower("attention: the safe softmax's exp is not biased by its row max on ScalarE")
 
         def finish(env, b, t0, tq):
             for w in alias:
@@ -1150,6 +1180,47 @@ class _Emitter:
         self.steps = steps
 
     _CLOCK = {"vector": "dve", "scalar": "act", "gpsimd": "pool"}
+
+    def _safe_rows(self, body, done, only_user, root, full_of):
+        """``(where, div, sub, masked)`` when the body ends its softmax as ``_safe_softmax`` does (torch's
+        scaled_dot_product_attention with a mask): ``where(masked, 0, div(exp(x - m), sum))`` with ``masked =
+        logical_not(ne(m, -inf))`` (:func:`tn.lower.schedule.row_any_from_max`) and ``m`` the row max the ``exp``
+        is biased by; else None. Such a body is computed as ``exp(x + min(-m, FLT_MAX)) / (sum + masked)``: in a
+        row of ``-inf`` (the only rows ``masked`` marks) every term is ``exp(-inf) = 0`` and the division
+        ``0 / 1``, the ``where``'s zero; elsewhere the bias is ``-m`` and the divisor ``sum + 0 = sum`` (at least 1:
+        the maximum's own term), bit for bit the unmasked softmax. Two instructions on ``[rows, 1]`` instead of a
+        select over the scores."""
+        g = self.g
+        made = {id(o): e for e in body for o in e.outputs}
+        for w in body:
+            if w.op.name != "where" or body.index(w) in done or len(w.inputs) != 3:
+                continue
+            c, x, y = w.inputs
+            if not all(isinstance(a, Var) for a in (c, x, y)) or g.fills.get(x) != 0.0 or not full_of(w.outputs[0]):
+                continue
+            d = made.get(id(y))
+            if d is None or d.op.name != "div" or only_user(y) is not w or not full_of(y) or \
+                    y.dtype != torch.float32 or not all(isinstance(a, Var) for a in d.inputs):
+                continue
+            ex, sm = d.inputs
+            s_e, x_e = made.get(id(sm)), made.get(id(ex))
+            if s_e is None or x_e is None or s_e.op.name != "sum" or s_e.inputs[0] is not ex or \
+                    x_e.op.name != "exp" or full_of(sm):
+                continue
+            sub = made.get(id(x_e.inputs[0]))
+            if sub is None or sub.op.name != "sub" or not isinstance(sub.inputs[1], Var):
+                continue
+            m = root(sub.inputs[1])
+            ln = made.get(id(c))
+            ne = made.get(id(ln.inputs[0])) if ln is not None and ln.op.name == "logical_not" else None
+            if ne is None or ne.op.name != "ne" or len(ne.inputs) != 2 or not isinstance(ne.inputs[0], Var) or \
+                    root(ne.inputs[0]) is not m or not (isinstance(ne.inputs[1], Literal) and
+                                                         ne.inputs[1].value == float("-inf")):
+                continue
+            if only_user(c) is not w:
+                continue
+            return w, d, sub, c
+        return None
 
     def _cost(self, engine: str, n: int, factor: float = 1.0) -> float:
         """Estimated ns ``engine`` is busy with an elementwise instruction of ``n`` elements per partition (the
