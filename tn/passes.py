@@ -272,6 +272,20 @@ def _atom_key(a: Any) -> Any:
     return a
 
 
+#: Constants of at most this many elements are merged by value in :func:`cse`.
+SMALL_CONST = 16
+
+
+def _small_const_key(t: Any) -> Any:
+    """``(dtype, shape, bytes)`` of a small plain constant tensor (bitwise: ``-0.0`` and ``0.0`` differ, NaN
+    payloads count), None for a large, sparse, quantized, parameter or non-tensor one."""
+    if not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter) or t.layout != torch.strided or \
+            t.is_quantized or t.numel() > SMALL_CONST or t.requires_grad:
+        return None
+    c = t.detach().cpu().contiguous()
+    return (c.dtype, tuple(c.shape), tuple(c.reshape(-1).view(torch.uint8).tolist()))
+
+
 def cse(ir: IR) -> IR:
     """Common subexpression elimination.
 
@@ -280,17 +294,26 @@ def cse(ir: IR) -> IR:
     type as well as value (``1``, ``1.0`` and ``True`` differ; ``0.0`` and
     ``-0.0`` differ). Equations with attributes that have no safe hashable
     form, and random or side-effecting ops (:func:`is_impure`), are never
-    merged. Identical constant tensors (the same object) are merged too.
+    merged. Identical constant tensors (the same object) are merged too, and so are small constants
+    (at most :data:`SMALL_CONST` elements) of the same dtype, shape and bytes: the scalars a traced model makes
+    anew in every layer (BERT's attention-mask fill values), so the equations reading them merge as well.
     """
     mapping: Dict[Var, Var] = {}
     consts = []
     by_tensor: Dict[int, Var] = {}
+    by_value: Dict[Any, Var] = {}
     for v, t in ir.consts:
         first = by_tensor.get(id(t))
+        if first is None:
+            vkey = _small_const_key(t)
+            first = by_value.get(vkey) if vkey is not None else None
         if first is not None and first.shape == v.shape and first.dtype == v.dtype:
             mapping[v] = first
         else:
             by_tensor[id(t)] = v
+            vkey = _small_const_key(t)
+            if vkey is not None:
+                by_value.setdefault(vkey, v)
             consts.append((v, t))
 
     seen: Dict[Any, Eqn] = {}
