@@ -92,8 +92,8 @@ def _row_index_tile(ctx, pc, tshape, cm, base, wpat, idxs, idx_offs, pstr, tstr)
 
 
 def _partition_axis_first(axes: List[Tuple[int, tuple]]) -> List[Tuple[int, tuple]]:
-    """The grid axes with the one that needs the fewest ``dma_gather`` instructions moved first (the
-    partition axis): one instruction gathers one row per partition, so a grid ``[2, 3, 1320]`` (a 2-batch
+    """The grid axes with the one that needs the fewest ``dma_gather`` (``dma_scatter``) instructions moved
+    first (the partition axis): one instruction moves one row per partition, so a grid ``[2, 3, 1320]`` (a 2-batch
     3-channel sampling grid) gathered over partitions of its first axis took 1320 * 3 instructions of 2 rows
     each; over its last, 66 of up to 128. Unchanged unless another axis strictly needs fewer."""
     if len(axes) < 2:
@@ -459,7 +459,10 @@ def _scatter_by_dma(ctx, eqn, ins, outs, mode, include_self, x_dt) -> bool:
     if scalar_src:
         cval = prog.sbuf((128, 1), x_dt)
         prog.memset(cval, float(sv.value), engine="vector")
-    for poff, (pc, ps), free in _parts(_merge(grid), 4):
+    axes = _merge(grid)
+    if mode == "sum":   # (replacing keeps its order: which duplicate wins must not change)
+        axes = _partition_axis_first(axes)
+    for poff, (pc, ps), free in _parts(axes, 4):
         for toff, tax in _tiles(free, 512, 4):
             off = tuple(a + b for a, b in zip(poff, toff))
             tshape = [k for k, _ in tax]
