@@ -22,10 +22,11 @@ twice) and every head split is a copy.
   hold one narrowing ``convert`` of an fp32 ``O`` (applied as O leaves PSUM),
 
 all in one run of consecutive equations whose intermediates are used only
-there. A view chain starting before the run, or one that is not a single
-strided view (a reshape merging axes that a permute split, as a head merge at
-batch > 1), is cut: its earlier part stays its own lowering and the value it
-makes is the base. ``full`` values (``_safe_softmax``'s zeros, between the
+there. A view's batch may be two strided levels (``[batch, heads]`` of a head
+split or merge at batch > 1: :class:`_Heads`; head groups are then cut at each
+batch's heads); a view chain starting before the run, or one that is not such
+a view, is cut: its earlier part stays its own lowering and the value it makes
+is the base. ``full`` values (``_safe_softmax``'s zeros, between the
 matmuls or shared from an earlier layer) are constants filled on chip; one
 made inside the run and read after it is also written as a group output.
 :class:`AttentionGroup` then lowers it per batch with every value in
@@ -42,7 +43,12 @@ its dtype). The emission is software-pipelined: the scores and softmax of the
 next block of heads, and the loads and ``Q^T``/``K^T`` transposes of the next
 group of heads, come before the previous block's ``P^T``/``P V`` (engines run
 in order); with Q/K/V in HBM the heads are split into about four groups so
-that loads and stores overlap compute.
+that loads and stores overlap compute. Copies and row ops go to whichever
+engine would finish them first by the work the group gave each
+(:meth:`_Emitter._least`); q's and k's cast-and-scale prologue is applied as
+their transposes leave PSUM (:meth:`_Emitter._late_ops`); ``_safe_softmax``'s
+zeroing of all ``-inf`` rows is folded into the division
+(:meth:`_Emitter._safe_rows`).
 
 Limits (else equations are lowered one by one): head size <= 128, keys per row
 <= 512 (one PSUM bank of scores), float dtypes.
