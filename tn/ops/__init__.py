@@ -98,6 +98,8 @@ The package's files:
 - :mod:`tn.ops.nn_layers`: decompositions of layer ops (3-d convolutions, 3-d/adaptive pooling,
   antialiased resampling, embedding_bag, distances, the multi-label margin loss);
 - :mod:`tn.ops.special`: special functions in elementwise core ops;
+- :mod:`tn.ops.linear_cross_entropy`: torch's fused chunked ``F.linear_cross_entropy`` custom op (loss and its
+  closed-form gradients) as one linear and a cross-entropy;
 - :mod:`tn.ops.resample`: gradients of ``interpolate``'s separable modes (nearest, linear, bilinear, bicubic,
   trilinear) as per-axis transposed weight matrices taken from torch's own forward kernels;
 - :mod:`tn.ops.collective`: the collective ops (functional collectives) and how they reach a process group;
@@ -112,7 +114,8 @@ The package's files:
 """
 from __future__ import annotations
 
-from . import attention_grad, collective, core, decompositions, fft, grouped_mm, linalg, nn_layers, resample, special  # noqa: F401,E501  (register the ops and decompositions)
+from . import (attention_grad, collective, core, decompositions, fft, grouped_mm, linalg,  # noqa: F401  (register
+               linear_cross_entropy, nn_layers, resample, special)  # the ops and decompositions)
 from .core import (  # noqa: F401  (the core ops registered by name in the module: tn.ops.matmul is OPS['matmul'])
     argmax, argmin, as_strided, as_strided_scatter, avg_pool2d, avg_pool2d_backward, cat, conj, convert,
     convolution, convolution_backward, cummax, cummin, cumsum, div, expand, flip, full, gather, gelu, host, index,
