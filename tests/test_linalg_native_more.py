@@ -178,3 +178,15 @@ def test_gradients_match_torch_with_no_host_op(name):
     got = tn.jit(grads)(*args)
     for g, w in zip(got, want):
         torch.testing.assert_close(g.cpu(), w, rtol=1e-4, atol=1e-5)
+
+
+def test_gradient_of_eigvalsh_of_an_empty_matrix():
+    """The backward of an empty eigvalsh holds an empty constant with a zero stride: CSE keys it without
+    viewing its bytes (view(uint8) refuses a zero stride)."""
+    a = torch.zeros(0, 0, requires_grad=True)
+
+    def g(x):
+        return torch.autograd.grad(torch.linalg.eigvalsh(x, UPLO="U").sum(), [x], allow_unused=True)
+
+    got, want = tn.jit(g)(a), g(a)
+    assert got[0].shape == want[0].shape == (0, 0)

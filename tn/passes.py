@@ -283,6 +283,8 @@ def _small_const_key(t: Any) -> Any:
             t.is_quantized or t.numel() > SMALL_CONST or t.requires_grad:
         return None
     c = t.detach().cpu().contiguous()
+    if c.numel() == 0:      # an empty tensor may keep a zero stride, which view(uint8) refuses
+        return (c.dtype, tuple(c.shape), ())
     return (c.dtype, tuple(c.shape), tuple(c.reshape(-1).view(torch.uint8).tolist()))
 
 
