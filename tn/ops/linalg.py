@@ -39,6 +39,9 @@ nothing extra and 0-size matrices trace to empty loops.
   cancel.
 * ``linalg_matrix_exp`` as torch's kernel: Taylor degree chosen per matrix from its 1-norm (selects), the
   degree-18 approximant scaled and squared (Bader, Blanes and Casas).
+* ``linalg_lstsq`` (every CPU driver's outputs): the minimum-norm solution from the Jacobi SVD, which is what
+  each driver computes at full rank; rank and singular values from the same ``s``.
+* Not here: ``linalg_ldl_factor_ex``/``linalg_ldl_solve`` (Bunch-Kaufman pivots) stay host ops.
 
 Only float32 runs natively (the chip has no float64 or complex arithmetic),
 and only calls that do not ask the op itself to raise (``check_errors=True``):
