@@ -106,3 +106,12 @@ def test_error_check_is_a_status_read_after_the_program_not_a_host_op(monkeypatc
         torch.linalg.solve(s, b)
     assert str(got.value) == str(want.value)
     assert w.tolist() == [1.0, 1.0]
+
+
+def test_host_op_linalg_errors_keep_eagers_type_on_the_device():
+    # the full SVD's vectors stay a host op inside the device's program; its LinAlgError on non-finite input
+    # reaches the caller as eager's error, not wrapped in tn.ExecutionError
+    x = torch.randn(4, 4)
+    x[0, 0] = float("nan")
+    with pytest.raises(torch.linalg.LinAlgError, match="non-finite"):
+        torch.linalg.svd(x.to("neuron"))

@@ -503,6 +503,8 @@ class NeuronExecutable:
                 except Exception as e:
                     if isinstance(e, TnError) and st.name in COLLECTIVE_OPS:
                         raise       # a collective's own error (ranks disagree, a rank died) says what happened
+                    if isinstance(e, torch.linalg.LinAlgError):
+                        raise       # torch's own op raised eager's error (an SVD of non-finite values): keep it
                     raise ExecutionError(f"neuron executable: host fallback of {st.name!r} (equation {st.k}) failed: "
                                          f"{type(e).__name__}: {e}") from e
                 if len(st.outs) == 1:
