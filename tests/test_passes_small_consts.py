@@ -71,3 +71,16 @@ def test_bert_masks_once_across_layers():
         ir = tn.make_ir(fwd)(ids, mask)
     masks = [e for e in ir.eqns if e.op.name == "where" and e.outputs[0].dtype == torch.bfloat16]
     assert len(masks) == 1
+
+
+def test_a_size_one_constant_with_a_zero_stride_has_a_key():
+    # torch.tensor(2.0).expand(1) is "contiguous" with stride (0,): view(uint8) refuses it (quantile's and
+    # index_fill's scalar constants made tn.jit fail with "must be 1 to view Float as Byte")
+    from tn.passes import _small_const_key
+
+    t = torch.tensor(2.0).expand(1)
+    assert t.stride() == (0,)
+    assert _small_const_key(t) == _small_const_key(torch.tensor([2.0]))
+    q = torch.tensor([0.25, 0.5])
+    x = torch.randn(7)
+    torch.testing.assert_close(tn.jit(lambda x: torch.quantile(x, q))(x), torch.quantile(x, q))

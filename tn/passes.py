@@ -282,10 +282,13 @@ def _small_const_key(t: Any) -> Any:
     if not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter) or t.layout != torch.strided or \
             t.is_quantized or t.numel() > SMALL_CONST or t.requires_grad:
         return None
-    c = t.detach().cpu().contiguous()
-    if c.numel() == 0:      # an empty tensor may keep a zero stride, which view(uint8) refuses
+    c = t.detach().cpu()
+    if c.numel() == 0:
         return (c.dtype, tuple(c.shape), ())
-    return (c.dtype, tuple(c.shape), tuple(c.reshape(-1).view(torch.uint8).tolist()))
+    # a fresh 1-d copy: a size-1 (or expanded) tensor may keep a zero stride even when "contiguous", which
+    # view(uint8) refuses (quantile's and index_fill's scalar constants)
+    flat = c.new_empty((c.numel(),)).copy_(c.reshape(-1))
+    return (c.dtype, tuple(c.shape), tuple(flat.view(torch.uint8).tolist()))
 
 
 def cse(ir: IR) -> IR:
