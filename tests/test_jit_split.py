@@ -120,3 +120,15 @@ def test_split_is_logged_and_errors_inside_name_the_split(monkeypatch, caplog):
             f(torch.ones(6))
     assert any("split at the reads" in r.getMessage() for r in caplog.records)
     assert any("split at its value" in n for n in getattr(info.value, "__notes__", []))
+
+
+def test_gradients_through_efficient_zeros_and_unique():
+    # sgn's backward builds aten._efficientzerotensor (now a zero fill); index_fill's calls aten._unique (a
+    # value read: split there)
+    x = torch.tensor([[0.0, -1.5, 2.0], [3.0, 0.0, -4.0]], requires_grad=True)
+    w = torch.rand(2, 3)
+    f = lambda x, w: torch.autograd.grad((torch.sgn(x) * w).sum(), x)[0]  # noqa: E731
+    torch.testing.assert_close(tn.jit(f, fullgraph=True)(x, w), f(x, w))
+    idx = torch.tensor([0, 2, 0])
+    g = lambda x, w: torch.autograd.grad((x.index_fill(1, idx, 0.5) * w).sum(), x)[0]  # noqa: E731
+    torch.testing.assert_close(tn.jit(g)(x, w), g(x, w))

@@ -467,6 +467,7 @@ _DATA_DEPENDENT = {
     aten.nonzero.default: "has an output shape that depends on tensor values (nonzero)",
     aten.masked_select.default: "has an output shape that depends on tensor values (masked_select)",
     aten._unique2.default: "has an output shape that depends on tensor values (unique)",
+    aten._unique.default: "has an output shape that depends on tensor values (unique)",
     aten.unique_dim.default: "has an output shape that depends on tensor values (unique)",
     aten.unique_consecutive.default: "has an output shape that depends on tensor values (unique_consecutive)",
     aten.repeat_interleave.Tensor: "has an output shape that depends on tensor values (repeat_interleave)",

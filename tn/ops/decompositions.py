@@ -998,3 +998,11 @@ def _nextafter(x, y):
     r = aten.where.self(aten.eq.Tensor(x, y), y, r)
     nan = aten.logical_or.default(aten.isnan.default(x), aten.isnan.default(y))
     return aten.where.self(nan, aten.full.default([], math.nan, dtype=torch.float32), r)
+
+
+@decomposition(aten._efficientzerotensor.default)
+def _efficientzerotensor(size: Any, *, dtype: Any = None, layout: Any = None, device: Any = None,
+                         pin_memory: Any = None) -> Any:
+    """``aten._efficientzerotensor``: autograd's zero gradient (``sgn``'s backward at 0, ``where``'s unused
+    branch) as a plain zero fill; a program has no lazily-zero tensors."""
+    return torch.zeros(tuple(size), dtype=dtype if dtype is not None else torch.get_default_dtype())
