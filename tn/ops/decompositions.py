@@ -1006,3 +1006,49 @@ def _efficientzerotensor(size: Any, *, dtype: Any = None, layout: Any = None, de
     """``aten._efficientzerotensor``: autograd's zero gradient (``sgn``'s backward at 0, ``where``'s unused
     branch) as a plain zero fill; a program has no lazily-zero tensors."""
     return torch.zeros(tuple(size), dtype=dtype if dtype is not None else torch.get_default_dtype())
+
+
+def _distance_grad(grad: Any, x1: Any, x2: Any, p: float, dist: Any) -> Any:
+    """``sum_r grad[.., i, r] * d dist(x1_i, x2_r) / d x1_i`` for the p-norm distance, with the cases of torch's
+    CPU backward kernel (zero where the distance is 0; p < 1 also where a difference is 0)."""
+    diff = x1.unsqueeze(-2) - x2.unsqueeze(-3)                  # [.., P, R, M]
+    g = grad.unsqueeze(-1)
+    d = dist.unsqueeze(-1)
+    zero = torch.zeros((), dtype=diff.dtype)
+    if p == 0:
+        return torch.zeros_like(x1)
+    if p == 1:
+        term = g * torch.sign(diff)
+    elif p == 2:
+        term = torch.where(d == 0, zero, g * diff / d)
+    elif math.isinf(p):
+        term = g * torch.sign(diff) * (diff.abs() == d).to(diff.dtype)
+    elif p < 2:
+        bad = (d == 0) | ((diff == 0) & (p < 1))
+        term = torch.where(bad, zero, torch.sign(diff) * diff.abs().pow(p - 1) * g / d.pow(p - 1))
+    else:
+        term = torch.where(d == 0, zero, diff * diff.abs().pow(p - 2) * g / d.pow(p - 1))
+    return term.sum(-2)
+
+
+@decomposition(aten._cdist_backward.default)
+def _cdist_backward(grad: Any, x1: Any, x2: Any, p: float, cdist: Any) -> Any:
+    """``aten._cdist_backward``: the gradient of ``torch.cdist`` with respect to ``x1`` (torch calls it with the
+    arguments swapped for ``x2``), elementwise over the ``[.., P, R, M]`` differences and summed over ``R``."""
+    return _distance_grad(grad, x1, x2, float(p), cdist).to(x1.dtype)
+
+
+@decomposition(aten._pdist_backward.default)
+def _pdist_backward(grad: Any, x: Any, p: float, pdist: Any) -> Any:
+    """``aten._pdist_backward``: the condensed pair gradient and distances spread into symmetric ``[N, N]``
+    matrices (indices of the upper triangle, known while tracing), then :func:`_distance_grad` of ``x`` with
+    itself: each pair adds to both of its rows, with opposite signs, as torch's kernel does."""
+    n = x.shape[0]
+    if n < 2 or grad.numel() == 0:
+        return torch.zeros_like(x)
+    iu = torch.triu_indices(n, n, 1)
+    flat = iu[0] * n + iu[1]
+    flat_t = iu[1] * n + iu[0]
+    gm = torch.zeros(n * n, dtype=grad.dtype).index_put((flat,), grad).index_put((flat_t,), grad).reshape(n, n)
+    dm = torch.zeros(n * n, dtype=pdist.dtype).index_put((flat,), pdist).index_put((flat_t,), pdist).reshape(n, n)
+    return _distance_grad(gm, x, x, float(p), dm).to(x.dtype)
