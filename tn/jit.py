@@ -329,13 +329,14 @@ class _SplitEntry:
     ``error`` is the tracing error (``tn.jit(..., fullgraph=True)`` raises it; ``lower`` does).
     """
 
-    __slots__ = ("core", "spec", "device", "error", "ir", "run", "key", "desc", "live")
+    __slots__ = ("core", "spec", "device", "host", "error", "ir", "run", "key", "desc", "live")
 
-    def __init__(self, core: "_Core", spec: Any, device: torch.device, error: TracingError, key: Any,
-                 desc: Optional[Dict[str, str]]):
+    def __init__(self, core: "_Core", spec: Any, device: torch.device, host: torch.device, error: TracingError,
+                 key: Any, desc: Optional[Dict[str, str]]):
         self.core = core
         self.spec = spec
-        self.device = device
+        self.device = device   # where the call runs
+        self.host = host       # the inputs' device (fixed by the signature): where results go back
         self.error = error
         self.ir = None     # no single program
         self.run = None    # no backend run (profiles: the device's windows appear in tn.profile())
@@ -373,10 +374,10 @@ class _SplitEntry:
                 elif not t.requires_grad:
                     # kernels whose schema does not mark a write (native_batch_norm's running statistics) leave
                     # the version alone: compare the values of inputs that could be such state
-                    back = d.to(t.device)
-                    if not torch.equal(back, t):
-                        t.copy_(back)
-        host = _exec_device(tensors, f"tn.jit({self.core.name})")
+                    value = d.to(t.device)
+                    if not torch.equal(value, t):
+                        t.copy_(value)
+        host = self.host
 
         def back(x: Any) -> Any:
             if not isinstance(x, Tensor):
@@ -661,7 +662,7 @@ class _Core:
             if _log_enabled("splits"):
                 log.warning("tn.jit: %s reads tensor values; it runs as device windows split at the reads: %s",
                             self.name, err.value_read)
-            return _SplitEntry(self, spec, split_dev, err, key, desc)
+            return _SplitEntry(self, spec, split_dev, dev, err, key, desc)
         run = self.backend.compile_fn(ir)
         host = dev if (self.backend.host_only and dev.type != "cpu") else None
         desc = self.describe(key) if key is not None else None

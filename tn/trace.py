@@ -489,7 +489,20 @@ def _decomposition_for(func: Any) -> Optional[Callable[..., Any]]:
     return decomposition_table.get(func)
 
 
+_FUNCTIONAL: Dict[Any, Optional[Any]] = {}
+
+
 def _functional_variant(func: Any) -> Optional[Any]:
+    """The functional overload of the in-place overload ``func`` (``add_.Tensor`` -> ``add.Tensor``), or None;
+    cached per overload (every traced in-place op asks)."""
+    try:
+        return _FUNCTIONAL[func]
+    except KeyError:
+        r = _FUNCTIONAL[func] = _find_functional_variant(func)
+        return r
+
+
+def _find_functional_variant(func: Any) -> Optional[Any]:
     name = func._schema.name.split("::")[-1]
     if name.startswith("__i") and name.endswith("__"):
         base = "__" + name[3:]
