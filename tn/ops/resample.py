@@ -18,7 +18,7 @@ differ from torch's scatter only in the order of fp32 additions. Matrices are ca
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -48,11 +48,10 @@ _FORWARD = {
 @functools.lru_cache(maxsize=256)
 def axis_matrix(forward: Any, k: int, axis: int, n_in: int, n_out: int, align: Optional[bool],
                 scale: Optional[float]) -> Optional[torch.Tensor]:
-    """``A^T`` (``[n_out, n_in]`` transposed to the gradient's use: ``grad_in = grad_out @ M``, ``M`` is
-    ``[n_out, n_in]``) of spatial axis ``axis`` of a ``k``-d resampling, from torch's ``forward`` kernel on an
-    identity probe; ``None`` when the matrix would exceed :data:`MAX_MATRIX` or is the identity."""
-    if n_in * n_out > MAX_MATRIX:
-        return None
+    """The ``[n_out, n_in]`` weight matrix ``A`` of spatial axis ``axis`` of a ``k``-d resampling
+    (``out[o] = sum_c A[o, c] * in[c]``, so ``grad_in = grad_out @ A`` along that axis), from torch's ``forward``
+    kernel on an identity probe; ``None`` when it is the identity. The caller bounds its size
+    (:data:`MAX_MATRIX`)."""
     with _disable_current_modes():
         ones = [1] * k
         shape = [1, n_in] + ones
@@ -120,8 +119,3 @@ def _register() -> None:
 
 
 _register()
-
-
-def forward_of(backward: Any) -> Tuple[Any, int, bool]:
-    """``(forward overload, spatial dims, takes align_corners)`` of a resampling backward overload."""
-    return _FORWARD[backward]
