@@ -26,6 +26,28 @@ import torch.nn.functional as F
 from .table import decomposition_by_name
 
 
+def _row_losses(input: Any, linear_weight: Any, target: Any, linear_bias: Any, weight: Any, ignore_index: int,
+                acc: Any) -> Any:
+    """``(x, W, logits, safe targets, target weights, row losses)`` in the accumulation dtype ``acc``: ``x`` the
+    input as rows, ``logits = x @ W^T + b``, each row's loss ``-w[t] * log_softmax(logits)[t]``, where an
+    ``ignore_index`` row gathers class 0 with weight 0."""
+    x = input.reshape(-1, input.shape[-1]).to(acc)
+    w_lin = linear_weight.to(acc)
+    logits = x @ w_lin.t()
+    if linear_bias is not None:
+        logits = logits + linear_bias.to(acc)
+    t = target.reshape(-1)
+    keep = t != ignore_index
+    safe_t = torch.where(keep, t, torch.zeros_like(t))
+    w_t = keep.to(acc) if weight is None else weight.to(acc)[safe_t] * keep.to(acc)
+    picked = torch.log_softmax(logits, dim=-1).gather(1, safe_t[:, None]).squeeze(1)
+    return x, w_lin, logits, safe_t, w_t, -(picked * w_t)
+
+
+def _acc_dtype(acc_dtype: Any) -> Any:
+    return acc_dtype if isinstance(acc_dtype, torch.dtype) else torch.float32
+
+
 @decomposition_by_name("torch_nn::_linear_cross_entropy_batch_chunked")
 def _linear_cross_entropy_batch_chunked(input: Any, linear_weight: Any, target: Any, linear_bias: Any, weight: Any,
                                         reduction: str, ignore_index: int, label_smoothing: float,
@@ -36,30 +58,17 @@ def _linear_cross_entropy_batch_chunked(input: Any, linear_weight: Any, target: 
     not asked for is an empty tensor of the op's fake shape)."""
     if reduction not in ("mean", "sum") or linear_weight.dim() != 2 or label_smoothing:
         return NotImplemented    # torch's op refuses label smoothing (NotImplementedError): so does the host run
-    acc = acc_dtype if isinstance(acc_dtype, torch.dtype) else torch.float32
-    x = input.reshape(-1, input.shape[-1]).to(acc)
-    w_lin = linear_weight.to(acc)
-    logits = x @ w_lin.t()
-    if linear_bias is not None:
-        logits = logits + linear_bias.to(acc)
-    t = target.reshape(-1)
-    n_cls = logits.shape[-1]
-    cw = weight.to(acc) if weight is not None else None
-    keep = t != ignore_index
-    keep_f = keep.to(acc)
-    safe_t = torch.where(keep, t, torch.zeros_like(t))          # ignored rows gather class 0, weighted 0
-    w_all = cw if cw is not None else torch.ones(n_cls, dtype=acc, device=logits.device)
-    w_t = w_all[safe_t] * keep_f                                  # [N]: the target's class weight, 0 if ignored
-    logp = torch.log_softmax(logits, dim=-1)
-    nll = -(logp.gather(1, safe_t[:, None]).squeeze(1) * w_t).sum()
+    acc = _acc_dtype(acc_dtype)
+    x, w_lin, logits, safe_t, w_t, rows = _row_losses(input, linear_weight, target, linear_bias, weight,
+                                                       ignore_index, acc)
+    loss = rows.sum()
     denom = w_t.sum() if reduction == "mean" else None
     if denom is not None:
-        nll = nll / denom
-    loss = nll
+        loss = loss / denom
     grads = [input.new_empty((0, 0)), input.new_empty((0, 0)), input.new_empty((0,))]   # the fake's shapes/dtypes
     if compute_input_grad or compute_linear_weight_grad or compute_linear_bias_grad:
         p = torch.softmax(logits, dim=-1)
-        onehot = F.one_hot(safe_t, n_cls).to(acc)
+        onehot = F.one_hot(safe_t, logits.shape[-1]).to(acc)
         g = w_t[:, None] * (p - onehot)
         if denom is not None:
             g = g / denom
@@ -80,13 +89,5 @@ def _linear_cross_entropy_batch_chunked_no_reduction(input: Any, linear_weight: 
     its gradient is torch's own Python backward, which traces."""
     if linear_weight.dim() != 2:
         return NotImplemented
-    acc = acc_dtype if isinstance(acc_dtype, torch.dtype) else torch.float32
-    logits = input.reshape(-1, input.shape[-1]).to(acc) @ linear_weight.to(acc).t()
-    if linear_bias is not None:
-        logits = logits + linear_bias.to(acc)
-    t = target.reshape(-1)
-    keep = t != ignore_index
-    safe_t = torch.where(keep, t, torch.zeros_like(t))
-    w_t = keep.to(acc) if weight is None else weight.to(acc)[safe_t] * keep.to(acc)
-    picked = torch.log_softmax(logits, dim=-1).gather(1, safe_t[:, None]).squeeze(1)
-    return (-(picked * w_t)).reshape(target.shape).to(input.dtype)
+    rows = _row_losses(input, linear_weight, target, linear_bias, weight, ignore_index, _acc_dtype(acc_dtype))[-1]
+    return rows.reshape(target.shape).to(input.dtype)
