@@ -1047,8 +1047,9 @@ def _pdist_backward(grad: Any, x: Any, p: float, pdist: Any) -> Any:
     if n < 2 or grad.numel() == 0:
         return torch.zeros_like(x)
     iu = torch.triu_indices(n, n, 1)
-    flat = iu[0] * n + iu[1]
-    flat_t = iu[1] * n + iu[0]
-    gm = torch.zeros(n * n, dtype=grad.dtype).index_put((flat,), grad).index_put((flat_t,), grad).reshape(n, n)
-    dm = torch.zeros(n * n, dtype=pdist.dtype).index_put((flat,), pdist).index_put((flat_t,), pdist).reshape(n, n)
-    return _distance_grad(gm, x, x, float(p), dm).to(x.dtype)
+    upper, lower = iu[0] * n + iu[1], iu[1] * n + iu[0]
+
+    def symmetric(pairs: Any) -> Any:
+        return torch.zeros(n * n, dtype=pairs.dtype).index_put((upper,), pairs).index_put((lower,), pairs).reshape(n, n)
+
+    return _distance_grad(symmetric(grad), x, x, float(p), symmetric(pdist)).to(x.dtype)
