@@ -619,6 +619,24 @@ def _take(x: Tensor, dim: int, idx: List[int]) -> Tensor:
     return torch.cat([x.narrow(dim, s, ln) for s, ln in runs], dim)
 
 
+def _rotate_halves(x: Tensor, c: Tensor, s: Tensor, dim: int) -> Tensor:
+    """The ``k`` plane rotations of a Jacobi round applied along ``dim``: its first half ``p`` and second half
+    ``q`` become ``c p - s q`` and ``s p + c q`` (``c``, ``s`` broadcast over the other axis)."""
+    k = x.shape[dim] // 2
+    p, q = x.narrow(dim, 0, k), x.narrow(dim, k, k)
+    return torch.cat([c * p - s * q, s * p + c * q], dim)
+
+
+def _jacobi_start(a: Tensor, nn: int, vectors: bool) -> Tuple[Tensor, List[int]]:
+    """``(V, nxt)`` of a Jacobi method on ``nn`` (even) columns: the identity ``V`` to accumulate rotations in (an
+    empty tensor unless ``vectors``) and the round-robin permutation applied after every round (the same each
+    round)."""
+    v = a.new_zeros((0,))
+    if vectors:
+        v = torch.eye(nn, dtype=a.dtype, device=a.device).expand(tuple(a.shape[:-2]) + (nn, nn))
+    return v, _round_robin(list(range(nn)))
+
+
 def _pad_even(a: Tensor, dims: Tuple[int, ...]) -> Tensor:
     """``a`` with one zero row/column appended along each of ``dims`` when their size is odd."""
     for d in dims:
@@ -640,20 +658,16 @@ def _one_sided_jacobi(a: Tensor, vectors: bool) -> Tuple[Tensor, Tensor, List[in
     w = _pad_even(a, (-1,))
     nn = w.shape[-1]
     k = nn // 2
-    v = a.new_zeros((0,))
-    if vectors:
-        v = torch.eye(nn, dtype=a.dtype, device=a.device).expand(tuple(a.shape[:-2]) + (nn, nn))
+    v, nxt = _jacobi_start(a, nn, vectors)
     order = list(range(nn))
     for _ in range(_jacobi_sweeps(n)):
         for _ in range(nn - 1):
             p, q = w[..., :, :k], w[..., :, k:]
             c, s = _rotation((p * p).sum(-2, keepdim=True), (q * q).sum(-2, keepdim=True),
                              (p * q).sum(-2, keepdim=True))
-            w = torch.cat([c * p - s * q, s * p + c * q], -1)
+            w = _rotate_halves(w, c, s, -1)
             if vectors:
-                vp, vq = v[..., :, :k], v[..., :, k:]
-                v = torch.cat([c * vp - s * vq, s * vp + c * vq], -1)
-            nxt = _round_robin(list(range(nn)))
+                v = _rotate_halves(v, c, s, -1)
             w = _take(w, -1, nxt)
             if vectors:
                 v = _take(v, -1, nxt)
@@ -697,23 +711,16 @@ def _two_sided_jacobi(a: Tensor, vectors: bool) -> Tuple[Tensor, Tensor, List[in
     d = _pad_even(a, (-2, -1))
     nn = d.shape[-1]
     k = nn // 2
-    v = a.new_zeros((0,))
-    if vectors:
-        v = torch.eye(nn, dtype=a.dtype, device=a.device).expand(tuple(a.shape[:-2]) + (nn, nn))
+    v, nxt = _jacobi_start(a, nn, vectors)
     order = list(range(nn))
     for _ in range(_jacobi_sweeps(n)):
         for _ in range(nn - 1):
             c, s = _rotation(_diagonal(d[..., :k, :k]), _diagonal(d[..., k:, k:]), _diagonal(d[..., :k, k:]))
             cr, sr = c.unsqueeze(-2), s.unsqueeze(-2)                      # [..., 1, k]: scales columns
-            p, q = d[..., :, :k], d[..., :, k:]
-            d = torch.cat([cr * p - sr * q, sr * p + cr * q], -1)
-            cc, sc = c.unsqueeze(-1), s.unsqueeze(-1)                      # [..., k, 1]: scales rows
-            p, q = d[..., :k, :], d[..., k:, :]
-            d = torch.cat([cc * p - sc * q, sc * p + cc * q], -2)
+            d = _rotate_halves(d, cr, sr, -1)
+            d = _rotate_halves(d, c.unsqueeze(-1), s.unsqueeze(-1), -2)    # [..., k, 1]: scales rows
             if vectors:
-                vp, vq = v[..., :, :k], v[..., :, k:]
-                v = torch.cat([cr * vp - sr * vq, sr * vp + cr * vq], -1)
-            nxt = _round_robin(list(range(nn)))
+                v = _rotate_halves(v, cr, sr, -1)
             d = _take(_take(d, -1, nxt), -2, nxt)
             if vectors:
                 v = _take(v, -1, nxt)
