@@ -6,9 +6,7 @@ import tn
 import tn.lower  # noqa: F401  (registers the lowerings and the neuron backend)
 from tn.lower import compiler
 
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
+from test_linalg_native import _assert_matches, _gen, _leaves
 
 
 def _randn(*shape, seed=0):
@@ -70,19 +68,6 @@ CASES = {
     "matrix_exp_1x1_and_0x0": (lambda a, b: (torch.matrix_exp(a), torch.matrix_exp(b)),
                                lambda: (_randn(3, 1, 1, seed=18), _randn(2, 0, 0))),
 }
-
-
-def _leaves(x):
-    return list(x) if isinstance(x, (tuple, list)) else [x]
-
-
-def _assert_matches(got, want):
-    got, want = _leaves(got), _leaves(want)
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        g = g.cpu()
-        assert g.shape == w.shape and g.dtype == w.dtype
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
