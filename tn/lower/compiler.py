@@ -503,8 +503,8 @@ class NeuronExecutable:
                 except Exception as e:
                     if isinstance(e, TnError) and st.name in COLLECTIVE_OPS:
                         raise       # a collective's own error (ranks disagree, a rank died) says what happened
-                    if isinstance(e, torch.linalg.LinAlgError):
-                        raise       # torch's own op raised eager's error (an SVD of non-finite values): keep it
+                    if isinstance(e, torch.linalg.LinAlgError) or getattr(e, "tn_eager_error", False):
+                        raise       # eager's own error (torch's SVD of non-finite values, a linalg_check): as is
                     raise ExecutionError(f"neuron executable: host fallback of {st.name!r} (equation {st.k}) failed: "
                                          f"{type(e).__name__}: {e}") from e
                 if len(st.outs) == 1:
