@@ -79,6 +79,7 @@ them per iteration; PSUM -> SBUF copies run on :data:`TRN2_COPY_ENGINE`.
 from __future__ import annotations
 
 from ..errors import NeuronError
+from .arch import TRN2, get_arch
 from .program import Program
 
 __all__ = ["VERSIONS", "RING_DEPTH", "IO_QUEUE", "IO_QUEUE_RULE", "build", "TRN2_VERSIONS", "TRN2_COPY_ENGINE",
@@ -397,17 +398,22 @@ _TRN2_BUILDERS = {"tiled": _trn2_tiled, "hoist_load": _trn2_hoist_load, "block_f
                   "block_k": _trn2_block_k}
 
 
-def build_trn2(version: str, K: int = 8192, M: int = 4096, N: int = 8192, *, io_queues: int = 1,
+def build_trn2(version: str, K: int = 8192, M: int = 4096, N: int = 8192, *, io_queues: int = 1, arch="trn2",
                **blocks) -> Program:
     """The kernel-optimization guide's trn2 kernel ``version`` (one of :data:`TRN2_VERSIONS`) as a
     :class:`Program` on trn2 with fp32 HBM inputs ``lhsT [K, M]``, ``rhs [K, N]`` and fp32 output
     ``result [M, N]`` (fp32 matmuls, no casts, as published). Default shape: the guide's profiled run.
     ``io_queues``: 1 (every transfer on :data:`IO_QUEUE`, :data:`IO_QUEUE_RULE`) or 2 (rhs loads on a second
     queue, to compare only). ``blocks``: tiles per block (``bm``, ``bn`` for ``block_free``, default
-    2, 2; ``bm``, ``bn``, ``bk`` for ``block_k``, default 16, 2, 8), e.g. for a small numerics check."""
+    2, 2; ``bm``, ``bn``, ``bk`` for ``block_k``, default 16, 2, 8), e.g. for a small numerics check. ``arch``:
+    ``"trn2"`` or a NeuronCore-v3 :class:`tn.neuron.arch.Arch` (e.g. one with another DMA cost constant, to
+    compare a cost rule: ``bench/fidelity.py``); the kernels' tile sets are sized for trn2's SBUF."""
     if version not in _TRN2_BUILDERS:
         raise NeuronError(f"nki_matmul: unknown trn2 version {version!r}; use one of {', '.join(TRN2_VERSIONS)}")
-    p = Program(f"nki_matmul_trn2_{version}", arch="trn2", record_sources=False)
+    if get_arch(arch).generation != TRN2.generation:
+        raise NeuronError(f"nki_matmul: the trn2 kernels are sized for a NeuronCore-v3 (trn2), not "
+                          f"{get_arch(arch).name!r}")
+    p = Program(f"nki_matmul_trn2_{version}", arch=arch, record_sources=False)
     lhsT = p.hbm("lhsT", (K, M), "float32")
     rhs = p.hbm("rhs", (K, N), "float32")
     res = p.hbm("result", (M, N), "float32", kind="output")
