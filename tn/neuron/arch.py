@@ -134,6 +134,11 @@ class Arch:
     #: bytes time) per transfer made the fingerprint workloads 0.5-33 % slower, the conv net 2.7x, BERT's layer
     #: +13-16 %); the hand-written kernels put all their IO on one queue
     #: (:data:`tn.neuron.nki_matmul.IO_QUEUE_RULE`), where the two readings agree (within 2 %).
+    #: Known disagreement (issue 16, unresolved): the published trn1 matmul v1 and trn2 tiled kernels interleave
+    #: a small load with a large one on one queue and pay ~the small one's bandwidth time for it, not a second
+    #: minimum; dropping the minimum (the fixed cost then only once per queue start, pipelined) fits those two
+    #: but halves the published v2/v3 times, and reading the curve per descriptor charges what the minimum does
+    #: (``bench/fidelity.py``: DMA_RULE_TESTED and the rows' notes). No published cost splits the two.
     dma_transfer_min_partition_bytes: int = 2424
     #: [arch-v2] "Tensor access overhead": ~60 cycles to start an SBUF/PSUM access (NC-v2; kept for v3).
     access_cycles: int = 60
