@@ -110,11 +110,13 @@ The package's files:
 - :mod:`tn.ops.fft`: the complex views and float32/complex64 FFTs (``aten._fft_r2c/_fft_c2c/_fft_c2r``) as
   DFT matmuls on the (re, im) pairs; other dtypes stay ``host`` ops;
 - :mod:`tn.ops.grouped_mm`: grouped matmul (MoE experts: ``aten._grouped_mm`` and Hugging Face's
-  ``transformers::grouped_mm_fallback`` ops, by name) as dense masked matmuls.
+  ``transformers::grouped_mm_fallback`` ops, by name) as dense masked matmuls;
+- :mod:`tn.ops.ctc`: the CTC loss and its gradient (``aten._ctc_loss``, ``_ctc_loss_backward``), torch's CPU
+  alpha/beta recursions unrolled over time with the lengths as masks.
 """
 from __future__ import annotations
 
-from . import (attention_grad, collective, core, decompositions, fft, grouped_mm, linalg,  # noqa: F401  (register
+from . import (attention_grad, collective, core, ctc, decompositions, fft, grouped_mm, linalg,  # noqa: F401  (register
                linear_cross_entropy, nn_layers, resample, special)  # the ops and decompositions)
 from .core import (  # noqa: F401  (the core ops registered by name in the module: tn.ops.matmul is OPS['matmul'])
     argmax, argmin, as_strided, as_strided_scatter, avg_pool2d, avg_pool2d_backward, cat, conj, convert,
