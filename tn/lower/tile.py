@@ -29,6 +29,7 @@ with the planners.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
@@ -266,18 +267,25 @@ def _values(eqns: List[Eqn], in_vars: List[Var], out_vars: List[Var]) -> _Values
             # a widening float cast is the same tile for the engines (they compute in fp32 anyway)
             x = e.inputs[0]
             alias[e.outputs[0]] = alias.get(x, x)
+    # Only folds that round as eager does are made (see _fold_exact): the engine computes
+    # round(round(root * scale) + bias) in fp32, so (c + 1) * 1.5 stays two steps while x * 3 + 1 is one.
     lazy: Dict[Var, Tuple[Var, float, float]] = {}
+    folded: Dict[Var, Tuple[float, float, bool]] = {}     # lazy value -> (scale, bias, has an add step)
     for j, e in enumerate(eqns):
-        aff = _affine_of(e)
-        if aff is not None:
-            aff = (alias.get(aff[0], aff[0]), aff[1], aff[2])
+        step = _affine_step(e)
         v = e.outputs[0]
-        if aff is None or v in out_set or not users_in.get(v):
+        if step is None or v in out_set or not users_in.get(v):
             continue
-        if all(_affine_of(eqns[u]) is not None or _consumer_func(eqns[u]) is not None for u in users_in[v]):
-            u0, a0, b0 = aff
-            root, A, B = lazy.get(u0, (u0, 1.0, 0.0))
-            lazy[v] = (root, a0 * A, a0 * B + b0)
+        u0 = alias.get(step[0], step[0])
+        state = _fold_exact(folded.get(u0, (1.0, 0.0, False)), step[1:])
+        if state is None:
+            continue
+        if all(_consumer_func(eqns[u]) is not None or
+               (_affine_step(eqns[u]) is not None and _fold_exact(state, _affine_step(eqns[u])[1:]) is not None)
+               for u in users_in[v]):
+            root = lazy[u0][0] if u0 in lazy else u0
+            lazy[v] = (root, state[0], state[1])
+            folded[v] = state
 
     # a narrowing cast of an fp32 value used by nothing else: the producer writes the cast's dtype (the
     # engine rounds its fp32 result once, as torch rounds the fp32 value), into the stored buffer if stored
@@ -779,10 +787,43 @@ def _widening(e: Eqn) -> bool:
 
 def _affine_of(e: Eqn) -> Optional[Tuple[Var, float, float]]:
     """``(x, a, b)`` when ``e`` computes ``a*x + b`` in fp32 from one Var ``x`` (and a number), else None."""
+    step = _affine_step(e)
+    return None if step is None else step[:3]
+
+
+def _power_of_two(c: float) -> bool:
+    """``c`` is +-2**k inside fp32's normal range (scaling by it is exact in fp32)."""
+    if c == 0.0 or not math.isfinite(c):
+        return False
+    m, ex = math.frexp(abs(c))
+    return m == 0.5 and -125 <= ex <= 128
+
+
+def _fold_exact(state: Tuple[float, float, bool], step: Tuple[float, float, bool]
+                ) -> Optional[Tuple[float, float, bool]]:
+    """``state`` (value = round(round(root*A) + B), B's add present or not) followed by the affine ``step``
+    ``(a, b, adds)`` as one new state, or None when the engine's one activation would round differently
+    from eager's steps (an add after an add; a multiply by a non power of two after an add or after a
+    non power-of-two multiply). Powers of two scale exactly (fp32 normal range; subnormals aside)."""
+    A, B, added = state
+    a, b, adds = step
+    if not adds:                                   # x * a (mul, neg, div by a power of two)
+        if _power_of_two(a) or (not added and (A == 1.0 or _power_of_two(A))):
+            return A * a, B * a + 0.0, added           # + 0.0: no -0.0 bias
+        return None
+    if added:
+        return None
+    return A * a, b, True                          # x + b, or b - x (a == -1: negation is exact)
+
+
+def _affine_step(e: Eqn) -> Optional[Tuple[Var, float, float, bool]]:
+    """``(x, a, b, adds)`` when ``e`` computes ``a*x + b`` in fp32 from one Var ``x`` (and a number) with
+    eager's rounding: one multiply (``adds`` False) or one add/subtract (``adds`` True); else None.
+    ``x / c`` is a step only for a power-of-two ``c`` (eager divides; ``x * (1/c)`` rounds differently)."""
     name = e.op.name
     if name == "neg" and isinstance(e.inputs[0], Var) and e.inputs[0].dtype == torch.float32 and \
             e.outputs[0].dtype == torch.float32:
-        return e.inputs[0], -1.0, 0.0
+        return e.inputs[0], -1.0, 0.0, False
     if name not in ("mul", "add", "sub", "div") or len(e.inputs) != 2 or e.attrs.get("rounding_mode"):
         return None
     if e.outputs[0].dtype != torch.float32:
@@ -798,14 +839,14 @@ def _affine_of(e: Eqn) -> Optional[Tuple[Var, float, float]]:
         return None
     c = float(c)
     if name == "mul":
-        return u, c, 0.0
+        return u, c, 0.0, False
     if name == "add":
-        return u, 1.0, c
+        return u, 1.0, c, True
     if name == "sub":
-        return (u, -1.0, c) if left else (u, 1.0, -c)
-    if left or c == 0.0:
+        return (u, -1.0, c, True) if left else (u, 1.0, -c, True)
+    if left or not _power_of_two(c):
         return None
-    return u, 1.0 / c, 0.0
+    return u, 1.0 / c, 0.0, False
 
 
 def _consumer_func(e: Eqn) -> Optional[str]:
