@@ -112,12 +112,14 @@ The package's files:
 - :mod:`tn.ops.grouped_mm`: grouped matmul (MoE experts: ``aten._grouped_mm`` and Hugging Face's
   ``transformers::grouped_mm_fallback`` ops, by name) as dense masked matmuls;
 - :mod:`tn.ops.ctc`: the CTC loss and its gradient (``aten._ctc_loss``, ``_ctc_loss_backward``), torch's CPU
-  alpha/beta recursions unrolled over time with the lengths as masks.
+  alpha/beta recursions unrolled over time with the lengths as masks;
+- :mod:`tn.ops.segment_reduce_grad`: ``aten._segment_reduce_backward`` (sum, mean, max, min, prod; lengths or
+  offsets) as torch's CPU kernel defines it, elementwise on the rows of each segment.
 """
 from __future__ import annotations
 
 from . import (attention_grad, collective, core, ctc, decompositions, fft, grouped_mm, linalg,  # noqa: F401  (register
-               linear_cross_entropy, nn_layers, resample, special)  # the ops and decompositions)
+               linear_cross_entropy, nn_layers, resample, segment_reduce_grad, special)  # the ops and decompositions)
 from .core import (  # noqa: F401  (the core ops registered by name in the module: tn.ops.matmul is OPS['matmul'])
     argmax, argmin, as_strided, as_strided_scatter, avg_pool2d, avg_pool2d_backward, cat, conj, convert,
     convolution, convolution_backward, cummax, cummin, cumsum, div, expand, flip, full, gather, gelu, host, index,
