@@ -204,7 +204,16 @@ def _clamp_tensor(x, min=None, max=None):
 @decomposition(aten.addmm.default,
                instead_of_torch="leaves out the multiplies by alpha or beta equal to 1, which torch's always emits")
 def _addmm(bias, a, b, *, beta=1, alpha=1):
-    """``beta * bias + alpha * (a @ b)``."""
+    """``beta * bias + alpha * (a @ b)``. A 16-bit call that accumulates into a full ``[M, N]`` matrix (not a
+    broadcast bias) runs in float32 and is rounded once, as torch's CPU kernel does (fp32 ``beta * C + alpha *
+    sum``): ``C - A @ B`` typically cancels (torch's chunked cross-entropy gradient is such an update), and the
+    product rounded to bf16 before the sum lost up to 100x eager's error there."""
+    low = a.dtype in (torch.bfloat16, torch.float16)
+    if low and beta != 0 and tuple(bias.shape) == (a.shape[0], b.shape[1]) and a.shape[0] > 1:
+        f32 = torch.float32
+        full = _addmm(aten._to_copy.default(bias, dtype=f32), aten._to_copy.default(a, dtype=f32),
+                      aten._to_copy.default(b, dtype=f32), beta=beta, alpha=alpha)
+        return aten._to_copy.default(full, dtype=a.dtype)
     out = aten.mm.default(a, b)
     if alpha != 1:
         out = aten.mul.Tensor(out, alpha)

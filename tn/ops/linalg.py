@@ -43,8 +43,10 @@ nothing extra and 0-size matrices trace to empty loops.
   each driver computes at full rank; rank and singular values from the same ``s``.
 * Not here: ``linalg_ldl_factor_ex``/``linalg_ldl_solve`` (Bunch-Kaufman pivots) stay host ops.
 
-Only float32 runs natively (the chip has no float64 or complex arithmetic),
-and only calls that do not ask the op itself to raise (``check_errors=True``):
+Only float32 runs natively (the chip has no float64 or complex arithmetic;
+``linalg_matrix_exp`` also takes bf16/fp16, computed in float32: torch's own
+bf16 kernel returns NaN where the result is finite), and only calls that do
+not ask the op itself to raise (``check_errors=True``):
 for everything else these overloads stay the counted ``host`` op
 (``host[fn=...]``, as :data:`tn.ops.HOST_OVERLOADS`). The choice is made by
 the converter (:data:`NATIVE_OVERLOADS`): it returns ``None`` (decompose) for
@@ -103,13 +105,15 @@ def _gated_conv(ov: Any, native: Optional[Callable[[Dict[str, Any]], bool]] = No
 
     def conv(*args: Any, **kwargs: Any) -> Any:
         tensors = (args[0],) if ov in _NATIVE_BY_INPUT else (*args, *kwargs.values())
-        if (not getattr(_HOST, "forced", False) and _is_native(*tensors)
+        if (not getattr(_HOST, "forced", False)
+                and (_is_native(*tensors) or ov in _NATIVE_LOW_PRECISION and _is_low_precision(*tensors))
                 and not kwargs.get("check_errors", False)
                 and (native is None or native(_bound(ov, args, kwargs)))):
             return None
         return host_form(*args, **kwargs)
 
-    conv.__doc__ = f"{ov}: tn's decomposition for float32, the host op for other dtypes."
+    conv.__doc__ = (f"{ov}: tn's decomposition for float32 (and bf16/fp16 if in _NATIVE_LOW_PRECISION), the host "
+                    "op for other dtypes.")
     return conv
 
 
@@ -135,6 +139,18 @@ NATIVE_WHEN: Dict[Any, Callable[[Dict[str, Any]], bool]] = {
 #: tensors when given as Python numbers: they are cast to float32, where torch compares in float64, so a
 #: threshold can differ by one float32 rounding)
 _NATIVE_BY_INPUT = (aten.linalg_pinv.atol_rtol_tensor,)
+
+
+#: the overloads whose decomposition also takes bf16/fp16 inputs, computing in float32 and rounding the result
+#: once: torch's CPU kernel of ``linalg_matrix_exp`` in bf16 evaluates the Taylor polynomial and squarings in
+#: bf16 and returns NaN for matrices of 1-norm ~27 whose exponential (~9e4) bf16 represents fine
+_NATIVE_LOW_PRECISION = (aten.linalg_matrix_exp.default,)
+
+
+def _is_low_precision(*tensors: Any) -> bool:
+    """Whether every floating tensor argument is bfloat16 or float16 (and there is one)."""
+    ts = [t for t in tensors if isinstance(t, Tensor) and (t.is_floating_point() or t.is_complex())]
+    return bool(ts) and all(t.dtype in (torch.bfloat16, torch.float16) for t in ts)
 
 
 #: The overloads decomposed here for float32 (the converter picks: see :func:`_gated_conv`); for other dtypes
@@ -902,7 +918,10 @@ def _linalg_matrix_exp(a: Tensor) -> Any:
     from the 1-norm (``T_1`` up to ``1.2e-7``, then ``T_2, T_4, T_8, T_12`` up to their bounds), beyond
     ``1.46`` the degree-18 approximant of ``A / 2^s`` squared ``s = max(0, ceil(log2(norm / 3.01)))`` times.
     Every candidate is computed and the matrix's own one selected (``where``); the squarings are unrolled
-    ``_EXP_MAX_SQUARINGS`` times, each kept only while ``p < s``. A NaN norm gives NaN."""
+    ``_EXP_MAX_SQUARINGS`` times, each kept only while ``p < s``. A NaN norm gives NaN. bf16/fp16 inputs are
+    computed in float32 and rounded once (:data:`_NATIVE_LOW_PRECISION`)."""
+    if a.dtype in (torch.bfloat16, torch.float16):
+        return _linalg_matrix_exp(a.float()).to(a.dtype)
     n = a.shape[-1]
     if n == 0:
         return a.clone()

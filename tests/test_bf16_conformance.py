@@ -1,0 +1,147 @@
+# bfloat16 conformance (issue 17): ops whose bf16 results or gradients were wrong on the device and tn.jit doors.
+"""Each test runs one op with bf16 inputs through the device door (``.to("neuron")``) and ``tn.jit`` and
+checks it with the rule of ``bench/coverage.py``: the fp32 computation on the same (bf16-valued) inputs is the
+oracle, at bf16 tolerances (rtol 1.6e-2, atol 1e-3) widened, element by element, by twice the error of eager
+PyTorch's own bf16 CPU kernel there (a CPU bf16 kernel is not the oracle, but where it loses digits to
+cancellation any bf16 computation may). Each failed before its fix.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tn
+import tn.lower  # noqa: F401  (registers the lowerings and the neuron backend)
+
+RTOL, ATOL = 1.6e-2, 1e-3
+BF16 = torch.bfloat16
+
+
+def _assert_bf16_close(actual, want32, eager16):
+    """``actual`` (bf16) within the bench's bf16 rule of the fp32 oracle ``want32``, widened by twice eager's
+    bf16 error ``|eager16 - want32|`` (no widening where eager's value is not finite)."""
+    assert actual.dtype == BF16 and actual.shape == want32.shape
+    a = actual.detach().cpu().float()
+    e = want32.detach().float()
+    m = eager16.detach().float()
+    slack = torch.where(torch.isfinite(m), 2 * (m - e).abs(), torch.zeros_like(e))
+    allowed = ATOL + RTOL * e.abs() + slack
+    bad = ~((a - e).abs() <= allowed)
+    assert not bad.any(), (f"{int(bad.sum())} of {a.numel()} elements off: door {a[bad][:4].tolist()}, "
+                           f"fp32 {e[bad][:4].tolist()}, eager bf16 {m[bad][:4].tolist()}")
+
+
+def _doors(fn, *xs):
+    """``fn``'s bf16 results through the device door and through ``tn.jit``."""
+    dev = fn(*[x.to("neuron") for x in xs])
+    jit = tn.jit(fn)(*xs)
+    return {"device": dev, "jit": jit}
+
+
+def _matrix_exp_input():
+    """OpInfo matrix_exp's first sample shape and scale: a 5x5 bf16 matrix of 1-norm ~27 (exp entries ~9e4)."""
+    g = torch.Generator().manual_seed(0)
+    return (torch.rand(5, 5, generator=g) * 18 - 9).to(BF16)
+
+
+def test_matrix_exp_bf16_is_finite_and_right():
+    # torch's CPU bf16 kernel evaluates its Taylor polynomial and squarings in bf16 and returns NaN here; the
+    # doors ran that kernel as a host op (NaN, a wrong answer against fp32). Now decomposed natively in fp32.
+    a = _matrix_exp_input()
+    want = torch.linalg.matrix_exp(a.float())
+    assert torch.isfinite(want).all()
+    eager = torch.linalg.matrix_exp(a)
+    for door, got in _doors(torch.linalg.matrix_exp, a).items():
+        assert torch.isfinite(got.cpu()).all(), door
+        _assert_bf16_close(got, want, eager)
+
+
+def test_matrix_exp_bf16_runs_natively(monkeypatch):
+    monkeypatch.setenv("TN_STRICT", "1")
+    a = _matrix_exp_input()
+    got = tn.jit(torch.linalg.matrix_exp)(a)
+    _assert_bf16_close(got, torch.linalg.matrix_exp(a.float()), torch.linalg.matrix_exp(a))
+
+
+def test_matrix_exp_bf16_gradient():
+    # the gradient is matrix_exp of a 2n x 2n block matrix: the same bf16 path
+    a = _matrix_exp_input()
+    w = (torch.rand(5, 5, generator=torch.Generator().manual_seed(1)) + 0.5).to(BF16)
+
+    def grad(x, dev=None):
+        x = x.detach().to(dev or "cpu").requires_grad_()
+        (torch.linalg.matrix_exp(x) * w.to(x.device).to(x.dtype)).sum().backward()
+        return x.grad
+
+    want = grad(a.float())
+    got = grad(a, "neuron")
+    assert torch.isfinite(got.cpu()).all()
+    _assert_bf16_close(got, want, grad(a))
+
+
+def _addmm_cancelling():
+    """``C - A @ B`` where ``C`` is ``A @ B`` plus small noise: the result is ~50x smaller than the product."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(64, 32, generator=g).to(BF16)
+    b = torch.randn(32, 48, generator=g).to(BF16)
+    c = ((a.float() @ b.float()) + 0.05 * torch.randn(64, 48, generator=g)).to(BF16)
+    return c, a, b
+
+
+@pytest.mark.parametrize("door", ["device", "jit"])
+def test_addmm_bf16_into_a_full_matrix_rounds_once(door):
+    # the product was rounded to bf16 before the sum: 0.06 off where eager (fp32 sum, one rounding) is 5e-4 off
+    c, a, b = _addmm_cancelling()
+
+    def f(c, a, b):
+        return torch.addmm(c, a, b, alpha=-1)
+
+    want = f(c.float(), a.float(), b.float())
+    got = f(*[x.to("neuron") for x in (c, a, b)]) if door == "device" else tn.jit(f)(c, a, b)
+    _assert_bf16_close(got, want, f(c, a, b))
+
+
+def test_addmm_bf16_with_a_bias_vector_is_unchanged():
+    # a broadcast bias (nn.Linear) keeps the bf16 matmul (TensorE at the bf16 rate); its result still conforms
+    g = torch.Generator().manual_seed(2)
+    x, w, bias = (torch.randn(16, 32, generator=g).to(BF16), torch.randn(32, 24, generator=g).to(BF16),
+                  torch.randn(24, generator=g).to(BF16))
+    got = tn.jit(torch.addmm)(bias, x, w)
+    _assert_bf16_close(got, torch.addmm(bias.float(), x.float(), w.float()), torch.addmm(bias, x, w))
+
+
+def test_linear_cross_entropy_auto_policy_on_neuron_accumulates_in_fp32():
+    # torch resolves acc_policy='auto' per device type and knew only cpu/cuda: the neuron device got bf16
+    # accumulation ('compact'), whose chunked input gradient (W[t] w - P W, cancelling) had twice eager's error
+    from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
+
+    o = LinearCrossEntropyOptions(batch_chunk_size=2)._adjust(8, 3, 4, BF16, torch.device("neuron"))
+    cpu = LinearCrossEntropyOptions(batch_chunk_size=2)._adjust(8, 3, 4, BF16, torch.device("cpu"))
+    assert (o.acc_policy, o.acc_dtype) == (cpu.acc_policy, cpu.acc_dtype) == ("accurate", torch.float32)
+    f32 = LinearCrossEntropyOptions(batch_chunk_size=2)._adjust(8, 3, 4, torch.float32, torch.device("neuron"))
+    assert f32.acc_dtype == torch.float32
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_linear_cross_entropy_chunked_bf16_gradient_on_the_device(reduction):
+    from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(8, 3, generator=g).to(BF16)
+    w = torch.randn(4, 3, generator=g).to(BF16)
+    t = torch.randint(0, 4, (8,), generator=g)
+    up = (torch.rand(8, generator=g) + 0.5).to(BF16)
+    opts = LinearCrossEntropyOptions(batch_chunk_size=2)
+
+    def grads(x, w, dev):
+        x = x.detach().to(dev).requires_grad_()
+        w = w.detach().to(dev).requires_grad_()
+        out = F.linear_cross_entropy(x, w, t.to(dev), reduction=reduction, options=opts)
+        loss = (out.float() * up.float().to(dev)).sum() if reduction == "none" else out.float()
+        loss.backward()
+        return x.grad, w.grad
+
+    want = grads(x.float(), w.float(), "cpu")
+    eager = grads(x, w, "cpu")
+    got = grads(x, w, "neuron")
+    for a, e, m in zip(got, want, eager):
+        _assert_bf16_close(a, e, m)
