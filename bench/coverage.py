@@ -41,7 +41,11 @@ the sample it was running); the run goes on. Statuses, worst sample first:
 Comparison: ``torch.testing.assert_close`` with per-dtype tolerances (:data:`TOLERANCES`, NaNs equal,
 integers exact). A ``bfloat16`` run feeds the door bf16 inputs and compares its results with an fp32
 computation on the same (bf16-valued) inputs, at bf16 tolerances: a CPU bf16 kernel is not the oracle
-(the result's dtype and shape still come from eager bf16).
+(the result's dtype and shape still come from eager bf16). Where the fp32 value is off by more than the bf16
+tolerance, a result within that tolerance widened by twice eager bf16's own error passes (eager's error
+measured by its kernels and again with ``_log_softmax``, which eager rounds twice, rounded once as the doors
+do: :func:`_rounded_eager`). Gradient weights of a bf16 result are bf16 values (the backward gets them in
+bf16 on every side), and sort/topk gradients may put the same weights on other equal keys (``stable=False``).
 
 ``--crash-only`` runs every sample without comparing (a sweep for crashes). Prints a table per status
 and the most common reasons (tabulate); ``--json`` writes the same as
@@ -219,6 +223,30 @@ def _tie_check(name: str, args: tuple, kwargs: Dict[str, Any]) -> Optional[Calla
             return False
         return bool(torch.equal(xs.gather(dim, a), xs.gather(dim, e)))
 
+    def grads_ok(actual: Any, expected: Any, kw: Dict[str, float]) -> bool:
+        # The gradient of sum(values * w) puts w[j] at the input position the j-th result came from: where equal
+        # keys are ordered another (valid) way, the same weights land on other positions of the same keys. So
+        # per slice along the dim, the gradients sorted by (key, gradient) must match: the same multiset of
+        # gradients on every group of equal keys (topk: unselected ones are 0 in both), at the usual tolerance.
+        a_leaves, e_leaves = _tensor_leaves(actual), _tensor_leaves(expected)
+        if len(a_leaves) != 1 or len(e_leaves) != 1 or x.dim() == 0:
+            return False
+        a, e = a_leaves[0].detach().cpu(), e_leaves[0].detach().cpu()
+        if a.shape != x.shape or e.shape != x.shape:
+            return False
+        n = x.shape[dim]
+        rows = [t.detach().cpu().to(torch.float64).movedim(dim, -1).reshape(-1, n).numpy() for t in (x, a, e)]
+        import numpy as np
+
+        sorted_ = [np.take_along_axis(g, np.lexsort((g, rows[0]), axis=-1), -1) for g in rows[1:]]
+        try:
+            torch.testing.assert_close(torch.from_numpy(sorted_[0]), torch.from_numpy(sorted_[1]),
+                                       equal_nan=True, **kw)
+        except AssertionError:
+            return False
+        return True
+
+    ok.grads = grads_ok    # type: ignore[attr-defined]
     return ok
 
 
@@ -372,7 +400,13 @@ def _grad_weights(outs: List[torch.Tensor]) -> List[Optional[torch.Tensor]]:
     ws = []
     for o in outs:
         if o.requires_grad and (o.is_floating_point() or o.is_complex()):
-            ws.append(torch.rand(tuple(o.shape), generator=g, dtype=torch.float32) + 0.5)
+            w = torch.rand(tuple(o.shape), generator=g, dtype=torch.float32) + 0.5
+            if o.dtype in (torch.bfloat16, torch.float16):
+                # representable in the result's dtype: the door's (and eager's) backward receives d loss / d out in
+                # that dtype, so a weight rounded there only in the door made the fp32 oracle's upstream gradient
+                # another input (matrix_exp's gradient cancels: 0.4% in w was 7% at an element)
+                w = w.to(o.dtype).to(torch.float32)
+            ws.append(w)
         else:
             ws.append(None)
     return ws
@@ -516,6 +550,40 @@ def _float64_oracle(case: Case, grad: bool, ws: List[Optional[torch.Tensor]]) ->
         return None, None
 
 
+#: CPU kernels whose bf16/fp16 results are not the correctly rounded fp32 value (they round in between):
+#: ``_log_softmax`` computes ``x - max - log(sum)`` with the difference rounded to bf16 first (-1.1797 where the
+#: fp32 value -1.1752 rounds to -1.1719).
+_NOT_ROUNDED_ONCE = (torch.ops.aten._log_softmax.default,)
+
+
+class _RoundedOnce(torch.utils._python_dispatch.TorchDispatchMode):
+    """Runs the :data:`_NOT_ROUNDED_ONCE` kernels of 16-bit inputs in fp32 and rounds their results once."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _NOT_ROUNDED_ONCE and args[0].dtype in (torch.bfloat16, torch.float16):
+            return func(args[0].float(), *args[1:], **kwargs).to(args[0].dtype)
+        return func(*args, **kwargs)
+
+
+def _rounded_eager(case: Case, grad: bool, ws: List[Optional[torch.Tensor]]) -> Tuple[Any, Any]:
+    """``(results, grads)`` of eager PyTorch on the case's 16-bit inputs with the :data:`_NOT_ROUNDED_ONCE`
+    kernels rounded once, as the doors compute them: a second measure of eager's own low-precision error for the
+    widening rule (:func:`_within_eager_error`). Where a later step cancels (``linear_cross_entropy``'s
+    soft-target gradient ``exp(log_softmax) * sum(w t) - w t``), a one-ulp change of the saved log-softmax moves
+    the gradient by several of its ulps, and eager's kernel can land closer to fp32 by chance only; the door's
+    result is then bit for bit this run's. ``(None, None)`` when it fails."""
+    mode = _RoundedOnce()
+    try:
+        torch.manual_seed(SEED)
+        ts = _clone(case.tensors)
+        with mode:
+            res = _grads(case.fn, ts, ws) if grad else (case.fn(*ts), None)
+    except Exception:
+        return None, None
+    return res
+
+
 def _eager_reference(case: Case, dtype: torch.dtype, grad: bool) -> Tuple[Any, Any, Any, List]:
     """(values, grads, metas, weights) of eager PyTorch on the CPU; values at fp32 for low-precision dtypes."""
     ref_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else None
@@ -652,15 +720,30 @@ def _run_case(case: Case, mode: str, backend: str, dtype: torch.dtype, grad: boo
     if bad and dtype == torch.float32:
         oracle = _float64_oracle(case, grad, ws)
         bad = compare(out, ref_out, tol, expected_meta=meta_out, oracle=oracle[0])
+    rounded = None
+    if bad and dtype in (torch.bfloat16, torch.float16):
+        rounded = _rounded_eager(case, grad, ws)
+        if rounded[0] is not None:
+            bad = compare(out, ref_out, tol, expected_meta=rounded[0])
     if bad is None and grad and ref_g is not None:
         if g is None:
             bad = "mismatch: no gradients"
         else:
             grad_tols = {**TOLERANCES, **GRAD_TOLERANCES}
             bad = compare(g, ref_g, tol, expected_meta=meta_g, tolerances=grad_tols)
+            if bad and case.ties is not None and compare(g, ref_g, tol, expected_meta=meta_g, values=False) is None:
+                gm = _tensor_leaves(meta_g)
+                kw = grad_tols.get(gm[0].dtype, TOLERANCES[torch.float32]) if len(gm) == 1 else None
+                if kw is not None and case.ties.grads(g, ref_g, dict(tol if tol and gm[0].dtype == torch.float32
+                                                                     else kw)):
+                    bad = None     # the same gradients on each group of equal keys (see _tie_check)
             if bad and dtype == torch.float32:
                 oracle = oracle or _float64_oracle(case, grad, ws)
                 bad = compare(g, ref_g, tol, expected_meta=meta_g, tolerances=grad_tols, oracle=oracle[1])
+            if bad and dtype in (torch.bfloat16, torch.float16):
+                rounded = rounded or _rounded_eager(case, grad, ws)
+                if rounded[1] is not None:
+                    bad = compare(g, ref_g, tol, expected_meta=rounded[1], tolerances=grad_tols)
             bad = f"gradient {bad}" if bad else None
     if bad:
         return "fail", bad

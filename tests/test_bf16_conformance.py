@@ -145,3 +145,46 @@ def test_linear_cross_entropy_chunked_bf16_gradient_on_the_device(reduction):
     got = grads(x, w, "neuron")
     for a, e, m in zip(got, want, eager):
         _assert_bf16_close(a, e, m)
+
+
+# --------------------------------------------------------------------------- the bench's bf16 rules
+
+def _bench():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "coverage.py"
+    spec = importlib.util.spec_from_file_location("tn_bench_coverage_bf16", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_sort_gradient_accepts_equal_keys_in_another_order_only():
+    cov = _bench()
+    x = torch.tensor([[1., 2., 2., 3.], [5., 5., 1., 0.]], dtype=BF16)
+    check = cov._tie_check("sort", (x,), {})
+    want = torch.tensor([[.1, .2, .3, .4], [.5, .6, .7, .8]])
+    swapped_ties = torch.tensor([[.1, .3, .2, .4], [.6, .5, .7, .8]]).to(BF16)
+    swapped_keys = torch.tensor([[.2, .1, .3, .4], [.5, .6, .7, .8]]).to(BF16)
+    kw = cov.TOLERANCES[BF16]
+    assert check.grads((swapped_ties,), (want,), kw)
+    assert not check.grads((swapped_keys,), (want,), kw)
+
+
+def test_bench_gradient_weights_of_bf16_results_are_bf16_values():
+    cov = _bench()
+    o16 = torch.zeros(64, dtype=BF16, requires_grad=True)
+    o32 = torch.zeros(64, requires_grad=True)
+    w16, w32 = cov._grad_weights([o16])[0], cov._grad_weights([o32])[0]
+    assert w16.dtype == torch.float32 and torch.equal(w16, w16.to(BF16).float())
+    assert not torch.equal(w32, w32.to(BF16).float())
+
+
+def test_bench_rounded_once_log_softmax_is_the_correctly_rounded_value():
+    cov = _bench()
+    x = torch.tensor([-0.6016, -0.0417, -1.5859, -2.7656], dtype=BF16)
+    case = cov.Case(lambda t: torch.log_softmax(t, 0), [x], "log_softmax")
+    out, _ = cov._rounded_eager(case, False, [])
+    assert torch.equal(out, torch.log_softmax(x.float(), 0).to(BF16))
+    assert not torch.equal(torch.log_softmax(x, 0), out)     # eager's own kernel rounds in between
