@@ -942,26 +942,15 @@ def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
 # (2-d: the vectorised kernel's forms; 3-d: the scalar kernel's), so results match eager torch bit for bit on
 # the reference backend.
 
-def _gs_mul_rounded(x: Tensor, s: float) -> Tensor:
-    """``x * s`` rounded on its own, as torch's kernel rounds it: the number is a 0-dim tensor, not a literal,
-    so the compiler cannot fold it with the ``c + 1`` before it into one ``c*s + s`` (another rounding; the
-    position's last bits differ from eager's and the bicubic grid gradient, which scales them by the size,
-    lost the fp32 tolerance against eager). A power of two is exact either way and stays a literal."""
-    m, _ = math.frexp(s)
-    if s == 0 or m == 0.5:
-        return aten.mul.Tensor(x, s)
-    return aten.mul.Tensor(x, aten.full.default([], s, dtype=x.dtype, device=x.device))
-
-
 def _gs_unnormalize(c: Tensor, size: int, align_corners: bool, two_d: bool) -> Tensor:
     """Grid coordinates in [-1, 1] to input coordinates, written as torch's 2-d (vectorised) or 3-d CPU
     kernel writes them, every step rounded as there (see :func:`_gs_mul_rounded`)."""
     if two_d:
-        u = _gs_mul_rounded(aten.add.Scalar(c, 1), (size - 1) / 2 if align_corners else size / 2)
+        u = aten.mul.Tensor(aten.add.Scalar(c, 1), (size - 1) / 2 if align_corners else size / 2)
         return u if align_corners else aten.sub.Scalar(u, 0.5)
     if align_corners:
-        return _gs_mul_rounded(aten.div.Scalar(aten.add.Scalar(c, 1), 2), size - 1)
-    return aten.div.Scalar(aten.sub.Scalar(_gs_mul_rounded(aten.add.Scalar(c, 1), size), 1), 2)
+        return aten.mul.Tensor(aten.div.Scalar(aten.add.Scalar(c, 1), 2), size - 1)
+    return aten.div.Scalar(aten.sub.Scalar(aten.mul.Tensor(aten.add.Scalar(c, 1), size), 1), 2)
 
 
 def _gs_reflect(c: Tensor, twice_low: int, twice_high: int) -> Tensor:
@@ -1022,10 +1011,10 @@ def _gs_cubic_weights(t: Tensor) -> List[Tensor]:
 
     def near(s):   # |s| <= 1: ((A + 2) s - (A + 3)) s s + 1
         return aten.add.Scalar(aten.mul.Tensor(aten.mul.Tensor(
-            aten.sub.Scalar(_gs_mul_rounded(s, A + 2), A + 3), s), s), 1)
+            aten.sub.Scalar(aten.mul.Tensor(s, A + 2), A + 3), s), s), 1)
 
     def far(s):    # 1 < |s| < 2: ((A s - 5A) s + 8A) s - 4A
-        u = aten.add.Scalar(aten.mul.Tensor(aten.sub.Scalar(_gs_mul_rounded(s, A), 5 * A), s), 8 * A)
+        u = aten.add.Scalar(aten.mul.Tensor(aten.sub.Scalar(aten.mul.Tensor(s, A), 5 * A), s), 8 * A)
         return aten.sub.Scalar(aten.mul.Tensor(u, s), 4 * A)
 
     return [far(aten.add.Scalar(t, 1)), near(t), near(aten.rsub.Scalar(t, 1)), far(aten.rsub.Scalar(t, 2))]
@@ -1159,7 +1148,7 @@ def _gs_cubic_coeff_grads(t: Tensor) -> List[Tensor]:
     x2, x3 = aten.rsub.Scalar(t, 1), aten.rsub.Scalar(t, 2)
 
     def poly(x, a, b):   # (a x + b) x
-        return aten.mul.Tensor(aten.add.Scalar(_gs_mul_rounded(x, a), b), x)
+        return aten.mul.Tensor(aten.add.Scalar(aten.mul.Tensor(x, a), b), x)
 
     return [aten.sub.Scalar(poly(x0, -3 * A, -10 * A), 8 * A), poly(x1, -3 * (A + 2), -2 * (A + 3)),
             poly(x2, 3 * (A + 2), -2 * (A + 3)), aten.add.Scalar(poly(x3, 3 * A, -10 * A), 8 * A)]
