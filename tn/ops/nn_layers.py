@@ -944,7 +944,7 @@ def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
 
 def _gs_unnormalize(c: Tensor, size: int, align_corners: bool, two_d: bool) -> Tensor:
     """Grid coordinates in [-1, 1] to input coordinates, written as torch's 2-d (vectorised) or 3-d CPU
-    kernel writes them, every step rounded as there (see :func:`_gs_mul_rounded`)."""
+    kernel writes them, every step rounded as there (the compiler folds steps only where that rounds alike)."""
     if two_d:
         u = aten.mul.Tensor(aten.add.Scalar(c, 1), (size - 1) / 2 if align_corners else size / 2)
         return u if align_corners else aten.sub.Scalar(u, 0.5)
@@ -1006,7 +1006,7 @@ def _gs_tap(xt: Tensor, pos: Sequence[Tensor], sizes: Sequence[int]) -> Tuple[Te
 
 def _gs_cubic_weights(t: Tensor) -> List[Tensor]:
     """The four cubic-convolution weights (A = -0.75, as torch) of taps -1, 0, 1, 2 at fraction ``t``, each
-    product rounded as torch's kernels round it (:func:`_gs_mul_rounded`)."""
+    product rounded as torch's kernels round it."""
     A = -0.75
 
     def near(s):   # |s| <= 1: ((A + 2) s - (A + 3)) s s + 1
