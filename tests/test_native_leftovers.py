@@ -1,4 +1,4 @@
-# Tests of host ops made native late in issue 17 (segment_reduce's gradient, ...): against torch on the CPU, under TN_STRICT, through tn.jit and on the device.
+# Tests of host ops made native late in issue 17 (segment_reduce's gradient) and of hash_tensor, a counted host op under tn.jit: against torch on the CPU, under TN_STRICT, through tn.jit and on the device.
 import itertools
 
 import pytest
@@ -74,3 +74,24 @@ def test_segment_reduce_max_gradient_keeps_torchs_tie_rule():
     want = torch.tensor([0.0, 2.0, 2.0, -6.0, -6.0])
     torch.testing.assert_close(f(x, w), want)
     torch.testing.assert_close(tn.jit(f)(x, w), want)
+
+
+# --------------------------------------------------------------------------- hash_tensor: a counted host op
+
+
+@pytest.mark.parametrize("kw", [{}, dict(dim=[0], keepdim=True), dict(dim=[-1])])
+def test_hash_tensor_through_jit_is_torchs_hash_as_one_counted_host_op(kw):
+    """The xor of float64 bit patterns needs 64-bit words (the engine has range-checked int32 ones): under
+    tn.jit it is one host equation, counted, torch's exact hash (it raised UnsupportedOpError before)."""
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(1))
+    f = lambda x: torch.hash_tensor(x * 2, **kw)    # noqa: E731
+    with tn.profile() as prof:
+        got = tn.jit(f)(x)
+    assert got.dtype == torch.uint64 and torch.equal(got, f(x))
+    assert sum(prof.host_ops.values()) == 1
+
+
+def test_hash_tensor_through_jit_is_refused_under_strict(monkeypatch):
+    monkeypatch.setenv("TN_STRICT", "1")
+    with pytest.raises(tn.UnsupportedOpError):
+        tn.jit(lambda x: torch.hash_tensor(x + 1))(torch.randn(4))

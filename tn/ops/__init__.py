@@ -61,7 +61,7 @@ index           gather[dim] scatter[dim] scatter_add[dim] scatter_reduce[dim red
                 include_self] index[dims] index_put[dims accumulate]
 creation        full[shape value dtype] iota[length start step dtype]
 random          rand[shape dtype] randn[shape dtype]
-host            host[fn ...]: an aten op of :data:`HOST_OVERLOADS` (eigen/SVD, non-float32 linear algebra and FFTs) run by torch
+host            host[fn ...]: an aten op of :data:`HOST_OVERLOADS` (eigen/SVD, non-float32 linear algebra and FFTs, hash_tensor) run by torch
                 on the host, its non-tensor arguments as attributes (no NeuronCore lowering);
                 linalg_check[api_name is_matrix where]: a ``torch.linalg.*_ex`` status check, effectful
                 (kept with no result), raising eager's ``torch.linalg.LinAlgError`` at run time
