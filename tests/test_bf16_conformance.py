@@ -147,6 +147,28 @@ def test_linear_cross_entropy_chunked_bf16_gradient_on_the_device(reduction):
         _assert_bf16_close(a, e, m)
 
 
+@pytest.mark.parametrize("dtype", [BF16, torch.float16])
+def test_nextafter_16_bit_every_value_natively(dtype, monkeypatch):
+    # tn.jit refused nextafter of bf16/fp16 (the decomposition took fp32 only): every bit pattern, towards
+    # +-inf, 0 and NaN, bit for bit with torch's CPU kernel, with no host op
+    monkeypatch.setenv("TN_STRICT", "1")
+    x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
+    f = tn.jit(torch.nextafter)
+    for towards in (float("inf"), float("-inf"), 0.0, float("nan")):
+        y = torch.full_like(x, towards)
+        want, got = torch.nextafter(x, y), f(x, y)
+        same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
+        assert same.all(), (towards, x[~same][:4].tolist(), got[~same][:4].tolist(), want[~same][:4].tolist())
+
+
+def test_nextafter_from_the_smallest_negative_subnormal_up_is_negative_zero():
+    x = torch.tensor([-2.0 ** -149, 2.0 ** -149])
+    y = torch.tensor([1.0, 0.0])
+    want = torch.nextafter(x, y)            # [-0.0, 0.0]
+    for got in (tn.jit(torch.nextafter)(x, y), torch.nextafter(x.to("neuron"), y.to("neuron")).cpu()):
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), got
+
+
 # --------------------------------------------------------------------------- the bench's bf16 rules
 
 def _bench():

@@ -984,29 +984,42 @@ def _frexp(x):
     return m, aten._to_copy.default(e, dtype=torch.int32)
 
 
+#: dtype -> (precision in bits with the implicit one, smallest normal exponent, largest finite value)
+_FLOAT_FORMATS = {torch.float32: (24, -126, 3.4028234663852886e38),
+                  torch.bfloat16: (8, -126, 3.3895313892515355e38),
+                  torch.float16: (11, -14, 65504.0)}
+
+
 @decomposition(torch.ops.prims.nextafter.default, aten.nextafter.default,
                instead_of_torch="torch's ref only calls prims.nextafter, which this same function decomposes (same "
                                 "IR)")
 def _nextafter(x, y):
-    """The fp32 number after ``x`` towards ``y``: ``x`` plus or minus its ulp (``2**(e-24)`` from frexp,
-    half that stepping down from a power of two, ``2**-149`` among subnormals)."""
-    if x.dtype != torch.float32 or y.dtype != torch.float32:
+    """The number of ``x``'s dtype after ``x`` towards ``y``: ``x`` plus or minus its ulp (``2**(e-p)`` from
+    frexp with ``p`` the dtype's precision, half that stepping down from a power of two, the smallest subnormal
+    ``2**(emin-p+1)`` among subnormals). bf16/fp16 are computed in fp32, where each step is exact."""
+    if x.dtype != y.dtype or x.dtype not in _FLOAT_FORMATS:
         return NotImplemented
+    prec, emin, biggest = _FLOAT_FORMATS[x.dtype]
+    dtype = x.dtype
+    if dtype != torch.float32:
+        x, y = aten._to_copy.default(x, dtype=torch.float32), aten._to_copy.default(y, dtype=torch.float32)
     m, e, ok = _frexp32(x)
-    ulp = _pow2(aten.clamp.default(aten.sub.Tensor(e, 24), -149.0))
+    ulp = _pow2(aten.clamp.default(aten.sub.Tensor(e, prec), float(emin - prec + 1)))
     up = aten.gt.Tensor(y, x)
     away = aten.eq.Tensor(up, aten.gt.Scalar(x, 0))                       # the step grows |x|
-    halve = aten.logical_and.default(aten.eq.Scalar(aten.abs.default(m), 0.5), aten.gt.Scalar(e, -125))
+    halve = aten.logical_and.default(aten.eq.Scalar(aten.abs.default(m), 0.5), aten.gt.Scalar(e, emin + 1))
     step = aten.where.self(aten.logical_and.default(aten.logical_not.default(away), halve),
                            aten.mul.Tensor(ulp, 0.5), ulp)
     r = aten.where.self(up, aten.add.Tensor(x, step), aten.sub.Tensor(x, step))
-    tiny = aten.full.default([], 2.0 ** -149, dtype=torch.float32)
+    r = aten.where.self(aten.eq.Scalar(r, 0), aten.mul.Tensor(x, 0.0), r)   # -tiny up to 0 is -0.0, as C's nextafter
+    tiny = aten.full.default([], 2.0 ** (emin - prec + 1), dtype=torch.float32)
     r = aten.where.self(aten.eq.Scalar(x, 0), aten.where.self(up, tiny, aten.neg.default(tiny)), r)
-    big = aten.full.default([], 3.4028234663852886e38, dtype=torch.float32)
+    big = aten.full.default([], biggest, dtype=torch.float32)
     r = aten.where.self(aten.isinf.default(x), aten.where.self(aten.gt.Scalar(x, 0), big, aten.neg.default(big)), r)
     r = aten.where.self(aten.eq.Tensor(x, y), y, r)
     nan = aten.logical_or.default(aten.isnan.default(x), aten.isnan.default(y))
-    return aten.where.self(nan, aten.full.default([], math.nan, dtype=torch.float32), r)
+    r = aten.where.self(nan, aten.full.default([], math.nan, dtype=torch.float32), r)
+    return r if dtype == torch.float32 else aten._to_copy.default(r, dtype=dtype)
 
 
 @decomposition(aten._efficientzerotensor.default)
