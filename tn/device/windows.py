@@ -392,13 +392,20 @@ _COPY_SPEC = (3, (), (None, None, None))
 
 
 def _leaf_key(x: Any) -> Any:
+    t = type(x)
+    if t in _PLAIN_LEAVES:              # the common arguments (dims, flags, dtypes), by exact type: one set look-up
+        return (t.__name__, x)
     if isinstance(x, torch.Tensor):     # a CPU scalar tensor (wrapped number): baked into the program
         return ("t", x.dtype, x.item())
     if isinstance(x, float):
         return ("f", repr(x))
     if isinstance(x, (int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)):
-        return (type(x).__name__, x)
-    return ("r", type(x).__name__, repr(x))
+        return (t.__name__, x)
+    return ("r", t.__name__, repr(x))
+
+
+#: exact types whose key is ``(type name, value)`` (subclasses take :func:`_leaf_key`'s checks, with the same key)
+_PLAIN_LEAVES = frozenset((int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format))
 
 
 # --------------------------------------------------------------------------- scalars as program inputs
@@ -650,10 +657,11 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec, info, check:
                     meta_key.append(_leaf_key(a))
                 leaves.append(a)
                 continue
-            if check and (a.get_device() != index or a.is_conj() or a.is_neg()):
+            dtype = a.dtype
+            # (a conjugate bit is only ever set on a complex tensor: real ones skip that call)
+            if check and (a.get_device() != index or (dtype.is_complex and a.is_conj()) or a.is_neg()):
                 raise _Decline()
             any_dev = True
-            dtype = a.dtype
             if dtype is not _F32:
                 all_fp32 = False
             st = a.untyped_storage()
