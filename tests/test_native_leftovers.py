@@ -1,4 +1,4 @@
-# Tests of host ops made native late in issue 17 (segment_reduce's gradient) and of hash_tensor, a counted host op under tn.jit: against torch on the CPU, under TN_STRICT, through tn.jit and on the device.
+# Tests of host ops made native late in issue 17 (segment_reduce's gradient, LDL^T with LAPACK's pivots) and of hash_tensor, a counted host op under tn.jit: against torch on the CPU, under TN_STRICT, through tn.jit and on the device.
 import itertools
 
 import pytest
@@ -95,3 +95,60 @@ def test_hash_tensor_through_jit_is_refused_under_strict(monkeypatch):
     monkeypatch.setenv("TN_STRICT", "1")
     with pytest.raises(tn.UnsupportedOpError):
         tn.jit(lambda x: torch.hash_tensor(x + 1))(torch.randn(4))
+
+
+# --------------------------------------------------------------------------- LDL^T with Bunch-Kaufman pivots
+
+
+def _symmetric(batch, n, seed, definite=False):
+    g = torch.Generator().manual_seed(seed)
+    b = torch.randn(*batch, n, n, generator=g)
+    return b @ b.mT if definite else b + b.mT
+
+
+@pytest.mark.parametrize("n, definite", [(1, False), (2, False), (3, False), (5, False), (6, True), (8, False),
+                                         (10, False)])
+def test_ldl_factor_through_jit_has_lapacks_pivots(n, definite, monkeypatch):
+    """Bunch-Kaufman pivots (1x1 and 2x2 blocks, interchanges) are LAPACK's exactly, and LD too (the updates
+    follow dsytf2's order of operations); a zero matrix reports info = 1 as LAPACK does."""
+    monkeypatch.setenv("TN_STRICT", "1")
+    a = _symmetric((4,), n, n, definite)
+    a[2] = 0.0
+    got = tn.jit(lambda a: torch.linalg.ldl_factor_ex(a))(a)
+    want = torch.linalg.ldl_factor_ex(a)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_ldl_factor_pivots_include_2x2_blocks():
+    """The cases above exercise every branch: some matrices take 2x2 blocks (negative pivots)."""
+    pivots = torch.cat([torch.linalg.ldl_factor(_symmetric((4,), n, n))[1].flatten() for n in (3, 5, 8, 10)])
+    assert (pivots < 0).any() and (pivots > 0).any()
+
+
+@pytest.mark.parametrize("n, batch_ld, batch_b", [(1, (), (2,)), (4, (3,), (3,)), (7, (), ()), (9, (2,), (2,))])
+def test_ldl_solve_through_jit_equals_torchs(n, batch_ld, batch_b, monkeypatch):
+    monkeypatch.setenv("TN_STRICT", "1")
+    ld, piv = torch.linalg.ldl_factor(_symmetric(batch_ld, n, 10 + n))
+    b = torch.randn(*batch_b, n, 3, generator=torch.Generator().manual_seed(n))
+    got = tn.jit(lambda ld, piv, b: torch.linalg.ldl_solve(ld, piv, b))(ld, piv, b)
+    torch.testing.assert_close(got, torch.linalg.ldl_solve(ld, piv, b), rtol=1e-4, atol=1e-5)
+
+
+def test_ldl_factor_and_solve_on_the_device_run_natively(monkeypatch):
+    monkeypatch.setenv("TN_STRICT", "1")
+    a = _symmetric((2,), 6, 3)
+    b = torch.randn(2, 6, 2, generator=torch.Generator().manual_seed(4))
+    ld, piv = torch.linalg.ldl_factor(a.to("neuron"))
+    x = torch.linalg.ldl_solve(ld, piv, b.to("neuron"))
+    ld0, piv0 = torch.linalg.ldl_factor(a)
+    assert torch.equal(piv.cpu(), piv0)
+    torch.testing.assert_close(ld.cpu(), ld0, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(x.cpu(), torch.linalg.ldl_solve(ld0, piv0, b), rtol=1e-4, atol=1e-5)
+
+
+def test_ldl_of_float64_and_large_matrices_stay_counted_host_ops():
+    with tn.profile() as prof:
+        tn.jit(lambda a: torch.linalg.ldl_factor_ex(a))(_symmetric((), 4, 1).double())
+        tn.jit(lambda a: torch.linalg.ldl_factor_ex(a))(_symmetric((), 40, 1))
+    assert sum(prof.host_ops.values()) == 2

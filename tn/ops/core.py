@@ -844,8 +844,7 @@ def _randn_conv(size, *, generator=None, dtype=None, layout=None, device=None, p
 #: ops for float32, this host op for other dtypes and for the singular/eigen vectors.)
 HOST_OVERLOADS = tuple(
     getattr(getattr(aten, _p), _o) for _p, _o in (
-        ("linalg_eig", "default"), ("linalg_ldl_factor_ex", "default"),
-        ("linalg_ldl_solve", "default"),
+        ("linalg_eig", "default"),
         # the xor of float64/int64 bit patterns: 64-bit words, which the engine carries only as range-checked
         # int32 (a uint64 hash never fits), so no program can make it
         ("hash_tensor", "default"))
