@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import os
 import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -57,8 +58,8 @@ from .errors import ArgumentTypeError, ArgumentValueError, UnsupportedOpError
 from .jit import jit
 from .ops.table import DECOMPOSITIONS
 
-__all__ = ["neuron_backend", "register", "allow_rnn_in_dynamo", "graphs_compiled", "host_ops", "host_ops_of",
-           "executables_of", "compiled_graphs", "BACKEND_NAME"]
+__all__ = ["neuron_backend", "register", "allow_rnn_in_dynamo", "capture_value_reads", "graphs_compiled", "host_ops",
+           "host_ops_of", "executables_of", "compiled_graphs", "BACKEND_NAME", "CAPTURE_SETTINGS"]
 
 #: The name torch.compile knows the backend by.
 BACKEND_NAME = "neuron"
@@ -279,6 +280,187 @@ def _with_opaque_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     return run
 
 
+_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+#: aten ops that give a graph input's metadata as a number: replayed on the real input, as the view ops are.
+_METADATA_OPS = frozenset((torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int,
+                           torch.ops.aten.sym_numel.default, torch.ops.aten.sym_storage_offset.default))
+
+
+def _is_view_node(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is an aten view op (its first result aliases an argument without writing it)."""
+    schema = getattr(node.target, "_schema", None)
+    if node.op != "call_function" or schema is None or not schema.returns:
+        return False
+    alias = schema.returns[0].alias_info
+    return alias is not None and not alias.is_write
+
+
+def _is_number_op(node: torch.fx.Node) -> bool:
+    """Whether ``node`` computes a Python number from numbers or a tensor's metadata (``s0 + 1``, ``sym_size``),
+    i.e. can be replayed outside tn given its arguments."""
+    if node.op != "call_function":
+        return False
+    if node.target in _METADATA_OPS:
+        return True
+    # operator.add / torch.sym_max / math.floor ... : plain Python callables, not aten ops
+    return not isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) and \
+        node.target is not operator.getitem and isinstance(node.meta.get("val"), (int, float, bool) + _SYM_TYPES)
+
+
+def _symbolic_value(val: Any) -> bool:
+    """Whether a node's example value is a symbolic number or a tensor with a symbolic size or stride."""
+    if isinstance(val, _SYM_TYPES):
+        return True
+    if isinstance(val, torch.Tensor):
+        try:
+            return any(isinstance(d, torch.SymInt) for d in (*val.shape, *val.stride()))
+        except Exception:   # a layout without strides
+            return any(isinstance(d, torch.SymInt) for d in val.shape)
+    return False
+
+
+class _InputViews:
+    """How to rebuild the graph outputs that are views of graph inputs with data-dependent or dynamic view
+    arguments (``x.narrow(0, t.item(), 3)``, ``x[:, s0:]``) as real views of the call's inputs.
+
+    AOTAutograd gives the caller such an output as a view of the input, regenerated from the backend's result:
+    it replays the view ops it recorded when their arguments are constants, and otherwise takes the *result's*
+    size, stride and storage offset (``as_strided`` of the input). tn's programs return a new tensor (storage
+    offset 0, contiguous), so every element of ``x[s0:]`` came back as ``x[0:...]``. For those outputs the
+    view chain of the graph is replayed on the real inputs (the values are the input's own); the numbers it
+    needs that only the graph computes (``_local_scalar_dense`` of a tensor, a data-dependent size) are added
+    to the graph's results and taken from tn's run. ``outputs``: ``{output index: node}``; ``extra``: the
+    added result nodes; ``order``: the nodes to replay, in graph order."""
+
+    def __init__(self, outputs: Dict[int, torch.fx.Node], extra: List[torch.fx.Node], order: List[torch.fx.Node],
+                 n_out: int, places: Dict[torch.fx.Node, int]):
+        self.outputs = outputs
+        self.extra = extra
+        self.order = order
+        self.n_out = n_out
+        self.places = places
+
+    @staticmethod
+    def find(gm: torch.fx.GraphModule) -> Optional["_InputViews"]:
+        """The input views of ``gm``'s outputs that AOTAutograd cannot rebuild itself (None if there are none);
+        adds the numbers they need to ``gm``'s results (in place)."""
+        graph = getattr(gm, "graph", None)
+        if graph is None:
+            return None
+        out_node = next((n for n in reversed(graph.nodes) if n.op == "output"), None)
+        if out_node is None or not isinstance(out_node.args[0], (list, tuple)):
+            return None
+        results = list(out_node.args[0])
+        # what each node is, in graph order: "input" (an input or a view of one), "number" (computed from
+        # inputs' numbers and metadata), "extra" (a number only tn's run knows: ``_local_scalar_dense``, a
+        # data-dependent size), or None (anything else)
+        kind: Dict[torch.fx.Node, Optional[str]] = {}
+        replayable = ("input", "number")
+        known = ("input", "number", "extra")     # what a replayed node may take as arguments
+        for node in graph.nodes:
+            args = node.all_input_nodes
+            val = node.meta.get("val")
+            if node.op == "placeholder":
+                k = "input" if isinstance(val, torch.Tensor) else "number"
+            elif node.op != "call_function":
+                k = None
+            elif _is_view_node(node) or (node.target is operator.getitem and args and kind[args[0]] == "input"):
+                k = "input" if args and kind[args[0]] == "input" and all(kind[a] in known for a in args) else None
+            elif _is_number_op(node) and all(kind[a] in known for a in args):
+                k = "number"
+            elif isinstance(val, (int, float, bool) + _SYM_TYPES):
+                k = "extra"
+            else:
+                k = None
+            kind[node] = k
+
+        outputs = {i: r for i, r in enumerate(results)
+                   if isinstance(r, torch.fx.Node) and r.op != "placeholder" and kind.get(r) == "input"}
+        if not outputs:
+            return None
+        needed: set = set()      # the nodes the views need
+        stack = list(outputs.values())
+        while stack:
+            node = stack.pop()
+            if node in needed:
+                continue
+            needed.add(node)
+            if kind[node] in replayable:
+                stack.extend(node.all_input_nodes)
+        symbolic = any(kind[n] == "extra" or _symbolic_value(n.meta.get("val")) for n in needed)
+        if not symbolic:
+            return None    # constant view arguments: AOTAutograd replays the views itself
+        order = [n for n in graph.nodes if n in needed]
+        extra = [n for n in order if kind.get(n) == "extra"]
+        if extra:
+            out_node.args = (tuple(results) + tuple(extra),) + tuple(out_node.args[1:])
+            gm.recompile()
+        places = {n: i for i, n in enumerate(n for n in graph.nodes if n.op == "placeholder")}
+        return _InputViews(outputs, extra, order, len(results), places)
+
+    def rebuild(self, flat: Sequence[Any], out: Any) -> Any:
+        """``out`` (tn's results for inputs ``flat``, the added numbers last) with the input views replayed."""
+        results = list(out)
+        numbers = results[self.n_out:]
+        del results[self.n_out:]
+        env: Dict[torch.fx.Node, Any] = dict(zip(self.extra, numbers))
+        for node in self.order:
+            if node in env:
+                continue
+            if node.op == "placeholder":
+                env[node] = flat[self.places[node]]
+                continue
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: env[a])
+            env[node] = node.target(*args, **kwargs)
+        for i, node in self.outputs.items():
+            results[i] = env[node]
+        return type(out)(results) if isinstance(out, tuple) else results
+
+
+def _reads_values(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm`` has data-dependent numbers (unbacked symbols: ``.item()``, ``nonzero``'s size), i.e. tn.jit
+    will run it as device windows split at its value reads rather than as one program."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        try:
+            if val is not None and free_unbacked_symbols(val):
+                return True
+        except Exception:   # a value free_unbacked_symbols cannot walk: not a number or a tensor
+            continue
+    return False
+
+
+def _factories_follow_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> int:
+    """Make the tensors ``gm`` creates (``arange(..., device=cpu)``) follow its inputs' device at run time (in
+    place); returns how many nodes changed.
+
+    AOTAutograd writes the device of every factory call into the graph. A graph that reads values runs as
+    tn.jit's split windows on the ``neuron`` device with its inputs moved there, so a factory pinned to the
+    inputs' (host) device made a CPU tensor beside device tensors (``narrow(x, 0, t.item(), 3) *
+    torch.arange(3.)`` raised). The pinned device becomes the device of the graph's first tensor input, which
+    is the host device while tn traces the graph and the device the windows run on when it splits."""
+    devices = {x.device for x in example_inputs if isinstance(x, torch.Tensor)}
+    if len(devices) != 1:
+        return 0
+    home = devices.pop()
+    first = next((n for n in gm.graph.nodes if n.op == "placeholder"
+                  and isinstance(n.meta.get("val"), torch.Tensor)), None)
+    if first is None:
+        return 0
+    pinned = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.kwargs.get("device"), torch.device)
+              and n.kwargs["device"] == home]
+    if not pinned:
+        return 0
+    with gm.graph.inserting_after(first):
+        where = gm.graph.call_function(getattr, (first, "device"))
+    for n in pinned:
+        n.kwargs = {**n.kwargs, "device": where}
+    gm.recompile()
+    return len(pinned)
+
+
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], tn_backend: str,
                    mutated: Optional[Sequence[int]] = None) -> Callable:
     """Wrap one aten-level FX graph as a tn.jit function; ints become static (compile per value). ``mutated``:
@@ -293,6 +475,11 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], tn_b
         if not isinstance(example_inputs[i], (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
             raise ArgumentTypeError(f"torch.compile(backend='neuron'): graph input {i} is a "
                                     f"{type(example_inputs[i]).__name__}; tn handles tensors and Python numbers")
+    views = None
+    if isinstance(gm, torch.fx.GraphModule):
+        views = _InputViews.find(gm)
+        if _reads_values(gm):
+            _factories_follow_inputs(gm, example_inputs)
     perms = _input_layouts(example_inputs)
     for i in (_mutated_placeholders(gm) if mutated is None else mutated):
         perms.pop(i, None)  # written in place: keep the graph's own input object (write-back, aliasing)
@@ -314,10 +501,11 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], tn_b
         # AOTAutograd's boxed calling convention: one list, which the callee may clear to free inputs early.
         flat = list(args)
         args.clear()
-        for a in flat:
-            if isinstance(a, torch.Tensor) and a.device.type == _DEVICE:
-                return _run_on_device(call, flat)
-        return call(*flat)
+        if any(isinstance(a, torch.Tensor) and a.device.type == _DEVICE for a in flat):
+            out = _run_on_device(call, flat)
+        else:
+            out = call(*flat)
+        return out if views is None else views.rebuild(flat, out)
 
     run._boxed_call = True
     run.tn_jitted = jitted  # for inspection: run.tn_jitted.cache_info(), .lower(...)
@@ -482,6 +670,32 @@ def allow_rnn_in_dynamo() -> None:
     dynamo_config.allow_rnn = True
 
 
+#: Dynamo settings tn turns on (process-wide) when the neuron backend is looked up; see :func:`capture_value_reads`.
+CAPTURE_SETTINGS = ("capture_scalar_outputs", "capture_dynamic_output_shape_ops")
+
+
+def capture_value_reads() -> None:
+    """Let Dynamo put value reads into graphs instead of breaking them (``torch._dynamo.config``'s
+    ``capture_scalar_outputs`` and ``capture_dynamic_output_shape_ops``; idempotent).
+
+    By default Dynamo graph-breaks at ``.item()`` and at ops whose result size depends on values (``nonzero``,
+    ``unique``, ``masked_select``, ``x[mask]``, accumulating ``index_put``), so those ops never reached the
+    backend: they ran eagerly outside the compiled graph. With both on, the graph reaches tn, which runs it
+    as windows split at its value reads on the ``neuron`` device (as :func:`tn.jit` does). Outputs that are
+    views of inputs at data-dependent offsets are rebuilt on the real inputs (:class:`_InputViews`).
+
+    The settings are process-wide in torch, and torch gives a backend named in ``torch.compile(backend=...)``
+    no hook that runs while Dynamo traces its frames (``backend_ctx_ctor`` is not passed through
+    ``torch.compile``'s wrapper), so they cannot be scoped to the neuron backend: they are turned on when the
+    backend is looked up or registered, as :func:`allow_rnn_in_dynamo`, and apply to every backend of the
+    process from then on (inductor and ``aot_eager`` take such graphs too). ``TN_DYNAMO_CAPTURE=0`` leaves
+    torch's settings alone; setting them back after the first ``torch.compile(backend="neuron")`` works too."""
+    if os.environ.get("TN_DYNAMO_CAPTURE", "1") == "0":
+        return
+    for name in CAPTURE_SETTINGS:
+        setattr(dynamo_config, name, True)
+
+
 def register() -> None:
     """Make ``torch.compile(backend="neuron")`` find :func:`neuron_backend` (idempotent)."""
     global _registered
@@ -492,8 +706,10 @@ def register() -> None:
         registry.register_backend(neuron_backend, name=BACKEND_NAME)
     skip_device_rng_in_dynamo()
     allow_rnn_in_dynamo()
+    capture_value_reads()
     _registered = True
 
 
 skip_device_rng_in_dynamo()   # imported by torch.compile's backend lookup: before it traces
 allow_rnn_in_dynamo()
+capture_value_reads()
