@@ -41,7 +41,7 @@ nothing extra and 0-size matrices trace to empty loops.
   degree-18 approximant scaled and squared (Bader, Blanes and Casas).
 * ``linalg_lstsq`` (every CPU driver's outputs): the minimum-norm solution from the Jacobi SVD, which is what
   each driver computes at full rank; rank and singular values from the same ``s``.
-* Not here: ``linalg_ldl_factor_ex``/``linalg_ldl_solve`` (Bunch-Kaufman pivots) stay host ops.
+* Not here: ``linalg_ldl_factor_ex``/``linalg_ldl_solve`` (Bunch-Kaufman pivots) live in ``tn/ops/ldl.py``.
 
 Only float32 runs natively (the chip has no float64 or complex arithmetic;
 ``linalg_matrix_exp`` also takes bf16/fp16, computed in float32: torch's own
