@@ -91,3 +91,15 @@ def test_the_trace_has_no_host_equation_and_lists_are_constants():
     names = {e.op.name for e in ir.eqns}
     assert "host" not in names and names <= {n for n, op in tn.ops.OPS.items() if op.lowering is not None}
     assert len(ir.inputs) == 1
+
+
+def test_a_float64_loss_is_one_counted_host_op():
+    """The chip has no float64 arithmetic: the loss is torch's kernel as one host equation (not a recursion of
+    host equations), counted and correct."""
+    targets, il, tl = _CASES["padded"]
+    x = _log_probs((8, 3, 5), 10).detach().double()
+    f = lambda x: F.ctc_loss(x, targets, il, tl, reduction="none")    # noqa: E731
+    with tn.profile() as prof:
+        got = tn.jit(f)(x)
+    assert prof.host_ops == {"host": 1}
+    torch.testing.assert_close(got, f(x))

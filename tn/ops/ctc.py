@@ -31,11 +31,18 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .table import decomposition
+from .core import host
+from .linalg import _gated_conv
+from .table import decomposition, from_aten
 
 aten = torch.ops.aten
 Tensor = torch.Tensor
 NEG = float("-inf")
+
+# float32 decomposes (below); the loss of other dtypes (float64: the chip has no such arithmetic) is one counted
+# host op instead of a recursion of host equations. The gradient and the .Tensor overloads have no meta kernel
+# (no traceable result shapes), so they always decompose (float64: equations on the host, counted).
+from_aten(host, aten._ctc_loss.default)(_gated_conv(aten._ctc_loss.default))
 
 
 def _full(shape: Sequence[int], value: Any, like: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
