@@ -1,6 +1,7 @@
 # Adaptive eager windows in a steady loop: a cached window's modelled time is the same every run, and the recording
 # fast paths (leaf keys by exact type, the conjugate check only on complex tensors) keep the general path's answers.
 import enum
+import threading
 
 import pytest
 import torch
@@ -76,3 +77,69 @@ def test_a_conjugated_complex_argument_still_takes_the_checked_path(adaptive):
     torch.testing.assert_close(got, a.conj() @ b)
     real = torch.randn(4, 4)
     torch.testing.assert_close((real.to("neuron") * 2).cpu(), real * 2)
+
+
+def _train(steps: int, hook_threads: set, multithreading=None):
+    """Losses of a small training step with a gradient hook recording its thread, in adaptive mode (``None``) or
+    with autograd's multithreading flag set explicitly inside adaptive mode."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to("neuron")
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(8, 16).to("neuron"), torch.randint(0, 4, (8,)).to("neuron")
+    m[0].weight.register_hook(lambda g: hook_threads.add(threading.get_ident()))
+    losses = []
+    with windows.eager_mode("adaptive"):
+        if multithreading is not None:
+            torch._C._set_multithreading_enabled(multithreading)
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return losses
+
+
+def test_backward_runs_on_the_switching_thread_and_on_the_device_thread_alike():
+    here, there = set(), set()
+    windows.reset_stats()
+    got = _train(4, here)
+    assert here == {threading.get_ident()}                      # no hand-off to autograd's device thread
+    assert torch._C._is_multithreading_enabled()                # leaving adaptive mode restored the flag
+    want = _train(4, there, multithreading=True)                # the device thread, as torch runs it
+    assert there and threading.get_ident() not in there
+    assert got == want                                          # the same windows, the same numbers
+    assert windows.stats()["op_by_op"] == 0
+
+
+def test_a_threads_own_multithreading_choice_survives_the_mode_switch():
+    torch._C._set_multithreading_enabled(False)
+    try:
+        with windows.eager_mode("adaptive"):
+            assert not torch._C._is_multithreading_enabled()
+        assert not torch._C._is_multithreading_enabled()        # it was off before: it stays off
+    finally:
+        torch._C._set_multithreading_enabled(True)
+    with windows.eager_mode("adaptive"):
+        assert not torch._C._is_multithreading_enabled()
+        with windows.eager_mode("op"):
+            assert torch._C._is_multithreading_enabled()
+        assert not torch._C._is_multithreading_enabled()
+    assert torch._C._is_multithreading_enabled()
+
+
+def test_a_backward_started_by_another_thread_runs_on_the_device_thread(adaptive):
+    xd = torch.randn(4, 4).to("neuron").requires_grad_()
+    seen = set()
+    xd.register_hook(lambda g: seen.add(threading.get_ident()))
+    out = {}
+
+    def work():
+        (xd * xd).sum().backward()
+        out["thread"] = threading.get_ident()
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert seen and out["thread"] not in seen                   # that thread did not switch: torch's device thread
+    torch.testing.assert_close(xd.grad.cpu(), 2 * xd.detach().cpu())

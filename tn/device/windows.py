@@ -48,9 +48,11 @@ names the user's ``file:line`` that issued it. Equations carry that line too
 
 Windows belong to a queue; there is one queue per device and stream
 (:func:`_queue`: today one stream, the device's default; the seam for
-``torch.neuron.Stream``). Threads share it under a lock, so autograd's
-backward pass (run by the device's worker thread) lands in the same queue in
-issue order: forward, backward and optimizer step form few windows.
+``torch.neuron.Stream``). Threads share it under a lock, so a backward pass lands in the same queue in
+issue order: forward, backward and optimizer step form few windows. The thread that switches adaptive mode on
+runs the backward passes it starts itself, as on the CPU (:func:`_backward_on_this_thread`): autograd's device
+thread would only add two thread hand-offs per backward; a backward started by another thread runs on the
+device's worker thread, as torch does, into the same queue.
 
 ``TN_LOG=windows`` logs every window (ops, cache hit, bucket hit or compile, why it was
 flushed); :func:`stats` counts windows, ops, hits (bucket hits among them), compiles (bucket compiles among
@@ -136,7 +138,27 @@ def mode() -> str:
     m = _STATE["mode"]
     if m is None:
         m = _STATE["mode"] = config.get("eager_mode")
+        if m == "adaptive":       # (TN_EAGER_MODE=adaptive: the thread that first asks is the one that switched)
+            _backward_on_this_thread(True)
     return m
+
+
+def _backward_on_this_thread(on: bool) -> None:
+    """Adaptive mode: backward passes this thread starts run on this thread, as on the CPU
+    (``torch.autograd.set_multithreading_enabled(False)``, thread-local), instead of on autograd's device thread;
+    ``on=False`` restores what the thread had before. A window queues the ops whichever thread issues them and runs
+    nothing while they are issued, so the device thread bought no overlap: it cost two thread hand-offs per
+    backward (start and finish), each a wake-up the scheduler may delay on a busy host (measured on 2 shared cores,
+    MLP training step: wall ~7.5 ms against ~2.5 ms of CPU). Other threads keep torch's behaviour (their backward
+    runs on the device thread, into the same thread-safe queue), as does a thread that sets the flag itself."""
+    saved = getattr(_TLS, "multithreading", None)
+    if on:
+        if saved is None:
+            _TLS.multithreading = torch._C._is_multithreading_enabled()
+            torch._C._set_multithreading_enabled(False)
+    elif saved is not None:
+        _TLS.multithreading = None
+        torch._C._set_multithreading_enabled(saved)
 
 
 def set_mode(m: str) -> None:
@@ -147,6 +169,7 @@ def set_mode(m: str) -> None:
     if m != "adaptive" and mode() == "adaptive":
         flush("eager mode change")
     _STATE["mode"] = m
+    _backward_on_this_thread(m == "adaptive")
 
 
 @contextlib.contextmanager
