@@ -46,6 +46,7 @@ from_aten(host, aten._ctc_loss.default)(_gated_conv(aten._ctc_loss.default))
 
 
 def _full(shape: Sequence[int], value: Any, like: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
+    """A tensor of ``value`` on ``like``'s device (in ``like``'s dtype unless ``dtype`` is given)."""
     return aten.full.default(list(shape), value, dtype=dtype or like.dtype, device=like.device)
 
 
@@ -75,7 +76,7 @@ def _shift(x: Tensor, k: int) -> Tensor:
     return aten.cat.default([aten.slice.Tensor(x, -1, -k, e), pad], -1)
 
 
-def _lengths(v: Any, n: int, like: Tensor) -> Tuple[Tensor, Optional[List[int]]]:
+def _lengths(v: Any) -> Tuple[Tensor, Optional[List[int]]]:
     """A lengths argument as an int64 ``[N]`` tensor (a constant of the trace for an int list) and, for an
     int list, the Python values."""
     if isinstance(v, Tensor):
@@ -93,10 +94,10 @@ class _Setup:
     def __init__(self, log_probs: Tensor, targets: Tensor, input_lengths: Any, target_lengths: Any, blank: int,
                  e: Optional[int] = None):
         lp = log_probs
-        t_max, n, _c = (int(d) for d in lp.shape)
+        t_max, n = int(lp.shape[0]), int(lp.shape[1])
         self.t_max, self.n = t_max, n
-        self.il, il_vals = _lengths(input_lengths, n, lp)
-        self.tl, tl_vals = _lengths(target_lengths, n, lp)
+        self.il, il_vals = _lengths(input_lengths)
+        self.tl, tl_vals = _lengths(target_lengths)
         if e is None:
             if tl_vals is not None:
                 smax = max(tl_vals) if tl_vals else 0
