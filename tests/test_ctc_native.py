@@ -59,7 +59,8 @@ def test_jit_unbatched_input_other_blank_and_int32_targets(blank, dtype, monkeyp
 def test_jit_module_db_sized_gradient_follows_torchs_rounding(monkeypatch):
     """nn.CTCLoss's module_db input (T=50, 15 classes, targets of 30/25/20 labels): the alpha/beta recursions
     and the per-class collection follow torch's kernel's order, so the gradient stays within a few float32
-    ulps of torch's (2e-9 when written), well inside torch's own distance from float64 there (3e-7)."""
+    ulps of torch's (2e-9 when written; the bound leaves room for another libm's expf), where summing the
+    collection in another order was 1e-5..3e-5 away."""
     monkeypatch.setenv("TN_STRICT", "1")
     g = torch.Generator().manual_seed(3)
     x = torch.randn(50, 3, 15, generator=g).log_softmax(2).requires_grad_()
@@ -68,7 +69,7 @@ def test_jit_module_db_sized_gradient_follows_torchs_rounding(monkeypatch):
     f = lambda x, t: (lambda out: (out, torch.autograd.grad(out, x)[0]))(ctc(x, t, (50, 50, 50), (30, 25, 20)))  # noqa: E731
     (loss, grad), (loss0, grad0) = tn.jit(f)(x, targets), f(x, targets)
     torch.testing.assert_close(loss, loss0, rtol=1e-6, atol=0)
-    torch.testing.assert_close(grad, grad0, rtol=0, atol=5e-8)
+    torch.testing.assert_close(grad, grad0, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("case, reduction", [("padded", "mean"), ("concatenated", "none"), ("infinite", "sum")])
