@@ -105,7 +105,7 @@ def _neuron_auto_acc_policy() -> None:
     the device gets CPU's entry (and ``tn.jit``/the device door compute the same thing). An explicit
     ``acc_policy``/``acc_dtype`` is untouched."""
     try:
-        from torch.nn.modules import linear_cross_entropy_options as opts
+        from torch.nn.modules import linear_cross_entropy_options as opts  # lazy: absent from torch before the chunked op
         table, cls = opts._AUTO_DEFAULTS, opts.LinearCrossEntropyOptions
         resolve = cls._resolve_auto_acc_dtype
     except (ImportError, AttributeError):     # a torch without the chunked op (or another layout): nothing to do
