@@ -1,4 +1,4 @@
-# Tests of host ops made native late in issue 17 (segment_reduce's gradient, LDL^T with LAPACK's pivots) and of hash_tensor, a counted host op under tn.jit: against torch on the CPU, under TN_STRICT, through tn.jit and on the device.
+# Tests of host ops made native late in issue 17 (segment_reduce's gradient, LDL^T with LAPACK's pivots, histograms under tn.jit) and of hash_tensor, a counted host op under tn.jit: against torch on the CPU, under TN_STRICT, through tn.jit and on the device.
 import itertools
 
 import pytest
@@ -152,3 +152,60 @@ def test_ldl_of_float64_and_large_matrices_stay_counted_host_ops():
         tn.jit(lambda a: torch.linalg.ldl_factor_ex(a))(_symmetric((), 4, 1).double())
         tn.jit(lambda a: torch.linalg.ldl_factor_ex(a))(_symmetric((), 40, 1))
     assert sum(prof.host_ops.values()) == 2
+
+
+# --------------------------------------------------------------------------- histograms under tn.jit
+
+
+def _hist_data(shape, seed):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+@pytest.mark.parametrize("kw", [dict(bins=5), dict(bins=3, range=(-1.0, 2.0)), dict(bins=4, density=True),
+                                dict(bins=1, range=(0.5, 0.5)), dict(bins=6, weighted=True, density=True)],
+                         ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+def test_histogram_bin_count_through_jit_equals_torchs(kw, monkeypatch):
+    """Edges from the data's range (torch's linspace, in the program), the bin search and the weighted counts,
+    as one program (tn.jit raised UnsupportedOpError before)."""
+    monkeypatch.setenv("TN_STRICT", "1")
+    kw = dict(kw)
+    x = _hist_data((7, 3), 1)
+    w = torch.rand(7, 3, generator=torch.Generator().manual_seed(2)) if kw.pop("weighted", False) else None
+    f = lambda x, w: torch.histogram(x, weight=w, **kw)   # noqa: E731
+    got, want = tn.jit(f)(x, w), f(x, w)
+    torch.testing.assert_close(got.bin_edges, want.bin_edges)
+    torch.testing.assert_close(got.hist, want.hist)
+
+
+@pytest.mark.parametrize("x", [torch.full((4,), 2.0), torch.tensor(1.5), torch.zeros(0)],
+                         ids=["constant", "0-d", "empty"])
+def test_histogram_of_degenerate_data_through_jit(x, monkeypatch):
+    monkeypatch.setenv("TN_STRICT", "1")
+    f = lambda x: torch.histogram(x, bins=3)    # noqa: E731
+    got, want = tn.jit(f)(x), f(x)
+    torch.testing.assert_close(got.bin_edges, want.bin_edges)
+    torch.testing.assert_close(got.hist, want.hist)
+
+
+def test_histogram_given_edges_unsorted_too_through_jit(monkeypatch):
+    monkeypatch.setenv("TN_STRICT", "1")
+    x = _hist_data((20,), 3)
+    f = lambda x, e: torch.histogram(x, e)      # noqa: E731
+    for edges in (torch.tensor([-4.0, -1.0, 0.0, 0.5, 3.0]), torch.tensor([-2.0, 1.0, -0.5, 4.0])):
+        got, want = tn.jit(f)(x, edges), f(x, edges)
+        torch.testing.assert_close(got.hist, want.hist)
+        torch.testing.assert_close(got.bin_edges, want.bin_edges)
+
+
+def test_histogramdd_through_jit_equals_torchs(monkeypatch):
+    monkeypatch.setenv("TN_STRICT", "1")
+    x = _hist_data((2, 9, 3), 4)
+    w = torch.rand(2, 9, generator=torch.Generator().manual_seed(5))
+    f = lambda x, w: torch.histogramdd(x, bins=[2, 3, 4], weight=w, density=True)     # noqa: E731
+    got, want = tn.jit(f)(x, w), f(x, w)
+    torch.testing.assert_close(got.hist, want.hist)
+    for a, b in zip(got.bin_edges, want.bin_edges):
+        torch.testing.assert_close(a, b)
+    edges = [torch.tensor([-3.0, 0.0, 3.0]), torch.tensor([-1.0, 1.0]), torch.tensor([-5.0, -1.0, 2.0, 5.0])]
+    g = lambda x, e0, e1, e2: torch.histogramdd(x, bins=[e0, e1, e2]).hist    # noqa: E731
+    torch.testing.assert_close(tn.jit(g)(x, *edges), g(x, *edges))

@@ -185,10 +185,10 @@ def test_a_second_registration_of_an_overload_is_refused():
 def test_the_package_files_register_what_they_say():
     """tn.ops' files: core ops in tn.ops.core, the collective ops in tn.ops.collective, the complex views in
     tn.ops.fft, decompositions in tn.ops.decompositions / nn_layers / special / attention_grad / grouped_mm /
-    linalg / ldl / fft / resample / ctc / segment_reduce_grad / linear_cross_entropy (and collective: its
-    in-place/out=/coalesced forms)."""
-    from tn.ops import (attention_grad, collective, core, ctc, decompositions, fft, grouped_mm, ldl, linalg,
-                        linear_cross_entropy, nn_layers, resample, segment_reduce_grad, special)
+    linalg / ldl / fft / resample / ctc / segment_reduce_grad / histogram / linear_cross_entropy (and collective:
+    its in-place/out=/coalesced forms)."""
+    from tn.ops import (attention_grad, collective, core, ctc, decompositions, fft, grouped_mm, histogram, ldl,
+                        linalg, linear_cross_entropy, nn_layers, resample, segment_reduce_grad, special)
 
     where_ops = {op.name: op.impl.__module__ for op in OPS.values()}
     assert {n for n, m in where_ops.items() if m == collective.__name__} == set(collective.COLLECTIVE_OPS)
@@ -198,7 +198,7 @@ def test_the_package_files_register_what_they_say():
     where = {f.__module__ for f in ops.DECOMPOSITIONS.values()}
     assert where == {decompositions.__name__, nn_layers.__name__, special.__name__, collective.__name__,
                      attention_grad.__name__, grouped_mm.__name__, linalg.__name__, fft.__name__, resample.__name__,
-                     ctc.__name__, segment_reduce_grad.__name__, ldl.__name__}
+                     ctc.__name__, segment_reduce_grad.__name__, ldl.__name__, histogram.__name__}
     by_name = {f.__module__ for f in ops.DECOMPOSITIONS_BY_NAME.values()}   # custom ops of other packages
     assert by_name == {grouped_mm.__name__, linear_cross_entropy.__name__}
 

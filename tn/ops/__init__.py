@@ -116,12 +116,14 @@ The package's files:
 - :mod:`tn.ops.segment_reduce_grad`: ``aten._segment_reduce_backward`` (sum, mean, max, min, prod; lengths or
   offsets) as torch's CPU kernel defines it, elementwise on the rows of each segment;
 - :mod:`tn.ops.ldl`: float32 ``L D L^T`` with LAPACK's Bunch-Kaufman pivots (``linalg_ldl_factor_ex``,
-  ``linalg_ldl_solve``), one masked step per column; other dtypes and large matrices the ``host`` op.
+  ``linalg_ldl_solve``), one masked step per column; other dtypes and large matrices the ``host`` op;
+- :mod:`tn.ops.histogram`: ``histogram`` / ``histogramdd`` of float32 data (edges from the data's range in the
+  program, torch's bin search, a ``scatter_add``).
 """
 from __future__ import annotations
 
-from . import (attention_grad, collective, core, ctc, decompositions, fft, grouped_mm, ldl, linalg,  # noqa: F401  (register
-               linear_cross_entropy, nn_layers, resample, segment_reduce_grad, special)  # the ops and decompositions)
+from . import (attention_grad, collective, core, ctc, decompositions, fft, grouped_mm, histogram, ldl,  # noqa: F401
+               linalg, linear_cross_entropy, nn_layers, resample, segment_reduce_grad, special)  # (register them)
 from .core import (  # noqa: F401  (the core ops registered by name in the module: tn.ops.matmul is OPS['matmul'])
     argmax, argmin, as_strided, as_strided_scatter, avg_pool2d, avg_pool2d_backward, cat, conj, convert,
     convolution, convolution_backward, cummax, cummin, cumsum, div, expand, flip, full, gather, gelu, host, index,
