@@ -50,6 +50,7 @@ from torch._dynamo.backends import registry
 from torch._dynamo.backends.common import aot_autograd
 from torch._library.fake_class_registry import FakeScriptObject
 from torch._library.opaque_object import is_opaque_value
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .device.allocator import cpu_alias
@@ -421,7 +422,6 @@ class _InputViews:
 def _reads_values(gm: torch.fx.GraphModule) -> bool:
     """Whether ``gm`` has data-dependent numbers (unbacked symbols: ``.item()``, ``nonzero``'s size), i.e. tn.jit
     will run it as device windows split at its value reads rather than as one program."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     for node in gm.graph.nodes:
         val = node.meta.get("val")
         try:
