@@ -765,6 +765,8 @@ def _is_mask_fill(x, indices, values, accumulate) -> bool:
 def _index_put_conv(x, indices, values, accumulate=False):
     if _is_mask_fill(x, indices, values, accumulate):
         return None  # becomes a where (see _index_put_mask)
+    if accumulate and x.dtype in (torch.bfloat16, torch.float16):
+        return None  # accumulated in fp32 and rounded once (see _index_put_mask)
     dims = tuple(i for i, t in enumerate(indices) if t is not None)
     attrs: Dict[str, Any] = {"dims": dims}
     if accumulate:
