@@ -54,6 +54,7 @@ and the most common reasons (tabulate); ``--json`` writes the same as
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -470,6 +471,28 @@ def _draws_nothing(func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> bo
     return False
 
 
+@contextlib.contextmanager
+def _seeded_outside_dynamo() -> Any:
+    """For the compile door: op_db's seeding wrapper (``wrapper_set_seed``: ``freeze_rng_state`` +
+    ``manual_seed(42)`` around the op, for ``item``, dropout, attention...) runs around the compiled call instead
+    of inside it, as torch's own ``optests.aot_autograd`` harness does. Inside, Dynamo breaks the graph at
+    ``freeze_rng_state``'s ``torch._C._DisableFuncTorch()`` with every backend, so the op never reached the
+    door. The seed and the saved generator state are the same; ops that draw random numbers stay excluded."""
+    import torch.testing._internal.common_methods_invocations as cmi
+    from torch.testing._utils import freeze_rng_state, wrapper_set_seed
+
+    def unwrapped(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return op(*args, **kwargs)
+
+    cmi.wrapper_set_seed = unwrapped
+    try:
+        with freeze_rng_state():
+            torch.manual_seed(42)
+            yield
+    finally:
+        cmi.wrapper_set_seed = wrapper_set_seed
+
+
 def _run_door(mode: str, backend: str, fn: Callable[..., Any], ts: List[torch.Tensor], grad: bool,
               ws: List[Optional[torch.Tensor]]) -> Tuple[Any, Any, Dict[str, int], Optional[str]]:
     """``(results, grads or None, {host op: count}, error reason or None)`` of one case through ``mode``."""
@@ -503,7 +526,8 @@ def _run_door(mode: str, backend: str, fn: Callable[..., Any], ts: List[torch.Te
             old = {id(j) for j in dynamo_backend.compiled_graphs()}
             cf = torch.compile(fn, backend="neuron")
             xs = _clone(ts)
-            out, g = (_grads(cf, xs, ws) if grad else (cf(*xs), None))
+            with _seeded_outside_dynamo():
+                out, g = (_grads(cf, xs, ws) if grad else (cf(*xs), None))
             breaks = sum(counters["graph_break"].values())
             if breaks:
                 reason = next(iter(counters["graph_break"]))
