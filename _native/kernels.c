@@ -1119,8 +1119,52 @@ static void copy_row_bytes(char *d, int64_t ds, const char *s, int64_t ss, int64
     }
 }
 
-/* Element-by-element byte copy between two access patterns of the same total size and element size;
-   the two patterns are walked in their own row-major orders. */
+/* Byte range [*lo, *hi) that the n > 0 elements of pattern `a` at base b (one partition) can touch. */
+static void ap_span(const tn_ap *a, const char *b, uintptr_t *lo, uintptr_t *hi)
+{
+    int64_t l = 0, h = 0;
+    for (int d = 0; d < 4; d++) {
+        int64_t e = (a->num[d] - 1) * a->stride[d];
+        if (e < 0) l += e; else h += e;
+    }
+    *lo = (uintptr_t)b + (uintptr_t)(l * a->esize);
+    *hi = (uintptr_t)b + (uintptr_t)((h + 1) * a->esize);
+}
+
+/* Copies the n elements of s (at sb) to d (at db) in the row-major element order of both patterns (already
+   squeezed), one copy_row_bytes call per run: a run is as many elements as are left in the innermost dim of
+   both patterns, so after ap_squeeze merged the dims that walk memory as one, a run is often a whole row or the
+   whole part. The memory of d and s must not overlap (then the writes land in the same order as one element at a
+   time, and a dst dim of stride 0 keeps the last element written, as before). */
+static void copy_runs(char *db, const tn_ap *d, const char *sb, const tn_ap *s, int64_t n, int es)
+{
+    int64_t di[4] = {0, 0, 0, 0}, si[4] = {0, 0, 0, 0};
+    int64_t dn3 = d->num[3], sn3 = s->num[3], ds3 = d->stride[3], ss3 = s->stride[3];
+    int64_t od = 0, os = 0; /* element offsets of dims 0..2 of the current index tuples */
+    for (int64_t e = 0; e < n;) {
+        int64_t k = dn3 - di[3];
+        if (sn3 - si[3] < k) k = sn3 - si[3];
+        copy_row_bytes(db + (od + di[3] * ds3) * es, ds3, sb + (os + si[3] * ss3) * es, ss3, k, es);
+        e += k;
+        di[3] += k;
+        if (di[3] == dn3) {
+            di[3] = 0;
+            for (int x = 2; x >= 0; x--) { if (++di[x] < d->num[x]) break; di[x] = 0; }
+            od = di[0] * d->stride[0] + di[1] * d->stride[1] + di[2] * d->stride[2];
+        }
+        si[3] += k;
+        if (si[3] == sn3) {
+            si[3] = 0;
+            for (int x = 2; x >= 0; x--) { if (++si[x] < s->num[x]) break; si[x] = 0; }
+            os = si[0] * s->stride[0] + si[1] * s->stride[1] + si[2] * s->stride[2];
+        }
+    }
+}
+
+/* Byte copy between two access patterns of the same total size and element size; the two patterns are walked in
+   their own row-major orders. When the two patterns' memory ranges are disjoint, the copy goes run by run
+   (copy_runs); when they overlap, element by element in that order as the model defines it (an element written
+   early may be read later). */
 static int copy_ap_part(const tn_ap *dst, int64_t pd, const tn_ap *src, int64_t ps)
 {
     int es = dst->esize;
@@ -1129,6 +1173,17 @@ static int copy_ap_part(const tn_ap *dst, int64_t pd, const tn_ap *src, int64_t 
     const char *sb = ap_part(src, ps);
     int same = 1;
     for (int d = 0; d < 4; d++) same &= dst->num[d] == src->num[d];
+    int64_t nfree = ap_free(dst);
+    if (!same && ap_free(src) != nfree) return TN_EARGS;
+    if (nfree <= 0) return TN_OK;
+    uintptr_t dlo, dhi, slo, shi;
+    ap_span(dst, db, &dlo, &dhi);
+    ap_span(src, sb, &slo, &shi);
+    if (dhi <= slo || shi <= dlo) {
+        tn_ap dq = ap_squeeze(dst), sq = ap_squeeze(src);
+        copy_runs(db, &dq, sb, &sq, nfree, es);
+        return TN_OK;
+    }
     if (same) {
         for (int64_t i0 = 0; i0 < dst->num[0]; i0++)
             for (int64_t i1 = 0; i1 < dst->num[1]; i1++)
@@ -1140,8 +1195,7 @@ static int copy_ap_part(const tn_ap *dst, int64_t pd, const tn_ap *src, int64_t 
         return TN_OK;
     }
     /* different shapes, same element count: walk both index tuples */
-    int64_t n = ap_free(dst);
-    if (ap_free(src) != n) return TN_EARGS;
+    int64_t n = nfree;
     int64_t di[4] = {0, 0, 0, 0}, si[4] = {0, 0, 0, 0};
     for (int64_t e = 0; e < n; e++) {
         int64_t od = 0, os = 0;
