@@ -1119,7 +1119,7 @@ static void copy_row_bytes(char *d, int64_t ds, const char *s, int64_t ss, int64
     }
 }
 
-/* Byte range [*lo, *hi) that the n > 0 elements of pattern `a` at base b (one partition) can touch. */
+/* Byte range [*lo, *hi) that the n > 0 elements of pattern `a` at base b (one partition; NULL: offsets) can touch. */
 static void ap_span(const tn_ap *a, const char *b, uintptr_t *lo, uintptr_t *hi)
 {
     int64_t l = 0, h = 0;
@@ -1220,11 +1220,32 @@ static tn_ap contig_like(char *buf, const tn_ap *like, int dtype, int esize)
     return a;
 }
 
+/* copy_ap_part for partitions 0..nparts-1 of both, its checks, squeezes and spans done once (a DMA of many
+   partitions of short rows spent most of its time there). */
 int tn_copy_bytes(const tn_ap *dst, const tn_ap *src, int64_t nparts)
 {
+    if (nparts <= 0) return TN_OK;
+    int es = dst->esize;
+    if (src->esize != es) return TN_EARGS;
+    int same = 1;
+    for (int d = 0; d < 4; d++) same &= dst->num[d] == src->num[d];
+    int64_t nfree = ap_free(dst);
+    if (!same && ap_free(src) != nfree) return TN_EARGS;
+    if (nfree <= 0) return TN_OK;
+    uintptr_t dlo, dhi, slo, shi;
+    ap_span(dst, NULL, &dlo, &dhi);   /* byte offsets from a partition's start */
+    ap_span(src, NULL, &slo, &shi);
+    tn_ap dq = ap_squeeze(dst), sq = ap_squeeze(src);
     for (int64_t p = 0; p < nparts; p++) {
-        int rc = copy_ap_part(dst, p, src, p);
-        if (rc) return rc;
+        char *db = ap_part(dst, p);
+        const char *sb = ap_part(src, p);
+        uintptr_t d0 = (uintptr_t)db + dlo, d1 = (uintptr_t)db + dhi, s0 = (uintptr_t)sb + slo, s1 = (uintptr_t)sb + shi;
+        if (d1 <= s0 || s1 <= d0) {
+            copy_runs(db, &dq, sb, &sq, nfree, es);
+        } else {
+            int rc = copy_ap_part(dst, p, src, p);
+            if (rc) return rc;
+        }
     }
     return TN_OK;
 }
