@@ -1161,6 +1161,18 @@ static void copy_runs(char *db, const tn_ap *d, const char *sb, const tn_ap *s, 
     }
 }
 
+/* The copy of copy_runs for two (squeezed) patterns of the same dims: one copy_row_bytes per innermost row. */
+static void copy_rows_same(char *db, const tn_ap *d, const char *sb, const tn_ap *s, int es)
+{
+    for (int64_t i0 = 0; i0 < d->num[0]; i0++)
+        for (int64_t i1 = 0; i1 < d->num[1]; i1++)
+            for (int64_t i2 = 0; i2 < d->num[2]; i2++) {
+                int64_t od = (i0 * d->stride[0] + i1 * d->stride[1] + i2 * d->stride[2]) * es;
+                int64_t os = (i0 * s->stride[0] + i1 * s->stride[1] + i2 * s->stride[2]) * es;
+                copy_row_bytes(db + od, d->stride[3], sb + os, s->stride[3], d->num[3], es);
+            }
+}
+
 /* Byte copy between two access patterns of the same total size and element size; the two patterns are walked in
    their own row-major orders. When the two patterns' memory ranges are disjoint, the copy goes run by run
    (copy_runs); when they overlap, element by element in that order as the model defines it (an element written
@@ -1236,12 +1248,20 @@ int tn_copy_bytes(const tn_ap *dst, const tn_ap *src, int64_t nparts)
     ap_span(dst, NULL, &dlo, &dhi);   /* byte offsets from a partition's start */
     ap_span(src, NULL, &slo, &shi);
     tn_ap dq = ap_squeeze(dst), sq = ap_squeeze(src);
+    /* both patterns one contiguous row per partition (the common DMA): one memcpy per partition */
+    int one_run = dq.num[3] == nfree && sq.num[3] == nfree && dq.stride[3] == 1 && sq.stride[3] == 1;
+    int same_sq = 1;
+    for (int d = 0; d < 4; d++) same_sq &= dq.num[d] == sq.num[d];
     for (int64_t p = 0; p < nparts; p++) {
         char *db = ap_part(dst, p);
         const char *sb = ap_part(src, p);
         uintptr_t d0 = (uintptr_t)db + dlo, d1 = (uintptr_t)db + dhi, s0 = (uintptr_t)sb + slo, s1 = (uintptr_t)sb + shi;
-        if (d1 <= s0 || s1 <= d0) {
-            copy_runs(db, &dq, sb, &sq, nfree, es);
+        if (same && !one_run) {
+            copy_rows_same(db, dst, sb, src, es);   /* in order, so overlapping rows copy as before */
+        } else if (d1 <= s0 || s1 <= d0) {
+            if (one_run) memcpy(db, sb, (size_t)(nfree * es));
+            else if (same_sq) copy_rows_same(db, &dq, sb, &sq, es);
+            else copy_runs(db, &dq, sb, &sq, nfree, es);
         } else {
             int rc = copy_ap_part(dst, p, src, p);
             if (rc) return rc;
