@@ -181,6 +181,9 @@ SETTINGS: Dict[str, Setting] = _settings(
     Setting("jit_split", "TN_JIT_SPLIT", "flag", True,
             "tn.jit on the neuron backend runs a function that reads tensor values (.item(), nonzero, `if t:`) as "
             "device windows split at the reads; 0 refuses it with the TracingError (as tn.jit(fn, fullgraph=True))"),
+    Setting("dynamo_capture", "TN_DYNAMO_CAPTURE", "flag", True,
+            "torch.compile(backend='neuron') turns on Dynamo's capture_scalar_outputs and "
+            "capture_dynamic_output_shape_ops (process-wide) so value reads reach tn; 0 leaves torch's settings alone"),
     Setting("window_ops", "TN_WINDOW_OPS", "int", 1024,
             "adaptive eager: most ops one window gathers before it is run (the buffer limit)"),
     Setting("dist_check", "TN_DIST_CHECK", "flag", True,

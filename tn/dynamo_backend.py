@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import os
 import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -53,6 +52,7 @@ from torch._library.opaque_object import is_opaque_value
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from . import config
 from .device.allocator import cpu_alias
 from .device.eager import to_device
 from .errors import ArgumentTypeError, ArgumentValueError, UnsupportedOpError
@@ -690,7 +690,7 @@ def capture_value_reads() -> None:
     backend is looked up or registered, as :func:`allow_rnn_in_dynamo`, and apply to every backend of the
     process from then on (inductor and ``aot_eager`` take such graphs too). ``TN_DYNAMO_CAPTURE=0`` leaves
     torch's settings alone; setting them back after the first ``torch.compile(backend="neuron")`` works too."""
-    if os.environ.get("TN_DYNAMO_CAPTURE", "1") == "0":
+    if not config.get("dynamo_capture"):
         return
     for name in CAPTURE_SETTINGS:
         setattr(dynamo_config, name, True)
