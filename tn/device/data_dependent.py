@@ -54,6 +54,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from ..ops.histogram import histogram_counts
 from . import eager
 from .allocator import resize_tensor
 
@@ -217,69 +218,12 @@ def _unique_dim_padded(x, dim, consecutive):
     return values, rank, counts, count
 
 
-def _upper_bound(edges: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``std::upper_bound(edges, edges + E, v) - edges`` for each element of ``v`` (int64), as torch's
-    histogram kernel searches (also on edges that are not sorted): the binary search unrolled to its
-    ``floor(log2 E) + 1`` steps, each element carrying its own ``first`` and ``count``."""
-    E = int(edges.shape[0])
-    first = aten.full.default(list(v.shape), 0, dtype=torch.int64)
-    count = aten.full.default(list(v.shape), E, dtype=torch.int64)
-    for _ in range(E.bit_length()):
-        step = aten.div.Tensor_mode(count, 2, rounding_mode="floor")
-        it = aten.add.Tensor(first, step)
-        e = aten.index.Tensor(edges, [aten.clamp.default(it, 0, E - 1)])
-        live = aten.gt.Scalar(count, 0)
-        right = aten.logical_and.default(live, aten.logical_not.default(aten.lt.Tensor(v, e)))
-        first = aten.where.self(right, aten.add.Tensor(it, 1), first)
-        count = aten.where.self(live, aten.where.self(right, aten.sub.Tensor(aten.sub.Tensor(count, step), 1), step),
-                                count)
-    return first
-
-
-def _histogramdd_counts(x, edges, weight, density):
-    """torch's CPU histogram of the rows of ``x`` (M, N) over the N edge sequences: elements outside
-    ``[first edge, last edge]`` (and NaN) are skipped, the bin is ``upper_bound(edges, v) - 1`` (the last
-    edge belongs to the last bin), weights (or ones) summed per bin; with ``density``, divided by the total
-    and by each bin's widths."""
-    M, N = int(x.shape[0]), int(x.shape[1])
-    bins = [int(e.shape[0]) - 1 for e in edges]
-    total = _numel(bins)
-    keep = aten.full.default([M], True, dtype=torch.bool)
-    flat = aten.full.default([M], 0, dtype=torch.int64)
-    stride = total
-    for d in range(N):
-        e = edges[d]
-        E = bins[d] + 1
-        v = aten.select.int(x, 1, d)
-        lo = aten.select.int(e, 0, 0)
-        hi = aten.select.int(e, 0, E - 1)
-        keep = aten.logical_and.default(keep, aten.logical_and.default(aten.ge.Tensor(v, lo), aten.le.Tensor(v, hi)))
-        pos = aten.sub.Tensor(_upper_bound(e, v), 1)
-        pos = aten.where.self(aten.eq.Scalar(pos, E - 1), aten.sub.Tensor(pos, 1), pos)
-        stride //= bins[d]
-        flat = aten.add.Tensor(flat, aten.mul.Tensor(aten.clamp.default(pos, 0, bins[d] - 1), stride))
-    w = weight if weight is not None else aten.full.default([M], 1, dtype=x.dtype)
-    slot = aten.where.self(keep, flat, _i64(total))
-    hist = aten.scatter_add.default(aten.full.default([total + 1], 0, dtype=x.dtype), 0, slot,
-                                    aten.where.self(keep, w, aten.full.default([], 0, dtype=x.dtype)))
-    hist = aten.view.default(aten.slice.Tensor(hist, 0, 0, total), bins)
-    if density:
-        hist = aten.div.Tensor(hist, aten.sum.default(hist))
-        for d in range(N):
-            widths = aten.sub.Tensor(aten.slice.Tensor(edges[d], 0, 1, bins[d] + 1),
-                                     aten.slice.Tensor(edges[d], 0, 0, bins[d]))
-            shape = [1] * N
-            shape[d] = bins[d]
-            hist = aten.div.Tensor(hist, aten.view.default(widths, shape))
-    return hist
-
-
 def _aminmax_columns(x):
     """The minimum and maximum of each column of ``x`` (M, N), stacked (2, N)."""
     return aten.stack.default([aten.amin.default(x, [0]), aten.amax.default(x, [0])])
 
 
-_IMPLS = {"histogramdd_counts": _histogramdd_counts, "aminmax_columns": _aminmax_columns,
+_IMPLS = {"histogramdd_counts": histogram_counts, "aminmax_columns": _aminmax_columns,
           "nonzero_padded": _nonzero_padded, "masked_select_padded": _masked_select_padded,
           "equal_all": _equal_all, "unique_padded": _unique_padded,
           "unique_consecutive_padded": _unique_consecutive_padded, "unique_dim_padded": _unique_dim_padded}

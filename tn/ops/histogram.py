@@ -38,7 +38,8 @@ def _rows(x: Tensor) -> Tensor:
 
 
 def _upper_bound(edges: Tensor, v: Tensor) -> Tensor:
-    """``std::upper_bound(edges, edges + E, v) - edges`` per element of ``v`` (int64): the binary search
+    """``std::upper_bound(edges, edges + E, v) - edges`` per element of ``v`` (int64), as torch's histogram
+    kernel searches (also on edges that are not sorted): the binary search
     unrolled to ``floor(log2 E) + 1`` steps, each element carrying its own ``first`` and ``count``."""
     e_n = int(edges.shape[0])
     first = aten.full.default(list(v.shape), 0, dtype=torch.int64)
@@ -55,8 +56,11 @@ def _upper_bound(edges: Tensor, v: Tensor) -> Tensor:
     return first
 
 
-def _counts(x2: Tensor, edges: Sequence[Tensor], weight: Optional[Tensor], density: bool) -> Tensor:
-    """The histogram of the rows of ``x2`` ``[M, N]`` over the N edge sequences."""
+def histogram_counts(x2: Tensor, edges: Sequence[Tensor], weight: Optional[Tensor], density: bool) -> Tensor:
+    """torch's CPU histogram of the rows of ``x2`` ``[M, N]`` over the N edge sequences: elements outside
+    ``[first edge, last edge]`` (and NaN) are skipped, the bin is ``upper_bound(edges, v) - 1`` (the last
+    edge belongs to the last bin), weights (or ones) summed per bin; with ``density``, divided by the total
+    and by each bin's widths. Also the device's padded histogram program (tn/device/data_dependent.py)."""
     m, n = int(x2.shape[0]), int(x2.shape[1])
     bins = [int(e.shape[0]) - 1 for e in edges]
     total = 1
@@ -144,7 +148,7 @@ def _histogram_bin_ct(x, bins=100, *, range=None, weight=None, density=False):
     edges = _equal_width_edges(x2, [bins], range)
     if edges is None:
         return NotImplemented
-    return _counts(x2, edges, weight, density), edges[0]
+    return histogram_counts(x2, edges, weight, density), edges[0]
 
 
 @decomposition(aten.histogram.bins_tensor)
@@ -152,7 +156,7 @@ def _histogram_bins_tensor(x, bins, *, weight=None, density=False):
     """``(hist, bin_edges)`` over the given edges."""
     if not _f32(x, weight, bins) or bins.dim() != 1 or int(bins.shape[0]) < 2:
         return NotImplemented
-    return _counts(aten.reshape.default(x, [-1, 1]), [bins], weight, density), aten.clone.default(bins)
+    return histogram_counts(aten.reshape.default(x, [-1, 1]), [bins], weight, density), aten.clone.default(bins)
 
 
 @decomposition(aten._histogramdd_bin_edges.default)
@@ -171,7 +175,7 @@ def _histogramdd_from_bin_cts(x, bins, *, range=None, weight=None, density=False
         return NotImplemented
     x2 = _rows(x)
     edges = _equal_width_edges(x2, bins, range)
-    return NotImplemented if edges is None else _counts(x2, edges, weight, density)
+    return NotImplemented if edges is None else histogram_counts(x2, edges, weight, density)
 
 
 @decomposition(aten._histogramdd_from_bin_tensors.default)
@@ -180,4 +184,4 @@ def _histogramdd_from_bin_tensors(x, bins, *, weight=None, density=False):
     if (not _f32(x, weight, *bins) or x.dim() < 2 or len(bins) != int(x.shape[-1])
             or any(b.dim() != 1 or int(b.shape[0]) < 2 for b in bins)):
         return NotImplemented
-    return _counts(_rows(x), list(bins), weight, density)
+    return histogram_counts(_rows(x), list(bins), weight, density)
