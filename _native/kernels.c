@@ -1197,13 +1197,7 @@ static int copy_ap_part(const tn_ap *dst, int64_t pd, const tn_ap *src, int64_t 
         return TN_OK;
     }
     if (same) {
-        for (int64_t i0 = 0; i0 < dst->num[0]; i0++)
-            for (int64_t i1 = 0; i1 < dst->num[1]; i1++)
-                for (int64_t i2 = 0; i2 < dst->num[2]; i2++) {
-                    int64_t od = (i0 * dst->stride[0] + i1 * dst->stride[1] + i2 * dst->stride[2]) * es;
-                    int64_t os = (i0 * src->stride[0] + i1 * src->stride[1] + i2 * src->stride[2]) * es;
-                    copy_row_bytes(db + od, dst->stride[3], sb + os, src->stride[3], dst->num[3], es);
-                }
+        copy_rows_same(db, dst, sb, src, es);
         return TN_OK;
     }
     /* different shapes, same element count: walk both index tuples */
