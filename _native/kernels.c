@@ -1177,16 +1177,24 @@ static void copy_rows_same(char *db, const tn_ap *d, const char *sb, const tn_ap
    their own row-major orders. When the two patterns' memory ranges are disjoint, the copy goes run by run
    (copy_runs); when they overlap, element by element in that order as the model defines it (an element written
    early may be read later). */
+/* The checks of a byte copy between two patterns: same element size, same dims or at least the same element
+   count. Sets *same (same dims) and *nfree (elements per partition); TN_EARGS when they cannot be copied. */
+static int copy_check(const tn_ap *dst, const tn_ap *src, int *same, int64_t *nfree)
+{
+    if (src->esize != dst->esize) return TN_EARGS;
+    *same = 1;
+    for (int d = 0; d < 4; d++) *same &= dst->num[d] == src->num[d];
+    *nfree = ap_free(dst);
+    return (!*same && ap_free(src) != *nfree) ? TN_EARGS : TN_OK;
+}
+
 static int copy_ap_part(const tn_ap *dst, int64_t pd, const tn_ap *src, int64_t ps)
 {
-    int es = dst->esize;
-    if (src->esize != es) return TN_EARGS;
+    int es = dst->esize, same;
+    int64_t nfree;
+    if (copy_check(dst, src, &same, &nfree)) return TN_EARGS;
     char *db = ap_part(dst, pd);
     const char *sb = ap_part(src, ps);
-    int same = 1;
-    for (int d = 0; d < 4; d++) same &= dst->num[d] == src->num[d];
-    int64_t nfree = ap_free(dst);
-    if (!same && ap_free(src) != nfree) return TN_EARGS;
     if (nfree <= 0) return TN_OK;
     uintptr_t dlo, dhi, slo, shi;
     ap_span(dst, db, &dlo, &dhi);
@@ -1231,12 +1239,9 @@ static tn_ap contig_like(char *buf, const tn_ap *like, int dtype, int esize)
 int tn_copy_bytes(const tn_ap *dst, const tn_ap *src, int64_t nparts)
 {
     if (nparts <= 0) return TN_OK;
-    int es = dst->esize;
-    if (src->esize != es) return TN_EARGS;
-    int same = 1;
-    for (int d = 0; d < 4; d++) same &= dst->num[d] == src->num[d];
-    int64_t nfree = ap_free(dst);
-    if (!same && ap_free(src) != nfree) return TN_EARGS;
+    int es = dst->esize, same;
+    int64_t nfree;
+    if (copy_check(dst, src, &same, &nfree)) return TN_EARGS;
     if (nfree <= 0) return TN_OK;
     uintptr_t dlo, dhi, slo, shi;
     ap_span(dst, NULL, &dlo, &dhi);   /* byte offsets from a partition's start */
