@@ -91,6 +91,17 @@ def _tiny_hf_model(kind: str):
 
 
 @pytest.fixture
+def adaptive():
+    """The neuron device in adaptive eager mode (tn.device.windows) with fresh counters; flushes at the end."""
+    from tn.device import windows  # lazy: only the window tests ask for this fixture
+
+    windows.reset_stats()
+    with windows.eager_mode("adaptive"):
+        yield windows
+        windows.flush("end of test")
+
+
+@pytest.fixture
 def tiny_hf():
     """Builder of tiny seeded HF models (see :func:`_tiny_hf_model`): ``tiny_hf("gpt2")``."""
     return _tiny_hf_model

@@ -10,15 +10,6 @@ import tn
 from tn.device import windows
 
 
-@pytest.fixture
-def adaptive():
-    """Adaptive eager mode with fresh counters; flushes at the end."""
-    windows.reset_stats()
-    with windows.eager_mode("adaptive"):
-        yield windows
-        windows.flush("end of test")
-
-
 def _dev(*ts):
     return [t.to("neuron") for t in ts]
 

@@ -3,20 +3,10 @@
 import enum
 import threading
 
-import pytest
 import torch
 
 import tn
 from tn.device import windows
-
-
-@pytest.fixture
-def adaptive():
-    """Adaptive eager mode with fresh counters; flushes at the end."""
-    windows.reset_stats()
-    with windows.eager_mode("adaptive"):
-        yield windows
-        windows.flush("end of test")
 
 
 def _train_step_runs(steps: int):
