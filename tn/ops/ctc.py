@@ -23,10 +23,16 @@ blank, target 1, ..., blank), so the float32 results round as torch's do:
   accumulated over ``s`` in torch's (descending) order, one pairwise logsumexp at a time, for all steps at
   once; the gradient is ``(exp(lp) - exp(collected + nll - lp)) * grad``, zero past each input length and,
   with ``zero_infinity``, for samples whose loss is infinite.
+
+For ``torch.compile`` the module also registers, once at import, the shape rules torch lacks (fake
+implementations of ``_ctc_loss``, Meta kernels of ``_ctc_loss_backward``, and ``ctc_loss``'s composite in ops
+fake tensors can run; see :func:`_register_shape_rules`), so Dynamo captures ``F.ctc_loss`` into a graph
+instead of breaking it, and the ops above reach tn's backend.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+import contextlib
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -40,9 +46,122 @@ Tensor = torch.Tensor
 NEG = float("-inf")
 
 # float32 decomposes (below); the loss of other dtypes (float64: the chip has no such arithmetic) is one counted
-# host op instead of a recursion of host equations. The gradient and the .Tensor overloads have no meta kernel
-# (no traceable result shapes), so they always decompose (float64: equations on the host, counted).
+# host op instead of a recursion of host equations. The gradient and the .Tensor overloads have no meta kernel in
+# torch (tn's shape rules below serve torch.compile's fake tensors only: the .Tensor width needs one), so they always
+# decompose (float64: equations on the host, counted).
 from_aten(host, aten._ctc_loss.default)(_gated_conv(aten._ctc_loss.default))
+
+#: tn's registrations of the shape rules below (kept alive: a Library deregisters what it holds when collected).
+_SHAPES_LIB: Optional[torch.library.Library] = None
+
+
+def _fake_ctc_loss(log_probs: Tensor, targets: Tensor, input_lengths: Sequence[int], target_lengths: Sequence[int],
+                   blank: int = 0, zero_infinity: bool = False) -> Tuple[Tensor, Tensor]:
+    """Result shapes of ``aten._ctc_loss.default`` (int-list lengths): ``nll [N]`` and ``log_alpha
+    [N, T, 2 * max(target_lengths) + 1]``, as torch's own meta kernel allocates them."""
+    t_max, n = log_probs.shape[0], log_probs.shape[1]
+    smax = 0
+    for v in target_lengths:   # lengths are >= 0 (SymInts once Dynamo makes them dynamic)
+        smax = torch.sym_max(smax, v)
+    return (log_probs.new_empty([n]), log_probs.new_empty([n, t_max, 2 * smax + 1]))
+
+
+def _fake_ctc_loss_tensor(log_probs: Tensor, targets: Tensor, input_lengths: Tensor, target_lengths: Tensor,
+                          blank: int = 0, zero_infinity: bool = False) -> Tuple[Tensor, Tensor]:
+    """Result shapes of ``aten._ctc_loss.Tensor`` (tensor lengths): ``nll [N]`` and ``log_alpha [N, T, E]``
+    with ``E = 2 * max(target_lengths) + 1`` in torch's kernel, a size only the values give: a new unbacked
+    size here. ``log_alpha`` is read only by ``_ctc_loss_backward``, which takes ``E`` from the tensor it is
+    given and reads ``s <= 2 L`` only: tn's decomposition fills it at its static bound ``2 * S + 1`` (``S``
+    the padded targets' width, or the concatenated targets' total length), torch's CPU kernel at the exact
+    value."""
+    t_max, n = log_probs.shape[0], log_probs.shape[1]
+    e = torch.library.get_ctx().new_dynamic_size(min=1)
+    return (log_probs.new_empty([n]), log_probs.new_empty([n, t_max, e]))
+
+
+def _fake_ctc_loss_backward(grad: Tensor, log_probs: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    """Result shape of ``aten._ctc_loss_backward`` (either overload): the gradient is shaped as ``log_probs``
+    (contiguous, as torch's kernel allocates it)."""
+    return torch.empty_like(log_probs, memory_format=torch.contiguous_format)
+
+
+@contextlib.contextmanager
+def _log_alpha_dropped() -> Iterator[None]:
+    """Around a ``_ctc_loss.Tensor`` call whose ``log_alpha`` is dropped: when nothing records the call as a
+    graph node (Dynamo running ``ctc_loss`` as one call on fake tensors; no proxy mode), the unbacked width of
+    that ``log_alpha`` reaches no output and is discarded, as Dynamo requires to be said. Where the call is
+    recorded (AOTAutograd's trace), the node carries the size and the backward reads it."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    mode = detect_fake_mode()
+    if mode is None or mode.shape_env is None or get_proxy_mode() is not None:
+        yield
+        return
+    with mode.shape_env.ignore_fresh_unbacked_symbols():
+        yield
+
+
+def _ctc_loss_composite(log_probs: Tensor, targets: Tensor, input_lengths: Any, target_lengths: Any, blank: int = 0,
+                        reduction: int = 1, zero_infinity: bool = False) -> Tensor:
+    """``aten.ctc_loss`` (both overloads) as torch's C++ composite computes it (``ctc_loss_impl`` in
+    ``LossCTC.cpp``: an unbatched input gains a batch axis, ``_ctc_loss`` with int64 targets, infinite losses
+    zeroed with ``zero_infinity``, then the reduction: ``mean`` divides each loss by its target length
+    clamped to 1 and averages), in ops fake tensors can run: the C++ composite builds the int-list lengths'
+    tensor with ``at::tensor``, which writes host memory a fake tensor does not have. Used only where torch's
+    Python dispatcher is on (Dynamo's and AOTAutograd's tracing); eager PyTorch keeps its C++ kernel."""
+    batched = log_probs.dim() == 3
+    lp = log_probs if batched else aten.unsqueeze.default(log_probs, 1)
+    tg = aten._to_copy.default(targets, dtype=torch.int64, device=lp.device)
+    if isinstance(input_lengths, Tensor) or isinstance(target_lengths, Tensor):
+        with _log_alpha_dropped():
+            res = aten._ctc_loss.Tensor(lp, tg, input_lengths, target_lengths, blank, zero_infinity)[0]
+    else:
+        res = aten._ctc_loss.default(lp, tg, input_lengths, target_lengths, blank, zero_infinity)[0]
+    if zero_infinity:
+        res = aten.where.self(aten.eq.Scalar(res, float("inf")), aten.zeros_like.default(res), res)
+    if reduction == 1:                                                              # mean
+        if isinstance(target_lengths, Tensor):
+            tl = target_lengths
+        else:
+            tl = aten.stack.default([aten.scalar_tensor.default(v, dtype=res.dtype, device=res.device)
+                                     for v in target_lengths]) if len(target_lengths) else \
+                _full([0], 0, res)
+        return aten.mean.default(aten.div.Tensor(res, aten.clamp_min.default(tl, 1)))
+    if reduction == 2:                                                              # sum
+        return aten.sum.default(res)
+    return res if batched else aten.squeeze.dim(res, 0)
+
+
+def _register_shape_rules() -> None:
+    """Give the fake tensors of ``torch.compile`` (Dynamo, AOTAutograd) the CTC ops' result shapes, once, at
+    import, so ``F.ctc_loss`` is captured into a graph and reaches a backend instead of graph-breaking.
+
+    torch 2.13 has none that fake tensors can use: ``aten._ctc_loss`` (both overloads) is tagged
+    ``dynamic_output_shape``, and fake tensors refuse such ops unless a fake implementation is registered
+    (torch's C++ meta kernel of ``.default`` is never consulted); ``_ctc_loss_backward`` has no meta kernel at
+    all. So: a fake implementation for each ``_ctc_loss`` overload that has none (``torch.library.register_fake``,
+    which also installs it as the Meta kernel: for ``.default`` it allocates what torch's C++ meta kernel
+    does), and a Meta kernel for each ``_ctc_loss_backward`` overload that has none. A later torch that ships
+    its own keeps it: nothing is registered over an existing fake implementation or backward Meta kernel."""
+    global _SHAPES_LIB
+    if _SHAPES_LIB is not None:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    registry = torch._library.simple_registry.singleton
+    for ov, rule in ((aten._ctc_loss.default, _fake_ctc_loss), (aten._ctc_loss.Tensor, _fake_ctc_loss_tensor)):
+        if registry.find(ov.name()).fake_impl.kernel is None:
+            torch.library.register_fake(ov.name(), rule, lib=lib)
+    for ov in (aten._ctc_loss_backward.default, aten._ctc_loss_backward.Tensor):
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(ov.name(), "Meta"):
+            lib.impl(ov.name().split("::", 1)[1], _fake_ctc_loss_backward, "Meta")
+    for ov in (aten.ctc_loss.IntList, aten.ctc_loss.Tensor):
+        if torch._C.DispatchKey.CompositeImplicitAutograd not in ov.py_kernels:
+            ov.py_impl(torch._C.DispatchKey.CompositeImplicitAutograd)(_ctc_loss_composite)
+    _SHAPES_LIB = lib
+
+
+_register_shape_rules()
 
 
 def _full(shape: Sequence[int], value: Any, like: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
