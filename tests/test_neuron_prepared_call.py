@@ -182,3 +182,34 @@ def test_no_reference_cycle_keeps_a_program_alive():
     finally:
         gc.enable()
     assert res.name == "axpb" and res.counts["ScalarE"] == 1
+
+
+def test_unbound_tensors_share_one_zeroed_block_in_disjoint_aligned_pieces():
+    # three unbound tensors of odd byte sizes (one bf16, one int32, one scratch never written): one block per call,
+    # each piece 64-byte aligned, none overlapping, the untouched one all zeros, each array of its own dtype/shape
+    prog = Program("carve")
+    x = prog.hbm("x", (3, 5), "float32")
+    y = prog.hbm("y", (3, 5), "bf16", kind="output")
+    z = prog.hbm("z", (3, 7), "int32", kind="output")
+    prog.hbm("s", (3, 9), "float32", kind="scratch")
+    t = prog.sbuf((3, 5), "float32")
+    tb = prog.sbuf((3, 5), "bf16")
+    prog.dma_copy(t, x)
+    prog.tensor_copy(tb, t)
+    prog.dma_copy(y, tb)
+    enc = prog.build()
+    call = enc.prepare_call()
+    xs = np.arange(15, dtype=np.float32).reshape(3, 5)
+    res = call([xs])
+    out = res.outputs
+    assert out["y"].dtype == np.uint16 and out["y"].shape == (3, 5)
+    assert out["z"].dtype == np.int32 and out["z"].shape == (3, 7) and not out["z"].any()
+    assert out["s"].dtype == np.float32 and out["s"].shape == (3, 9) and not out["s"].any()
+    np.testing.assert_array_equal(tn.neuron.runtime.from_bf16(out["y"]), xs)
+    addrs = sorted((out[k].__array_interface__["data"][0], out[k].nbytes) for k in ("y", "z", "s"))
+    assert all(a % 64 == 0 for a, _ in addrs)
+    assert all(a + n <= b for (a, n), (b, _) in zip(addrs, addrs[1:]))
+    # a second call gets fresh zeroed memory: the first result's arrays keep their values
+    res2 = call([xs * 0 + 7])
+    np.testing.assert_array_equal(tn.neuron.runtime.from_bf16(out["y"]), xs)
+    assert (tn.neuron.runtime.from_bf16(res2.outputs["y"]) == 7).all()

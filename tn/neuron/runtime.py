@@ -189,7 +189,7 @@ class RunResult:
         d = self._outputs
         if d is None:
             call, values = self._lazy[0], self._lazy[3]
-            d = self._outputs = dict(zip(call.names, values))
+            d = self._outputs = dict(zip(call.names, (v.array() if type(v) is _Carved else v for v in values)))
         return d
 
     @outputs.setter
@@ -404,6 +404,28 @@ def _memories(arch, fresh):
     return mem
 
 
+#: byte alignment of each unbound output/scratch tensor inside the block one call allocates for them
+_ALIGN = 64
+
+
+class _Carved:
+    """An unbound output/scratch tensor of one run: ``nbytes`` at ``offset`` of the zeroed ``block`` the run
+    allocated for all of them (the array view is made only if :attr:`RunResult.outputs` is read)."""
+
+    __slots__ = ("block", "offset", "nbytes", "dtype", "shape")
+
+    def __init__(self, block, offset, nbytes, dtype, shape):
+        self.block = block
+        self.offset = offset
+        self.nbytes = nbytes
+        self.dtype = dtype
+        self.shape = shape
+
+    def array(self):
+        """The tensor's value: a numpy array of its dtype and shape on the block's memory."""
+        return self.block[self.offset:self.offset + self.nbytes].view(self.dtype).reshape(tuple(self.shape))
+
+
 class PreparedCall:
     """One encoded program made ready for repeated runs with positional bindings (the fast entry).
 
@@ -463,7 +485,12 @@ class PreparedCall:
 
     def _pointers(self, values):
         """``(pointers, values)``: the checked address of every HBM tensor for ``values`` (allocating unbound
-        outputs/scratch), and the list of bound/allocated arrays (keep it alive while the run uses them)."""
+        outputs/scratch), and the list of bound/allocated arrays (keep it alive while the run uses them).
+
+        The unbound outputs/scratch of one call share one zeroed block (one allocation instead of one
+        ``np.zeros`` and one address check per tensor: a compiled program has dozens of scratch tensors);
+        their entries in the list are :class:`_Carved` pieces of it, made into arrays when read
+        (:attr:`RunResult.outputs`)."""
         specs = self._specs
         if len(values) != len(specs):
             if len(values) > len(specs):
@@ -472,18 +499,38 @@ class PreparedCall:
             values = list(values) + [None] * (len(specs) - len(values))
         ptrs = []
         bound = []
+        carve = None
         tensor = _TENSOR[0]
         for (t, code, np_dtype, alloc), (tdt, nbytes), v in zip(specs, self._fast, values):
             if type(v) is tensor and v.dtype is tdt and v.is_cpu and v.is_contiguous() and v.nbytes == nbytes:
                 ptrs.append(v.data_ptr())
+            elif v is None:
+                if not alloc:
+                    raise NeuronError(f"program {self.name!r}: {t.kind} HBM tensor {t.name!r} "
+                                      f"({t.dtype}{list(t.shape)}) is not bound; pass it in bindings")
+                if carve is None:
+                    carve = []
+                carve.append(len(ptrs))
+                ptrs.append(0)
+                bound.append(None)
+                continue
             else:
-                if v is None:
-                    if not alloc:
-                        raise NeuronError(f"program {self.name!r}: {t.kind} HBM tensor {t.name!r} "
-                                          f"({t.dtype}{list(t.shape)}) is not bound; pass it in bindings")
-                    v = np.zeros(t.shape, dtype=np_dtype)
                 ptrs.append(_bind(t, v, code, np_dtype))
             bound.append(v)
+        if carve is not None:
+            offsets = []
+            off = 0
+            for i in carve:
+                offsets.append(off)
+                off += (self._fast[i][1] + _ALIGN - 1) & -_ALIGN
+            block = np.zeros(off + _ALIGN, np.uint8)
+            base = block.__array_interface__["data"][0]
+            shift = -base % _ALIGN
+            base += shift
+            for i, o in zip(carve, offsets):
+                ptrs[i] = base + o
+                t, _, np_dtype, _ = specs[i]
+                bound[i] = _Carved(block, shift + o, self._fast[i][1], np_dtype, t.shape)
         return ptrs, bound
 
     def __call__(self, values=(), *, report: bool = True, fresh_memory: bool = False) -> RunResult:
