@@ -190,7 +190,7 @@ def test_unbound_tensors_share_one_zeroed_block_in_disjoint_aligned_pieces():
     prog = Program("carve")
     x = prog.hbm("x", (3, 5), "float32")
     y = prog.hbm("y", (3, 5), "bf16", kind="output")
-    z = prog.hbm("z", (3, 7), "int32", kind="output")
+    prog.hbm("z", (3, 7), "int32", kind="output")
     prog.hbm("s", (3, 9), "float32", kind="scratch")
     t = prog.sbuf((3, 5), "float32")
     tb = prog.sbuf((3, 5), "bf16")
