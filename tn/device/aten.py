@@ -29,6 +29,10 @@ goes to the boxed fallback in :mod:`tn.device.eager`).
   ``aten.convolution_backward`` as eager device programs,
 * ``native_layer_norm``, ``native_group_norm``: one device program (tn's fp32 decomposition) instead of torch's fallback kernel
   for other backends (``native_batch_norm`` + ``addcmul``, rounded between them in bf16),
+* ``addr`` (and ``addr_``, ``addr.out``): one device program (the traced decomposition, fp32 for 16-bit inputs,
+  rounded once) instead of torch's kernel for other backends (``math_addr``: an outer product, ``* alpha``,
+  ``* beta`` and an add, each rounded to bf16; ``beta * M + alpha * outer`` cancels, and addr's bf16 sample with
+  ``beta=0.6, alpha=0.2`` was off by 18% at an element),
 * ``nonzero``, ``masked_select``, ``equal``, ``_unique2``, ``unique_dim``, ``unique_consecutive``,
   ``_index_put_impl_``, ``index.Tensor_out`` (boolean masks), ``histogram``, ``_histogramdd_*``:
   data-dependent results as padded device programs plus a count read back (:mod:`tn.device.data_dependent`),
@@ -187,6 +191,20 @@ def _native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     return run_op(aten.native_group_norm.default, (input, weight, bias, N, C, HxW, group, eps), {})
 
 
+def _addr(self, vec1, vec2, *, beta=1, alpha=1):
+    # as native_layer_norm: torch's kernel for a backend without one (CompositeExplicitAutograd math_addr) is four
+    # ops in the input's dtype, rounded between them in bf16; as one program it runs the traced decomposition
+    return run_op(aten.addr.default, (self, vec1, vec2), dict(beta=beta, alpha=alpha))
+
+
+def _addr_(self, vec1, vec2, *, beta=1, alpha=1):
+    return run_op(aten.addr_.default, (self, vec1, vec2), dict(beta=beta, alpha=alpha))
+
+
+def _addr_out(self, vec1, vec2, *, beta=1, alpha=1, out):
+    return run_op(aten.addr.out, (self, vec1, vec2), dict(beta=beta, alpha=alpha, out=out))
+
+
 def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None):
     # torch's composite kernel (reached through the CPU slot, where it is registered too), made blocking
@@ -235,6 +253,7 @@ def register() -> None:
                "_local_scalar_dense": _local_scalar_dense, "convolution_overrideable": _convolution_overrideable,
                "convolution_backward_overrideable": _convolution_backward_overrideable, "_to_copy": _to_copy,
                "native_layer_norm": _native_layer_norm, "native_group_norm": _native_group_norm,
+               "addr": _addr, "addr_": _addr_, "addr.out": _addr_out,
                "_has_compatible_shallow_copy_type": _has_compatible_shallow_copy_type}
     for name in ("view", "view.dtype", "as_strided", "_reshape_alias", "set_.source_Storage_storage_offset",
                  "unfold", "alias"):
