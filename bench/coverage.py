@@ -31,6 +31,11 @@ the sample it was running); the run goes on. Statuses, worst sample first:
 * ``fail``: a wrong answer (values, shape or dtype differ from eager PyTorch),
 * ``error``: tn raised (refusals such as data-dependent control flow under ``tn.jit`` included, with
   their reason), or a timeout,
+* ``refused``: a refusal by design of the compile door: Dynamo breaks the graph at Python control flow on
+  a tensor's values (``if torch.any(var < 0)``) or at a Python number taken from one that an op's schema
+  needs as a constant (``1.0 / float(num_batches_tracked)`` as BatchNorm's momentum), which no backend can
+  take into a graph. The reason says so and gives Dynamo's own words, found by running the case again with
+  ``fullgraph=True`` (the break under the bench's ``functional_call`` hides them). Not a pass,
 * ``pass_host``: right answers, but part of the work ran on the host (device fallbacks, host equations
   of a compiled program; counted through ``tn.profile``),
 * ``pass``: right answers, everything ran as NeuronCore programs,
@@ -71,9 +76,17 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch.utils import _pytree as pytree
 
-STATUSES = ("pass", "pass_host", "fail", "error", "crash", "skip", "excluded")
+STATUSES = ("pass", "pass_host", "fail", "error", "refused", "crash", "skip", "excluded")
 #: worse first: an item's status is the worst of its samples'
-_RANK = {"crash": 0, "fail": 1, "error": 2, "pass_host": 3, "pass": 4}
+_RANK = {"crash": 0, "fail": 1, "error": 2, "refused": 3, "pass_host": 4, "pass": 5}
+
+#: How a door's reason starts when the case is a refusal by design (status ``refused``).
+REFUSED = "refused by design: "
+
+#: Dynamo's words for a guard on a value only the run knows (a Python branch or a Python number taken from a
+#: tensor's values), which it cannot put into a graph whatever the backend.
+_DATA_DEPENDENT = ("Could not guard on data-dependent expression", "Data-dependent branching",
+                   "data dependent operator", "Data-dependent jump")
 
 #: Tolerances per dtype of a compared tensor. bf16 is compared against an fp32 computation on the same
 #: inputs (one bf16 rounding of the result: 2^-8 relative, plus a little for cancellation).
@@ -531,7 +544,7 @@ def _run_door(mode: str, backend: str, fn: Callable[..., Any], ts: List[torch.Te
             breaks = sum(counters["graph_break"].values())
             if breaks:
                 reason = next(iter(counters["graph_break"]))
-                return out, g, {}, f"graph break: {_first_line(reason)}"
+                return out, g, {}, _data_dependent(fn, ts, grad, ws) or f"graph break: {_first_line(reason)}"
             if dynamo_backend.graphs_compiled() == before and _tensor_leaves(out):
                 return out, g, {}, "no graph reached tn (Dynamo ran the code itself)"
             mine = [j for j in dynamo_backend.compiled_graphs() if id(j) not in old]   # this case's graphs only
@@ -552,6 +565,32 @@ def _run_door(mode: str, backend: str, fn: Callable[..., Any], ts: List[torch.Te
                 return out, g, {}, f"region not compiled: {why or 'stayed eager'}"
             return out, g, _host_ops(prof), None
     raise ValueError(f"unknown mode {mode!r}")
+
+
+def _data_dependent(fn: Callable[..., Any], ts: List[torch.Tensor], grad: bool,
+                    ws: List[Optional[torch.Tensor]]) -> Optional[str]:
+    """After a graph break on the compile door: the case again with ``fullgraph=True``, which makes Dynamo
+    raise the break's first cause instead of running on. A guard on a data-dependent value gives the
+    :data:`REFUSED` reason (Dynamo's words and the call they came from); any other cause gives None."""
+    from torch import _dynamo
+
+    _dynamo.reset()
+    try:
+        with _seeded_outside_dynamo():
+            cf = torch.compile(fn, backend="neuron", fullgraph=True)
+            _grads(cf, _clone(ts), ws) if grad else cf(*_clone(ts))
+    except Exception as err:
+        text = str(err)
+        words = next((w for w in _DATA_DEPENDENT if w in text), None)
+        if words is None:
+            return None
+        caused = re.search(r"Caused by: (.*)", text)
+        where = f" ({' '.join(caused.group(1).split())[:160]})" if caused else ""
+        return (f"{REFUSED}data-dependent control flow (a branch on, or an op constant from, a tensor's values), "
+                f"which Dynamo cannot capture: {_first_line(text, 160)}{where}")
+    finally:
+        _dynamo.reset()
+    return None
 
 
 # --------------------------------------------------------------------------- one item
@@ -726,14 +765,14 @@ def _run_case(case: Case, mode: str, backend: str, dtype: torch.dtype, grad: boo
         except Exception as err:
             raise _EagerRejects(err) from err
         done = _door_or_error(mode, backend, case, grad, ws)
-        if len(done) == 2:   # ("error", reason)
+        if len(done) == 2:   # ("error" or "refused", reason)
             return done
         _, _, host = done
         return ("pass_host", _host_text(host)) if host else ("pass", "")
     ref_out, ref_g, (meta_out, meta_g), ws = _eager_reference(case, dtype, grad)
     tn.device.tracking.reset_op_counts()
     done = _door_or_error(mode, backend, case, grad, ws)
-    if len(done) == 2:   # ("error", reason)
+    if len(done) == 2:   # ("error" or "refused", reason)
         return done
     out, g, host = done
     bad = compare(out, ref_out, tol, expected_meta=meta_out)
@@ -775,7 +814,7 @@ def _run_case(case: Case, mode: str, backend: str, dtype: torch.dtype, grad: boo
 
 
 def _door_or_error(mode: str, backend: str, case: Case, grad: bool, ws: List[Optional[torch.Tensor]]) -> tuple:
-    """``(results, grads, host ops)`` of the case through the door, or ``("error", reason)``."""
+    """``(results, grads, host ops)`` of the case through the door, or ``("error" or "refused", reason)``."""
     try:
         torch.manual_seed(SEED)
         out, g, host, why = _run_door(mode, backend, case.fn, case.tensors, grad, ws)
@@ -784,7 +823,7 @@ def _door_or_error(mode: str, backend: str, case: Case, grad: bool, ws: List[Opt
     except Exception as err:
         return "error", f"{type(err).__name__}: {_first_line(err)}"
     if why:
-        return "error", why
+        return ("refused" if why.startswith(REFUSED) else "error"), why
     return out, g, host
 
 
@@ -947,14 +986,14 @@ def print_report(report: Dict[str, Any], top: int = 12, file: Any = None) -> Non
     file = file or sys.stdout
     total = max(report["total"], 1)
     t = report["totals"]
-    rows = [[s, t[s], f"{100.0 * t[s] / total:.1f}%"] for s in STATUSES]
+    rows = [[s, t.get(s, 0), f"{100.0 * t.get(s, 0) / total:.1f}%"] for s in STATUSES]
     rows.append(["total", report["total"], ""])
     head = ", ".join(f"{k}={report[k]}" for k in ("kind", "mode", "dtype", "grad") if k in report)
     print(head, file=file)
     print(tabulate(rows, headers=["status", "items", "share"]), file=file)
     print(f"native pass rate (of items not skipped/excluded): {100 * report['rates']['native']:.1f}%, "
           f"correct (incl. host fallback): {100 * report['rates']['correct']:.1f}%", file=file)
-    for status in ("crash", "fail", "error", "pass_host", "excluded", "skip"):
+    for status in ("crash", "fail", "error", "refused", "pass_host", "excluded", "skip"):
         recs = [r for r in report["items"] if r["status"] == status]
         if not recs:
             continue
@@ -1038,7 +1077,7 @@ def markdown_table(reports: Sequence[Dict[str, Any]]) -> str:
         t = r["totals"]
         row = [r.get("kind", "op"), r["mode"] + (f" ({r['backend']})" if r.get("backend") else ""), r["dtype"],
                "yes" if r.get("grad") else "no", scope_text(r), r.get("commit", "unknown")]
-        row += [str(t[s]) for s in STATUSES] + [str(r["total"]), f"{100 * r['rates']['native']:.1f}%",
+        row += [str(t.get(s, 0)) for s in STATUSES] + [str(r["total"]), f"{100 * r['rates']['native']:.1f}%",
                                                 f"{100 * r['rates']['correct']:.1f}%"]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"

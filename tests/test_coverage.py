@@ -61,13 +61,14 @@ def test_summary_and_report(capsys):
             dict(name="d", status="crash", reason="worker died: SIGSEGV at sample 0", samples=0),
             dict(name="e", status="pass_host", reason="on the host: aten::foo", samples=2),
             dict(name="f", status="excluded", reason="random: draws random numbers", samples=0),
-            dict(name="g", status="skip", reason="no float32 sample", samples=0)]
+            dict(name="g", status="skip", reason="no float32 sample", samples=0),
+            dict(name="h", status="refused", reason=cov.REFUSED + "data-dependent control flow", samples=1)]
     rep = cov.summarize(recs, mode="jit")
-    assert rep["total"] == 7 and all(rep["totals"][s] == 1 for s in cov.STATUSES)
-    assert rep["rates"]["native"] == 0.2 and rep["rates"]["correct"] == 0.4   # of the 5 not skipped/excluded
+    assert rep["total"] == 8 and all(rep["totals"][s] == 1 for s in cov.STATUSES)
+    assert rep["rates"]["native"] == 0.1667 and rep["rates"]["correct"] == 0.3333   # of the 6 not skipped/excluded
     cov.print_report(rep)
     out = capsys.readouterr().out
-    for word in ("b.v", "UnsupportedOpError", "SIGSEGV", "aten::foo", "random", "crash"):
+    for word in ("b.v", "UnsupportedOpError", "SIGSEGV", "aten::foo", "random", "crash", "refused by design"):
         assert word in out
 
 
