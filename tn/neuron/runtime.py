@@ -189,7 +189,9 @@ class RunResult:
         d = self._outputs
         if d is None:
             call, values = self._lazy[0], self._lazy[3]
-            d = self._outputs = dict(zip(call.names, (v.array() if type(v) is _Carved else v for v in values)))
+            if values and type(values[-1]) is _Carved:
+                values = values[-1].fill(call, values[:-1])
+            d = self._outputs = dict(zip(call.names, values))
         return d
 
     @outputs.setter
@@ -409,21 +411,26 @@ _ALIGN = 64
 
 
 class _Carved:
-    """An unbound output/scratch tensor of one run: ``nbytes`` at ``offset`` of the zeroed ``block`` the run
-    allocated for all of them (the array view is made only if :attr:`RunResult.outputs` is read)."""
+    """The unbound outputs/scratch of one run: the zeroed ``block`` the run allocated for all of them, the HBM
+    tensor indices ``carve`` and their byte offsets (after ``shift``, the block's alignment); the last entry of
+    the run's value list (the arrays are made only if :attr:`RunResult.outputs` is read)."""
 
-    __slots__ = ("block", "offset", "nbytes", "dtype", "shape")
+    __slots__ = ("block", "shift", "carve", "offsets")
 
-    def __init__(self, block, offset, nbytes, dtype, shape):
+    def __init__(self, block, shift, carve, offsets):
         self.block = block
-        self.offset = offset
-        self.nbytes = nbytes
-        self.dtype = dtype
-        self.shape = shape
+        self.shift = shift
+        self.carve = carve
+        self.offsets = offsets
 
-    def array(self):
-        """The tensor's value: a numpy array of its dtype and shape on the block's memory."""
-        return self.block[self.offset:self.offset + self.nbytes].view(self.dtype).reshape(tuple(self.shape))
+    def fill(self, call, values: list) -> list:
+        """``values`` (without this entry) with each carved tensor's numpy array (its dtype and shape) in place."""
+        values = list(values)
+        for i, o in zip(self.carve, self.offsets):
+            t, _, np_dtype, _ = call._specs[i]
+            o += self.shift
+            values[i] = self.block[o:o + call._fast[i][1]].view(np_dtype).reshape(tuple(t.shape))
+        return values
 
 
 class PreparedCall:
@@ -489,8 +496,8 @@ class PreparedCall:
 
         The unbound outputs/scratch of one call share one zeroed block (one allocation instead of one
         ``np.zeros`` and one address check per tensor: a compiled program has dozens of scratch tensors);
-        their entries in the list are :class:`_Carved` pieces of it, made into arrays when read
-        (:attr:`RunResult.outputs`)."""
+        their entries in the list are None and one :class:`_Carved` at its end says where they are (the arrays
+        are made when :attr:`RunResult.outputs` is read)."""
         specs = self._specs
         if len(values) != len(specs):
             if len(values) > len(specs):
@@ -529,8 +536,7 @@ class PreparedCall:
             base += shift
             for i, o in zip(carve, offsets):
                 ptrs[i] = base + o
-                t, _, np_dtype, _ = specs[i]
-                bound[i] = _Carved(block, shift + o, self._fast[i][1], np_dtype, t.shape)
+            bound.append(_Carved(block, shift, carve, offsets))
         return ptrs, bound
 
     def __call__(self, values=(), *, report: bool = True, fresh_memory: bool = False) -> RunResult:
