@@ -59,7 +59,7 @@ from .errors import ArgumentTypeError, ArgumentValueError, UnsupportedOpError
 from .jit import jit
 from .ops.table import DECOMPOSITIONS
 
-__all__ = ["neuron_backend", "register", "allow_rnn_in_dynamo", "capture_value_reads", "graphs_compiled", "host_ops",
+__all__ = ["neuron_backend", "register", "allow_rnn_in_dynamo", "skip_tn_runtime_in_dynamo", "capture_value_reads", "graphs_compiled", "host_ops",
            "host_ops_of", "executables_of", "compiled_graphs", "BACKEND_NAME", "CAPTURE_SETTINGS"]
 
 #: The name torch.compile knows the backend by.
@@ -659,6 +659,32 @@ def skip_device_rng_in_dynamo() -> None:
     mod._tn_dynamo_skips_rng = True
 
 
+#: tn's runtime: Python that runs under torch's dispatcher (the ``neuron`` device's kernels, and the tracer,
+#: passes, compiler and NeuronCore model its eager programs go through), never user code Dynamo should trace.
+_RUNTIME_PACKAGES = ("tn.device", "tn.neuron", "tn.lower", "tn.ops", "tn.trace", "tn.jit", "tn.passes", "tn.ir",
+                     "tn.shapes", "tn.profile", "tn.pytree", "tn.reference", "tn.bucketing")
+_runtime_skipped = False
+
+
+def skip_tn_runtime_in_dynamo() -> None:
+    """Keep Dynamo from tracing tn's runtime (:data:`_RUNTIME_PACKAGES`) as user code (idempotent).
+
+    Where Dynamo gives up on a call and runs it eagerly (a graph break inside ``torch.nn``: BatchNorm with
+    ``momentum=None``, GaussianNLLLoss), the ops run on their tensors' device while Dynamo's frame hook is
+    still on: on the ``neuron`` device that is tn's Python kernels, whose frames Dynamo then tried to compile
+    as if they were the model (it failed inside the NeuronCore model's program builder, and otherwise traced
+    timers and caches). Their directories join Dynamo's skip list (``torch._dynamo.trace_rules.add``), as
+    torch's own packages are: those frames run as plain Python."""
+    global _runtime_skipped
+    if _runtime_skipped:
+        return
+    from torch._dynamo import trace_rules
+
+    for name in _RUNTIME_PACKAGES:
+        trace_rules.add(name)
+    _runtime_skipped = True
+
+
 def allow_rnn_in_dynamo() -> None:
     """Let Dynamo put ``nn.RNN``/``nn.GRU``/``nn.LSTM`` modules into graphs (``torch._dynamo.config.allow_rnn``).
 
@@ -705,11 +731,13 @@ def register() -> None:
     if BACKEND_NAME not in registry._COMPILER_FNS:
         registry.register_backend(neuron_backend, name=BACKEND_NAME)
     skip_device_rng_in_dynamo()
+    skip_tn_runtime_in_dynamo()
     allow_rnn_in_dynamo()
     capture_value_reads()
     _registered = True
 
 
 skip_device_rng_in_dynamo()   # imported by torch.compile's backend lookup: before it traces
+skip_tn_runtime_in_dynamo()
 allow_rnn_in_dynamo()
 capture_value_reads()
