@@ -91,3 +91,39 @@ def test_a_small_op_first_seen_in_adaptive_mode_is_charged_its_own_programs_time
     c = a + b                                        # the fast path, charged the learnt time
     assert tracking.device_time_ns() - t0 == pytest.approx(run.total_ns, rel=1e-9)
     torch.testing.assert_close(c.cpu(), a.cpu() + b.cpu())
+
+
+def test_executable_writes_outputs_into_given_memory_and_windows_skip_the_copy(adaptive, monkeypatch):
+    # NeuronExecutable(out=...): a fitting buffer (same dtype and element count, any shape) is the program's output
+    # memory; one that does not fit (dtype) is ignored and the output allocated as before
+    from tn.lower import compile_ir
+    from tn.trace import trace_flat
+
+    def f(x):
+        return (x * 2 + 1).reshape(4, 6), x.sum()
+
+    x = torch.randn(6, 4)
+    exe = compile_ir(trace_flat(f, [x]).ir)
+    want = f(x)
+    buf, bad = torch.empty(24), torch.empty((), dtype=torch.float64)
+    a, s = exe([x], out=[buf, bad])
+    assert a.data_ptr() == buf.data_ptr() and tuple(a.shape) == (4, 6) and s.dtype == torch.float32
+    torch.testing.assert_close(a, want[0], rtol=0, atol=0)
+    torch.testing.assert_close(buf.reshape(4, 6), want[0], rtol=0, atol=0)
+    torch.testing.assert_close(s, want[1])
+    # an adaptive window's program writes its results into the results' own memory: no copy after the run
+    xd = x.to("neuron")
+    y = (xd * 2 + 1).relu()
+    windows.flush()            # (compiles the window: tracing copies)
+    torch.testing.assert_close(y.cpu(), (x * 2 + 1).relu(), rtol=0, atol=0)
+    x2 = torch.randn(6, 4)
+    xd2 = x2.to("neuron")
+    copies = []
+    real = torch.Tensor.copy_
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src, *a, **k: (copies.append(1), real(self, src, *a, **k))[1])
+    hits = windows.stats()["hits"]
+    y = (xd2 * 2 + 1).relu()
+    windows.flush()
+    assert windows.stats()["hits"] == hits + 1 and not copies
+    monkeypatch.undo()
+    torch.testing.assert_close(y.cpu(), (x2 * 2 + 1).relu(), rtol=0, atol=0)

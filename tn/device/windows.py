@@ -1055,18 +1055,35 @@ def _run_compiled(w: _Window, entry: _Compiled) -> None:
     if entry.params:
         sv, sd = w.svals, w.sdtypes
         ins += [torch.tensor(sv[i], dtype=sd[i]) for i in entry.params]
-    outs = entry.exe(ins)
+    # the results' own memory is where the program writes them (no copy afterwards); a result the user dropped
+    # gets memory of the call's own. (A result's memory is reused by later windows: its alias is kept too.)
+    dst = []
+    for i in entry.outputs:
+        s = slots[i]
+        st = s.storage()
+        dst.append(None if st is None else _cached_alias(st, s.dtype, s.shape))
+    outs = _exe_call(entry.exe, ins, dst)
     prof = entry.exe.last_profile
     if prof is not None:
         tracking.add_device_ns(prof.total_ns)
         _STATS["device_ns"] += prof.total_ns
-    for j, i in enumerate(entry.outputs):
-        s = slots[i]
-        st = s.storage()
-        if st is not None:    # (a result's memory is reused by later windows: its alias is kept too)
-            _cached_alias(st, s.dtype, s.shape).copy_(outs[j].reshape(s.shape))
+    for j, d in enumerate(dst):
+        if d is not None:
+            o = outs[j]
+            if o.data_ptr() != d.data_ptr():   # (a value the program did not write: an input, a literal, a host op's)
+                d.copy_(o.reshape(d.shape))
     for i, j in entry.mutations:
         ins[i].copy_(outs[j].reshape(ins[i].shape))
+
+
+#: ``[NeuronExecutable]`` once the compiler is loaded: the executables that take ``out=`` (their wrappers, for
+#: complex pairs or status checks, do not: those results are copied)
+_PLAIN_EXE: list = [None]
+
+
+def _exe_call(exe: Any, ins: list, dst: list) -> list:
+    """Run ``exe`` on ``ins``, writing its outputs into ``dst`` (per output a tensor or None) when it can."""
+    return exe(ins, out=dst) if type(exe) is _PLAIN_EXE[0] else exe(ins)
 
 
 def _compile_ir(ir: Any, name: str) -> Any:
@@ -1074,6 +1091,7 @@ def _compile_ir(ir: Any, name: str) -> Any:
     from .. import lower  # lazy: the compiler loads on the first window (import tn does not pay for it)
 
     exe = lower.compile_ir(ir, name=name)
+    _PLAIN_EXE[0] = lower.compiler.NeuronExecutable
     # No laid-out weight variant (tn.lower.layout): the executable would compile itself a second time on its
     # second call with the same weights. Measured on HF GPT-2 generate (32 decode windows, each run once per
     # call): 2.2 s of compiling in the second call, for 2% less modelled device time; a training window
@@ -1610,22 +1628,31 @@ def _run_bucket(w: _Window, entry: "_Compiled") -> None:
             _PADS.clear()
         pt = _PADS[p] = torch.tensor(float(p))   # (a read-only input: kept per padding)
     ins.append(pt)
-    outs = bk.exe(ins)
+    # results of the window's own size (no growing axis) are written by the program into their memory directly
+    dst = [None] * len(entry.outputs)
+    for j, i in enumerate(entry.outputs):
+        if bk.out_axes[j] is None:
+            s = slots[i]
+            st = s.storage()
+            if st is not None:
+                dst[j] = _cached_alias(st, s.dtype, s.shape)
+    outs = _exe_call(bk.exe, ins, dst)
     prof = bk.exe.last_profile
     if prof is not None:
         _charge(prof)
     narrows = []
     for j, i in enumerate(entry.outputs):
-        s = slots[i]
-        st = s.storage()
         ax = bk.out_axes[j]
         if ax is None:
-            if st is not None:
-                _cached_alias(st, s.dtype, s.shape).copy_(outs[j].reshape(s.shape))
+            d = dst[j]
+            if d is not None and outs[j].data_ptr() != d.data_ptr():
+                d.copy_(outs[j].reshape(d.shape))
             continue
-        dst = _cached_alias(st, s.dtype, s.shape) if st is not None else torch.empty(s.shape, dtype=s.dtype)
+        s = slots[i]
+        st = s.storage()
+        nd = _cached_alias(st, s.dtype, s.shape) if st is not None else torch.empty(s.shape, dtype=s.dtype)
         src = outs[j].reshape(bk.out_shapes[j])
-        narrows.append((src if src.is_contiguous() else src.contiguous(), dst, ax))
+        narrows.append((src if src.is_contiguous() else src.contiguous(), nd, ax))
     _dma(bk, w, n, 1, narrows, p)
     for i, j in entry.mutations:
         ins[i].copy_(outs[j].reshape(ins[i].shape))

@@ -22,6 +22,7 @@ keeps the merged profile of the call in :attr:`NeuronExecutable.last_profile`.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -459,12 +460,23 @@ class NeuronExecutable:
         out_ready = [0.0 if (j in lits or s in fixed) else ready.get(s, t) for j, s in enumerate(self._out)]
         return StepTiming(runs, starts, host, in_reads, out_ready, collectives)
 
-    def __call__(self, tensors: Sequence[torch.Tensor]) -> List[Any]:
-        """Run on the flat input tensors (``ir.inputs`` order); returns the values of ``ir.outputs``."""
+    def __call__(self, tensors: Sequence[torch.Tensor], out: Optional[Sequence[Any]] = None) -> List[Any]:
+        """Run on the flat input tensors (``ir.inputs`` order); returns the values of ``ir.outputs``.
+
+        ``out`` (optional, one entry per output, None for most): a contiguous CPU tensor of the output's dtype and
+        element count, memory no input shares, that the program computing that output writes instead of a tensor
+        the call allocates (the returned value is then that tensor, or a view of it of the output's shape; an
+        output not written by a program, or a tensor that does not fit, is allocated as usual)."""
         if self._layout is not None:      # weights read from their cached layout (tn.lower.layout)
             laid = self._call_laid_out(tensors)
             if laid is not None:
                 return laid
+        dest = None
+        if out is not None:
+            dest = {}
+            for s, t in zip(self._out, out):
+                if t is not None and s not in dest:
+                    dest[s] = t
         if len(tensors) != len(self._in_slots):
             raise ArgumentValueError(f"neuron executable: the program takes {len(self._in_slots)} input tensors, got "
                                      f"{len(tensors)}; pass the flattened inputs in ir.inputs order")
@@ -488,7 +500,10 @@ class NeuronExecutable:
                         t = t.contiguous()
                     vals[idx] = t
                 for idx, s, size, dtype in st.alloc:
-                    env[s] = vals[idx] = empty(*size, dtype=dtype)
+                    t = dest.get(s) if dest else None
+                    if t is not None:
+                        t = _out_buffer(t, size, dtype)
+                    env[s] = vals[idx] = t if t is not None else empty(*size, dtype=dtype)
                 if st.flag is None:
                     runs.append(st.call(vals))
                 else:
@@ -550,6 +565,16 @@ class NeuronExecutable:
         s = self.stats
         return (f"<NeuronExecutable {s['programs']} program(s), {s['instructions']} instructions, "
                 f"host ops {s['host_ops']}>")
+
+
+def _out_buffer(t: Any, size: tuple, dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """``t`` (or its view of shape ``size``, the ``torch.empty`` size arguments of a program output) when it can be
+    that output's memory: a contiguous CPU tensor of ``dtype`` and the same element count; else None."""
+    shape = () if size == ((),) else size
+    if type(t) is not torch.Tensor or t.dtype is not dtype or not t.is_cpu or not t.is_contiguous() or \
+            t.numel() != math.prod(shape):
+        return None
+    return t if tuple(t.shape) == shape else t.view(shape)
 
 
 def _collective() -> Any:
