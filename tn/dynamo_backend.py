@@ -44,7 +44,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch._dynamo.config as dynamo_config
 from torch._decomp import core_aten_decompositions
-from torch._dynamo import disable
+from torch._dynamo import disable, trace_rules
 from torch._dynamo.backends import registry
 from torch._dynamo.backends.common import aot_autograd
 from torch._library.fake_class_registry import FakeScriptObject
@@ -678,8 +678,6 @@ def skip_tn_runtime_in_dynamo() -> None:
     global _runtime_skipped
     if _runtime_skipped:
         return
-    from torch._dynamo import trace_rules
-
     for name in _RUNTIME_PACKAGES:
         trace_rules.add(name)
     _runtime_skipped = True

@@ -35,6 +35,8 @@ import contextlib
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+from torch._guards import detect_fake_mode
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .core import host
@@ -91,9 +93,6 @@ def _log_alpha_dropped() -> Iterator[None]:
     graph node (Dynamo running ``ctc_loss`` as one call on fake tensors; no proxy mode), the unbacked width of
     that ``log_alpha`` reaches no output and is discarded, as Dynamo requires to be said. Where the call is
     recorded (AOTAutograd's trace), the node carries the size and the backward reads it."""
-    from torch._guards import detect_fake_mode
-    from torch.fx.experimental.proxy_tensor import get_proxy_mode
-
     mode = detect_fake_mode()
     if mode is None or mode.shape_env is None or get_proxy_mode() is not None:
         yield
