@@ -32,6 +32,11 @@ was imported (registering from ``import tn`` as well would make Dynamo's
 entry-point loader, which imports tn, register the name twice).
 :func:`register` registers by hand where package metadata is missing.
 :func:`graphs_compiled` counts the graphs handed to tn.
+
+Where Dynamo refuses by design (Python branching on, or taking an op's constant from, a tensor's values
+inside ``torch.nn``: ``BatchNorm(momentum=None)`` in training, ``GaussianNLLLoss``), it runs that call
+eagerly: on the ``neuron`` device that is tn's device door, whose Python Dynamo must not trace as user code
+(:func:`skip_tn_runtime_in_dynamo`).
 """
 from __future__ import annotations
 
