@@ -5,7 +5,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 
-import tn  # noqa: F401  (registers the neuron device and tn.ops.ctc's shape rules)
+import tn  # registers the neuron device and tn.ops.ctc's shape rules
 from tn import dynamo_backend
 
 aten = torch.ops.aten
@@ -108,3 +108,20 @@ def test_other_backends_capture_ctc_loss_too():
     ref.backward()
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(got, lp.grad)
+
+
+def test_ctc_loss_compiles_on_the_neuron_device():
+    lp, tg, il, tl = _case("list")
+    m = torch.nn.CTCLoss()
+    dev = lp.detach().to("neuron").requires_grad_()
+    tn.device.tracking.reset_op_counts()
+    with tn.profile() as prof:
+        out = torch.compile(m, backend="neuron")(dev, tg.to("neuron"), il, tl)
+        out.backward()
+    assert _graph_breaks() == 0
+    assert out.device.type == "neuron"
+    assert dict(prof.host_ops) == {} and tn.device.fallback_ops() == {}
+    ref = m(lp, tg, il, tl)
+    ref.backward()
+    torch.testing.assert_close(out.cpu(), ref.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dev.grad.cpu(), lp.grad, rtol=1e-5, atol=1e-6)
