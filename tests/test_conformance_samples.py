@@ -3,7 +3,6 @@
 ``bench/coverage.py`` (the published rows use 2 samples) and failed before its fix. bf16 cases are checked as
 the bench checks them: the fp32 computation on the same bf16 inputs is the oracle, rounded once to bf16.
 """
-import pytest
 import torch
 import torch.nn.functional as F
 
