@@ -26,7 +26,7 @@ def test_table_says_full_or_partial_and_the_commit():
     assert len(rows) == 2
     assert "| full | abc1234 |" in rows[0]
     assert "partial (3 named items, <= 3 samples/item)" in rows[1] and "def5678+dirty" in rows[1]
-    assert "| 1 | 2 | 0 | 0 | 0 | 0 | 0 | 3 | 33.3% | 100.0% |" in rows[0]
+    assert "| 1 | 2 | 0 | 0 | 0 | 0 | 0 | 0 | 3 | 33.3% | 100.0% |" in rows[0]
 
 
 def test_publish_writes_between_the_markers_and_keeps_the_page(tmp_path):
