@@ -91,6 +91,15 @@ def _tiny_hf_model(kind: str):
 
 
 @pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches and counters (graph breaks) reset before and after the test (the compile-door tests)."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
 def adaptive():
     """The neuron device in adaptive eager mode (tn.device.windows) with fresh counters; flushes at the end."""
     from tn.device import windows  # lazy: only the window tests ask for this fixture

@@ -9,12 +9,7 @@ from tn import dynamo_backend
 torch._dynamo.config.cache_size_limit = 64
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")   # tests/conftest.py
 
 
 def _graph_breaks() -> int:

@@ -15,12 +15,7 @@ cov = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(cov)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")   # tests/conftest.py
 
 
 def _modules():
