@@ -1049,6 +1049,19 @@ def _cached_alias(st: Any, dtype: torch.dtype, shape: Tuple[int, ...]) -> torch.
     return t
 
 
+def _result_memory(s: Any) -> Optional[torch.Tensor]:
+    """A window result's own device memory (its cached alias), or None for a result the user dropped."""
+    st = s.storage()
+    return None if st is None else _cached_alias(st, s.dtype, s.shape)
+
+
+def _land(out: torch.Tensor, dst: Optional[torch.Tensor]) -> None:
+    """Copy a program output into its result's memory ``dst``, unless the program wrote it there (``out=``) or
+    the result was dropped: an output the program did not write is an input, a literal or a host op's value."""
+    if dst is not None and out.data_ptr() != dst.data_ptr():
+        dst.copy_(out.reshape(dst.shape))
+
+
 def _run_compiled(w: _Window, entry: _Compiled) -> None:
     slots = w.slots
     ins = [_cached_alias(slots[i].strong, slots[i].dtype, slots[i].shape) for i in entry.inputs]
@@ -1057,21 +1070,14 @@ def _run_compiled(w: _Window, entry: _Compiled) -> None:
         ins += [torch.tensor(sv[i], dtype=sd[i]) for i in entry.params]
     # the results' own memory is where the program writes them (no copy afterwards); a result the user dropped
     # gets memory of the call's own. (A result's memory is reused by later windows: its alias is kept too.)
-    dst = []
-    for i in entry.outputs:
-        s = slots[i]
-        st = s.storage()
-        dst.append(None if st is None else _cached_alias(st, s.dtype, s.shape))
+    dst = [_result_memory(slots[i]) for i in entry.outputs]
     outs = _exe_call(entry.exe, ins, dst)
     prof = entry.exe.last_profile
     if prof is not None:
         tracking.add_device_ns(prof.total_ns)
         _STATS["device_ns"] += prof.total_ns
-    for j, d in enumerate(dst):
-        if d is not None:
-            o = outs[j]
-            if o.data_ptr() != d.data_ptr():   # (a value the program did not write: an input, a literal, a host op's)
-                d.copy_(o.reshape(d.shape))
+    for o, d in zip(outs, dst):
+        _land(o, d)
     for i, j in entry.mutations:
         ins[i].copy_(outs[j].reshape(ins[i].shape))
 
@@ -1629,13 +1635,7 @@ def _run_bucket(w: _Window, entry: "_Compiled") -> None:
         pt = _PADS[p] = torch.tensor(float(p))   # (a read-only input: kept per padding)
     ins.append(pt)
     # results of the window's own size (no growing axis) are written by the program into their memory directly
-    dst = [None] * len(entry.outputs)
-    for j, i in enumerate(entry.outputs):
-        if bk.out_axes[j] is None:
-            s = slots[i]
-            st = s.storage()
-            if st is not None:
-                dst[j] = _cached_alias(st, s.dtype, s.shape)
+    dst = [_result_memory(slots[i]) if ax is None else None for i, ax in zip(entry.outputs, bk.out_axes)]
     outs = _exe_call(bk.exe, ins, dst)
     prof = bk.exe.last_profile
     if prof is not None:
@@ -1644,13 +1644,12 @@ def _run_bucket(w: _Window, entry: "_Compiled") -> None:
     for j, i in enumerate(entry.outputs):
         ax = bk.out_axes[j]
         if ax is None:
-            d = dst[j]
-            if d is not None and outs[j].data_ptr() != d.data_ptr():
-                d.copy_(outs[j].reshape(d.shape))
+            _land(outs[j], dst[j])
             continue
         s = slots[i]
-        st = s.storage()
-        nd = _cached_alias(st, s.dtype, s.shape) if st is not None else torch.empty(s.shape, dtype=s.dtype)
+        nd = _result_memory(s)
+        if nd is None:
+            nd = torch.empty(s.shape, dtype=s.dtype)
         src = outs[j].reshape(bk.out_shapes[j])
         narrows.append((src if src.is_contiguous() else src.contiguous(), nd, ax))
     _dma(bk, w, n, 1, narrows, p)
