@@ -247,6 +247,24 @@ static inline tn_ap ap_squeeze(const tn_ap *a)
     return s;
 }
 
+/* Hint the cache to fetch the first bytes (up to 4 KiB) of a row that a copy reads (rw 0) or writes (rw 1) soon:
+   partition rows lie far apart, so a copy of many short rows waits for each row's first lines in turn; fetching
+   a later row while the current one is copied overlaps those waits. A hint only: it never faults and never
+   changes a result. */
+#define TN_PREFETCH_AHEAD 2
+static inline void prefetch_row(const char *p, int64_t nbytes, int rw)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    if (nbytes > 4096) nbytes = 4096;
+    if (rw)
+        for (int64_t b = 0; b < nbytes; b += 64) __builtin_prefetch(p + b, 1, 3);
+    else
+        for (int64_t b = 0; b < nbytes; b += 64) __builtin_prefetch(p + b, 0, 3);
+#else
+    (void)p; (void)nbytes; (void)rw;
+#endif
+}
+
 /* Load every free element of partition p of `a` (row-major over its dims) into dst. */
 static void load_ap(float *dst, const tn_ap *ap, int64_t p)
 {
@@ -303,11 +321,15 @@ static int ap_free_contiguous(const tn_ap *a)
 TN_HOT static void load_rows(float *dst, const tn_ap *a, int64_t p0, int64_t np, int64_t n, int contig)
 {
     if (contig && a->dtype == TN_F32) {
-        for (int64_t i = 0; i < np; i++) memcpy(dst + i * n, ap_part(a, p0 + i), (size_t)n * 4);
+        for (int64_t i = 0; i < np; i++) {
+            if (i + TN_PREFETCH_AHEAD < np) prefetch_row(ap_part(a, p0 + i + TN_PREFETCH_AHEAD), n * 4, 0);
+            memcpy(dst + i * n, ap_part(a, p0 + i), (size_t)n * 4);
+        }
         return;
     }
     if (contig && a->dtype == TN_BF16) {
         for (int64_t i = 0; i < np; i++) {
+            if (i + TN_PREFETCH_AHEAD < np) prefetch_row(ap_part(a, p0 + i + TN_PREFETCH_AHEAD), n * 2, 0);
             const uint16_t *h = (const uint16_t *)ap_part(a, p0 + i);
             float *d = dst + i * n;
             for (int64_t j = 0; j < n; j++) d[j] = bf16_to_f32(h[j]);
@@ -321,11 +343,15 @@ TN_HOT static void load_rows(float *dst, const tn_ap *a, int64_t p0, int64_t np,
 TN_HOT static void store_rows(const tn_ap *a, int64_t p0, int64_t np, int64_t n, const float *src, int contig)
 {
     if (contig && a->dtype == TN_F32) {
-        for (int64_t i = 0; i < np; i++) memcpy(ap_part(a, p0 + i), src + i * n, (size_t)n * 4);
+        for (int64_t i = 0; i < np; i++) {
+            if (i + TN_PREFETCH_AHEAD < np) prefetch_row(ap_part(a, p0 + i + TN_PREFETCH_AHEAD), n * 4, 1);
+            memcpy(ap_part(a, p0 + i), src + i * n, (size_t)n * 4);
+        }
         return;
     }
     if (contig && a->dtype == TN_BF16) {
         for (int64_t i = 0; i < np; i++) {
+            if (i + TN_PREFETCH_AHEAD < np) prefetch_row(ap_part(a, p0 + i + TN_PREFETCH_AHEAD), n * 2, 1);
             uint16_t *h = (uint16_t *)ap_part(a, p0 + i);
             const float *x = src + i * n;
             for (int64_t j = 0; j < n; j++) h[j] = f32_to_bf16(x[j]);
@@ -590,6 +616,11 @@ int tn_tensor_tensor(int op, const tn_ap *out, const tn_ap *a, const tn_ap *b, i
         && f32_rows_in_place_ok(out, a, n, nparts) && f32_rows_in_place_ok(out, b, n, nparts)) {
         /* fp32 rows straight from and to the memories (fp32 rows lose to blocks through scratch on the host) */
         for (int64_t p = 0; p < nparts; p++) {
+            if (p + TN_PREFETCH_AHEAD < nparts) {
+                prefetch_row(ap_part(a, p + TN_PREFETCH_AHEAD), n * 4, 0);
+                prefetch_row(ap_part(b, p + TN_PREFETCH_AHEAD), n * 4, 0);
+                prefetch_row(ap_part(out, p + TN_PREFETCH_AHEAD), n * 4, 1);
+            }
             int rc = alu(op, (float *)ap_part(out, p), (const float *)ap_part(a, p), (const float *)ap_part(b, p), n);
             if (rc) return rc;
         }
@@ -653,6 +684,10 @@ int tn_tensor_scalar(const tn_ap *out, const tn_ap *in, int op0, const tn_ap *s0
         for (int64_t p = 0; p < nparts; p++) {
             float v0 = s0 ? load_scalar(s0, p) : (float)imm0;
             float v1 = op1 != ALU_BYPASS && s1 ? load_scalar(s1, p) : (float)imm1;
+            if (p + TN_PREFETCH_AHEAD < nparts) {
+                prefetch_row(ap_part(in, p + TN_PREFETCH_AHEAD), n * 4, 0);
+                prefetch_row(ap_part(out, p + TN_PREFETCH_AHEAD), n * 4, 1);
+            }
             float *y = (float *)ap_part(out, p);
             const float *xi = (const float *)ap_part(in, p);
             if (y != xi) memmove(y, xi, (size_t)n * 4);
@@ -1049,6 +1084,10 @@ int tn_activation(int func, const tn_ap *out, const tn_ap *in, const tn_ap *bias
         for (int64_t p = 0; p < nparts; p++) {
             float s = scale ? load_scalar(scale, p) : (float)scale_imm;
             float b = (bias ? load_scalar(bias, p) : 0.0f) + (float)bias_imm;
+            if (p + TN_PREFETCH_AHEAD < nparts) {
+                prefetch_row(ap_part(in, p + TN_PREFETCH_AHEAD), n * 4, 0);
+                prefetch_row(ap_part(out, p + TN_PREFETCH_AHEAD), n * 4, 1);
+            }
             float *y = (float *)ap_part(out, p);
             const float *xi = (const float *)ap_part(in, p);
             if (y != xi) memmove(y, xi, (size_t)n * 4);
@@ -1084,6 +1123,42 @@ int tn_activation(int func, const tn_ap *out, const tn_ap *in, const tn_ap *bias
     return TN_OK;
 }
 
+/* o[j] = reduce_one(op, acc, x[j]) for j < k, one loop per op (the loops vectorise; a switch per element does
+   not): the same operations in the same order as reduce_one, so the same bits. */
+TN_HOT static void reduce_ones(int op, float acc, float *restrict o, const float *restrict x, int64_t k)
+{
+    int64_t j;
+    if (acc != acc) {   /* a NaN start (reduce_init never gives one) keeps reduce_one's own path */
+        for (j = 0; j < k; j++) o[j] = reduce_one(op, acc, x[j]);
+        return;
+    }
+    switch (op) {
+    case RED_ADD:
+        for (j = 0; j < k; j++) {
+            float l = 0.0f + x[j];
+            l += 0.0f; l += 0.0f; l += 0.0f; l += 0.0f;
+            o[j] = acc + l;
+        }
+        return;
+    case RED_MAX:
+        for (j = 0; j < k; j++) {
+            float e = x[j], l = e > acc ? e : acc, q = e != e ? e : 0.0f, a = (l > acc) | (l != l) ? l : acc;
+            o[j] = q != q ? q : a;
+        }
+        return;
+    case RED_MIN:
+        for (j = 0; j < k; j++) {
+            float e = x[j], l = e < acc ? e : acc, q = e != e ? e : 0.0f, a = (l < acc) | (l != l) ? l : acc;
+            o[j] = q != q ? q : a;
+        }
+        return;
+    case RED_MUL: for (j = 0; j < k; j++) o[j] = acc * x[j]; return;
+    case RED_AND: for (j = 0; j < k; j++) o[j] = (acc != 0.0f && x[j] != 0.0f) ? 1.0f : 0.0f; return;
+    case RED_OR: for (j = 0; j < k; j++) o[j] = (acc != 0.0f || x[j] != 0.0f) ? 1.0f : 0.0f; return;
+    default: for (j = 0; j < k; j++) o[j] = acc; return;
+    }
+}
+
 int tn_tensor_reduce(int op, const tn_ap *out, const tn_ap *in, int nred, int64_t nparts)
 {
     if (nred < 1 || nred > 4) return TN_EARGS;
@@ -1094,12 +1169,19 @@ int tn_tensor_reduce(int op, const tn_ap *out, const tn_ap *in, int nred, int64_
     int64_t k = r > 0 ? n / r : 0;
     float *x = scratch(0, n), *o = scratch(1, k);
     if (!x || !o) return TN_ENOMEM;
+    /* fp32 rows of one run are read where they are (the kernel only reads `in`; o is scratch) */
+    int direct = in->dtype == TN_F32 && ap_free_contiguous(in);
     for (int64_t p = 0; p < nparts; p++) {
-        load_ap(x, in, p);
+        const float *xs = x;
+        if (direct) {
+            if (p + TN_PREFETCH_AHEAD < nparts) prefetch_row(ap_part(in, p + TN_PREFETCH_AHEAD), n * 4, 0);
+            xs = (const float *)ap_part(in, p);
+        }
+        else load_ap(x, in, p);
         if (r == 1)
-            for (int64_t j = 0; j < k; j++) o[j] = reduce_one(op, init, x[j]);
+            reduce_ones(op, init, o, xs, k);
         else
-            for (int64_t j = 0; j < k; j++) o[j] = reduce_row(op, init, x + j * r, r);
+            for (int64_t j = 0; j < k; j++) o[j] = reduce_row(op, init, xs + j * r, r);
         store_ap(out, p, o);
     }
     return TN_OK;
@@ -1258,6 +1340,10 @@ int tn_copy_bytes(const tn_ap *dst, const tn_ap *src, int64_t nparts)
         if (same && !one_run) {
             copy_rows_same(db, dst, sb, src, es);   /* in order, so overlapping rows copy as before */
         } else if (d1 <= s0 || s1 <= d0) {
+            if (one_run && p + TN_PREFETCH_AHEAD < nparts) {
+                prefetch_row(ap_part(src, p + TN_PREFETCH_AHEAD), nfree * es, 0);
+                prefetch_row(ap_part(dst, p + TN_PREFETCH_AHEAD), nfree * es, 1);
+            }
             if (one_run) memcpy(db, sb, (size_t)(nfree * es));
             else if (same_sq) copy_rows_same(db, &dq, sb, &sq, es);
             else copy_runs(db, &dq, sb, &sq, nfree, es);
@@ -1576,10 +1662,52 @@ int tn_partition_reduce(int op, const tn_ap *out, const tn_ap *in, int64_t npart
     return TN_OK;
 }
 
+/* 1 if no row of `out` (partitions 0..nout-1) shares a byte with a row q of `in` for any q in [qmin, qmax]:
+   writing out's rows in any order then leaves every such input row as it was. Patterns with different partition
+   strides lie in different memories (SBUF, PSUM), as rows_independent assumes. */
+static int rows_disjoint(const tn_ap *out, int64_t nout, const tn_ap *in, int64_t qmin, int64_t qmax)
+{
+    if (out->pstride != in->pstride || out->pstride <= 0) return 1;
+    int64_t olo, ohi, ilo, ihi, pitch = out->pstride, diff = out->base - in->base;
+    ap_row_span(out, &olo, &ohi);
+    ap_row_span(in, &ilo, &ihi);
+    /* out row p and in row q overlap iff [diff + (p-q)*pitch + olo, ... + ohi) meets [ilo, ihi) */
+    for (int64_t k = -qmax; k <= nout - 1 - qmin; k++) {
+        int64_t d = diff + k * pitch;
+        if (d + olo < ihi && ilo < d + ohi) return 0;
+    }
+    return 1;
+}
+
 int tn_partition_shuffle(const tn_ap *out, const tn_ap *in, const int64_t *perm, int64_t nparts_out)
 {
-    /* out may overlap in: stage every selected source partition in scratch first */
     int64_t n = ap_free(in);
+    if (nparts_out <= 0) return TN_OK;
+    int64_t qmin = perm[0], qmax = perm[0];
+    for (int64_t p = 1; p < nparts_out; p++) {
+        qmin = perm[p] < qmin ? perm[p] : qmin;
+        qmax = perm[p] > qmax ? perm[p] : qmax;
+    }
+    if (out->dtype == in->dtype && rows_disjoint(out, nparts_out, in, qmin, qmax)) {
+        /* no output row overlaps a source row: copy each row straight to its place (the staged copy below moves
+           every byte twice); the same bytes land in the same order as through the staging pattern */
+        int es = in->esize;
+        int one_run = ap_free_contiguous(in) && ap_free_contiguous(out);
+        for (int64_t p = 0; p < nparts_out; p++) {
+            if (one_run) {
+                if (p + TN_PREFETCH_AHEAD < nparts_out) {
+                    prefetch_row(ap_part(in, perm[p + TN_PREFETCH_AHEAD]), n * es, 0);
+                    prefetch_row(ap_part(out, p + TN_PREFETCH_AHEAD), n * es, 1);
+                }
+                memcpy(ap_part(out, p), ap_part(in, perm[p]), (size_t)(n * es));
+            } else {
+                int rc = copy_ap_part(out, p, in, perm[p]);
+                if (rc) return rc;
+            }
+        }
+        return TN_OK;
+    }
+    /* out may overlap in: stage every selected source partition in scratch first */
     if (out->dtype == in->dtype) { /* exact byte copy through a contiguous staging pattern */
         int es = in->esize;
         char *st = (char *)scratch(0, (n * nparts_out * es + 3) / 4 + 1);
@@ -1683,7 +1811,10 @@ int tn_transpose(const tn_ap *out, const tn_ap *in, int64_t nparts_in)
         else
             t = NULL;
         if (t) {
-            for (int64_t q = 0; q < f; q++) memcpy(out->base + q * out->pstride, t + q * trow, (size_t)trow);
+            for (int64_t q = 0; q < f; q++) {
+                if (q + TN_PREFETCH_AHEAD < f) prefetch_row(out->base + (q + TN_PREFETCH_AHEAD) * out->pstride, trow, 1);
+                memcpy(out->base + q * out->pstride, t + q * trow, (size_t)trow);
+            }
             return TN_OK;
         }
     }

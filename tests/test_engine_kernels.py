@@ -155,6 +155,27 @@ def test_reduce_over_a_size1_axis_is_elementwise_and_bit_exact(op, dt):
     assert np.array_equal(np.signbit(y), np.signbit(ref))   # -0 kept or made +0 as the lane sum does
 
 
+@pytest.mark.parametrize("op", ["add", "max", "min"])
+def test_reduce_over_a_size1_axis_of_a_strided_view_matches_the_contiguous_one(op):
+    """The size-1 reduction reads fp32 rows of one run in place and gathers other patterns into scratch first:
+    both give the same bits (NaN, infinities and -0 included)."""
+    P, n = 8, 40
+    x = rnd(P, 2 * n) * 100
+    x[0, :8] = [np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-40, -1e-40, 3e38]
+    x[:, 1::2] = x[:, ::2]
+    def emit(p, t):
+        p.tensor_reduce(t["a"], t["x"][:, ::2].reshape(P, n, 1), op, axis=2)              # gathered
+        p.tensor_copy(t["c"], t["x"][:, ::2])
+        p.tensor_reduce(t["b"], t["c"].reshape(P, n, 1), op, axis=2)                       # in place
+    out, _ = run_op(emit, {"x": (x, "float32")}, {"a": ((P, n), "float32"), "b": ((P, n), "float32"),
+                                                   "c": ((P, n), "float32")})
+    a, b = out["a"].astype(np.float32), out["b"].astype(np.float32)
+    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    xr = round_to(x[:, ::2], "float32").astype(np.float32)
+    ref = np.float32(0) + (np.float32(0) + xr) if op == "add" else xr
+    np.testing.assert_array_equal(a, ref)
+
+
 @pytest.mark.parametrize("e", [2.0, 3.0, 2.5])
 def test_pow_by_2_and_3_matches_powf_bits(e):
     """pow is libm's powf bit for bit (called through ctypes; numpy's float32 power is not powf), squares and
@@ -309,3 +330,40 @@ def test_padded_memory_rows_give_the_same_results():
     assert shapes[0][1] > arch.sbuf_partition_bytes and shapes[1][1] > arch.psum_partition_bytes
     res = prog.run({"a": av, "b": bv})                     # through the runtime's padded memories
     np.testing.assert_array_equal(res.outputs["y"].view(np.uint32), outs[0].view(np.uint32))
+
+
+# ---------------------------------------------------------------- partition_shuffle
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32", "uint8"])
+def test_partition_shuffle_direct_and_staged_paths_agree(dtype):
+    """partition_shuffle copies each row straight to its place when no output row overlaps a source row (separate
+    tiles, or disjoint columns of one tile; rows of one run by memcpy, strided rows by the pattern copy), and stages
+    the source rows in scratch when rows may overlap (interleaved columns, in place). Every path gives
+    out[p] = in[perm[p]] bit for bit, with repeated and unused source partitions."""
+    P, F = 64, 24
+    x = RNG.integers(-100, 100, size=(P, F))
+    perm = RNG.integers(0, P, size=P)
+    perm[:3] = [5, 5, P - 1]
+    xr = round_to(x, dtype)
+
+    def emit(p, t):
+        p.partition_shuffle(t["a"], t["x"], perm)                                  # direct, one run per row
+        p.partition_shuffle(t["b"], t["x"][:, 1::2], perm)                         # direct, strided source
+        p.tensor_copy(t["c"], t["x"])
+        p.partition_shuffle(t["c"][:, :F // 2], t["c"][:, F // 2:], perm)          # direct, same tile
+        p.tensor_copy(t["d"], t["x"])
+        p.partition_shuffle(t["d"][:, ::2], t["d"][:, 1::2], perm)                 # staged: interleaved columns
+        p.tensor_copy(t["e"], t["x"])
+        p.partition_shuffle(t["e"], t["e"], perm)                                  # staged: in place
+    outs = {k: ((P, F), dtype) for k in "acde"}
+    outs["b"] = ((P, F // 2), dtype)
+    out, _ = run_op(emit, {"x": (x, dtype)}, outs)
+    np.testing.assert_array_equal(out["a"], xr[perm])
+    np.testing.assert_array_equal(out["b"], xr[perm][:, 1::2])
+    c = xr.copy()
+    c[:, :F // 2] = xr[perm][:, F // 2:]
+    np.testing.assert_array_equal(out["c"], c)
+    d = xr.copy()
+    d[:, ::2] = xr[perm][:, 1::2]
+    np.testing.assert_array_equal(out["d"], d)
+    np.testing.assert_array_equal(out["e"], xr[perm])
