@@ -1797,7 +1797,9 @@ int tn_transpose(const tn_ap *out, const tn_ap *in, int64_t nparts_in)
     if (ap_free_contiguous(in) && ap_free_contiguous(out)) {
         /* The usual case, plain tiles: bit-exact copies, transposed into contiguous scratch and then copied out row
            by row (partition rows lie a multiple of 4 KiB apart, in one L1 set: writing across 128 of them directly
-           would miss on every store). */
+           would miss on every store). Measured again with the runtime's padded rows (issue 13): writing the 8 x 8
+           blocks straight into padded PSUM rows is 3x faster when they are cached (bench/engine_kernels.py) but 2x
+           slower in a GPT-2 step, where the output rows are cold and every block half-writes 8 of their lines. */
         int oes = out->esize;
         char *t = (char *)scratch(0, (f * nparts_in * oes + 3) / 4);
         if (!t) return TN_ENOMEM;

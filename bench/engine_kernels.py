@@ -3,7 +3,8 @@
 
 Usage::
 
-    python bench/engine_kernels.py [--repeats 7] [--only SUBSTR[,SUBSTR]] [--baseline PATH/engine.so] [--json PATH]
+    python bench/engine_kernels.py [--repeats 7] [--only SUBSTR[,SUBSTR]] [--cold] [--baseline PATH/engine.so
+                                   [--baseline-padded]] [--host-split] [--json PATH]
 
 Every row is one instruction kind on typical tile shapes (a GPT-2 block
 uses 128-partition tiles of 64..1024 elements). Its program holds ``R``
@@ -15,6 +16,13 @@ fixed cost (each of the two is taken as its own min / median over the
 repeats, then subtracted). ``ns/elem`` divides by the output's element count (matmul: by
 ``M*N``, its PSUM tile; DMA: by elements moved).
 
+The copies share their operands, so from the second copy on they sit in the
+host's L1/L2 caches; in a real program (a GPT-2 step) a kernel mostly meets
+operands that are not cached. ``--cold`` gives every copy its own tiles and
+HBM tensors (while SBUF/PSUM have room), which is closer to that: check a
+change with both (issue 13 measured a transpose that was 3x faster cached and
+2x slower in the GPT-2 step).
+
 Times are ``min / median`` over ``--repeats`` repeats; with ``--baseline``
 a second engine (an ``engine.*.so`` built from another checkout, e.g. the
 commit before a change) runs the same programs, interleaved with this one
@@ -24,7 +32,8 @@ statistic; medians move with other processes). The engines are loaded side
 by side (each ``.so`` links its own copy of the C kernels). This engine
 gets the SBUF/PSUM layout the runtime gives runs (padded partition rows),
 the baseline unpadded rows (an older engine addresses partitions by the
-architecture's size).
+architecture's size) unless ``--baseline-padded`` gives it the padded rows too
+(for a baseline that takes them: the comparison is then of the kernels alone).
 
 ``--host-split`` also prints, from this engine's ``host_ns`` accounting, the
 validation ns per instruction and the kernel ns per element separately.
@@ -94,21 +103,29 @@ class Case:
         self.hbm = hbm or []   # [(name, shape, dtype, kind)]
         self.neg_inf = neg_inf  # fraction of float inputs set to -inf (masked attention scores)
 
-    def build(self, n):
-        """(Encoded, {tile name: Tile}, [HbmTensor]) with n copies."""
+    def build(self, n, cold=False):
+        """(Encoded, [(key, Tile)]) with n copies. ``cold``: every copy has its own tiles and HBM tensors while
+        SBUF/PSUM have room (then the copies cycle through the sets made), so a copy's operands are not the ones the
+        previous copy left in the host's L1/L2 caches, as in a real program."""
         prog = Program(f"bench_{self.name}")
-        hbm = {h[0]: prog.hbm(*h) for h in self.hbm}
-        t = {}
-        for key, (mem, shape, dtype) in self.tiles.items():
-            t[key] = (prog.sbuf if mem == "sbuf" else prog.psum)(shape, dtype, name=key)
-        for _ in range(n):
+        sets = []
+        for k in range(max(n, 1) if cold else 1):
+            try:
+                hbm = {h[0]: prog.hbm(f"{h[0]}{k}", *h[1:]) for h in self.hbm}
+                t = {key: (prog.sbuf if mem == "sbuf" else prog.psum)(shape, dtype, name=f"{key}{k}")
+                     for key, (mem, shape, dtype) in self.tiles.items()}
+            except Exception:   # SBUF/PSUM full: cycle through the sets made so far
+                break
+            sets.append((t, hbm))
+        for k in range(n):
+            t, hbm = sets[k % len(sets)]
             self.emit(prog, t, hbm)
-        return prog.build(check=False), t
+        return prog.build(check=False), [(key, tile) for t, _ in sets for key, tile in t.items()]
 
     def fill(self, tiles, sbuf, psum, rng):
         """Write random operands into the memories; returns [(memory, rows, cols, bytes)] to restore them."""
         saved = []
-        for key, tile in tiles.items():
+        for key, tile in tiles:
             mem = sbuf if tile.mem == isa.MEM_SBUF else psum
             dtype = self.tiles[key][2]
             nfree = int(np.prod(self.tiles[key][1][1:]))
@@ -260,12 +277,12 @@ def _cases():
 class Runner:
     """Runs one case's programs on one engine module with fixed memories and bindings."""
 
-    def __init__(self, engine, case, rng_seed=0, padded=True):
+    def __init__(self, engine, case, rng_seed=0, padded=True, cold=False):
         self.engine = engine
         self.case = case
         self.progs = {}
         for n in (0, R):
-            enc, tiles = case.build(n)
+            enc, tiles = case.build(n, cold)
             self.progs[n] = enc
         arch = enc.arch
         shapes = ((arch.partitions, arch.sbuf_partition_bytes), (arch.partitions, arch.psum_partition_bytes))
@@ -275,21 +292,21 @@ class Runner:
         self.psum = np.zeros(shapes[1], dtype=np.uint8)
         rng = np.random.default_rng(rng_seed)
         self.saved = case.fill(tiles, self.sbuf, self.psum, rng)
-        self.hbm = []
-        for t in enc.hbm:
-            arr = _values(t.dtype, t.shape, rng, case.lo, case.hi)
-            self.hbm.append(np.ascontiguousarray(arr))
-        self.ptrs = np.array([a.__array_interface__["data"][0] for a in self.hbm], dtype=np.int64)
+        self.hbm, self.ptrs = {}, {}     # per program (cold programs have their own HBM tensors per copy)
+        for n, e in self.progs.items():
+            self.hbm[n] = [np.ascontiguousarray(_values(t.dtype, t.shape, rng, case.lo, case.hi)) for t in e.hbm]
+            self.ptrs[n] = np.array([a.__array_interface__["data"][0] for a in self.hbm[n]], dtype=np.int64)
 
     def _restore(self):
         for mem, rows, cols, raw in self.saved:   # same inputs every time (in-place ops would drift)
             mem[rows, cols] = raw
 
     def _args(self, enc):
+        ptrs = self.ptrs[next(n for n, e in self.progs.items() if e is enc)]
         prep = enc.prepared()
         n = len(enc)
         nq = enc.arch.num_queues
-        return (prep["records"], prep["deps"], prep["aux"], self.sbuf, self.psum, self.ptrs, prep["sizes"],
+        return (prep["records"], prep["deps"], prep["aux"], self.sbuf, self.psum, ptrs, prep["sizes"],
                 prep["limits"], prep["timing"], np.zeros((max(n, 1), 2)), np.zeros(nq), np.zeros(nq, dtype=np.int64),
                 np.zeros(2, dtype=np.int64))
 
@@ -319,6 +336,11 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--only", help="comma-separated substrings of row names")
     ap.add_argument("--baseline", help="path of another build's engine.*.so to compare against (interleaved)")
+    ap.add_argument("--cold", action="store_true",
+                    help="every instruction copy on its own tiles and HBM tensors (operands not in L1/L2, as in a "
+                         "real program; a kernel can look fast on cached operands and be slow on cold ones)")
+    ap.add_argument("--baseline-padded", action="store_true",
+                    help="give the baseline the padded rows this engine gets (a baseline engine that supports them)")
     ap.add_argument("--host-split", action="store_true", help="also print validation vs kernel ns (host_ns)")
     ap.add_argument("--json", help="write the rows as JSON to this path")
     args = ap.parse_args(argv)
@@ -328,8 +350,8 @@ def main(argv=None):
     for case in _cases():
         if args.only and not any(s.strip() and s.strip() in case.name for s in args.only.split(",")):
             continue
-        ra = Runner(cur, case)
-        rb = Runner(base, case, padded=False) if base else None   # an older engine may assume unpadded rows
+        ra = Runner(cur, case, cold=args.cold)
+        rb = Runner(base, case, padded=args.baseline_padded, cold=args.cold) if base else None   # an older engine may assume unpadded rows
         ra.time_once()
         if rb:
             rb.time_once()
@@ -371,8 +393,8 @@ def main(argv=None):
         if args.host_split:
             line += [f"{r['check_ns']:.0f}", f"{r['kernel_ns_per_elem']:.3f}"]
         body.append(line)
-    print(f"{R} instruction copies per program; times min / median of {args.repeats} (interleaved with the "
-          f"baseline when given)")
+    print(f"{R} instruction copies per program{' (cold: own operands per copy)' if args.cold else ''}; times "
+          f"min / median of {args.repeats} (interleaved with the baseline when given)")
     if tabulate:
         print(tabulate(body, headers=headers, stralign="right"))
     else:
