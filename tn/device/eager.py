@@ -310,6 +310,17 @@ def run_op(op, args: tuple, kwargs: dict):
         return _run_op(op, args, kwargs)
 
 
+def run_op_general(op, args: tuple, kwargs: dict):
+    """:func:`run_op` past its adaptive eager shortcut (a caller that tried :func:`_record_plain` itself and got
+    :data:`tn.device.windows.GENERAL`): the checked general path, which still queues the op in adaptive mode when
+    it can, on the op's device."""
+    index = _op_device(args, kwargs)
+    if index == current_index():
+        return _run_op(op, args, kwargs)
+    with on_device(index):
+        return _run_op(op, args, kwargs)
+
+
 #: id(op) -> ``(op, name, has out= arguments, positions of its Tensor arguments)`` for ops :func:`_record_plain`
 #: may queue, ``(op, None, ...)`` for the others (foreach, view and indexing ops with host indices: the general
 #: path sorts them). Keyed by id: an OpOverload hashes in Python.

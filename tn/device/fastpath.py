@@ -55,7 +55,9 @@ def enabled() -> bool:
 def _make(idx: int, op, name: str):
     def kernel(a, b, *, alpha=1):
         if windows.active():    # adaptive eager: queued into the window; no program runs now to learn a time from
-            return eager.run_op(op, (a, b), {"alpha": alpha} if alpha != 1 else {})
+            args, kwargs = (a, b), ({"alpha": alpha} if alpha != 1 else {})
+            r = eager._record_plain(op, args, kwargs)     # (run_op's first step, without its frame)
+            return r if r is not windows.GENERAL else eager.run_op_general(op, args, kwargs)
         if (type(b) is torch.Tensor and type(a) is torch.Tensor and alpha == 1 and not a.is_cpu and not b.is_cpu
                 and b.dtype is a.dtype and a.is_contiguous() and b.is_contiguous() and a.shape == b.shape):
             e = _SEEN.get((idx, a.shape, a.dtype))

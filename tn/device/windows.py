@@ -82,6 +82,7 @@ import threading
 import time
 import weakref
 from collections import Counter, OrderedDict
+from operator import itemgetter
 from types import SimpleNamespace
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -218,32 +219,47 @@ class _Slot:
         return self.strong if self.external else self.ref()
 
 
-class _Ref:
-    """A tensor argument of a recorded op: storage slot, shape, stride, offset, dtype."""
+class _Ref(tuple):
+    """A tensor argument of a recorded op: ``(slot, shape, stride, offset, dtype)`` (storage slot, metadata).
 
-    __slots__ = ("slot", "shape", "stride", "offset", "dtype")
+    A tuple, made by :data:`_mkref` (``tuple.__new__``, no Python ``__init__`` frame): a steady loop records one
+    per tensor argument of every op, and a cache hit never reads them (only a compile, a replay op by op or a
+    bucket's skeleton does)."""
 
-    def __init__(self, slot: int, shape: tuple, stride: tuple, offset: int, dtype: torch.dtype):
-        self.slot = slot
-        self.shape = shape
-        self.stride = stride
-        self.offset = offset
-        self.dtype = dtype
+    __slots__ = ()
+
+    def __new__(cls, slot: int, shape: tuple, stride: tuple, offset: int, dtype: torch.dtype):
+        return tuple.__new__(cls, (slot, shape, stride, offset, dtype))
+
+    slot = property(itemgetter(0))
+    shape = property(itemgetter(1))
+    stride = property(itemgetter(2))
+    offset = property(itemgetter(3))
+    dtype = property(itemgetter(4))
 
 
-class _Rec:
-    """One recorded op: the aten overload, its flat arguments (tensors as :class:`_Ref`), result plan, source."""
+class _Rec(tuple):
+    """One recorded op: ``(op, leaves, spec, plan, fresh, src, scal)``: the aten overload, its flat arguments
+    (tensors as :class:`_Ref`), their structure, the result plan, ``fresh`` ``[(result leaf index, slot index)]``,
+    ``src`` the user's ``(file, line)`` or None, ``scal`` ``[(leaf index, index in the window's scalars)]`` (values
+    that may be program inputs). A tuple made by :data:`_mkref`, as :class:`_Ref`."""
 
-    __slots__ = ("op", "leaves", "spec", "plan", "fresh", "src", "scal")
+    __slots__ = ()
 
-    def __init__(self, op, leaves, spec, plan, fresh, src, scal=()):
-        self.op = op
-        self.leaves = leaves
-        self.spec = spec
-        self.plan = plan
-        self.fresh = fresh      # [(result leaf index, slot index)]
-        self.src = src          # (filename, line) of the user's code, or None
-        self.scal = scal        # [(leaf index, index in the window's scalars)]: values that may be program inputs
+    def __new__(cls, op, leaves, spec, plan, fresh, src, scal=()):
+        return tuple.__new__(cls, (op, leaves, spec, plan, fresh, src, scal))
+
+    op = property(itemgetter(0))
+    leaves = property(itemgetter(1))
+    spec = property(itemgetter(2))
+    plan = property(itemgetter(3))
+    fresh = property(itemgetter(4))
+    src = property(itemgetter(5))
+    scal = property(itemgetter(6))
+
+
+#: ``_mkref(_Ref, (slot, shape, stride, offset, dtype))`` / ``_mkref(_Rec, (...))``: the C constructor of a tuple
+_mkref = tuple.__new__
 
 
 class _Window:
@@ -310,26 +326,31 @@ _CODES_DIRS = [0]                           # tn.trace.internal_dirs_generation(
 def _user_src(depth: int = 1) -> Optional[Tuple[str, int]]:
     """``(file, line)`` of the innermost frame of the user's code (as :func:`tn.trace.user_frame`), or None;
     the search starts ``depth`` frames up (frames known to be tn's need no look-up)."""
-    if trace.internal_dirs_generation() != _CODES_DIRS[0] or len(_CODES) > 4096:
-        _CODES.clear()
-        _CODES_DIRS[0] = trace.internal_dirs_generation()
     codes = _CODES
-    internal = trace.is_internal_code
-    f = sys._getframe(depth)
-    src = None
+    if _dirs_generation() != _CODES_DIRS[0] or len(codes) > 4096:
+        codes.clear()
+        _CODES_DIRS[0] = _dirs_generation()
+    get = codes.get
+    f = _getframe(depth)
     while f is not None:
         c = f.f_code
-        e = codes.get(id(c))
+        e = get(id(c))
         if e is None or e[0] is not c:
-            e = codes[id(c)] = (c, internal(c))
+            e = codes[id(c)] = (c, _is_internal(c))
         if not e[1]:
             src = (c.co_filename, f.f_lineno)
-            break
+            # drop the frame before returning: were it this very frame (tn's files counted as the user's), the
+            # local would make a cycle that holds every caller's locals, the op's results among them, until the
+            # collector runs
+            del f
+            return src
         f = f.f_back
-    # drop the frame before returning: were it this very frame (tn's files counted as the user's), the local
-    # would make a cycle that holds every caller's locals, the op's results among them, until the collector runs
-    del f
-    return src
+    return None
+
+
+_getframe = sys._getframe
+_dirs_generation = trace.internal_dirs_generation
+_is_internal = trace.is_internal_code
 
 
 def _memory_order(shape: tuple, stride: tuple) -> Optional[Tuple[list, tuple]]:
@@ -362,6 +383,11 @@ def _base_shape(t: torch.Tensor, nbytes: int) -> Tuple[int, ...]:
         if all(d <= b for d, b in zip(t.shape, shape)):
             return shape
     return (n,)
+
+
+#: (shape, stride, offset, dtype, storage bytes) -> :func:`_base_shape` of such a tensor (a window's weights and
+#: state are new slots of every window: their base shapes are looked up, not derived again)
+_BASES: Dict[Tuple[Any, ...], Tuple[int, ...]] = {}
 
 
 def _meta_of(r: _Ref) -> torch.Tensor:
@@ -688,6 +714,9 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec, info, check:
             any_dev = True
             if dtype is not _F32:
                 all_fp32 = False
+            shape = tuple(a.shape)
+            stride = a.stride()
+            offset = a.storage_offset()
             st = a.untyped_storage()
             ptr = st.data_ptr()
             s = by_ptr.get(ptr)
@@ -705,17 +734,23 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec, info, check:
                     nb = st.nbytes()
                     blank = w.blanks.get(ptr)
                     blank = blank is not None and blank() is st
-                    s = _Slot(len(w.slots) + len(new_slots), st, not blank, dtype, _base_shape(a, nb), blank, nb)
+                    bk = (shape, stride, offset, dtype, nb)
+                    base = _BASES.get(bk)
+                    if base is None:
+                        if len(_BASES) > 4096:
+                            _BASES.clear()
+                        base = _BASES[bk] = _base_shape(a, nb)
+                    s = _Slot(len(w.slots) + len(new_slots), st, not blank, dtype, base, blank, nb)
                     new_slots.append((st, s))
                     slot_key.append(("blank" if blank else "ext", s.index, s.shape, dtype))
             if s.dtype is not dtype:
                 if check:
                     _check_plain(flat, index)
                 raise _NotRecordable("a dtype view of pending memory")
-            m = (tuple(a.shape), a.stride(), a.storage_offset(), dtype)
-            leaves.append(_Ref(s.index, *m))
-            meta_key.append(m)
-            slot_key.append(s.index)
+            si = s.index
+            leaves.append(_mkref(_Ref, (si, shape, stride, offset, dtype)))
+            meta_key.append((shape, stride, offset, dtype))
+            slot_key.append(si)
         else:
             if f_form is not None and type(a) is float:
                 if scal is None:
@@ -765,11 +800,23 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec, info, check:
             by_ptr[st.data_ptr()] = s
             if s.blank:
                 del w.blanks[st.data_ptr()]
-    fresh = []
     if single and items[0][0] == "fresh":     # the common case: one new tensor, from the plan's metadata
         _, shape, dtype, strides, nbytes = items[0]
-        result = _new_result(index, shape, strides, dtype, nbytes, slots, by_ptr, fresh, 0)
+        result, st = _new_dense(shape, dtype, nbytes, index)
+        si = len(slots)
+        s = _new_slot(_Slot)                  # (a result's slot, as _Slot(si, st, False, ...) makes it)
+        s.index = si
+        s.external = s.blank = False
+        s.dtype = dtype
+        s.shape = shape
+        s.nbytes = nbytes
+        s.strong = None
+        s.ref = _weakref(st)
+        slots.append(s)
+        by_ptr[st.data_ptr()] = s
+        fresh = ((0, si),)
     else:
+        fresh = []
         out = []
         for j, it in enumerate(items):
             kind = it[0]
@@ -783,13 +830,15 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec, info, check:
     sc = ()
     if scal:
         n = len(w.svals)
-        sc = tuple((li, n + k) for k, (li, _, _) in enumerate(scal))
-        w.svals.extend(v for _, v, _ in scal)
-        w.sdtypes.extend(_F32 if d is None else d for _, _, d in scal)
+        sc = tuple([(x[0], n + k) for k, x in enumerate(scal)])
+        svals, sdtypes = w.svals, w.sdtypes
+        for _, v, d in scal:
+            svals.append(v)
+            sdtypes.append(_F32 if d is None else d)
     recs = w.recs
     if not recs:
         w.limit = config.get("window_ops")
-    recs.append(_Rec(op, leaves, spec, plan, fresh, _user_src(4), sc))
+    recs.append(_mkref(_Rec, (op, leaves, spec, plan, fresh, _user_src(4), sc)))
     w.keys.append(rec_key)
     w.node = node if node is not None else _child(parent, rec_key, plan)
     _count(name)
@@ -852,6 +901,8 @@ def _meta_put(mk: Any, plan: Any) -> None:
 
 _F32 = torch.float32
 _count = tracking.count
+_new_slot = object.__new__
+_weakref = weakref.ref
 _new_dense = allocator.new_dense
 
 
@@ -915,7 +966,7 @@ class _Compiled:
     scalars are inputs (``params``, after the slots) and the values of those baked in (``fixed``)."""
 
     __slots__ = ("exe", "inputs", "outputs", "mutations", "reason", "name", "params", "fixed", "bucket",
-                 "fresh_bucket")
+                 "fresh_bucket", "binds")
 
     def __init__(self, exe=None, inputs=(), outputs=(), mutations=(), reason=None, name="", params=(), fixed=()):
         self.exe = exe
@@ -928,6 +979,7 @@ class _Compiled:
         self.fixed = tuple(fixed)
         self.bucket: Optional[Tuple[Any, int]] = None    # (its bucket's program, the window's size) for a bucket
         self.fresh_bucket = False                        # ... whose program this window compiled
+        self.binds: Optional[Tuple[list, list]] = None    # (input addresses, their aliases) of the last call
 
 
 def _short(src: Optional[Tuple[str, int]]) -> Optional[str]:
@@ -1062,9 +1114,23 @@ def _land(out: torch.Tensor, dst: Optional[torch.Tensor]) -> None:
         dst.copy_(out.reshape(dst.shape))
 
 
+def _bind_inputs(w: _Window, entry: _Compiled) -> list:
+    """The host aliases of window ``w``'s program inputs (a new list): the last call's when every input is at the
+    same address (a steady loop's weights and state; an input's dtype and shape are the window signature's), else
+    from :func:`_cached_alias` (one look-up per input)."""
+    slots = w.slots
+    ptrs = [slots[i].strong.data_ptr() for i in entry.inputs]
+    b = entry.binds
+    if b is not None and b[0] == ptrs:
+        return list(b[1])
+    ins = [_cached_alias(slots[i].strong, slots[i].dtype, slots[i].shape) for i in entry.inputs]
+    entry.binds = (ptrs, ins)
+    return list(ins)
+
+
 def _run_compiled(w: _Window, entry: _Compiled) -> None:
     slots = w.slots
-    ins = [_cached_alias(slots[i].strong, slots[i].dtype, slots[i].shape) for i in entry.inputs]
+    ins = _bind_inputs(w, entry)
     if entry.params:
         sv, sd = w.svals, w.sdtypes
         ins += [torch.tensor(sv[i], dtype=sd[i]) for i in entry.params]
@@ -1615,7 +1681,7 @@ def _run_bucket(w: _Window, entry: "_Compiled") -> None:
     bk, n = entry.bucket
     p = bk.size - n
     slots = w.slots
-    ins = [_cached_alias(slots[i].strong, slots[i].dtype, slots[i].shape) for i in entry.inputs]
+    ins = _bind_inputs(w, entry)
     pads = []
     for pos, ax in sorted(bk.axes.items()):
         real = ins[pos]
