@@ -1115,15 +1115,21 @@ def _land(out: torch.Tensor, dst: Optional[torch.Tensor]) -> None:
 
 
 def _bind_inputs(w: _Window, entry: _Compiled) -> list:
-    """The host aliases of window ``w``'s program inputs (a new list): the last call's when every input is at the
-    same address (a steady loop's weights and state; an input's dtype and shape are the window signature's), else
-    from :func:`_cached_alias` (one look-up per input)."""
+    """The host aliases of window ``w``'s program inputs (a new list): per input, the last call's alias when the
+    input is at the same address (a steady loop's weights and state; an input's dtype and shape are the window
+    signature's), else from :func:`_cached_alias` (a decode step's KV cache and token ids move every step)."""
     slots = w.slots
-    ptrs = [slots[i].strong.data_ptr() for i in entry.inputs]
+    inputs = entry.inputs
+    ptrs = [slots[i].strong.data_ptr() for i in inputs]
     b = entry.binds
-    if b is not None and b[0] == ptrs:
-        return list(b[1])
-    ins = [_cached_alias(slots[i].strong, slots[i].dtype, slots[i].shape) for i in entry.inputs]
+    if b is None:
+        ins = [_cached_alias(slots[i].strong, slots[i].dtype, slots[i].shape) for i in inputs]
+    else:
+        old, ins = b
+        if old == ptrs:
+            return list(ins)
+        ins = [x if p == q else _cached_alias(slots[i].strong, slots[i].dtype, slots[i].shape)
+               for x, p, q, i in zip(ins, ptrs, old, inputs)]
     entry.binds = (ptrs, ins)
     return list(ins)
 
