@@ -35,6 +35,15 @@ the baseline unpadded rows (an older engine addresses partitions by the
 architecture's size) unless ``--baseline-padded`` gives it the padded rows too
 (for a baseline that takes them: the comparison is then of the kernels alone).
 
+``--workload gpt2|mlp`` measures the engine inside a real training step
+instead (the workloads of ``bench/eager_windows.py``; ``--mode`` ``tn.jit``
+or ``device adaptive``): ``--steps`` steps run with the engine's per-
+instruction host accounting on; each instruction's validation and kernel ns
+is its minimum over the steps (machine noise only adds), summed per opcode.
+With ``--baseline`` the steps alternate between the two engines (every
+compiled program calls whichever is selected), so both run the same programs
+on the same data in one process.
+
 ``--host-split`` also prints, from this engine's ``host_ns`` accounting, the
 validation ns per instruction and the kernel ns per element separately.
 """
@@ -330,6 +339,89 @@ class Runner:
         return float(np.median(h[:, 0])), float(np.median(h[:, 1]))
 
 
+class _Switch:
+    """Stands in for the engine module in tn.neuron.runtime: every compiled program's run goes to ``current``."""
+
+    def __init__(self, engine):
+        self.current = engine
+
+    def run(self, *a):
+        """The selected engine's run."""
+        return self.current.run(*a)
+
+
+def in_step(args, cur, base):
+    """Engine host ns per opcode in a training step (``--workload``); rows ``{opcode, n, valid_us, kernel_us}``."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import eager_windows as ew
+    from tn.neuron import runtime as rt
+
+    switch = _Switch(cur)
+    rt._ENGINE[:] = [switch]            # before anything compiles: every call binds switch.run
+    engines = {"this": cur, "baseline": base} if base else {"this": cur}
+    mins = {k: {} for k in engines}
+    active = [None]
+
+    def listen(res):
+        if active[0] is None or res.host_ns is None:
+            return
+        d = mins[active[0]]
+        call = res._lazy[0] if getattr(res, "_lazy", None) else None
+        for i, (o, (v, k)) in enumerate(zip(res.opcodes.tolist(), res.host_ns.tolist())):
+            key = (res.name, id(call), i)
+            old = d.get(key)
+            d[key] = (o, v, k) if old is None else (o, min(v, old[1]), min(k, old[2]))
+
+    token = rt.add_listener(listen)
+    rt.HOST_TIMES[0] = True
+    make = ew.mlp_workload if args.workload == "mlp" else ew.gpt2_workload
+    step = ew.train_runner(args.mode, make, ew.Counters())
+    for name, eng in engines.items():   # warm up (compiles) on both
+        switch.current = eng
+        step()
+        step()
+    for _ in range(args.steps):
+        for name, eng in engines.items():
+            switch.current, active[0] = eng, name
+            step()
+            active[0] = None
+    rt.HOST_TIMES[0] = False
+    rt.remove_listener(token)
+    switch.current = cur
+    rows = {}
+    for name, d in mins.items():
+        for o, v, k in d.values():
+            r = rows.setdefault(isa.OPCODE_NAMES.get(int(o), str(o)), {})
+            n, vv, kk = r.get(name, (0, 0.0, 0.0))
+            r[name] = (n + 1, vv + v, kk + k)
+    headers = ["opcode", "instr/step", "valid us", "kernel us"] + (["baseline valid us", "baseline kernel us",
+                                                                     "kernel speedup"] if base else [])
+    body, out = [], []
+    order = sorted(rows, key=lambda op: -rows[op]["this"][2])
+    for op in order + ["total"]:
+        if op == "total":
+            r = {name: tuple(sum(rows[o][name][j] for o in rows if name in rows[o]) for j in range(3)) for name in engines}
+        else:
+            r = rows[op]
+        n, v, k = r.get("this", (0, 0.0, 0.0))
+        line = [op, n, f"{v / 1e3:.0f}", f"{k / 1e3:.0f}"]
+        row = {"opcode": op, "instructions": n, "valid_us": v / 1e3, "kernel_us": k / 1e3}
+        if base:
+            bn, bv, bk = r.get("baseline", (0, 0.0, 0.0))
+            line += [f"{bv / 1e3:.0f}", f"{bk / 1e3:.0f}", f"{bk / k:.2f}x" if k > 0 else ""]
+            row.update(base_valid_us=bv / 1e3, base_kernel_us=bk / 1e3)
+        body.append(line)
+        out.append(row)
+    print(f"{args.workload} training step, {args.mode}: engine host time per step, each instruction's minimum over "
+          f"{args.steps} steps{' (steps alternate with the baseline engine)' if base else ''}")
+    print(tabulate(body, headers=headers, stralign="right") if tabulate else
+          "\n".join(" | ".join(str(c) for c in b) for b in [headers] + body))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return out
+
+
 def main(argv=None):
     """Runs the bench and prints the table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -343,9 +435,15 @@ def main(argv=None):
                     help="give the baseline the padded rows this engine gets (a baseline engine that supports them)")
     ap.add_argument("--host-split", action="store_true", help="also print validation vs kernel ns (host_ns)")
     ap.add_argument("--json", help="write the rows as JSON to this path")
+    ap.add_argument("--workload", choices=("gpt2", "mlp"),
+                    help="measure the engine inside this training step of bench/eager_windows.py instead")
+    ap.add_argument("--mode", default="tn.jit", choices=("tn.jit", "device adaptive"), help="with --workload")
+    ap.add_argument("--steps", type=int, default=8, help="with --workload: timed steps per engine")
     args = ap.parse_args(argv)
     cur = load_engine()
     base = load_engine(args.baseline) if args.baseline else None
+    if args.workload:
+        return in_step(args, cur, base)
     rows = []
     for case in _cases():
         if args.only and not any(s.strip() and s.strip() in case.name for s in args.only.split(",")):
