@@ -609,13 +609,32 @@ def record_plain(op, name: str, flat: list, spec, exact: bool = False) -> Any:
         return GENERAL
     if index < 0:
         return GENERAL
-    return _record_locked(index, op, name, flat, spec, info, True, exact)
+    # _record_locked(index, op, name, flat, spec, info, True, exact), inline (one frame less per op)
+    q = _QUEUES.get(index) or _queue(index)
+    stream = _current_queue(index)
+    with q.lock:
+        w = q.window
+        if w.stream is not stream:
+            if w.recs:
+                try:
+                    _check_plain(flat, index)
+                except _Decline:
+                    return GENERAL
+                flush("stream change", name)
+            q.window.stream = stream
+        try:
+            return _record(q, index, op, name, flat, spec, info, True, exact)
+        except _Decline:
+            return GENERAL
+        except _NotRecordable as e:
+            flush(str(e), name)
+            return NotImplemented
 
 
 def _record_locked(index: int, op, name: str, flat: list, spec, info, check: bool, exact: bool = False) -> Any:
     """:func:`_record` into device ``index``'s queue under its lock, after flushing a window of another stream."""
     q = _QUEUES.get(index) or _queue(index)
-    stream = _tl.current_queue(index)
+    stream = _current_queue(index)
     with q.lock:
         w = q.window
         if w.stream is not stream:
@@ -634,6 +653,9 @@ def _record_locked(index: int, op, name: str, flat: list, spec, info, check: boo
         except _NotRecordable as e:
             flush(str(e), name)
             return NotImplemented
+
+
+_current_queue = _tl.current_queue
 
 
 class _Decline(Exception):
@@ -838,7 +860,7 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec, info, check:
     recs = w.recs
     if not recs:
         w.limit = config.get("window_ops")
-    recs.append(_mkref(_Rec, (op, leaves, spec, plan, fresh, _user_src(4), sc)))
+    recs.append(_mkref(_Rec, (op, leaves, spec, plan, fresh, _user_src(3), sc)))
     w.keys.append(rec_key)
     w.node = node if node is not None else _child(parent, rec_key, plan)
     _count(name)
