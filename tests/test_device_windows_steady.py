@@ -133,3 +133,22 @@ def test_a_backward_started_by_another_thread_runs_on_the_device_thread(adaptive
     t.join()
     assert seen and out["thread"] not in seen                   # that thread did not switch: torch's device thread
     torch.testing.assert_close(xd.grad.cpu(), 2 * xd.detach().cpu())
+
+
+def test_a_cache_hit_binds_inputs_that_moved_and_keeps_those_that_did_not(adaptive):
+    # one window, cached; between calls one input moves to new memory (a decode step's KV cache), the other stays
+    # (a weight): each call reads the values its inputs hold now, whichever of them moved
+    g = torch.Generator().manual_seed(3)
+    w_cpu = torch.randn(16, 16, generator=g)
+    w = w_cpu.to("neuron")
+    xs_cpu = [torch.randn(4, 16, generator=g) for _ in range(4)]
+    got = []
+    for k, x_cpu in enumerate(xs_cpu + xs_cpu[:1]):
+        x = x_cpu.to("neuron")                  # new memory every call
+        if k == 3:
+            w.mul_(2.0)                         # the weight's values change in place (same memory)
+            w_cpu = w_cpu * 2.0
+        got.append((torch.tanh(x @ w) + x).cpu())
+        assert torch.allclose(got[-1], torch.tanh(x_cpu @ w_cpu) + x_cpu, atol=1e-5, rtol=1e-5)
+    s = windows.stats()
+    assert s["op_by_op"] == 0 and s["hits"] >= 3
