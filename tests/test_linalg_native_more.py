@@ -22,6 +22,27 @@ def _rank2(m, n, seed=0):
     return _randn(m, 2, seed=seed) @ _randn(2, n, seed=seed + 1)
 
 
+def _assert_matches_eager(got, fn, args):
+    """``got`` matches eager fp32 at float32 tolerances, widened by eager's own error against float64.
+
+    An ill-conditioned result (``cond`` ~ 340) loses digits in eager's fp32 LAPACK path too, and by how much
+    depends on the CPU's kernels: the fixed 1e-5 tolerance alone made the expected value CPU-dependent. So the
+    result is held to float64's answer with the tolerance plus twice eager's distance from it (as
+    bench/coverage.py does), which still fails a wrong answer."""
+    want = _leaves(fn(*args))
+    exact = _leaves(fn(*[a.double() if a.is_floating_point() else a for a in args]))
+    got = _leaves(got)
+    assert len(got) == len(want) == len(exact)
+    for g, w, e in zip(got, want, exact):
+        g = g.cpu()
+        assert g.shape == w.shape and g.dtype == w.dtype
+        slack = 2 * (w.double() - e).abs().nan_to_num(0.0)
+        err = (g.double() - e).abs()
+        bound = 1e-5 + 1e-5 * e.abs() + slack
+        bad = ~(err <= bound) & ~(g.isnan() & e.isnan())
+        assert not bad.any(), f"{int(bad.sum())} elements off: got {g[bad]}, float64 {e[bad]}, eager {w[bad]}"
+
+
 def _mixed_norms(n, seed=0):
     """One matrix per Taylor degree torch picks (1-norms ~1e-8 ... 40): every branch of matrix_exp."""
     a = _randn(7, n, n, seed=seed)
@@ -73,15 +94,14 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_jit_matches_torch_with_no_host_op(name, monkeypatch):
     """Through tn.jit the IR holds no host op, the program compiles strictly, and it matches eager torch at
-    float32 tolerances."""
+    float32 tolerances (widened by eager's own error against float64)."""
     monkeypatch.setenv("TN_STRICT", "1")
     fn, make = CASES[name]
     args = make()
-    want = fn(*args)
     jf = tn.jit(fn)
     ir = jf.lower(*args)
     assert [e.op.name for e in ir.eqns if e.op.category == "host" and e.op.name != "linalg_check"] == []
-    _assert_matches(compiler.compile_ir(ir, strict=True)(list(args)), want)
+    _assert_matches_eager(compiler.compile_ir(ir, strict=True)(list(args)), fn, args)
 
 
 @pytest.mark.parametrize("name", ["svdvals_tall_batch", "eigvalsh_lower", "nuclear_norm", "cond",
@@ -91,9 +111,8 @@ def test_device_door_matches_torch_strict(name, monkeypatch):
     monkeypatch.setenv("TN_STRICT", "1")
     fn, make = CASES[name]
     args = make()
-    want = fn(*args)
     before = dict(torch.neuron.fallback_ops())
-    _assert_matches(fn(*[a.to("neuron") for a in args]), want)
+    _assert_matches_eager(fn(*[a.to("neuron") for a in args]), fn, args)
     assert torch.neuron.fallback_ops() == before
 
 
