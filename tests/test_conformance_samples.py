@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import tn
+import tn.dynamo_backend
 import tn.lower  # noqa: F401  (registers the lowerings and the neuron backend)
 
 BF16 = torch.bfloat16
@@ -96,3 +97,79 @@ def test_bilinear_bf16_gradient_contracts_in_fp32_under_jit():
         assert g.dtype == BF16
         assert torch.equal(g, e.to(BF16))
 
+
+
+def _normalize_inputs():
+    """normalize's sample 2 form: p=0.5 over a dim of size 1 (the result is sign(x), the exact gradient 0), with
+    bf16 gradient weights as the bench's."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.rand(1, 2, 4, 5, generator=g) * 2 - 1).to(BF16)
+    w = (torch.rand(1, 2, 4, 5, generator=g) + 0.5).to(BF16).float()
+    return x, w
+
+
+def _normalize_grad(x, w):
+    """The gradient of a weighted sum of ``F.normalize(x, p=0.5, dim=0)``."""
+    y = F.normalize(x, p=0.5, dim=0)
+    return torch.autograd.grad((y.float() * w.to(y.device)).sum(), x)[0]
+
+
+def _check_normalize_gradient(got, x, w):
+    # the exact gradient is 0 and fp32 on the same inputs leaves ~1e-6; the division's and the norm's gradients
+    # (~20 each, bf16 ulp 0.125) computed op by op in bf16 left 0.125 / 0.0156 at some elements
+    want = _normalize_grad(x.float().requires_grad_(), w)
+    assert got.dtype == BF16 and got.shape == x.shape
+    assert want.abs().max() < 1e-4
+    assert got.float().abs().max() < 1e-4, got.float().abs().max()
+
+
+def test_normalize_bf16_gradient_on_the_device_cancels_in_fp32():
+    x, w = _normalize_inputs()
+    got = _normalize_grad(x.to("neuron").requires_grad_(), w)
+    assert got.device.type == "neuron"
+    _check_normalize_gradient(got.cpu(), x, w)
+
+
+def test_normalize_bf16_gradient_under_jit_cancels_in_fp32():
+    x, w = _normalize_inputs()
+    got = tn.jit(_normalize_grad)(x.clone().requires_grad_(), w)
+    _check_normalize_gradient(got, x, w)
+
+
+def test_normalize_bf16_gradient_under_torch_compile_cancels_in_fp32(fresh_dynamo):
+    x, w = _normalize_inputs()
+    xc = x.clone().requires_grad_()
+    before = tn.dynamo_backend.graphs_compiled()
+    y = torch.compile(lambda t: F.normalize(t, p=0.5, dim=0), backend="neuron", fullgraph=True)(xc)
+    got, = torch.autograd.grad((y.float() * w).sum(), xc)   # AOTAutograd's backward graph, compiled by tn
+    assert tn.dynamo_backend.graphs_compiled() == before + 2   # forward and backward
+    _check_normalize_gradient(got, x, w)
+
+
+def test_fp32_gradient_rules_leave_float32_and_eager_cpu_alone():
+    # float32 keeps torch's own autograd formula on the device; bf16 there is the float32 op rounded once
+    x = torch.randn(3, 4)
+    n32 = torch.linalg.vector_norm(x.to("neuron").requires_grad_(), 2, 1)
+    n16 = torch.linalg.vector_norm(x.to(BF16).to("neuron").requires_grad_(), 2, 1)
+    assert type(n32.grad_fn).__name__ == "LinalgVectorNormBackward0"
+    assert type(n16.grad_fn).__name__ == "ToCopyBackward0"
+    assert torch.equal(n16.cpu(), torch.linalg.vector_norm(x.to(BF16), 2, 1))
+    d16 = x.to(BF16).to("neuron") / x.to(BF16).to("neuron").requires_grad_()
+    assert type(d16.grad_fn).__name__ == "ToCopyBackward0"
+    # the CPU rules exist only while tn traces: eager CPU bf16 keeps torch's kernels after a tn.jit trace
+    x16, w = _normalize_inputs()
+    tn.jit(_normalize_grad)(x16.clone().requires_grad_(), w)
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::linalg_vector_norm", "AutogradCPU")
+    y = F.normalize(x16.clone().requires_grad_(), p=0.5, dim=0)
+    assert type(y.grad_fn).__name__ == "DivBackward0"
+
+
+def test_fp32_gradient_rules_keep_a_python_number_divisor_a_wrapped_number():
+    # x / 3.0 reaches the rules' kernel with 3.0 as a Python float; handing torch's kernel a plain 0-d tensor
+    # instead would promote a 0-d bf16 x to float32 (and torch's boxed call refused the float outright)
+    y = torch.tensor(1.0, dtype=BF16)
+    on_device = y.to("neuron").requires_grad_() / 3.0
+    assert on_device.dtype == BF16 and torch.equal(on_device.detach().cpu(), y / 3.0)
+    traced = tn.jit(lambda t: (t / 3.0, torch.autograd.grad(t / 3.0, t)[0]))(y.clone().requires_grad_())
+    assert traced[0].dtype == BF16 and torch.equal(traced[0], y / 3.0)
+    assert traced[1].dtype == BF16 and torch.equal(traced[1], torch.tensor(1 / 3.0).to(BF16))

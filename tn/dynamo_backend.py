@@ -62,6 +62,7 @@ from .device.allocator import cpu_alias
 from .device.eager import to_device
 from .errors import ArgumentTypeError, ArgumentValueError, UnsupportedOpError
 from .jit import jit
+from .ops.low_precision import fp32_gradients_while_tracing
 from .ops.table import DECOMPOSITIONS
 
 __all__ = ["neuron_backend", "register", "allow_rnn_in_dynamo", "skip_tn_runtime_in_dynamo", "capture_value_reads", "graphs_compiled", "host_ops",
@@ -599,7 +600,8 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: List[Any], options:
         return _compile_graph(graph, inputs, tn_backend)
 
     _sdpa_as_math(gm)
-    with _torch_python_kernels_off():   # AOTAutograd traces the joint graph here
+    # AOTAutograd traces the joint graph here; 16-bit norms/divisions are differentiated in fp32 (tn.ops.low_precision)
+    with _torch_python_kernels_off(), fp32_gradients_while_tracing():
         return aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
                             decompositions=aot_decompositions(core_aten_decompositions()))(gm, example_inputs)
 

@@ -73,6 +73,7 @@ from . import pytree as _pt
 from . import trace as _trace
 from .errors import ArgumentTypeError, ArgumentValueError, DeviceError, ExecutionError, TracingError
 from .ir import IR
+from .ops.low_precision import fp32_gradients_while_tracing
 
 __all__ = [
     "jit", "make_ir", "register_backend", "backends", "default_backend", "is_tracing", "CacheInfo",
@@ -641,7 +642,8 @@ class _Core:
         """Trace the function for this call's spec; returns ``(optimised IR, out_tree, out_leaves)``."""
         _tls.depth += 1
         try:
-            traced = _trace.trace_flat(self.flat_fn(spec), list(tensors))
+            with fp32_gradients_while_tracing():   # 16-bit norms/divisions: fp32 gradients (tn.ops.low_precision)
+                traced = _trace.trace_flat(self.flat_fn(spec), list(tensors))
         finally:
             _tls.depth -= 1
         ir = _optimize(traced.ir)

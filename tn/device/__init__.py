@@ -8,7 +8,8 @@ eager fallback of :mod:`tn.device.eager`, the small-op fast path
 (:mod:`tn.device.fastpath`), ``torch.autocast("neuron")``
 (:mod:`tn.device.autocast`), pinned host memory (:mod:`tn.device.pinned`),
 the fused LSTM/GRU cells torch's RNNs call (:mod:`tn.device.rnn`), fused
-``scaled_dot_product_attention`` (:mod:`tn.device.attention`) and the
+``scaled_dot_product_attention`` (:mod:`tn.device.attention`), float32 gradients of 16-bit norms and
+divisions (:mod:`tn.device.low_precision_autograd`) and the
 wrappers of :mod:`tn.device.guards`, and the streams and events of
 :mod:`tn.device.streams`. Tensors on ``neuron:0 .. neuron:N-1`` (N the
 logical cores of the modelled instance, :mod:`tn.neuron.machine`) are real
@@ -29,7 +30,8 @@ import torch
 import torch.utils.backend_registration as br
 
 from .. import neuron as _chip
-from . import aten, attention, autocast, backend, fastpath, guards, pinned, rnn, streams, tracking
+from . import (aten, attention, autocast, backend, fastpath, guards, low_precision_autograd, pinned, rnn,
+               streams, tracking)
 from .name import rename
 from .tracking import executed_ops, fallback_ops
 
@@ -61,6 +63,7 @@ def register() -> None:
     rnn.register()
     attention.register()
     streams.register()
+    low_precision_autograd.register()
     guards.install()
     # op tracking, also reachable as tn.neuron.fallback_ops() / executed_ops()
     for fn in (tracking.executed_ops, tracking.fallback_ops, tracking.fallback_reasons, tracking.fastpath_ops,

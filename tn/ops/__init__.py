@@ -119,11 +119,15 @@ The package's files:
   ``linalg_ldl_solve``), one masked step per column; other dtypes and large matrices the ``host`` op;
 - :mod:`tn.ops.histogram`: ``histogram`` / ``histogramdd`` of float32 data (edges from the data's range in the
   program, torch's bin search, a ``scatter_add``).
+- :mod:`tn.ops.low_precision`: the bf16/fp16 tests the files share (``is_low_precision``, ``acc_dtype``) and the
+  ops whose 16-bit gradient every door computes in float32 and rounds once (``linalg_vector_norm``, ``div`` by a
+  tensor that needs a gradient), installed above autograd by the doors.
 """
 from __future__ import annotations
 
 from . import (attention_grad, collective, core, ctc, decompositions, fft, grouped_mm, histogram, ldl,  # noqa: F401
-               linalg, linear_cross_entropy, nn_layers, resample, segment_reduce_grad, special)  # (register them)
+               linalg, linear_cross_entropy, low_precision, nn_layers, resample, segment_reduce_grad,
+               special)  # (register them)
 from .core import (  # noqa: F401  (the core ops registered by name in the module: tn.ops.matmul is OPS['matmul'])
     argmax, argmin, as_strided, as_strided_scatter, avg_pool2d, avg_pool2d_backward, cat, conj, convert,
     convolution, convolution_backward, cummax, cummin, cumsum, div, expand, flip, full, gather, gelu, host, index,

@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .low_precision import is_low_precision
 from .table import FROM_ATEN, IDENTITY, OPS, Op, from_aten, register
 
 aten = torch.ops.aten
@@ -765,7 +766,7 @@ def _is_mask_fill(x, indices, values, accumulate) -> bool:
 def _index_put_conv(x, indices, values, accumulate=False):
     if _is_mask_fill(x, indices, values, accumulate):
         return None  # becomes a where (see _index_put_mask)
-    if accumulate and x.dtype in (torch.bfloat16, torch.float16):
+    if accumulate and is_low_precision(x.dtype):
         return None  # accumulated in fp32 and rounded once (see _index_put_mask)
     dims = tuple(i for i, t in enumerate(indices) if t is not None)
     attrs: Dict[str, Any] = {"dims": dims}

@@ -14,6 +14,7 @@ from typing import Any, Tuple
 import torch
 
 from .core import _dim, _dims, _promoted
+from .low_precision import acc_dtype, is_low_precision
 from .table import decomposition
 
 aten = torch.ops.aten
@@ -146,7 +147,7 @@ def _mean_dim(x, dim=None, keepdim=False, *, dtype=None):
     for d in dims:
         n *= x.shape[d]
     out_dtype = dtype or x.dtype
-    acc = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
+    acc = acc_dtype(out_dtype)
     s = aten.sum.dim_IntList(x, list(dims), keepdim, dtype=acc)
     r = aten.div.Tensor(s, n)
     return aten._to_copy.default(r, dtype=out_dtype) if r.dtype != out_dtype else r
@@ -208,7 +209,7 @@ def _addmm(bias, a, b, *, beta=1, alpha=1):
     broadcast bias) runs in float32 and is rounded once, as torch's CPU kernel does (fp32 ``beta * C + alpha *
     sum``): ``C - A @ B`` typically cancels (torch's chunked cross-entropy gradient is such an update), and the
     product rounded to bf16 before the sum lost up to 100x eager's error there."""
-    low = a.dtype in (torch.bfloat16, torch.float16)
+    low = is_low_precision(a.dtype)
     if low and beta != 0 and tuple(bias.shape) == (a.shape[0], b.shape[1]) and a.shape[0] > 1:
         f32 = torch.float32
         full = _addmm(aten._to_copy.default(bias, dtype=f32), aten._to_copy.default(a, dtype=f32),
@@ -255,16 +256,12 @@ def _threshold_backward(grad, x, threshold):
     return aten.where.self(aten.le.Scalar(x, threshold), aten.scalar_tensor.default(0, dtype=grad.dtype), grad)
 
 
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
 def _moments(x, dims, correction):
     """(var, mean), both keepdim, in the accumulation dtype (fp32 for fp16/bf16 inputs)."""
     n = 1
     for d in dims:
         n *= x.shape[d]
-    acc = _acc_dtype(x.dtype)
+    acc = acc_dtype(x.dtype)
     xa = x if x.dtype == acc else aten._to_copy.default(x, dtype=acc)
     mean = aten.div.Tensor(aten.sum.dim_IntList(xa, list(dims), True), n)
     d = aten.sub.Tensor(xa, mean)
@@ -429,7 +426,7 @@ def _addbmm(x, b1, b2, *, beta=1, alpha=1):
     out = aten.expand.default(x if beta == 1 else aten.mul.Tensor(x, beta), shape)
     if beta == 0:
         out = aten.full.default(shape, 0, dtype=x.dtype)
-    if b1.dtype in (torch.bfloat16, torch.float16) and b1.shape[0] > 1:
+    if is_low_precision(b1.dtype) and b1.shape[0] > 1:
         b, n, m = b1.shape
         a = aten.view.default(aten.clone.default(aten.permute.default(b1, [1, 0, 2]),
                                                  memory_format=torch.contiguous_format), [n, b * m])
@@ -518,7 +515,7 @@ def _index_put_mask(x, indices, values, accumulate=False):
     accumulating bf16/fp16 ``index_put`` is summed in fp32 and rounded once: torch's CPU kernel adds repeated
     indices one by one in bf16 (0.23 off fp32 on an OpInfo sample of ~8 repeats per slot) and another order of
     bf16 additions lands elsewhere (0.48 off); in fp32 the result is the fp32 sum rounded once."""
-    if accumulate and x.dtype in (torch.bfloat16, torch.float16):
+    if accumulate and is_low_precision(x.dtype):
         f32 = torch.float32
         out = aten.index_put.default(aten._to_copy.default(x, dtype=f32), indices,
                                      aten._to_copy.default(values, dtype=f32), True)

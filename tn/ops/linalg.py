@@ -67,6 +67,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from .core import _host_conv, host
+from .low_precision import is_low_precision
 from .table import decomposition, from_aten
 
 aten = torch.ops.aten
@@ -150,7 +151,7 @@ _NATIVE_LOW_PRECISION = (aten.linalg_matrix_exp.default,)
 def _is_low_precision(*tensors: Any) -> bool:
     """Whether every floating tensor argument is bfloat16 or float16 (and there is one)."""
     ts = [t for t in tensors if isinstance(t, Tensor) and (t.is_floating_point() or t.is_complex())]
-    return bool(ts) and all(t.dtype in (torch.bfloat16, torch.float16) for t in ts)
+    return bool(ts) and all(is_low_precision(t.dtype) for t in ts)
 
 
 #: The overloads decomposed here for float32 (the converter picks: see :func:`_gated_conv`); for other dtypes
@@ -920,7 +921,7 @@ def _linalg_matrix_exp(a: Tensor) -> Any:
     Every candidate is computed and the matrix's own one selected (``where``); the squarings are unrolled
     ``_EXP_MAX_SQUARINGS`` times, each kept only while ``p < s``. A NaN norm gives NaN. bf16/fp16 inputs are
     computed in float32 and rounded once (:data:`_NATIVE_LOW_PRECISION`)."""
-    if a.dtype in (torch.bfloat16, torch.float16):
+    if is_low_precision(a.dtype):
         return _linalg_matrix_exp(a.float()).to(a.dtype)
     n = a.shape[-1]
     if n == 0:

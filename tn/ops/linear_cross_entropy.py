@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .low_precision import LOW_PRECISION, is_low_precision
 from .table import decomposition_by_name
 
 
@@ -112,13 +113,13 @@ def _neuron_auto_acc_policy() -> None:
         return
     if getattr(resolve, "tn_neuron", False):
         return
-    for dt in (torch.bfloat16, torch.float16):
+    for dt in LOW_PRECISION:
         if ("cpu", dt) in table:
             table.setdefault(("neuron", dt), table[("cpu", dt)])
 
     def resolve_neuron(dtype: Any, device: Any) -> Any:
         """torch's ``_resolve_auto_acc_dtype``, with fp32 for bf16/fp16 on the ``neuron`` device."""
-        if device is not None and device.type == "neuron" and dtype in (torch.float16, torch.bfloat16):
+        if device is not None and device.type == "neuron" and is_low_precision(dtype):
             return torch.float32
         return resolve(dtype, device)
 

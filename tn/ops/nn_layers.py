@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .core import _ndim
-from .decompositions import _acc_dtype
+from .low_precision import acc_dtype, is_low_precision
 from .table import decomposition
 
 aten = torch.ops.aten
@@ -90,7 +90,7 @@ def _conv3d_backward_decomp(grad, x, w, bias_sizes, stride, padding, dilation, t
         gw = aten.reshape.default(gw2, [O, kD, Cg] + [int(n) for n in w.shape[3:]])
         gw = aten.clone.default(aten.permute.default(gw, [0, 2, 1, 3, 4]), memory_format=torch.contiguous_format)
     if output_mask[0]:
-        acc_dt = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+        acc_dt = acc_dtype(x.dtype)
         t = aten.reshape.default(gx2, [N, Do, groups, kD, Cg, H, W])
         t = aten.permute.default(t, [0, 3, 2, 4, 1, 5, 6])             # [N, kD, G, Cg, Do, H, W]
         t = aten.reshape.default(t, [N, kD, C, Do, H, W])
@@ -147,7 +147,7 @@ def _conv_transpose3d_decomp(x, w, b, stride, padding, dilation, transposed, out
         x, w, stride, padding, dilation, output_padding)
     sd, pd, dd = stride[0], padding[0], dilation[0]
     x2, w2 = _conv_transpose3d_x2w2(x, w)
-    acc_dt = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+    acc_dt = acc_dtype(x.dtype)
     if acc_dt != x.dtype:
         # the taps themselves in fp32 (exact widening): a 16-bit 2-d convolution rounds each tap before the
         # depth sum, off by several ulps where the taps cancel (0.63 at an element of the bf16 sweep)
@@ -209,7 +209,7 @@ def _conv_transpose3d_backward_decomp(grad, x, w, bias_sizes, stride, padding, d
             gw = aten.reshape.default(gw2, [C, kD, Og] + [int(n) for n in w.shape[3:]])
             gw = aten.clone.default(aten.permute.default(gw, [0, 2, 1, 3, 4]), memory_format=torch.contiguous_format)
     if output_mask[2]:
-        acc_dt = torch.float32 if grad.dtype in (torch.bfloat16, torch.float16) else grad.dtype
+        acc_dt = acc_dtype(grad.dtype)
         g = aten._to_copy.default(grad, dtype=acc_dt) if acc_dt != grad.dtype else grad
         gb = aten.sum.dim_IntList(g, [0, 2, 3, 4])
         if acc_dt != grad.dtype:
@@ -564,7 +564,7 @@ def _adaptive_avg(x: Tensor, out_size: Sequence[int], transpose: bool) -> Tensor
     """Adaptive average pooling of the trailing ``len(out_size)`` axes (or, ``transpose``, its gradient:
     ``x`` is then the output gradient and ``out_size`` the input's spatial shape), in fp32 for fp16/bf16."""
     k = len(out_size)
-    acc = _acc_dtype(x.dtype)
+    acc = acc_dtype(x.dtype)
     y = x if x.dtype == acc else aten._to_copy.default(x, dtype=acc)
     for j in range(k):
         axis = x.dim() - k + j
@@ -720,7 +720,7 @@ def _aa_weights(op: Any, in_hw: Sequence[int], out_hw: Sequence[int], align_corn
 
 
 def _aa_apply(x: Tensor, a: Tensor, b: Tensor) -> Tensor:
-    acc = _acc_dtype(x.dtype)
+    acc = acc_dtype(x.dtype)
     y = x if x.dtype == acc else aten._to_copy.default(x, dtype=acc)
     y = aten.matmul.default(aten.matmul.default(a, y), aten.t.default(b))
     return y if y.dtype == x.dtype else aten._to_copy.default(y, dtype=x.dtype)
@@ -794,7 +794,7 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
     else:
         # sums (and means) of 16-bit rows are accumulated in fp32 and rounded once, as torch's CPU kernel does
         # (a bf16 product per row, then bf16 sums, lost 0.14 of a bag summing to 0.89 from terms near 40)
-        acc = torch.float32 if weight.dtype in (torch.bfloat16, torch.float16) else weight.dtype
+        acc = acc_dtype(weight.dtype)
         if acc != weight.dtype:
             rows = aten._to_copy.default(rows, dtype=acc)
             zeros = aten.full.default([nbags, d], 0, dtype=acc)
@@ -868,7 +868,7 @@ def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, o
     with its bag's gradient (0 for padding)."""
     o2b, keep, _ = _bag_layout(indices, offsets, False, padding_idx)
     a, b = aten.index.Tensor(grad, [o2b]), aten.index.Tensor(weight, [indices])
-    low = grad.dtype in (torch.bfloat16, torch.float16)
+    low = is_low_precision(grad.dtype)
     if low:   # the dot products in fp32, rounded once (as torch's CPU kernel)
         a, b = aten._to_copy.default(a, dtype=torch.float32), aten._to_copy.default(b, dtype=torch.float32)
     g = aten.sum.dim_IntList(aten.mul.Tensor(a, b), [1], False)
@@ -929,7 +929,7 @@ def _low_precision(*dtypes: torch.dtype):
     dt = dtypes[0]
     for d in dtypes[1:]:
         dt = torch.promote_types(dt, d)
-    return dt if dt in (torch.bfloat16, torch.float16) else None
+    return dt if is_low_precision(dt) else None
 
 
 @decomposition(aten._trilinear.default)
@@ -1055,7 +1055,7 @@ def _grid_sample(x: Tensor, grid: Tensor, interpolation_mode: int, padding_mode:
                                                                                   and not two_d):
         return NotImplemented
     dt = x.dtype
-    acc = _acc_dtype(dt)
+    acc = acc_dtype(dt)
     if acc != dt:
         x = aten._to_copy.default(x, dtype=acc)
         grid = aten._to_copy.default(grid, dtype=acc)
@@ -1202,7 +1202,7 @@ def _grid_sample_backward(grad: Tensor, x: Tensor, grid: Tensor, interpolation_m
                                                                                   and not two_d):
         return NotImplemented
     dt, gdt = x.dtype, grid.dtype
-    acc = _acc_dtype(dt)
+    acc = acc_dtype(dt)
     if acc != dt:
         x, grid, grad = (aten._to_copy.default(t, dtype=acc) for t in (x, grid, grad))
     N, C = int(x.shape[0]), int(x.shape[1])

@@ -23,6 +23,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from .low_precision import acc_dtype
 from .table import decomposition
 
 aten = torch.ops.aten
@@ -93,7 +94,7 @@ def _resample_backward(func: Any, grad_output: torch.Tensor, output_size: Sequen
             return NotImplemented
         mats.append(axis_matrix(forward, k, axis, n_in, n_out, align, s))
     g = grad_output
-    acc = torch.float32 if g.dtype in (torch.bfloat16, torch.float16) else g.dtype
+    acc = acc_dtype(g.dtype)
     g = g.to(acc)
     for axis in range(k):
         m = mats[axis]
