@@ -213,3 +213,38 @@ def test_unbound_tensors_share_one_zeroed_block_in_disjoint_aligned_pieces():
     res2 = call([xs * 0 + 7])
     np.testing.assert_array_equal(tn.neuron.runtime.from_bf16(out["y"]), xs)
     assert (tn.neuron.runtime.from_bf16(res2.outputs["y"]) == 7).all()
+
+
+def test_a_dropped_results_block_is_zeroed_and_reused_and_a_held_one_is_not():
+    # the block of unbound outputs/scratch goes back to its program when the result is dropped and no array made
+    # from it is alive; the next call zeroes it (a scratch tensor the program never writes reads as zeros again)
+    # and uses it; while an output array of an earlier run is held, later runs do not touch that memory
+    prog = Program("recycle")
+    x = prog.hbm("x", (4, 8), "float32")
+    y = prog.hbm("y", (4, 8), "float32", kind="output")
+    prog.hbm("s", (4, 8), "float32", kind="scratch")   # never written
+    t = prog.sbuf((4, 8), "float32")
+    prog.dma_copy(t, x)
+    prog.dma_copy(y, t)
+    call = prog.build().prepare_call()
+    xs = np.full((4, 8), 3.0, np.float32)
+    res = call([xs])
+    first = res._lazy[3][-1].block
+    addr = first.__array_interface__["data"][0]
+    first.fill(0xFF)   # dirty the whole block, the never-written scratch included
+    del first, res
+    assert len(call._spare) == 1                                    # given back
+    res = call([xs * 2])
+    assert call._spare == []
+    block = res._lazy[3][-1].block
+    assert block.__array_interface__["data"][0] == addr            # the same memory, reused
+    out = res.outputs
+    assert not out["s"].any()                                       # zeroed before reuse
+    np.testing.assert_array_equal(out["y"], xs * 2)
+    held = out["y"]
+    del block, out, res                                             # the result dies, an output array lives
+    assert call._spare == []
+    res3 = call([xs * 5])
+    assert res3._lazy[3][-1].block.__array_interface__["data"][0] != addr
+    np.testing.assert_array_equal(held, xs * 2)                     # untouched by the later run
+    np.testing.assert_array_equal(res3.outputs["y"], xs * 5)
