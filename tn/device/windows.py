@@ -614,26 +614,7 @@ def record_plain(op, name: str, flat: list, spec, exact: bool = False) -> Any:
         return GENERAL
     if index < 0:
         return GENERAL
-    # _record_locked(index, op, name, flat, spec, info, True, exact), inline (one frame less per op)
-    q = _QUEUES.get(index) or _queue(index)
-    stream = _current_queue(index)
-    with q.lock:
-        w = q.window
-        if w.stream is not stream:
-            if w.recs:
-                try:
-                    _check_plain(flat, index)
-                except _Decline:
-                    return GENERAL
-                flush("stream change", name)
-            q.window.stream = stream
-        try:
-            return _record(q, index, op, name, flat, spec, info, True, exact)
-        except _Decline:
-            return GENERAL
-        except _NotRecordable as e:
-            flush(str(e), name)
-            return NotImplemented
+    return _record_locked(index, op, name, flat, spec, info, True, exact)
 
 
 def _record_locked(index: int, op, name: str, flat: list, spec, info, check: bool, exact: bool = False) -> Any:
