@@ -400,6 +400,7 @@ class NeuronExecutable:
         """Keep the steps and value slots :func:`tn.lower.emit.emit` made (what a call runs)."""
         for attr, field in _EMITTED_FIELDS:
             setattr(self, attr, getattr(emitted, field))
+        self._plans = None      # per step, its _StepPlan (or None), made by the first call
 
     def _stats(self, host: Dict[int, str]) -> Dict[str, Any]:
         reasons: Dict[str, str] = {}
@@ -491,8 +492,38 @@ class NeuronExecutable:
             env[s] = t
         runs = []
         empty = torch.empty
-        for st, frees in zip(self._steps, self._frees):
-            if type(st) is _ProgStep:
+        plans = self._plans
+        if plans is None:
+            plans = self._plans = tuple(_step_plan(st) if type(st) is _ProgStep else None for st in self._steps)
+        tensor = torch.Tensor
+        for st, frees, sp in zip(self._steps, self._frees, plans):
+            if sp is not None:          # a program: its values and their addresses in the plan's order
+                run = sp.run
+                vals = []
+                ptrs = []
+                for s, tdt, nbytes in sp.ins:
+                    t = env[s]
+                    if type(t) is tensor and t.dtype is tdt and t.is_cpu and t.is_contiguous() and t.nbytes == nbytes:
+                        ptrs.append(t.data_ptr())
+                    else:
+                        if not t.is_contiguous():
+                            t = t.contiguous()
+                        ptrs.append(run.address(len(ptrs), t))
+                    vals.append(t)
+                for s, size, dtype in sp.alloc:     # dtype and size are the HBM tensor's (checked by _step_plan)
+                    t = dest.get(s) if dest else None
+                    if t is not None:
+                        t = _out_buffer(t, size, dtype)
+                    if t is None:
+                        t = empty(*size, dtype=dtype)
+                    env[s] = t
+                    vals.append(t)
+                    ptrs.append(t.data_ptr())
+                res = run(vals, ptrs)
+                runs.append(res)
+                if sp.flag is not None and run.first(res, sp.flag) != 0:
+                    return self._recompute_on_host(tensors, runs)
+            elif type(st) is _ProgStep:
                 vals = st.blank.copy()
                 for idx, s in st.ins:
                     t = env[s]
@@ -565,6 +596,43 @@ class NeuronExecutable:
         s = self.stats
         return (f"<NeuronExecutable {s['programs']} program(s), {s['instructions']} instructions, "
                 f"host ops {s['host_ops']}>")
+
+
+class _StepPlan:
+    """How a call binds one program step: its :class:`tn.neuron.runtime.BoundPlan` (the step's inputs, then its
+    outputs, every other HBM tensor allocated by the run, the range-check flag too), ``ins`` as (slot, torch
+    dtype, nbytes) of the HBM tensor, ``alloc`` as (slot, ``torch.empty`` size arguments, dtype) and ``flag`` (the
+    flag's HBM index or None)."""
+
+    __slots__ = ("run", "ins", "alloc", "flag")
+
+    def __init__(self, run: Any, ins: tuple, alloc: tuple, flag: Optional[int]):
+        self.run = run
+        self.ins = ins
+        self.alloc = alloc
+        self.flag = flag
+
+
+def _step_plan(st: _ProgStep) -> Optional[_StepPlan]:
+    """The :class:`_StepPlan` of program step ``st``, or None when the step binds in a way a plan does not take
+    (an HBM tensor bound twice, an input left unbound, an output whose dtype or size is not its HBM tensor's):
+    the call then binds it value by value, with the runtime's checks and errors."""
+    idx = [i for i, _ in st.ins] + [i for i, _, _, _ in st.alloc]
+    if st.flag is not None and st.flag in idx:
+        return None
+    try:
+        run = st.call.plan(idx)
+    except TnError:
+        return None
+    fast = run.fast
+    ins = tuple((s,) + fast[k] for k, (_, s) in enumerate(st.ins))
+    alloc = []
+    for k, (_, s, size, dtype) in enumerate(st.alloc, len(st.ins)):
+        tdt, nbytes = fast[k]
+        if dtype is not tdt or math.prod(() if size == ((),) else size) * dtype.itemsize != nbytes:
+            return None
+        alloc.append((s, size, dtype))
+    return _StepPlan(run, ins, tuple(alloc), st.flag)
 
 
 def _out_buffer(t: Any, size: tuple, dtype: torch.dtype) -> Optional[torch.Tensor]:

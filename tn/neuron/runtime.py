@@ -9,8 +9,11 @@ pass, see ``_native/engine.pyx``) and returns a :class:`RunResult`.
 Repeated runs of one program go through :meth:`Encoded.prepare_call
 <tn.neuron.program.Encoded.prepare_call>` (a :class:`PreparedCall`: values
 bound by position, per-program arrays and checks prepared once, a CPU torch
-tensor of the right dtype and size bound after a few attribute reads); the
-compiler's executables use it, :func:`run` is a thin layer over it.
+tensor of the right dtype and size bound after a few attribute reads);
+:func:`run` is a thin layer over it. A caller that binds the same HBM tensors
+every run and checks its values itself (the compiler's executables) uses a
+:class:`BoundPlan` of it: the pointer array and the allocated block's layout
+are precomputed, nothing is looked up per HBM tensor.
 
 Every run is reported to the active profilers (:func:`tn.profile` pushes one
 with :func:`add_listener`), whatever door started it.
@@ -38,7 +41,7 @@ from . import timeline as _timeline
 from .arch import NUM_ENGINES
 from .program import Encoded, Program, register_runtime
 
-__all__ = ["run", "RunResult", "PreparedCall", "simulate_timing", "to_bf16", "from_bf16", "add_listener",
+__all__ = ["run", "RunResult", "PreparedCall", "BoundPlan", "simulate_timing", "to_bf16", "from_bf16", "add_listener",
            "remove_listener", "active_listeners"]
 
 # Process-wide, not per thread: autograd runs a device's backward pass in its own worker thread, and a
@@ -415,9 +418,11 @@ _getrefcount = sys.getrefcount
 
 
 class _Carved:
-    """The unbound outputs/scratch of one run: the zeroed ``block`` the run allocated for all of them, the HBM
-    tensor indices ``carve`` and their byte offsets (after ``shift``, the block's alignment); the last entry of
-    the run's value list (the arrays are made only if :attr:`RunResult.outputs` is read).
+    """The unbound outputs/scratch of one run: the zeroed ``block`` the run allocated for all of them (at host
+    address ``addr``), the HBM tensor indices ``carve`` and their byte offsets (after ``shift``, the block's
+    alignment); the last entry of the run's value list (the arrays are made only if :attr:`RunResult.outputs`
+    is read). ``at``: None when the value list is positional (one entry per HBM tensor), else the HBM tensor
+    index of each of its entries (a :class:`BoundPlan` run; ``block`` is None when it carves nothing).
 
     When the run's result is dropped and no array made from the block is alive, the block goes back to its
     program's ``spare`` list, and the program's next run zeroes and reuses it instead of allocating a new one:
@@ -425,32 +430,66 @@ class _Carved:
     ``calloc`` and a page fault per 4 KiB page the engine then touches (several ms per GPT-2 step), where
     zeroing warm memory again costs a fraction of that."""
 
-    __slots__ = ("block", "shift", "carve", "offsets", "spare")
+    __slots__ = ("block", "addr", "shift", "carve", "offsets", "spare", "at")
 
-    def __init__(self, block, shift, carve, offsets, spare=None):
+    def __init__(self, block, addr, shift, carve, offsets, spare=None, at=None):
         self.block = block
+        self.addr = addr
         self.shift = shift
         self.carve = carve
         self.offsets = offsets
         self.spare = spare
+        self.at = at
 
     def __del__(self):
         spare = self.spare
         # refcount 2: this slot and getrefcount's argument; an output array made from the block holds a third
         try:
             if spare is not None and len(spare) < _SPARE_BLOCKS and _getrefcount(self.block) == 2:
-                spare.append(self.block)
+                spare.append((self.block, self.addr))
         except TypeError:   # interpreter shutdown: module globals already cleared
             pass
 
     def fill(self, call, values: list) -> list:
-        """``values`` (without this entry) with each carved tensor's numpy array (its dtype and shape) in place."""
-        values = list(values)
+        """``values`` (without this entry) as one value per HBM tensor, with each carved tensor's numpy array
+        (its dtype and shape) in place."""
+        if self.at is None:
+            values = list(values)
+        else:
+            full = [None] * len(call.names)
+            for i, v in zip(self.at, values):
+                full[i] = v
+            values = full
         for i, o in zip(self.carve, self.offsets):
             t, _, np_dtype, _ = call._specs[i]
             o += self.shift
             values[i] = self.block[o:o + call._fast[i][1]].view(np_dtype).reshape(tuple(t.shape))
         return values
+
+
+def _take_block(spare, size):
+    """``(block, address)``: a zeroed uint8 block of ``size`` bytes, a spare one of that size when there is one."""
+    while spare:
+        try:
+            block, addr = spare.pop()   # atomic: two threads never get the same block
+        except IndexError:
+            break
+        if block.nbytes == size:
+            block.fill(0)
+            return block, addr
+    block = np.zeros(size, np.uint8)
+    return block, block.__array_interface__["data"][0]
+
+
+def _carve_offsets(fast, carve):
+    """Byte offsets of the carved HBM tensors ``carve`` in their block (each aligned to :data:`_ALIGN`), and the
+    block's size (one alignment more, for the block's own alignment)."""
+    offsets = []
+    off = 0
+    for i in carve:
+        offsets.append(off)
+        off += (fast[i][1] + _ALIGN - 1) & -_ALIGN
+    return offsets, off + _ALIGN
 
 
 class PreparedCall:
@@ -546,37 +585,30 @@ class PreparedCall:
                 ptrs.append(_bind(t, v, code, np_dtype))
             bound.append(v)
         if carve is not None:
-            offsets = []
-            off = 0
-            for i in carve:
-                offsets.append(off)
-                off += (self._fast[i][1] + _ALIGN - 1) & -_ALIGN
-            size = off + _ALIGN
-            spare = self._spare
-            block = None
-            while spare:
-                try:
-                    block = spare.pop()   # atomic: two threads never get the same block
-                except IndexError:
-                    break
-                if block.nbytes == size:
-                    block.fill(0)
-                    break
-                block = None
-            if block is None:
-                block = np.zeros(size, np.uint8)
-            base = block.__array_interface__["data"][0]
-            shift = -base % _ALIGN
-            base += shift
+            offsets, size = _carve_offsets(self._fast, carve)
+            block, addr = _take_block(self._spare, size)
+            shift = -addr % _ALIGN
+            base = addr + shift
             for i, o in zip(carve, offsets):
                 ptrs[i] = base + o
-            bound.append(_Carved(block, shift, carve, offsets, spare))
+            bound.append(_Carved(block, addr, shift, carve, offsets, self._spare))
         return ptrs, bound
 
     def __call__(self, values=(), *, report: bool = True, fresh_memory: bool = False) -> RunResult:
         """Run once with ``values`` bound positionally (see the class docstring); returns the :class:`RunResult`
         (reported to active profilers unless ``report=False``)."""
         ptrs, bound = self._pointers(values)
+        return self._run(np.array(ptrs, _I64), bound, report, fresh_memory)
+
+    def plan(self, indices) -> "BoundPlan":
+        """A :class:`BoundPlan` of this program binding the HBM tensors ``indices`` (in that order), every other
+        output/scratch tensor allocated (zeros) by each run. Raises :class:`tn.NeuronError` when an input is
+        left out or an index is repeated or out of range."""
+        return BoundPlan(self, indices)
+
+    def _run(self, ptrs, bound, report, fresh_memory):
+        """Run with the HBM addresses ``ptrs`` (an int64 array) while ``bound`` keeps the memory alive; the
+        :class:`RunResult` (``bound`` becomes its lazy ``outputs``), placed on the current queue and reported."""
         mem = None
         if not fresh_memory:
             cache = getattr(_MEMORIES, "by_arch", None)
@@ -595,7 +627,7 @@ class PreparedCall:
         host = np.zeros(self._times_shape) if HOST_TIMES[0] else None
         t0 = _perf_counter()
         try:
-            total = self._engine_run(recs, deps, aux, sbuf, psum, np.array(ptrs, _I64), sizes, limits, timing,
+            total = self._engine_run(recs, deps, aux, sbuf, psum, ptrs, sizes, limits, timing,
                                      times, busy, counts, hbm, 1, host)
         except NeuronError as e:
             raise _with_source(e, self) from None
@@ -611,6 +643,94 @@ class PreparedCall:
             for _, fn in _LISTENERS:
                 fn(res)
         return res
+
+
+class BoundPlan:
+    """A :class:`PreparedCall` with a fixed set of bound HBM tensors: the entry of callers that bind the same
+    tensors every run and have checked the values themselves (the compiler's executables).
+
+    Made by :meth:`PreparedCall.plan` (immutable: threads may share it). ``at`` is the HBM tensor index of each
+    bound value; every other tensor is an output or scratch tensor the run allocates (zeros, one block per run as
+    in :meth:`PreparedCall.__call__`, reused when a dropped result gives it back). Per run nothing is looked
+    up or checked per HBM tensor: the pointer array is a precomputed template of the allocated tensors' offsets
+    plus the block's address, with the bound addresses stored over it.
+
+    ``plan(values, ptrs)`` runs once: ``values[k]`` is the value bound to HBM tensor ``at[k]`` (kept alive by
+    the result and shown in its ``outputs``) and ``ptrs[k]`` its address, which the caller has checked as
+    :func:`run` would (host memory, dtype, size, contiguity; :meth:`fast` gives the expected torch dtype and
+    size, :meth:`address` runs the full check with :func:`run`'s errors).
+    """
+
+    __slots__ = ("call", "at", "_at", "_specs", "fast", "_carve", "_offsets", "_size", "_tmpl", "_pos", "_order")
+
+    def __init__(self, call, indices):
+        at = tuple(int(i) for i in indices)
+        n = len(call._specs)
+        if len(set(at)) != len(at) or any(not 0 <= i < n for i in at):
+            raise NeuronError(f"program {call.name!r}: a plan binds HBM tensors {list(at)}: each index once, "
+                              f"below {n}")
+        taken = set(at)
+        carve = tuple(i for i in range(n) if i not in taken)
+        for i in carve:
+            t, _, _, alloc = call._specs[i]
+            if not alloc:
+                raise NeuronError(f"program {call.name!r}: {t.kind} HBM tensor {t.name!r} "
+                                  f"({t.dtype}{list(t.shape)}) is not bound; pass it in bindings")
+        self.call = call
+        self.at = at
+        self._at = np.array(at, _I64)
+        self._specs = tuple(call._specs[i] for i in at)
+        #: (torch dtype, nbytes) of each bound value, in plan order
+        self.fast = tuple(call._fast[i] for i in at)
+        offsets, size = _carve_offsets(call._fast, carve)
+        self._carve = carve
+        self._offsets = tuple(offsets)
+        self._size = size if carve else 0
+        tmpl = np.zeros(n, _I64)
+        tmpl[list(carve)] = offsets
+        self._tmpl = tmpl
+        self._pos = {i: k for k, i in enumerate(carve)}
+        # nothing carved: the addresses in HBM order are a permutation of the bound ones (None: the same order)
+        self._order = None if carve or at == tuple(range(n)) else tuple(at.index(i) for i in range(n))
+
+    def __repr__(self):
+        return f"<BoundPlan {self.call.name!r}: binds {[self.call.names[i] for i in self.at]}>"
+
+    def address(self, k, value) -> int:
+        """The address of ``value`` bound as the plan's ``k``-th value, checked as :func:`run` checks a binding
+        (same :class:`tn.NeuronError` when it does not fit)."""
+        t, code, np_dtype, _ = self._specs[k]
+        return _bind(t, value, code, np_dtype)
+
+    def __call__(self, values, ptrs, *, report: bool = True) -> RunResult:
+        """Run once with ``values`` at ``ptrs`` (see the class docstring); the :class:`RunResult` (reported to
+        active profilers unless ``report=False``)."""
+        call = self.call
+        if len(ptrs) != len(self.at):
+            raise NeuronError(f"program {call.name!r}: {len(ptrs)} addresses for a plan binding {len(self.at)}")
+        if self._size:
+            spare = call._spare
+            block, addr = _take_block(spare, self._size)
+            shift = -addr % _ALIGN
+            arr = self._tmpl + (addr + shift)
+            carved = _Carved(block, addr, shift, self._carve, self._offsets, spare, self.at)
+            arr[self._at] = ptrs
+        else:       # one numpy call: fewer distinct code paths touched per run (they are cold after the engine)
+            order = self._order
+            arr = np.array(ptrs if order is None else [ptrs[k] for k in order], _I64)
+            carved = _Carved(None, 0, 0, (), (), None, self.at)
+        bound = list(values)
+        bound.append(carved)
+        return call._run(arr, bound, report, False)
+
+    def first(self, res, index):
+        """The first element (a numpy scalar) of the allocated HBM tensor ``index`` in ``res``, a run of this
+        plan (without making every output array as :attr:`RunResult.outputs` does)."""
+        carved = res._lazy[3][-1]
+        k = self._pos[index]
+        o = carved.shift + self._offsets[k]
+        np_dtype = self.call._specs[index][2]
+        return carved.block[o:o + np_dtype.itemsize].view(np_dtype)[0]
 
 
 _I64 = np.dtype(np.int64)
