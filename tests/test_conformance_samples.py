@@ -220,3 +220,11 @@ def test_fp32_leaves_of_a_bf16_run_keep_fp32_tolerance():
     assert bench.compare([door], [eager], **kw) is not None
     assert bench.compare([door * 8], [eager], promoted=True, **kw) is not None
     assert bench.compare([torch.tensor([0.0, -6.1e-05, 4.0005])], [eager], promoted=True, **kw) is not None
+
+
+def test_fp32_leaves_near_zero_allowance_ignores_eagers_overflow():
+    # eager fp32 overflowing to inf where float64 is finite measures no ulp: it must not widen the other elements
+    exact = torch.tensor([0.0, 3e38, 1.0], dtype=torch.float64)
+    eager = torch.tensor([0.0, float("inf"), 1.0])
+    kw = dict(tolerances={**bench.TOLERANCES, **bench.GRAD_TOLERANCES}, oracle=[exact])
+    assert bench.compare([torch.tensor([0.5, float("inf"), 1.0])], [eager], promoted=True, **kw) is not None
