@@ -391,7 +391,7 @@ def _within_eager_error(a: torch.Tensor, e: torch.Tensor, m: torch.Tensor, kw: D
     cancels, where another summation order gives another fp32 answer as close to the exact one).
 
     ``near_zero`` (fp32 leaves of a 16-bit run, see :func:`compare`): at an element whose exact value ``m`` is
-    no larger than eager's largest fp32 error over the tensor, the allowance is that largest error. Such an
+    no larger than eager's largest fp32 error over the tensor, the widening is twice that largest error. Such an
     element is a sum that cancels to ~0; eager's error elsewhere in the same tensor measures the terms' ulp,
     which bounds any fp32 summation order, and eager landing on the exact value there is chance (``cov``'s
     gradient of its fp32 ``aweights`` with bf16 observations: exactly 0 and -2e-13, eager fp32 gives 0 and
