@@ -154,6 +154,14 @@ def test_executable_plans_give_the_same_results_profiles_and_errors_as_binding_v
         r = exe([x, w], out=[dest, None])
         assert r[0] is dest
         torch.testing.assert_close(dest, f(x, w)[0])
+        flat = torch.empty(128)                   # the same element count: written through a view of it
+        r = exe([x, w], out=[flat, None])
+        assert r[0].shape == (16, 8) and r[0].data_ptr() == flat.data_ptr()
+        torch.testing.assert_close(flat.view(16, 8), f(x, w)[0])
+        for unfit in (torch.zeros(16, 8, dtype=torch.float64), torch.zeros(8, 8), torch.zeros(8, 16).t()):
+            r = exe([x, w], out=[unfit, None])    # does not fit: allocated as usual, the tensor untouched
+            assert r[0].data_ptr() != unfit.data_ptr() and not unfit.any()
+            torch.testing.assert_close(r[0], f(x, w)[0])
     for bad in ([x.double(), w], [torch.randn(4, 4), w]):
         with pytest.raises(tn.TnError) as e_fast:
             fast(bad)

@@ -510,10 +510,15 @@ class NeuronExecutable:
                             t = t.contiguous()
                         ptrs.append(run.address(len(ptrs), t))
                     vals.append(t)
-                for s, size, dtype in sp.alloc:     # dtype and size are the HBM tensor's (checked by _step_plan)
+                for s, size, dtype, shape, numel in sp.alloc:   # the HBM tensor's dtype and size (_step_plan)
                     t = dest.get(s) if dest else None
-                    if t is not None:
-                        t = _out_buffer(t, size, dtype)
+                    if t is not None:       # _out_buffer's test, with the shape and element count precomputed
+                        if type(t) is tensor and t.dtype is dtype and t.is_cpu and t.is_contiguous() and \
+                                t.numel() == numel:
+                            if t.shape != shape:
+                                t = t.view(shape)
+                        else:
+                            t = None
                     if t is None:
                         t = empty(*size, dtype=dtype)
                     env[s] = t
@@ -601,8 +606,8 @@ class NeuronExecutable:
 class _StepPlan:
     """How a call binds one program step: its :class:`tn.neuron.runtime.BoundPlan` (the step's inputs, then its
     outputs, every other HBM tensor allocated by the run, the range-check flag too), ``ins`` as (slot, torch
-    dtype, nbytes) of the HBM tensor, ``alloc`` as (slot, ``torch.empty`` size arguments, dtype) and ``flag`` (the
-    flag's HBM index or None)."""
+    dtype, nbytes) of the HBM tensor, ``alloc`` as (slot, ``torch.empty`` size arguments, dtype, shape, element
+    count) and ``flag`` (the flag's HBM index or None)."""
 
     __slots__ = ("run", "ins", "alloc", "flag")
 
@@ -629,9 +634,11 @@ def _step_plan(st: _ProgStep) -> Optional[_StepPlan]:
     alloc = []
     for k, (_, s, size, dtype) in enumerate(st.alloc, len(st.ins)):
         tdt, nbytes = fast[k]
-        if dtype is not tdt or math.prod(() if size == ((),) else size) * dtype.itemsize != nbytes:
+        shape = () if size == ((),) else size
+        numel = math.prod(shape)
+        if dtype is not tdt or numel * dtype.itemsize != nbytes:
             return None
-        alloc.append((s, size, dtype))
+        alloc.append((s, size, dtype, shape, numel))
     return _StepPlan(run, ins, tuple(alloc), st.flag)
 
 
