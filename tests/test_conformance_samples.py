@@ -228,3 +228,34 @@ def test_fp32_leaves_near_zero_allowance_ignores_eagers_overflow():
     eager = torch.tensor([0.0, float("inf"), 1.0])
     kw = dict(tolerances={**bench.TOLERANCES, **bench.GRAD_TOLERANCES}, oracle=[exact])
     assert bench.compare([torch.tensor([0.5, float("inf"), 1.0])], [eager], promoted=True, **kw) is not None
+
+
+def _addcdiv_inputs():
+    """addcdiv's sample 3: input [5, 5], tensor1 [5, 1], tensor2 [1, 5] (broadcast: the gradients of tensor1/2
+    are sums that cancel), value 3.14, with bf16 values and gradient weights."""
+    g = torch.Generator().manual_seed(6)
+    x, t1 = ((torch.rand(*s, generator=g) * 18 - 9).to(BF16) for s in ((5, 5), (5, 1)))
+    t2 = torch.tensor([[2.984375, -2.984375, 5.21875, -3.203125, 0.4453125]], dtype=BF16)
+    w = (torch.rand(5, 5, generator=g) + 0.5).to(BF16).float()
+    return x, t1, t2, w
+
+
+def test_addcdiv_bf16_gradient_under_torch_compile_is_eagers(fresh_dynamo):
+    # Dynamo splits torch.addcdiv(x, t1, t2, value=v) into div, mul, add; in bf16 autograd's backward then rounded
+    # grad * v to bf16 before the divisions and sums (an element of tensor2's gradient 86% off). The compile
+    # door now runs one addcdiv as eager does: its gradients are eager's (AddcdivBackward), bit for bit.
+    x, t1, t2, w = _addcdiv_inputs()
+
+    def grads(f, *ts):
+        ts = [t.clone().requires_grad_() for t in ts]
+        return torch.autograd.grad((f(*ts).float() * w).sum(), ts)
+
+    def op(a, b, c):
+        return torch.addcdiv(a, b, c, value=3.14)
+
+    want = grads(op, x, t1, t2)
+    got = grads(torch.compile(op, backend="neuron", fullgraph=True), x, t1, t2)
+    for gg, ww in zip(got, want):
+        assert gg.dtype == BF16 and torch.equal(gg, ww)
+    out = torch.compile(op, backend="neuron", fullgraph=True)(x, t1, t2)
+    assert torch.equal(out, torch.addcdiv(x.float(), t1.float(), t2.float(), value=3.14).to(BF16))
