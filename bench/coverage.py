@@ -60,12 +60,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import multiprocessing as mp
 import os
 import re
 import signal
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -878,8 +880,11 @@ def _find(kind: str, key: str, dtype: torch.dtype) -> Any:
 
 # --------------------------------------------------------------------------- worker pool
 
-def _worker(conn: Any, opts: Dict[str, Any]) -> None:
+def _worker(conn: Any, opts: Dict[str, Any], fault_log: Optional[str] = None) -> None:
     torch.set_num_threads(1)
+    if fault_log:
+        # a fatal signal leaves every thread's Python stack in this file; the pool puts its tail in the crash record
+        faulthandler.enable(open(fault_log, "w"), all_threads=True)
     from tn.device import allocator
 
     allocator.reinit_after_fork()   # a forked worker uses the parent's (host-memory) device on purpose
@@ -903,14 +908,27 @@ def _worker(conn: Any, opts: Dict[str, Any]) -> None:
 
 
 class _Slot:
-    __slots__ = ("proc", "conn", "task", "label", "started")
+    __slots__ = ("proc", "conn", "task", "label", "started", "fault_log")
 
     def __init__(self, ctx: Any, opts: Dict[str, Any]):
         parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker, args=(child, opts), daemon=True)
+        fd, self.fault_log = tempfile.mkstemp(prefix="tn-coverage-fault-", suffix=".txt")
+        os.close(fd)
+        self.proc = ctx.Process(target=_worker, args=(child, opts, self.fault_log), daemon=True)
         self.proc.start()
         child.close()
         self.conn, self.task, self.label, self.started = parent, None, "", 0.0
+
+    def fault_trace(self) -> str:
+        """The start of what the dead worker's fault handler wrote (the signal, then the crashing thread's stack,
+        most recent call first; empty if nothing); removes the file."""
+        try:
+            with open(self.fault_log) as f:
+                text = f.read()
+            os.unlink(self.fault_log)
+        except OSError:
+            return ""
+        return text[:2000]
 
 
 def run_pool(items: Sequence[Tuple[str, str]], opts: Dict[str, Any], workers: int = 2,
@@ -963,6 +981,7 @@ def run_pool(items: Sequence[Tuple[str, str]], opts: Dict[str, Any], workers: in
                     s.proc.kill()
                 s.proc.join(10)
                 code = s.proc.exitcode
+                trace = s.fault_trace()
                 if timed_out and not died:
                     rec = dict(name=s.task[1], status="error", reason=f"timeout: more than {item_timeout:g} s "
                                f"wall at {s.label or 'start'}", samples=0, host_samples=0)
@@ -971,10 +990,12 @@ def run_pool(items: Sequence[Tuple[str, str]], opts: Dict[str, Any], workers: in
                     what = signal.Signals(sig).name if sig else f"exit code {code}"
                     rec = dict(name=s.task[1], status="crash", reason=f"worker died: {what} at "
                                f"{s.label or 'start'}", samples=0, host_samples=0)
+                    if trace:
+                        rec["trace"] = trace
                 rec["seconds"] = round(now - s.started, 3)
                 finish(rec)
                 fresh = _Slot(ctx, opts)
-                s.proc, s.conn = fresh.proc, fresh.conn
+                s.proc, s.conn, s.fault_log = fresh.proc, fresh.conn, fresh.fault_log
                 feed(s)
     for s in slots:
         try:
@@ -984,6 +1005,7 @@ def run_pool(items: Sequence[Tuple[str, str]], opts: Dict[str, Any], workers: in
         s.proc.join(10)
         if s.proc.is_alive():
             s.proc.kill()
+        s.fault_trace()   # removes the worker's (empty) fault log
     order = {k: i for i, (_, k) in enumerate(items)}
     records.sort(key=lambda r: order.get(r["name"], 0))
     return records

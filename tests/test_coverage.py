@@ -164,7 +164,8 @@ def test_bench_catches_a_wrong_backend():
 
 
 def test_pool_counts_a_crash_and_goes_on(monkeypatch):
-    """A worker killed by SIGSEGV is one crash record; the other items still run (fork start method)."""
+    """A worker killed by SIGSEGV is one crash record carrying the Python stack at the crash; the other items still
+    run (fork start method)."""
     import multiprocessing as mp
 
     if "fork" not in mp.get_all_start_methods():
@@ -185,6 +186,8 @@ def test_pool_counts_a_crash_and_goes_on(monkeypatch):
     by = {r["name"]: r for r in recs}
     assert by["boom"]["status"] == "crash" and "SIGSEGV" in by["boom"]["reason"]
     assert "sample 0" in by["boom"]["reason"]
+    # the worker's fault handler left the Python stack of the crash in the record (the line that faulted)
+    assert "Segmentation fault" in by["boom"]["trace"] and "run_item" in by["boom"]["trace"]
     assert by["add"]["status"] == by["mul"]["status"] == "pass"
     assert [r["name"] for r in recs] == ["add", "boom", "mul"]
 
