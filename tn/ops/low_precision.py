@@ -40,6 +40,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 
+from ..errors import UnsupportedOpError
+
 __all__ = ["LOW_PRECISION", "is_low_precision", "acc_dtype", "FP32_GRADIENTS", "install", "uninstall",
            "fp32_gradients_while_tracing"]
 
@@ -119,7 +121,7 @@ def install(key: str, active: Optional[Callable[[], bool]] = None) -> torch.libr
         name = op.name()
         if (torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
                 or not torch._C._dispatch_has_kernel_for_dispatch_key(name, "Autograd")):
-            raise RuntimeError(f"tn.ops.low_precision: {name} has its own kernel at {key} or none at Autograd; "
+            raise UnsupportedOpError(f"tn.ops.low_precision: {name} has its own kernel at {key} or none at Autograd; "
                                f"the float32 gradient rule would shadow or lose it")
         lib.impl(name.split("::")[1], _kernel(op, rule, active), key)
     _forget_dispatch()
