@@ -512,13 +512,8 @@ class NeuronExecutable:
                     vals.append(t)
                 for s, size, dtype, shape, numel in sp.alloc:   # the HBM tensor's dtype and size (_step_plan)
                     t = dest.get(s) if dest else None
-                    if t is not None:       # _out_buffer's test, with the shape and element count precomputed
-                        if type(t) is tensor and t.dtype is dtype and t.is_cpu and t.is_contiguous() and \
-                                t.numel() == numel:
-                            if t.shape != shape:
-                                t = t.view(shape)
-                        else:
-                            t = None
+                    if t is not None:       # shape and element count precomputed by _step_plan
+                        t = _out_buffer(t, shape, numel, dtype)
                     if t is None:
                         t = empty(*size, dtype=dtype)
                     env[s] = t
@@ -538,7 +533,7 @@ class NeuronExecutable:
                 for idx, s, size, dtype in st.alloc:
                     t = dest.get(s) if dest else None
                     if t is not None:
-                        t = _out_buffer(t, size, dtype)
+                        t = _out_buffer(t, *_out_shape(size), dtype)
                     env[s] = vals[idx] = t if t is not None else empty(*size, dtype=dtype)
                 if st.flag is None:
                     runs.append(st.call(vals))
@@ -634,22 +629,26 @@ def _step_plan(st: _ProgStep) -> Optional[_StepPlan]:
     alloc = []
     for k, (_, s, size, dtype) in enumerate(st.alloc, len(st.ins)):
         tdt, nbytes = fast[k]
-        shape = () if size == ((),) else size
-        numel = math.prod(shape)
+        shape, numel = _out_shape(size)
         if dtype is not tdt or numel * dtype.itemsize != nbytes:
             return None
         alloc.append((s, size, dtype, shape, numel))
     return _StepPlan(run, ins, tuple(alloc), st.flag)
 
 
-def _out_buffer(t: Any, size: tuple, dtype: torch.dtype) -> Optional[torch.Tensor]:
-    """``t`` (or its view of shape ``size``, the ``torch.empty`` size arguments of a program output) when it can be
-    that output's memory: a contiguous CPU tensor of ``dtype`` and the same element count; else None."""
+def _out_shape(size: tuple) -> Tuple[tuple, int]:
+    """``(shape, element count)`` of a program output from its ``torch.empty`` size arguments ``size``."""
     shape = () if size == ((),) else size
+    return shape, math.prod(shape)
+
+
+def _out_buffer(t: Any, shape: tuple, numel: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """``t`` (or its view of ``shape``, with ``numel`` elements: :func:`_out_shape` of a program output) when it can
+    be that output's memory: a contiguous CPU tensor of ``dtype`` and the same element count; else None."""
     if type(t) is not torch.Tensor or t.dtype is not dtype or not t.is_cpu or not t.is_contiguous() or \
-            t.numel() != math.prod(shape):
+            t.numel() != numel:
         return None
-    return t if tuple(t.shape) == shape else t.view(shape)
+    return t if t.shape == shape else t.view(shape)
 
 
 def _collective() -> Any:

@@ -467,6 +467,12 @@ class _Carved:
         return values
 
 
+def _unbound(program: str, t) -> NeuronError:
+    """The error for HBM tensor ``t`` of ``program`` left unbound where the run cannot allocate it (an input)."""
+    return NeuronError(f"program {program!r}: {t.kind} HBM tensor {t.name!r} ({t.dtype}{list(t.shape)}) is not "
+                       f"bound; pass it in bindings")
+
+
 def _take_block(spare, size):
     """``(block, address)``: a zeroed uint8 block of ``size`` bytes, a spare one of that size when there is one."""
     while spare:
@@ -573,8 +579,7 @@ class PreparedCall:
                 ptrs.append(v.data_ptr())
             elif v is None:
                 if not alloc:
-                    raise NeuronError(f"program {self.name!r}: {t.kind} HBM tensor {t.name!r} "
-                                      f"({t.dtype}{list(t.shape)}) is not bound; pass it in bindings")
+                    raise _unbound(self.name, t)
                 if carve is None:
                     carve = []
                 carve.append(len(ptrs))
@@ -674,8 +679,7 @@ class BoundPlan:
         for i in carve:
             t, _, _, alloc = call._specs[i]
             if not alloc:
-                raise NeuronError(f"program {call.name!r}: {t.kind} HBM tensor {t.name!r} "
-                                  f"({t.dtype}{list(t.shape)}) is not bound; pass it in bindings")
+                raise _unbound(call.name, t)
         self.call = call
         self.at = at
         self._at = np.array(at, _I64)
