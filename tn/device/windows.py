@@ -810,19 +810,8 @@ def _record(q: _Queue, index: int, op, name: str, flat: list, spec, info, check:
                 del w.blanks[st.data_ptr()]
     if single and items[0][0] == "fresh":     # the common case: one new tensor, from the plan's metadata
         _, shape, dtype, strides, nbytes = items[0]
-        result, st = _new_dense(shape, dtype, nbytes, index)
-        si = len(slots)
-        s = _new_slot(_Slot)                  # (a result's slot, as _Slot(si, st, False, ...) makes it)
-        s.index = si
-        s.external = s.blank = False
-        s.dtype = dtype
-        s.shape = shape
-        s.nbytes = nbytes
-        s.strong = None
-        s.ref = _weakref(st)
-        slots.append(s)
-        by_ptr[st.data_ptr()] = s
-        fresh = ((0, si),)
+        fresh = []
+        result = _new_result(index, shape, strides, dtype, nbytes, slots, by_ptr, fresh, 0)
     else:
         fresh = []
         out = []
@@ -909,8 +898,6 @@ def _meta_put(mk: Any, plan: Any) -> None:
 
 _F32 = torch.float32
 _count = tracking.count
-_new_slot = object.__new__
-_weakref = weakref.ref
 _new_dense = allocator.new_dense
 
 
