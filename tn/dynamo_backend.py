@@ -62,7 +62,7 @@ from .device.allocator import cpu_alias
 from .device.eager import to_device
 from .errors import ArgumentTypeError, ArgumentValueError, UnsupportedOpError
 from .jit import jit
-from .ops.low_precision import fp32_gradients_while_tracing
+from .ops.low_precision import fp32_gradients_while_tracing, is_low_precision
 from .ops.table import DECOMPOSITIONS
 
 __all__ = ["neuron_backend", "register", "allow_rnn_in_dynamo", "skip_tn_runtime_in_dynamo", "capture_value_reads", "graphs_compiled", "host_ops",
@@ -545,9 +545,6 @@ def _sdpa_as_math(gm: torch.fx.GraphModule) -> int:
     return n
 
 
-_LOW_PRECISION = (torch.bfloat16, torch.float16)
-
-
 def _single_use_call(node: Any, target: Any) -> bool:
     return (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target
             and len(node.users) == 1 and not node.kwargs and len(node.args) == 2)
@@ -576,7 +573,7 @@ def _addcdiv_whole(gm: torch.fx.GraphModule) -> int:
         if not _single_use_call(div, torch.div) or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         out = add.meta.get("example_value")
-        if not isinstance(out, torch.Tensor) or out.dtype not in _LOW_PRECISION or not isinstance(x, torch.fx.Node):
+        if not isinstance(out, torch.Tensor) or not is_low_precision(out.dtype) or not isinstance(x, torch.fx.Node):
             continue
         with g.inserting_before(add):
             fused = g.call_function(torch.addcdiv, (x, *div.args), {"value": value})

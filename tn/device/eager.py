@@ -337,6 +337,16 @@ def _plain_info(op) -> Tuple[Any, Any, bool, tuple]:
     return info
 
 
+def _plain_args(op, args: tuple, kwargs: dict, pos: tuple) -> Tuple[tuple, dict]:
+    """:func:`_rewrap_scalars`, skipped when no Tensor argument (positions ``pos``) is a Python number (the common
+    call; ``x * 0.5`` is not)."""
+    n = len(args)
+    for i, k in pos:
+        if type(args[i] if i < n else kwargs.get(k)) in _NUMBERS:
+            return _rewrap_scalars(op, args, kwargs)
+    return args, kwargs
+
+
 def record_functional(op, name: str, args: tuple, kwargs: dict):
     """Queue functional ``op`` (a kernel of :mod:`tn.device.fastpath`) into the open adaptive eager window,
     counted as ``name``; ``NotImplemented`` when it is not queued (the caller runs torch's composite kernel:
@@ -346,11 +356,7 @@ def record_functional(op, name: str, args: tuple, kwargs: dict):
         info = _plain_info(op)
     if info[1] is None:
         return NotImplemented
-    n = len(args)
-    for i, k in info[3]:     # _rewrap_scalars only when a Tensor argument is a Python number (x * 0.5)
-        if type(args[i] if i < n else kwargs.get(k)) in _NUMBERS:
-            args, kwargs = _rewrap_scalars(op, args, kwargs)
-            break
+    args, kwargs = _plain_args(op, args, kwargs, info[3])
     flat, spec = flatten_args(args, kwargs)
     r = windows.record_plain(op, name, flat, spec, exact=True)
     return NotImplemented if r is windows.GENERAL else r
@@ -369,11 +375,7 @@ def _record_plain(op, args: tuple, kwargs: dict):
         for v in kwargs.values():
             if type(v) is torch.Tensor and not v.numel():
                 return windows.GENERAL
-    n = len(args)
-    for i, k in pos:         # _rewrap_scalars only when a Tensor argument is a Python number (x * 0.5)
-        if type(args[i] if i < n else kwargs.get(k)) in _NUMBERS:
-            args, kwargs = _rewrap_scalars(op, args, kwargs)
-            break
+    args, kwargs = _plain_args(op, args, kwargs, pos)
     flat, spec = flatten_args(args, kwargs)
     r = windows.record_plain(op, name, flat, spec)
     if r is NotImplemented:   # the window declined the op (and flushed what it depends on): it runs now
