@@ -298,6 +298,25 @@ def _op_cases(info: Any, dtype: torch.dtype, grad: bool) -> Any:
                    _tie_check(info.name, args, dict(sample.kwargs)))
 
 
+def _materialize_lazy(module: torch.nn.Module, forward_input: Any) -> None:
+    """Give a lazy module (``nn.LazyConv2d`` and the like) its real parameters, as its first call would: one
+    forward on the CPU, without autograd, on a copy of the sample's inputs; running statistics that forward
+    updated (a lazy batch norm's) are reset to their initial values. Then every door gets the materialised
+    parameters as inputs, like any other module's (``module_db`` makes no samples for a lazy module otherwise:
+    its uninitialised parameters cannot be copied)."""
+    from torch.nn.modules.lazy import LazyModuleMixin
+
+    if not any(isinstance(sub, LazyModuleMixin) and sub.has_uninitialized_params() for sub in module.modules()):
+        return
+    args, kwargs = pytree.tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x,
+                                   (tuple(forward_input.args), dict(forward_input.kwargs)))
+    with torch.no_grad():
+        module(*args, **kwargs)
+    for sub in module.modules():
+        if hasattr(sub, "reset_running_stats"):
+            sub.reset_running_stats()
+
+
 def _module_cases(info: Any, training: bool, dtype: torch.dtype, grad: bool) -> Any:
     from torch.func import functional_call
 
@@ -309,6 +328,7 @@ def _module_cases(info: Any, training: bool, dtype: torch.dtype, grad: bool) -> 
         c = mi.constructor_input
         m = info.module_cls(*c.args, **c.kwargs).to(dtype)
         m.train(training)
+        _materialize_lazy(m, mi.forward_input)
         state = dict(m.named_parameters())
         state.update(dict(m.named_buffers()))
         names = list(state)
