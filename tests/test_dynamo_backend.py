@@ -244,3 +244,23 @@ def test_multilabel_margin_loss_takes_tns_decomposition(reduction):
         (got * w).sum().backward()
         torch.testing.assert_close(got_x.grad, want_x.grad, rtol=1e-4, atol=1e-6)
     assert not [op for op in dynamo_backend.host_ops() if "multilabel" in str(op)]
+
+
+def test_aot_decomposition_table_is_built_once_and_rebuilt_after_new_ops():
+    """torch's decomposition table is materialised once (it walks every registered operator, ~0.1 s), not on
+    every compile, and built again when an operator was registered since: a new torch.library op with a
+    CompositeImplicitAutograd kernel may join it."""
+    from tn import dynamo_backend
+
+    first = dynamo_backend._aot_table()
+    assert dynamo_backend._aot_table() is first
+    assert first.keys() == dynamo_backend.aot_decompositions(torch._decomp.core_aten_decompositions()).keys()
+    lib = torch.library.Library("tn_test_aot_table", "DEF")
+    try:
+        lib.define("twice(Tensor x) -> Tensor")
+        lib.impl("twice", lambda x: x * 2, "CompositeImplicitAutograd")
+        again = dynamo_backend._aot_table()
+        assert again is not first and again.keys() == dynamo_backend.aot_decompositions(
+            torch._decomp.core_aten_decompositions()).keys()
+    finally:
+        lib._destroy()
