@@ -584,7 +584,8 @@ def _run_door(mode: str, backend: str, fn: Callable[..., Any], ts: List[torch.Te
                 reason = next(iter(counters["graph_break"]))
                 return out, g, {}, _data_dependent(fn, ts, grad, ws) or f"graph break: {_first_line(reason)}"
             if dynamo_backend.graphs_compiled() == before and _tensor_leaves(out):
-                return out, g, {}, "no graph reached tn (Dynamo ran the code itself)"
+                return out, g, {}, (_data_dependent(fn, ts, grad, ws)
+                                    or "no graph reached tn (Dynamo ran the code itself)")
             mine = [j for j in dynamo_backend.compiled_graphs() if id(j) not in old]   # this case's graphs only
             return out, g, _host_ops(prof, *(dynamo_backend.host_ops_of(j) for j in mine)), None
         if mode == "adaptive":
@@ -619,7 +620,7 @@ def _data_dependent(fn: Callable[..., Any], ts: List[torch.Tensor], grad: bool,
             _grads(cf, _clone(ts), ws) if grad else cf(*_clone(ts))
     except Exception as err:
         text = str(err)
-        words = next((w for w in _DATA_DEPENDENT if w in text), None)
+        words = next((w for w in _DATA_DEPENDENT if w.lower() in text.lower()), None)
         if words is None:
             return None
         caused = re.search(r"Caused by: (.*)", text)

@@ -74,6 +74,16 @@ def test_bench_names_the_refusal(key):
     assert "Could not guard on data-dependent expression" in rec["reason"]
 
 
+@pytest.mark.parametrize("name,words", [("nn.functional.gaussian_nll_loss", "Could not guard on data-dependent"),
+                                        ("cov", "Data dependent operator")])
+def test_bench_names_op_refusals(name, words):
+    """Dynamo refuses these ops' data-dependent branches with every backend: gaussian_nll_loss's Python check of
+    ``var`` leaves no graph at all, and ``cov``'s C++ kernel reads ``aten.equal``'s bool."""
+    rec = cov.run_item("op", name, "compile", max_samples=1)
+    assert rec["status"] == "refused", rec
+    assert words in rec["reason"], rec
+
+
 def test_bench_keeps_other_graph_breaks_as_errors():
     def f(x):
         y = x * 2
