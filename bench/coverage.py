@@ -1099,9 +1099,16 @@ def items_for(kind: str, dtype: torch.dtype, names: Optional[Sequence[str]] = No
 def run(mode: str = "jit", backend: str = "neuron", dtype: torch.dtype = torch.float32, grad: bool = False,
         kind: str = "op", names: Optional[Sequence[str]] = None, limit: Optional[int] = None,
         max_samples: Optional[int] = None, timeout: float = 60.0, workers: int = 2, crash_only: bool = False,
-        verbose: bool = False) -> Dict[str, Any]:
-    """Run the bench and return the report dict (see the module docstring)."""
+        verbose: bool = False, shard: Optional[Tuple[int, int]] = None) -> Dict[str, Any]:
+    """Run the bench and return the report dict (see the module docstring). ``shard`` ``(k, n)`` runs only
+    every n-th item starting at the k-th (1-based): n such runs, merged by :func:`merge_shards`, are one run of
+    every item, spread over processes or machines (a full compile-door row is hours of one core)."""
     items = items_for(kind, dtype, names, limit)
+    if shard is not None:
+        k, n = shard
+        if not 1 <= k <= n:
+            raise ValueError(f"shard {k}/{n}: want 1 <= k <= n")
+        items = items[k - 1::n]
     opts = dict(mode=mode, backend=backend, dtype=dtype, grad=grad, max_samples=max_samples, timeout=timeout,
                 crash_only=crash_only)
     t0 = time.perf_counter()
@@ -1111,8 +1118,47 @@ def run(mode: str = "jit", backend: str = "neuron", dtype: torch.dtype = torch.f
                      dtype=str(dtype).replace("torch.", ""), grad=grad, crash_only=crash_only,
                      max_samples=max_samples, seconds=round(time.perf_counter() - t0, 1),
                      torch=torch.__version__, commit=commit,
-                     partial=bool(names or limit or max_samples), ops=list(names) if names else None,
-                     limit=limit)
+                     partial=bool(names or limit or max_samples or shard), ops=list(names) if names else None,
+                     limit=limit, shard=f"{shard[0]}/{shard[1]}" if shard else None)
+
+
+#: Report fields that must agree for shards to be merged into one report.
+SHARD_KEYS = ("kind", "mode", "backend", "dtype", "grad", "crash_only", "max_samples", "torch", "ops", "limit")
+
+
+def merge_shards(reports: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """One report of the shard reports of one configuration (``--shard k/n`` runs; see :func:`run`): their
+    items together, counted again; ``commit`` lists each shard's commit; ``seconds`` is their sum. The merged
+    report is a run of every item only when shards 1..n are all there, and says which ones it has otherwise.
+    Raises ValueError for reports of different configurations, unsharded ones or an item in two shards."""
+    if not reports:
+        raise ValueError("merge_shards: no reports")
+    first = reports[0]
+    for r in reports:
+        diff = [k for k in SHARD_KEYS if r.get(k) != first.get(k)]
+        if diff:
+            raise ValueError(f"merge_shards: reports differ in {diff}")
+        if not r.get("shard"):
+            raise ValueError("merge_shards: a report that is not a shard (no --shard)")
+    parts = sorted({tuple(int(x) for x in r["shard"].split("/")) for r in reports})
+    if len(parts) != len(reports) or len({n for _, n in parts}) != 1:
+        raise ValueError(f"merge_shards: shards {[r['shard'] for r in reports]} repeat or differ in n")
+    n = parts[0][1]
+    records, seen = [], set()
+    for r in reports:
+        for rec in r["items"]:
+            if rec["name"] in seen:
+                raise ValueError(f"merge_shards: {rec['name']} is in two shards")
+            seen.add(rec["name"])
+            records.append(rec)
+    every = [k for k, _ in parts] == list(range(1, n + 1))
+    commits = list(dict.fromkeys(r.get("commit", "unknown") for r in reports))
+    meta = {k: first.get(k) for k in SHARD_KEYS}
+    return summarize(records, **meta, seconds=round(sum(r.get("seconds", 0.0) for r in reports), 1),
+                     commit=",".join(commits),
+                     partial=bool(first.get("ops") or first.get("limit") or first.get("max_samples")
+                                  or not every),
+                     shard=None if every else f"{','.join(str(k) for k, _ in parts)}/{n}")
 
 
 def source_commit() -> str:
@@ -1141,6 +1187,8 @@ def scope_text(report: Dict[str, Any]) -> str:
         cut.append(f"<= {report['max_samples']} samples/item")
     if report.get("crash_only"):
         cut.append("crash-only, not compared")
+    if report.get("shard"):
+        cut.append(f"shard {report['shard']} of the items")
     return f"partial ({', '.join(cut)})" if cut else "full"
 
 
@@ -1215,7 +1263,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="with --markdown: write the table into this page between its table markers")
     p.add_argument("--rank-host", nargs="+", metavar="JSON",
                    help="rank the host ops of these JSON reports by the items they keep on the host")
+    p.add_argument("--shard", metavar="K/N", help="run only every N-th item starting at the K-th (1-based); "
+                                                   "merge the N reports with --merge")
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="merge these --shard reports of one configuration into the report --json names")
     ns = p.parse_args(argv)
+    if ns.merge:
+        if not ns.json:
+            p.error("--merge needs --json (where the merged report goes)")
+        reports = []
+        for path in ns.merge:
+            with open(path) as fh:
+                reports.append(json.load(fh))
+        merged = merge_shards(reports)
+        print_report(merged)
+        with open(ns.json, "w") as fh:
+            json.dump(merged, fh, indent=1)
+        return 0
+    shard = None
+    if ns.shard:
+        m = re.fullmatch(r"(\d+)/(\d+)", ns.shard)
+        if not m:
+            p.error("--shard wants K/N, e.g. 2/4")
+        shard = (int(m.group(1)), int(m.group(2)))
     if ns.markdown or ns.rank_host:
         reports = []
         for path in ns.markdown or ns.rank_host:
@@ -1232,7 +1302,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     torch.set_num_threads(1)
     names = [n.strip() for n in ns.ops.split(",") if n.strip()] if ns.ops else None
     report = run(ns.mode, ns.backend, DTYPES[ns.dtype], ns.grad, "module" if ns.modules else "op", names,
-                 ns.limit, ns.max_samples, ns.timeout, ns.workers, ns.crash_only, ns.verbose)
+                 ns.limit, ns.max_samples, ns.timeout, ns.workers, ns.crash_only, ns.verbose, shard)
     print_report(report)
     if ns.json:
         with open(ns.json, "w") as fh:

@@ -1,5 +1,6 @@
 # OpInfo conformance through tn.jit: a fast subset of representative ops here, the whole op_db under -m slow.
 import importlib.util
+import json
 import pathlib
 import time
 
@@ -209,3 +210,31 @@ def test_lazy_modules_are_measured_not_skipped(mode):
     first, so every door runs and is compared on them instead of the item being skipped for "no samples"."""
     rec = cov.run_item("module", "nn.LazyConv2d/train", mode, max_samples=1, grad=True)
     assert rec["status"] == "pass" and rec["samples"] == 1, rec
+
+
+def test_shards_merge_into_one_full_report(tmp_path):
+    """--shard k/n runs every n-th item; --merge of shards 1..n gives the items of one run, counted again,
+    marked full only when every shard is there; mismatched or overlapping shards are refused."""
+    names = "abs,neg,exp,sin,cos"
+    paths = []
+    for k in (1, 2):
+        path = tmp_path / f"s{k}.json"
+        assert cov.main(["--mode", "eager", "--ops", names, "--max-samples", "1", "--workers", "1",
+                         "--shard", f"{k}/2", "--json", str(path)]) == 0
+        paths.append(str(path))
+    shards = [json.loads(open(p).read()) for p in paths]
+    assert [s["total"] for s in shards] == [3, 2] and shards[0]["shard"] == "1/2"
+    assert "shard 1/2" in cov.scope_text(shards[0])
+    merged_path = tmp_path / "all.json"
+    assert cov.main(["--merge", *paths, "--json", str(merged_path)]) == 0
+    merged = json.loads(merged_path.read_text())
+    assert sorted(r["name"] for r in merged["items"]) == sorted(names.split(","))
+    assert merged["totals"]["pass"] == 5 and merged["shard"] is None
+    assert cov.scope_text(merged) == "partial (5 named items, <= 1 samples/item)"
+    only_first = cov.merge_shards(shards[:1])
+    assert only_first["shard"] == "1/2" and only_first["partial"]
+    with pytest.raises(ValueError, match="two shards|repeat"):
+        cov.merge_shards([shards[0], shards[0]])
+    other = dict(shards[1], grad=True)
+    with pytest.raises(ValueError, match="differ"):
+        cov.merge_shards([shards[0], other])
