@@ -574,6 +574,7 @@ def _run_door(mode: str, backend: str, fn: Callable[..., Any], ts: List[torch.Te
             _dynamo.reset()
             counters.clear()
             before = dynamo_backend.graphs_compiled()
+            by_op = dynamo_backend.graphs_run_op_by_op()
             old = {id(j) for j in dynamo_backend.compiled_graphs()}
             cf = torch.compile(fn, backend="neuron")
             xs = _clone(ts)
@@ -583,6 +584,9 @@ def _run_door(mode: str, backend: str, fn: Callable[..., Any], ts: List[torch.Te
             if breaks:
                 reason = next(iter(counters["graph_break"]))
                 return out, g, {}, _data_dependent(fn, ts, grad, ws) or f"graph break: {_first_line(reason)}"
+            if dynamo_backend.graphs_run_op_by_op() > by_op:   # counted as host work (OP_BY_OP) in prof
+                mine = [j for j in dynamo_backend.compiled_graphs() if id(j) not in old]
+                return out, g, _host_ops(prof, *(dynamo_backend.host_ops_of(j) for j in mine)), None
             if dynamo_backend.graphs_compiled() == before and _tensor_leaves(out):
                 return out, g, {}, (_data_dependent(fn, ts, grad, ws)
                                     or "no graph reached tn (Dynamo ran the code itself)")

@@ -264,3 +264,35 @@ def test_aot_decomposition_table_is_built_once_and_rebuilt_after_new_ops():
             torch._decomp.core_aten_decompositions()).keys()
     finally:
         lib._destroy()
+
+
+def test_graph_with_data_dependent_result_count_runs_op_by_op():
+    """torch.tensor_split by a 0-d tensor returns as many tensors as the tensor's value says: AOTAutograd
+    cannot trace that (a GuardOnDataDependentSymNode, which failed the whole compile before). The graph runs
+    op by op instead, as Dynamo's own graph break would with torch's default settings: same results as eager,
+    on the device for device tensors, counted as host work for CPU tensors; TN_STRICT refuses it."""
+    import tn
+    from tn import config, dynamo_backend
+
+    def split(x, sections):
+        return torch.tensor_split(x * 2, sections)
+
+    x, sections = torch.randn(5, 4), torch.tensor(3)
+    want = split(x, sections)
+    torch._dynamo.reset()
+    before = dynamo_backend.graphs_run_op_by_op()
+    with tn.profile() as prof:
+        got = torch.compile(split, backend="neuron")(x, sections)
+    assert len(got) == 3 and all(torch.equal(g, w) for g, w in zip(got, want))
+    assert dynamo_backend.graphs_run_op_by_op() == before + 1
+    assert prof.host_ops.get(dynamo_backend.OP_BY_OP) == 1
+    torch._dynamo.reset()
+    with tn.profile() as prof:
+        got = torch.compile(split, backend="neuron")(x.to("neuron"), sections)
+    assert [g.device.type for g in got] == ["neuron"] * 3
+    assert all(torch.equal(g.cpu(), w) for g, w in zip(got, want))
+    assert dynamo_backend.OP_BY_OP not in prof.host_ops
+    torch._dynamo.reset()
+    with config.override(strict=True), pytest.raises(Exception, match="TN_STRICT"):
+        torch.compile(split, backend="neuron")(x, sections)
+    torch._dynamo.reset()

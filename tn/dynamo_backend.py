@@ -41,6 +41,7 @@ eagerly: on the ``neuron`` device that is tn's device door, whose Python Dynamo 
 from __future__ import annotations
 
 import contextlib
+import logging
 import operator
 import threading
 import weakref
@@ -54,7 +55,7 @@ from torch._dynamo.backends import registry
 from torch._dynamo.backends.common import aot_autograd
 from torch._library.fake_class_registry import FakeScriptObject
 from torch._library.opaque_object import is_opaque_value
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import config
@@ -64,9 +65,13 @@ from .errors import ArgumentTypeError, ArgumentValueError, UnsupportedOpError
 from .jit import jit
 from .ops.low_precision import fp32_gradients_while_tracing, is_low_precision
 from .ops.table import DECOMPOSITIONS
+from .profile import note_host_op
 
 __all__ = ["neuron_backend", "register", "allow_rnn_in_dynamo", "skip_tn_runtime_in_dynamo", "capture_value_reads", "graphs_compiled", "host_ops",
-           "host_ops_of", "executables_of", "compiled_graphs", "BACKEND_NAME", "CAPTURE_SETTINGS"]
+           "host_ops_of", "executables_of", "compiled_graphs", "graphs_run_op_by_op", "BACKEND_NAME",
+           "CAPTURE_SETTINGS", "OP_BY_OP"]
+
+log = logging.getLogger("tn")
 
 #: The name torch.compile knows the backend by.
 BACKEND_NAME = "neuron"
@@ -645,8 +650,51 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: List[Any], options:
     _addcdiv_whole(gm)
     # AOTAutograd traces the joint graph here; 16-bit norms/divisions are differentiated in fp32 (tn.ops.low_precision)
     with _torch_python_kernels_off(), fp32_gradients_while_tracing():
-        return aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
-                            decompositions=_aot_table())(gm, example_inputs)
+        try:
+            return aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
+                                decompositions=_aot_table())(gm, example_inputs)
+        except GuardOnDataDependentSymNode as err:
+            return _op_by_op(gm, err)
+
+
+_graphs_op_by_op = 0
+
+#: What :func:`_op_by_op` graphs count as in ``tn.profile()``'s host ops when they run on CPU tensors.
+OP_BY_OP = "<graph run op by op: data-dependent result structure>"
+
+
+def graphs_run_op_by_op() -> int:
+    """How many Dynamo graphs the neuron backend handed back to run op by op (see :func:`_op_by_op`)."""
+    return _graphs_op_by_op
+
+
+def _op_by_op(gm: torch.fx.GraphModule, err: Exception) -> Callable:
+    """The Dynamo graph ``gm`` as a callable that runs its ops one by one, for a graph AOTAutograd cannot
+    trace because a result's number or shape needs a tensor's value as a Python int (``torch.tensor_split(x,
+    sections)`` with a 0-d tensor ``sections``: how many tensors it returns). Dynamo puts such calls into the
+    graph only because tn turns on ``capture_scalar_outputs`` (:func:`capture_value_reads`); with torch's
+    defaults it breaks the graph there and runs the call itself, which is what this does for the graph. On
+    ``neuron`` tensors the ops run on the device (op by op or in its windows); on CPU tensors they run on the
+    host and count as :data:`OP_BY_OP` host work in ``tn.profile()``. Under ``TN_STRICT=1`` this raises
+    :class:`tn.UnsupportedOpError` instead."""
+    global _graphs_op_by_op
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if config.get("strict"):
+        raise UnsupportedOpError(f"torch.compile(backend='neuron'): a graph needs a tensor's value to know its "
+                                 f"results' number or shape, which AOTAutograd cannot trace ({first}); with "
+                                 f"TN_STRICT=1 it is not run op by op") from err
+    with _count_lock:
+        _graphs_op_by_op += 1
+    if config.log_enabled("splits"):
+        log.warning("torch.compile(backend='neuron'): a graph runs op by op: a result's number or shape needs a "
+                    "tensor's value as a Python int, which AOTAutograd cannot trace (%s)", first)
+
+    def run(*args: Any) -> Any:
+        if not any(isinstance(a, torch.Tensor) and a.device.type == _DEVICE for a in args):
+            note_host_op(OP_BY_OP)
+        return gm(*args)
+
+    return run
 
 
 #: ``(number of registered operator names, table)`` of the last :func:`_aot_table`
