@@ -15,6 +15,13 @@ every run and checks its values itself (the compiler's executables) uses a
 :class:`BoundPlan` of it: the pointer array and the allocated block's layout
 are precomputed, nothing is looked up per HBM tensor.
 
+Unbound outputs and scratch tensors read as zeros wherever the program does not
+write them, but their block (reused from call to call) is not cleared whole:
+:mod:`tn.neuron.zeroing` finds once per program the bytes a run may read before
+writing them and those it never writes, and only they are zeroed (see
+:class:`_Carved`): a compiled training step writes its ~10 MB of scratch before
+reading it and zeroes none of it.
+
 Every run is reported to the active profilers (:func:`tn.profile` pushes one
 with :func:`add_listener`), whatever door started it.
 
@@ -40,6 +47,7 @@ from . import isa
 from . import timeline as _timeline
 from .arch import NUM_ENGINES
 from .program import Encoded, Program, register_runtime
+from .zeroing import block_ranges, zero_ranges
 
 __all__ = ["run", "RunResult", "PreparedCall", "BoundPlan", "simulate_timing", "to_bf16", "from_bf16", "add_listener",
            "remove_listener", "active_listeners"]
@@ -115,7 +123,9 @@ class RunResult:
 
     __slots__ = ("name", "arch", "total_ns", "hbm_read_bytes", "hbm_write_bytes", "sbuf_peak_bytes",
                  "psum_peak_bytes", "matmul_flops", "times", "queues", "opcodes", "wall_s", "host_ns",
-                 "core", "queue", "start_ns", "_busy", "_counts", "_outputs", "_lazy")
+                 "core", "queue", "start_ns", "_busy", "_counts", "_arrays", "_lazy")
+    # "_arrays" (the outputs dict) sorts before "_lazy": CPython clears __slots__ in name order, so a dropped result
+    # frees the arrays made from its block before its _Carved, which then sees the block unused and gives it back
 
     def __init__(self, name, arch, total_ns, busy_ns, counts, hbm_read_bytes, hbm_write_bytes, sbuf_peak_bytes,
                  psum_peak_bytes, matmul_flops, outputs=None, times=None, queues=None, opcodes=None, wall_s=0.0):
@@ -129,7 +139,7 @@ class RunResult:
         self.sbuf_peak_bytes = sbuf_peak_bytes
         self.psum_peak_bytes = psum_peak_bytes
         self.matmul_flops = matmul_flops
-        self._outputs = {} if outputs is None else outputs
+        self._arrays = {} if outputs is None else outputs
         self.times = times
         self.queues = queues
         self.opcodes = opcodes
@@ -157,7 +167,7 @@ class RunResult:
         r.host_ns = None
         r.core = r.queue = 0
         r.start_ns = None
-        r._busy = r._counts = r._outputs = None
+        r._busy = r._counts = r._arrays = None
         r._lazy = (call, busy, counts, values)
         return r
 
@@ -190,17 +200,17 @@ class RunResult:
     @property
     def outputs(self) -> dict:
         """HBM tensor name -> the array bound (or allocated) for it, every HBM tensor of the program."""
-        d = self._outputs
+        d = self._arrays
         if d is None:
             call, values = self._lazy[0], self._lazy[3]
             if values and type(values[-1]) is _Carved:
                 values = values[-1].fill(call, values[:-1])
-            d = self._outputs = dict(zip(call.names, values))
+            d = self._arrays = dict(zip(call.names, values))
         return d
 
     @outputs.setter
     def outputs(self, value):
-        self._outputs = value
+        self._arrays = value
 
     def __repr__(self) -> str:
         n = len(self.opcodes) if self.opcodes is not None else 0
@@ -418,21 +428,25 @@ _getrefcount = sys.getrefcount
 
 
 class _Carved:
-    """The unbound outputs/scratch of one run: the zeroed ``block`` the run allocated for all of them (at host
-    address ``addr``), the HBM tensor indices ``carve`` and their byte offsets (after ``shift``, the block's
-    alignment); the last entry of the run's value list (the arrays are made only if :attr:`RunResult.outputs`
-    is read). ``at``: None when the value list is positional (one entry per HBM tensor), else the HBM tensor
-    index of each of its entries (a :class:`BoundPlan` run; ``block`` is None when it carves nothing).
+    """The unbound outputs/scratch of one run: the ``block`` the run allocated for all of them (at host address
+    ``addr``), the HBM tensor indices ``carve`` and their byte offsets (after ``shift``, the block's alignment);
+    the last entry of the run's value list (the arrays are made only if :attr:`RunResult.outputs` is read).
+    ``at``: None when the value list is positional (one entry per HBM tensor), else the HBM tensor index of each
+    of its entries (a :class:`BoundPlan` run; ``block`` is None when it carves nothing).
+
+    The block is not zeroed whole: before the run only the bytes the program may read before writing them and
+    the bytes of outputs it never writes are (:class:`_Layout`); ``late`` are the byte ranges (from the aligned
+    start) of scratch tensors the program never writes, zeroed when the arrays are first made (:meth:`fill`,
+    :meth:`BoundPlan.first`), so every carved tensor reads as if it had started as zeros.
 
     When the run's result is dropped and no array made from the block is alive, the block goes back to its
-    program's ``spare`` list, and the program's next run zeroes and reuses it instead of allocating a new one:
-    a compiled training step carves ~10 MB of scratch per call, and a fresh allocation costs the call its
-    ``calloc`` and a page fault per 4 KiB page the engine then touches (several ms per GPT-2 step), where
-    zeroing warm memory again costs a fraction of that."""
+    program's ``spare`` list, and the program's next run reuses it instead of allocating a new one: a compiled
+    training step carves ~10 MB of scratch per call, and a fresh allocation costs the call a page fault per
+    4 KiB page the engine then touches (several ms per GPT-2 step)."""
 
-    __slots__ = ("block", "addr", "shift", "carve", "offsets", "spare", "at")
+    __slots__ = ("block", "addr", "shift", "carve", "offsets", "spare", "at", "late")
 
-    def __init__(self, block, addr, shift, carve, offsets, spare=None, at=None):
+    def __init__(self, block, addr, shift, carve, offsets, spare=None, at=None, late=()):
         self.block = block
         self.addr = addr
         self.shift = shift
@@ -440,6 +454,16 @@ class _Carved:
         self.offsets = offsets
         self.spare = spare
         self.at = at
+        self.late = late
+
+    def zero_late(self):
+        """Zero the never-written scratch ranges (:attr:`late`) now, once: before anyone looks at the block."""
+        late = self.late
+        if late:
+            block, shift = self.block, self.shift
+            for a, b in late:
+                block[shift + a:shift + b] = 0
+            self.late = ()
 
     def __del__(self):
         spare = self.spare
@@ -460,6 +484,8 @@ class _Carved:
             for i, v in zip(self.at, values):
                 full[i] = v
             values = full
+        if self.late:
+            self.zero_late()
         for i, o in zip(self.carve, self.offsets):
             t, _, np_dtype, _ = call._specs[i]
             o += self.shift
@@ -473,18 +499,34 @@ def _unbound(program: str, t) -> NeuronError:
                        f"bound; pass it in bindings")
 
 
-def _take_block(spare, size):
-    """``(block, address)``: a zeroed uint8 block of ``size`` bytes, a spare one of that size when there is one."""
+def _take_block(spare, size, zero):
+    """``(block, address)``: a uint8 block of ``size`` bytes, a spare one of that size when there is one, with
+    the byte ranges ``zero`` (from its first :data:`_ALIGN`-aligned byte) zeroed, or all of it when ``zero`` is
+    None; the other bytes hold whatever they held."""
     while spare:
         try:
             block, addr = spare.pop()   # atomic: two threads never get the same block
         except IndexError:
             break
         if block.nbytes == size:
-            block.fill(0)
+            if zero is None:
+                block.fill(0)
+            elif zero:
+                shift = -addr % _ALIGN
+                for a, b in zero:
+                    block[shift + a:shift + b] = 0
             return block, addr
-    block = np.zeros(size, np.uint8)
-    return block, block.__array_interface__["data"][0]
+    if zero is None:
+        block = np.zeros(size, np.uint8)
+        return block, block.__array_interface__["data"][0]
+    # not np.zeros: a freed block of this size raises glibc's mmap threshold, so the next one comes from the heap
+    # and calloc would clear all of it
+    block = np.empty(size, np.uint8)
+    addr = block.__array_interface__["data"][0]
+    shift = -addr % _ALIGN
+    for a, b in zero:
+        block[shift + a:shift + b] = 0
+    return block, addr
 
 
 def _carve_offsets(fast, carve):
@@ -496,6 +538,48 @@ def _carve_offsets(fast, carve):
         offsets.append(off)
         off += (fast[i][1] + _ALIGN - 1) & -_ALIGN
     return offsets, off + _ALIGN
+
+
+#: zero ranges of a block less than this many bytes apart are zeroed as one (with the gap the program writes)
+_MERGE_GAP = 4096
+#: a slice assignment's fixed cost in bytes of memset: a block whose ranges cost about as much as zeroing all of it
+#: (bytes + this per range) is zeroed whole, in one call
+_RANGE_COST = 8192
+#: carve layouts a PreparedCall remembers (one per set of HBM tensors left unbound)
+_MAX_LAYOUTS = 16
+
+
+class _Layout:
+    """Where a run's unbound outputs/scratch ``carve`` (HBM indices) go in their block, and what of it to zero:
+    ``offsets`` (bytes from the block's aligned start), ``size`` (the block's), ``zero`` (byte ranges zeroed
+    before the run, or None for the whole block), ``late`` (ranges of never-written scratch, zeroed when the
+    arrays are made; see :class:`_Carved`) and ``late_at`` (the HBM indices of the tensors ``late`` covers).
+    Made once per program and set of unbound tensors, from :meth:`PreparedCall.zero_ranges`."""
+
+    __slots__ = ("carve", "offsets", "size", "zero", "late", "late_at")
+
+    def __init__(self, call, carve):
+        offsets, size = _carve_offsets(call._fast, carve)
+        ranges = call.zero_ranges()
+        kinds = call.kinds
+        before = {}
+        late = {}
+        for i in carve:          # only outputs and scratch tensors are carved: each has its ranges
+            r = ranges[i]
+            if kinds[i] == "scratch":
+                before[i] = r.read_first
+                late[i] = r.unwritten
+            else:
+                before[i] = r.read_first + r.unwritten
+        zero = block_ranges(before, carve, offsets, _MERGE_GAP)
+        if sum(b - a + _RANGE_COST for a, b in zero) >= size:
+            zero = None
+        self.carve = tuple(carve)
+        self.offsets = tuple(offsets)
+        self.size = size
+        self.zero = zero
+        self.late = block_ranges(late, carve, offsets, _MERGE_GAP) if zero is not None else ()
+        self.late_at = tuple(i for i in carve if late.get(i)) if zero is not None else ()
 
 
 class PreparedCall:
@@ -517,7 +601,7 @@ class PreparedCall:
 
     __slots__ = ("_enc", "name", "sources", "arch", "names", "kinds", "_specs", "_fast", "_args", "_n", "_nq",
                  "queue_names", "queues", "opcodes", "sbuf_peak_bytes", "psum_peak_bytes", "matmul_flops",
-                 "_engine_run", "_mem_shapes", "_times_shape", "_spare")
+                 "_engine_run", "_mem_shapes", "_times_shape", "_spare", "_hbm", "_zero", "_layouts")
 
     def __init__(self, enc):
         _TENSOR[0] = torch.Tensor
@@ -547,6 +631,27 @@ class PreparedCall:
         self._mem_shapes = _mem_shapes(arch)
         self._times_shape = (self._n or 1, 2)
         self._spare = []  # blocks of unbound outputs/scratch given back by dropped results (see _Carved)
+        self._hbm = tuple(enc.hbm)
+        self._zero = None     # zero_ranges() of the program, on first use
+        self._layouts = {}    # carve tuple -> _Layout
+
+    def zero_ranges(self) -> dict:
+        """:func:`tn.neuron.zeroing.zero_ranges` of the program (computed on first use, then kept): per output
+        and scratch tensor, the bytes a run may read before writing them and the bytes it never writes."""
+        z = self._zero
+        if z is None:
+            z = self._zero = zero_ranges(self._args[0], self._hbm)
+        return z
+
+    def _layout(self, carve) -> "_Layout":
+        """The :class:`_Layout` of a run leaving the HBM tensors ``carve`` (a tuple) unbound (made once)."""
+        lay = self._layouts.get(carve)
+        if lay is None:
+            lay = _Layout(self, carve)
+            if len(self._layouts) >= _MAX_LAYOUTS:
+                self._layouts.clear()
+            self._layouts[carve] = lay
+        return lay
 
     @property
     def enc(self):
@@ -560,10 +665,10 @@ class PreparedCall:
         """``(pointers, values)``: the checked address of every HBM tensor for ``values`` (allocating unbound
         outputs/scratch), and the list of bound/allocated arrays (keep it alive while the run uses them).
 
-        The unbound outputs/scratch of one call share one zeroed block (one allocation instead of one
-        ``np.zeros`` and one address check per tensor: a compiled program has dozens of scratch tensors);
-        their entries in the list are None and one :class:`_Carved` at its end says where they are (the arrays
-        are made when :attr:`RunResult.outputs` is read)."""
+        The unbound outputs/scratch of one call share one block (one allocation instead of one ``np.zeros``
+        and one address check per tensor: a compiled program has dozens of scratch tensors), zeroed where the
+        program could tell (see :class:`_Carved`); their entries in the list are None and one :class:`_Carved`
+        at its end says where they are (the arrays are made when :attr:`RunResult.outputs` is read)."""
         specs = self._specs
         if len(values) != len(specs):
             if len(values) > len(specs):
@@ -590,13 +695,13 @@ class PreparedCall:
                 ptrs.append(_bind(t, v, code, np_dtype))
             bound.append(v)
         if carve is not None:
-            offsets, size = _carve_offsets(self._fast, carve)
-            block, addr = _take_block(self._spare, size)
+            lay = self._layout(tuple(carve))
+            block, addr = _take_block(self._spare, lay.size, lay.zero)
             shift = -addr % _ALIGN
             base = addr + shift
-            for i, o in zip(carve, offsets):
+            for i, o in zip(carve, lay.offsets):
                 ptrs[i] = base + o
-            bound.append(_Carved(block, addr, shift, carve, offsets, self._spare))
+            bound.append(_Carved(block, addr, shift, lay.carve, lay.offsets, self._spare, None, lay.late))
         return ptrs, bound
 
     def __call__(self, values=(), *, report: bool = True, fresh_memory: bool = False) -> RunResult:
@@ -666,7 +771,8 @@ class BoundPlan:
     size, :meth:`address` runs the full check with :func:`run`'s errors).
     """
 
-    __slots__ = ("call", "at", "_at", "_specs", "fast", "_carve", "_offsets", "_size", "_tmpl", "_pos", "_order")
+    __slots__ = ("call", "at", "_at", "_specs", "fast", "_carve", "_offsets", "_size", "_tmpl", "_pos", "_order",
+                 "_zero", "_late", "_late_at")
 
     def __init__(self, call, indices):
         at = tuple(int(i) for i in indices)
@@ -686,10 +792,14 @@ class BoundPlan:
         self._specs = tuple(call._specs[i] for i in at)
         #: (torch dtype, nbytes) of each bound value, in plan order
         self.fast = tuple(call._fast[i] for i in at)
-        offsets, size = _carve_offsets(call._fast, carve)
+        lay = call._layout(carve) if carve else None
+        offsets = lay.offsets if carve else []
         self._carve = carve
         self._offsets = tuple(offsets)
-        self._size = size if carve else 0
+        self._size = lay.size if carve else 0
+        self._zero = lay.zero if carve else ()
+        self._late = lay.late if carve else ()
+        self._late_at = frozenset(lay.late_at) if carve else frozenset()
         tmpl = np.zeros(n, _I64)
         tmpl[list(carve)] = offsets
         self._tmpl = tmpl
@@ -714,10 +824,10 @@ class BoundPlan:
             raise NeuronError(f"program {call.name!r}: {len(ptrs)} addresses for a plan binding {len(self.at)}")
         if self._size:
             spare = call._spare
-            block, addr = _take_block(spare, self._size)
+            block, addr = _take_block(spare, self._size, self._zero)
             shift = -addr % _ALIGN
             arr = self._tmpl + (addr + shift)
-            carved = _Carved(block, addr, shift, self._carve, self._offsets, spare, self.at)
+            carved = _Carved(block, addr, shift, self._carve, self._offsets, spare, self.at, self._late)
             arr[self._at] = ptrs
         else:       # one numpy call: fewer distinct code paths touched per run (they are cold after the engine)
             order = self._order
@@ -731,6 +841,8 @@ class BoundPlan:
         """The first element (a numpy scalar) of the allocated HBM tensor ``index`` in ``res``, a run of this
         plan (without making every output array as :attr:`RunResult.outputs` does)."""
         carved = res._lazy[3][-1]
+        if carved.late and index in self._late_at:    # a never-written scratch tensor: zeros, as promised
+            carved.zero_late()
         k = self._pos[index]
         o = carved.shift + self._offsets[k]
         np_dtype = self.call._specs[index][2]
