@@ -61,8 +61,13 @@ def test_tn_runtime_is_on_dynamos_skip_list():
     import tn.device.eager
     import tn.neuron.program
 
-    for mod in (tn.device.eager, tn.neuron.program, tn.trace):
+    import tn.ops.linear_cross_entropy
+    import tn.ops.torch_options
+
+    for mod in (tn.device.eager, tn.neuron.program, tn.trace, tn.ops.linear_cross_entropy, tn.ops.table):
         assert trace_rules.check_file(mod.__file__).skipped, mod.__name__
+    # the policies tn installs into torch, which torch calls from traced code, stay traceable
+    assert not trace_rules.check_file(tn.ops.torch_options.__file__).skipped
 
 
 @pytest.mark.parametrize("key", ["nn.GaussianNLLLoss/train", "nn.BatchNorm2d/train"])

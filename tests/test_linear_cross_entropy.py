@@ -45,3 +45,22 @@ def test_forward_door_matches_functional_and_asks_for_no_gradient(monkeypatch):
     torch.testing.assert_close(tn.jit(f)(x, w, t), f(x, w, t), rtol=1e-5, atol=1e-6)
     per_row = lambda x, w, t: F.linear_cross_entropy(x, w, t, reduction="none", options=opts)  # noqa: E731
     torch.testing.assert_close(tn.jit(per_row)(x, w, t), per_row(x, w, t), rtol=1e-5, atol=1e-6)
+
+
+def test_neuron_auto_policy_does_not_break_compiled_graphs():
+    """tn resolves acc_policy='auto' for the neuron device with a function torch calls from
+    F.linear_cross_entropy; it lives in tn.ops.torch_options, off Dynamo's skip list, so a compiled chunked
+    linear_cross_entropy is one graph (fullgraph=True raised a graph break while it lived in a skipped file)."""
+    from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
+
+    import tn  # noqa: F401  (installs the neuron policy and Dynamo's skip list)
+
+    def loss(x, w, t):
+        return torch.nn.functional.linear_cross_entropy(
+            x, w, t, options=LinearCrossEntropyOptions(allow_retain_graph=True, batch_chunk_size=2))
+
+    x, w, t = torch.randn(8, 3), torch.randn(4, 3), torch.randint(0, 4, (8,))
+    torch._dynamo.reset()
+    got = torch.compile(loss, backend="neuron", fullgraph=True)(x, w, t)
+    torch.testing.assert_close(got, loss(x, w, t))
+    torch._dynamo.reset()

@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
+import pkgutil
 import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -58,7 +59,7 @@ from torch._library.opaque_object import is_opaque_value
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from . import config
+from . import config, ops
 from .device.allocator import cpu_alias
 from .device.eager import to_device
 from .errors import ArgumentTypeError, ArgumentValueError, UnsupportedOpError
@@ -776,6 +777,9 @@ def skip_device_rng_in_dynamo() -> None:
 #: passes, compiler and NeuronCore model its eager programs go through), never user code Dynamo should trace.
 _RUNTIME_PACKAGES = ("tn.device", "tn.neuron", "tn.lower", "tn.ops", "tn.trace", "tn.jit", "tn.passes", "tn.ir",
                      "tn.shapes", "tn.profile", "tn.pytree", "tn.reference", "tn.bucketing")
+#: Modules of tn.ops that stay off Dynamo's skip list: functions tn installs into torch that torch calls from
+#: code torch.compile traces (a call into a skipped file is a graph break).
+_TRACEABLE_OPS_MODULES = ("tn.ops.torch_options",)
 _runtime_skipped = False
 
 
@@ -792,7 +796,13 @@ def skip_tn_runtime_in_dynamo() -> None:
     if _runtime_skipped:
         return
     for name in _RUNTIME_PACKAGES:
-        trace_rules.add(name)
+        if name != "tn.ops":
+            trace_rules.add(name)
+    # tn.ops module by module (the package itself would put its whole directory on the list), leaving out
+    # _TRACEABLE_OPS_MODULES: code torch calls from inside traced programs
+    for mod in pkgutil.iter_modules(ops.__path__):
+        if f"tn.ops.{mod.name}" not in _TRACEABLE_OPS_MODULES:
+            trace_rules.add(f"tn.ops.{mod.name}")
     _runtime_skipped = True
 
 
