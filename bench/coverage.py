@@ -212,8 +212,10 @@ class Case:
 #: Ops whose index results may order equal keys either way unless ``stable=True`` (torch documents the order
 #: of ties as unspecified; bf16 inputs tie often): name -> (index of the dim argument after the input, its
 #: default, index of the indices among the results, whether they permute the whole dim).
+#: ``mode``'s index is "the index location of" the mode value (torch's docs), any of them when it repeats (and bf16
+#: values repeat often): it must point at an element equal to eager's pick.
 TIE_ORDER_OPS = {"sort": (0, -1, 1, True), "argsort": (0, -1, 0, True), "msort": (None, 0, 1, True),
-                 "topk": (1, -1, 1, False)}
+                 "topk": (1, -1, 1, False), "mode": (0, -1, 1, False)}
 
 
 def _tie_check(name: str, args: tuple, kwargs: Dict[str, Any]) -> Optional[Callable[[Any, Any], bool]]:
@@ -235,6 +237,8 @@ def _tie_check(name: str, args: tuple, kwargs: Dict[str, Any]) -> Optional[Calla
         if a.shape != e.shape or x.dim() == 0:
             return bool(torch.equal(a, e))
         xs = x.detach().to(torch.float64 if not x.is_complex() else x.dtype)
+        if a.dim() == x.dim() - 1:   # a reduction's indices without keepdim (mode)
+            a, e = a.unsqueeze(dim), e.unsqueeze(dim)
         if whole and not torch.equal(a.sort(dim).values, e.sort(dim).values):
             return False
         return bool(torch.equal(xs.gather(dim, a), xs.gather(dim, e)))

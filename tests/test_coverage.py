@@ -238,3 +238,15 @@ def test_shards_merge_into_one_full_report(tmp_path):
     other = dict(shards[1], grad=True)
     with pytest.raises(ValueError, match="differ"):
         cov.merge_shards([shards[0], other])
+
+
+def test_mode_index_may_pick_any_occurrence_of_the_mode():
+    """torch.mode's index is 'the index location of' the mode value: with repeats, any occurrence is right (bf16
+    inputs repeat often; eager's pick is not documented), and an index of another value is wrong."""
+    x = torch.tensor([[3.0, 1.0, 3.0, 2.0], [5.0, 5.0, 4.0, 4.0]])
+    check = cov._tie_check("mode", (x,), {})
+    values, eager = torch.mode(x, -1)
+    other = torch.where(x[torch.arange(2), eager] == x[torch.arange(2), torch.tensor([0, 0])],
+                        torch.tensor([2, 1]), eager)   # the other occurrence of each row's mode
+    assert check((values, other), (values, eager))
+    assert not check((values, torch.tensor([1, int(eager[1])])), (values, eager))   # row 0: 1.0 is not its mode
