@@ -202,11 +202,15 @@ class Case:
     """One sample: ``fn(*tensors)`` computes it; ``ties`` (optional) accepts index results that differ from
     eager's only in the order of equal keys (see :data:`TIE_ORDER_OPS`)."""
 
-    __slots__ = ("fn", "tensors", "label", "ties")
+    __slots__ = ("fn", "tensors", "label", "ties", "fp32_fn")
 
     def __init__(self, fn: Callable[..., Any], tensors: List[torch.Tensor], label: str,
-                 ties: Optional[Callable[[Any, Any], bool]] = None):
+                 ties: Optional[Callable[[Any, Any], bool]] = None, fp32_fn: Optional[Callable[..., Any]] = None):
         self.fn, self.tensors, self.label, self.ties = fn, tensors, label, ties
+        #: the same call with its 16-bit ``dtype=`` keyword made float32: the fp32 computation a 16-bit run is
+        #: compared with (``linspace(..., dtype=bf16)`` has no 16-bit input to widen, and its inputs widened alone
+        #: would still compute in bf16)
+        self.fp32_fn = fp32_fn
 
 
 #: Ops whose index results may order equal keys either way unless ``stable=True`` (torch documents the order
@@ -298,8 +302,16 @@ def _op_cases(info: Any, dtype: torch.dtype, grad: bool) -> Any:
             a, kw = pytree.tree_unflatten(full, _spec)
             return op(*a, **kw)
 
+        fp32_fn = None
+        if sample.kwargs.get("dtype") in (torch.bfloat16, torch.float16):
+            wide = dict(sample.kwargs, dtype=torch.float32)
+            fp32_leaves, fp32_spec = pytree.tree_flatten((args, wide))
+
+            def fp32_fn(*tensors, _leaves=fp32_leaves, _spec=fp32_spec, _pos=positions):
+                return fn(*tensors, _leaves=_leaves, _spec=_spec, _pos=_pos)
+
         yield Case(fn, [leaves[p] for p in positions], f"sample {k}",
-                   _tie_check(info.name, args, dict(sample.kwargs)))
+                   _tie_check(info.name, args, dict(sample.kwargs)), fp32_fn)
 
 
 def _materialize_lazy(module: torch.nn.Module, forward_input: Any) -> None:
@@ -711,8 +723,9 @@ def _eager_reference(case: Case, dtype: torch.dtype, grad: bool) -> Tuple[Any, A
             raise _Random("nondeterministic: two eager runs with different seeds differ")
         if ref_dtype is not None:
             torch.manual_seed(SEED)
-            ref_out, ref_g = (_grads(case.fn, _clone(case.tensors, ref_dtype), ws) if grad
-                              else (case.fn(*_clone(case.tensors, ref_dtype)), None))
+            ref_fn = case.fp32_fn or case.fn
+            ref_out, ref_g = (_grads(ref_fn, _clone(case.tensors, ref_dtype), ws) if grad
+                              else (ref_fn(*_clone(case.tensors, ref_dtype)), None))
         else:
             torch.manual_seed(SEED)
             ref_out, ref_g = (_grads(case.fn, _clone(case.tensors), ws) if grad

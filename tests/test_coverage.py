@@ -250,3 +250,15 @@ def test_mode_index_may_pick_any_occurrence_of_the_mode():
                         torch.tensor([2, 1]), eager)   # the other occurrence of each row's mode
     assert check((values, other), (values, eager))
     assert not check((values, torch.tensor([1, int(eager[1])])), (values, eager))   # row 0: 1.0 is not its mode
+
+
+def test_bf16_creation_ops_are_compared_with_an_fp32_computation():
+    """linspace(..., dtype=bf16) has no 16-bit input to widen: its reference is the same call with dtype=float32
+    (eager's bf16 kernel steps in bf16 and lands 1.7e-3 from the exact value at sample 8, where tn.jit, computing
+    in fp32 and rounding once, is right: the bench counted that as tn's wrong answer)."""
+    infos = [o for o in cov.opinfos(torch.bfloat16, ["linspace"]) if o.variant_test_name == ""]
+    cases = list(cov._op_cases(infos[0], torch.bfloat16, False))
+    assert cases[8].fp32_fn is not None
+    assert cases[8].fp32_fn().dtype == torch.float32 and cases[8].fn().dtype == torch.bfloat16
+    rec = cov.run_item("op", "linspace", "jit", dtype=torch.bfloat16, max_samples=10)
+    assert rec["status"] == "pass", rec
