@@ -238,6 +238,29 @@ def test_bf16_conv_transpose3d_rounds_once(door):
     assert (err <= allowed).all(), (err - allowed).max().item()
 
 
+@pytest.mark.parametrize("door", ["jit", "device"])
+def test_bf16_conv3d_input_gradient_rounds_once(door):
+    """A bf16 3-d convolution's input gradient (one 2-d gradient per depth tap, the taps summed along depth)
+    rounded each tap to bf16 before the sum: 2.5 ulps off at an element of the bf16 OpInfo sweep (dilation 3,
+    padding 'same'); the taps are now computed in fp32 and the sum rounded once, as eager does."""
+    g = torch.Generator().manual_seed(12)
+    x = (torch.randn(1, 1, 10, 11, 12, generator=g) * 3).to(torch.bfloat16)
+    w = (torch.randn(1, 1, 4, 4, 4, generator=g) * 3).to(torch.bfloat16)
+    up = torch.randn(1, 1, 10, 11, 12, generator=g).to(torch.bfloat16)   # the same upstream gradient in both
+
+    def dx(x, w):
+        y = torch.nn.functional.conv3d(x, w, padding="same", dilation=3)
+        return torch.autograd.grad((y * up.to(y.device, y.dtype)).sum(), x)[0]
+
+    ref = dx(x.float().requires_grad_(), w.float())
+    got = (tn.jit(dx, backend="neuron")(x.clone().requires_grad_(), w) if door == "jit"
+           else dx(x.to("neuron").requires_grad_(), w.to("neuron")).cpu())
+    assert got.dtype == torch.bfloat16
+    err = (got.float() - ref).abs()
+    allowed = ref.abs() * 2 ** -8 + 1e-2      # one bf16 rounding (half an ulp is 2^-9 relative)
+    assert (err <= allowed).all(), (err - allowed).max().item()
+
+
 # --------------------------------------------------------------------------- shrink gradients
 
 

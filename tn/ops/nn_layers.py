@@ -82,15 +82,28 @@ def _conv3d_backward_decomp(grad, x, w, bias_sizes, stride, padding, dilation, t
     sd, pd, dd = stride[0], padding[0], dilation[0]
     g2 = aten.permute.default(grad, [0, 2, 1, 3, 4])
     g2 = aten.reshape.default(g2, [N * Do, O, int(grad.shape[3]), int(grad.shape[4])])
-    gx2, gw2, gb = aten.convolution_backward.default(
-        g2, _conv3d_x2(x, w, stride, padding, dilation, groups), _conv3d_w2(w), bias_sizes, list(stride[1:]),
-        list(padding[1:]), list(dilation[1:]), False, [0, 0], groups, list(output_mask))
+    x2, w2 = _conv3d_x2(x, w, stride, padding, dilation, groups), _conv3d_w2(w)
+    acc_dt = acc_dtype(x.dtype)
+    mask = list(output_mask)
+    gx2 = None
+    if output_mask[0] and acc_dt != x.dtype:
+        # the depth taps' input gradients in fp32 (exact widening of the 16-bit operands): a 16-bit 2-d gradient
+        # rounds each tap before the depth sum below, several ulps off where taps cancel (0.31 at an element of
+        # conv3d's bf16 sweep, dilation 3: 2.5 ulps; eager rounds once)
+        gx2 = aten.convolution_backward.default(
+            aten._to_copy.default(g2, dtype=acc_dt), aten._to_copy.default(x2, dtype=acc_dt),
+            aten._to_copy.default(w2, dtype=acc_dt), None,
+            list(stride[1:]), list(padding[1:]), list(dilation[1:]), False, [0, 0], groups, [True, False, False])[0]
+        mask[0] = False
+    gx2_16, gw2, gb = aten.convolution_backward.default(
+        g2, x2, w2, bias_sizes, list(stride[1:]), list(padding[1:]), list(dilation[1:]), False, [0, 0], groups,
+        mask)
+    gx2 = gx2_16 if gx2 is None else gx2
     gx = gw = None
     if output_mask[1]:
         gw = aten.reshape.default(gw2, [O, kD, Cg] + [int(n) for n in w.shape[3:]])
         gw = aten.clone.default(aten.permute.default(gw, [0, 2, 1, 3, 4]), memory_format=torch.contiguous_format)
     if output_mask[0]:
-        acc_dt = acc_dtype(x.dtype)
         t = aten.reshape.default(gx2, [N, Do, groups, kD, Cg, H, W])
         t = aten.permute.default(t, [0, 3, 2, 4, 1, 5, 6])             # [N, kD, G, Cg, Do, H, W]
         t = aten.reshape.default(t, [N, kD, C, Do, H, W])
