@@ -675,3 +675,16 @@ def test_python_numbers_reused_as_cached_tensors_keep_sign_dtype_and_value(mode)
         assert got.dtype == torch.float64
         torch.testing.assert_close(got, xi.double() * 2.5, rtol=0, atol=0)
     assert all(t.dim() == 0 and not t.requires_grad for t in eager._SCALARS.values())
+
+
+def test_base_shape_of_a_view_with_a_broadcast_axis():
+    """A view whose strides include a 0 (an expanded axis) between row-major ones is not a slice of a row-major
+    array; its base shape is the flat element count (it divided by that 0 stride: ZeroDivisionError, seen in
+    nn.Transformer's training under tn.jit's split windows)."""
+    from tn.device import windows
+
+    base = torch.zeros(6, 4)
+    view = base.as_strided((2, 3, 4), (4, 0, 1))
+    assert windows._base_shape(view, base.numel() * base.element_size()) == (24,)
+    row = base[:, -1:]
+    assert windows._base_shape(row, base.numel() * base.element_size()) == (6, 4)

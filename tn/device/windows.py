@@ -383,7 +383,7 @@ def _base_shape(t: torch.Tensor, nbytes: int) -> Tuple[int, ...]:
     n = nbytes // t.element_size()
     st = t.stride()
     if len(st) >= 2 and st[-1] == 1 and st[0] > 0 and n % st[0] == 0 and t.numel() and all(
-            a > b and a % b == 0 for a, b in zip(st, st[1:])):
+            b > 0 and a > b and a % b == 0 for a, b in zip(st, st[1:])):   # b == 0: a broadcast (expanded) axis
         shape = (n // st[0],) + tuple(a // b for a, b in zip(st, st[1:]))
         if all(d <= b for d, b in zip(t.shape, shape)):
             return shape
