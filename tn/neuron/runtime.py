@@ -458,11 +458,8 @@ class _Carved:
 
     def zero_late(self):
         """Zero the never-written scratch ranges (:attr:`late`) now, once: before anyone looks at the block."""
-        late = self.late
-        if late:
-            block, shift = self.block, self.shift
-            for a, b in late:
-                block[shift + a:shift + b] = 0
+        if self.late:
+            _zero_ranges(self.block, self.shift, self.late)
             self.late = ()
 
     def __del__(self):
@@ -499,6 +496,12 @@ def _unbound(program: str, t) -> NeuronError:
                        f"bound; pass it in bindings")
 
 
+def _zero_ranges(block, shift, ranges):
+    """Zero the byte ``ranges`` (``(start, stop)`` from the block's first aligned byte, ``shift``) of ``block``."""
+    for a, b in ranges:
+        block[shift + a:shift + b] = 0
+
+
 def _take_block(spare, size, zero):
     """``(block, address)``: a uint8 block of ``size`` bytes, a spare one of that size when there is one, with
     the byte ranges ``zero`` (from its first :data:`_ALIGN`-aligned byte) zeroed, or all of it when ``zero`` is
@@ -512,9 +515,7 @@ def _take_block(spare, size, zero):
             if zero is None:
                 block.fill(0)
             elif zero:
-                shift = -addr % _ALIGN
-                for a, b in zero:
-                    block[shift + a:shift + b] = 0
+                _zero_ranges(block, -addr % _ALIGN, zero)
             return block, addr
     if zero is None:
         block = np.zeros(size, np.uint8)
@@ -523,9 +524,7 @@ def _take_block(spare, size, zero):
     # and calloc would clear all of it
     block = np.empty(size, np.uint8)
     addr = block.__array_interface__["data"][0]
-    shift = -addr % _ALIGN
-    for a, b in zero:
-        block[shift + a:shift + b] = 0
+    _zero_ranges(block, -addr % _ALIGN, zero)
     return block, addr
 
 
