@@ -4,8 +4,8 @@
 torch calls these from code ``torch.compile`` traces (``F.linear_cross_entropy`` resolving its options), so
 they must be plain Python Dynamo can trace: tn's runtime packages are on Dynamo's skip list
 (:func:`tn.dynamo_backend.skip_tn_runtime_in_dynamo`), and a call into a skipped file is a graph break. This
-module is the one part of ``tn.ops`` left off that list; it imports only torch, and calls nothing of tn's at
-run time.
+module is the one part of ``tn.ops`` left off that list; it calls nothing of tn's at run time (it reads
+:data:`tn.ops.low_precision.LOW_PRECISION`, a constant).
 """
 from __future__ import annotations
 
@@ -13,11 +13,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["install_neuron_auto_acc_policy"]
+# a constant, read (not called) while Dynamo traces the resolver: the skip list is about calls into files
+from .low_precision import LOW_PRECISION
 
-#: 16-bit dtypes (the same as :data:`tn.ops.low_precision.LOW_PRECISION`, repeated here so this module calls no
-#: skipped tn code while Dynamo traces it).
-_SIXTEEN_BIT = (torch.bfloat16, torch.float16)
+__all__ = ["install_neuron_auto_acc_policy"]
 
 
 def install_neuron_auto_acc_policy() -> None:
@@ -39,13 +38,13 @@ def install_neuron_auto_acc_policy() -> None:
         return
     if getattr(resolve, "tn_neuron", False):
         return
-    for dt in _SIXTEEN_BIT:
+    for dt in LOW_PRECISION:
         if ("cpu", dt) in table:
             table.setdefault(("neuron", dt), table[("cpu", dt)])
 
     def resolve_neuron(dtype: Any, device: Any) -> Any:
         """torch's ``_resolve_auto_acc_dtype``, with fp32 for bf16/fp16 on the ``neuron`` device."""
-        if device is not None and device.type == "neuron" and dtype in _SIXTEEN_BIT:
+        if device is not None and device.type == "neuron" and dtype in LOW_PRECISION:
             return torch.float32
         return resolve(dtype, device)
 
