@@ -600,10 +600,9 @@ def _run_door(mode: str, backend: str, fn: Callable[..., Any], ts: List[torch.Te
             if breaks:
                 reason = next(iter(counters["graph_break"]))
                 return out, g, {}, _data_dependent(fn, ts, grad, ws) or f"graph break: {_first_line(reason)}"
-            if dynamo_backend.graphs_run_op_by_op() > by_op:   # counted as host work (OP_BY_OP) in prof
-                mine = [j for j in dynamo_backend.compiled_graphs() if id(j) not in old]
-                return out, g, _host_ops(prof, *(dynamo_backend.host_ops_of(j) for j in mine)), None
-            if dynamo_backend.graphs_compiled() == before and _tensor_leaves(out):
+            # a graph tn ran op by op (dynamo_backend._op_by_op) reached tn: its host work is in prof (OP_BY_OP)
+            if (dynamo_backend.graphs_compiled() == before and dynamo_backend.graphs_run_op_by_op() == by_op
+                    and _tensor_leaves(out)):
                 return out, g, {}, (_data_dependent(fn, ts, grad, ws)
                                     or "no graph reached tn (Dynamo ran the code itself)")
             mine = [j for j in dynamo_backend.compiled_graphs() if id(j) not in old]   # this case's graphs only
